@@ -71,7 +71,11 @@ class LayerAttention:
         """(B, 1, q, Tk) bool: which keys each query may read."""
         if self.mask is None:
             return torch.ones(
-                self.scores.shape[0], 1, self.scores.shape[2], self.key_length, dtype=torch.bool,
+                self.scores.shape[0],
+                1,
+                self.scores.shape[2],
+                self.key_length,
+                dtype=torch.bool,
                 device=self.scores.device,
             )
         return self.mask > torch.finfo(self.mask.dtype).min / 2
@@ -121,8 +125,14 @@ def attention_scores(query: Tensor, key: Tensor, scaling: float, softcap: float 
 
 
 def _eager_rows(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scaling: float, softcap: float | None,
-    dropout: float, training: bool,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    scaling: float,
+    softcap: float | None,
+    dropout: float,
+    training: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     scores = attention_scores(query, key, scaling, softcap)  # (B, H, q, Tk)
     logits = scores + mask if mask is not None else scores
@@ -152,7 +162,9 @@ def capture_attention_forward(
     if scaling is None:
         scaling = getattr(module, "head_dim", query.shape[-1]) ** -0.5
     if state is not None and layer is not None and not state.wants(layer):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     softcap = kwargs.get("softcap")
     groups = query.shape[1] // key.shape[1]
     key_states, value_states = repeat_kv(key, groups), repeat_kv(value, groups)  # (B, H, Tk, D)
@@ -171,7 +183,11 @@ def capture_attention_forward(
     for start in range(0, length, chunk):
         stop = min(start + chunk, length)
         rows = query[:, :, start:stop]
-        mask = attention_mask[:, :, start:stop] if attention_mask is not None and attention_mask.shape[2] > 1 else attention_mask
+        mask = (
+            attention_mask[:, :, start:stop]
+            if attention_mask is not None and attention_mask.shape[2] > 1
+            else attention_mask
+        )
         scores, weights, output = _eager_rows(rows, key_states, value_states, mask, scaling, softcap, dropout, training)
         outputs.append(output)
         last_weights = weights
@@ -179,9 +195,19 @@ def capture_attention_forward(
             if mask is not None and mask.shape[2] != stop - start:
                 mask = mask.expand(mask.shape[0], mask.shape[1], stop - start, mask.shape[3])
             captured = LayerAttention(
-                layer=layer, query=rows, key=key, value=value, scores=scores, mask=mask, weights=weights,
-                scaling=float(scaling), softcap=float(softcap) if softcap is not None else None, kv_groups=groups,
-                query_start=start, query_length=length, module=module,
+                layer=layer,
+                query=rows,
+                key=key,
+                value=value,
+                scores=scores,
+                mask=mask,
+                weights=weights,
+                scaling=float(scaling),
+                softcap=float(softcap) if softcap is not None else None,
+                kv_groups=groups,
+                query_start=start,
+                query_length=length,
+                module=module,
                 layer_input=recorded[0] if recorded else None,
                 position_embeddings=recorded[1] if recorded else None,
             )
@@ -266,7 +292,7 @@ def capture_attention(
         _ACTIVE.reset(token)
 
 
-def _input_recorder(state: _CaptureState, layer: int):  # noqa: ANN202 - a torch hook
+def _input_recorder(state: _CaptureState, layer: int):
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
         hidden = args[0] if args else kwargs.get("hidden_states")
         state.inputs[layer] = (hidden, kwargs.get("position_embeddings"))

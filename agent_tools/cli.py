@@ -14,20 +14,17 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from agent_tools.errors import AttentionToolError, InvalidInputError  # noqa: E402
-from agent_tools.inspector import Inspector, default_artifact_dir  # noqa: E402
-
-SUBCOMMANDS: dict[str, Callable[[argparse.Namespace, Inspector], int]] = {}
-PARSER_HOOKS: list[Callable[[Any], None]] = []
+from agent_tools.errors import AttentionToolError, InvalidInputError
+from agent_tools.inspector import Inspector, default_artifact_dir
 
 
-def _console():  # noqa: ANN202
+def _console():
     from rich.console import Console
 
     return Console()
@@ -81,9 +78,24 @@ def cmd_describe(args: argparse.Namespace, inspector: Inspector) -> int:
         print(report.model_dump_json(indent=2))
         return 0
     table = Table(title=f"Attention of {report.model}", show_header=False)
-    for key in ("family", "architecture", "num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size",
-                "scaling", "inverse_sqrt_head_dim", "scaling_ratio", "positional", "mask", "max_positions",
-                "sliding_window", "softcap", "num_parameters"):
+    for key in (
+        "family",
+        "architecture",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "hidden_size",
+        "scaling",
+        "inverse_sqrt_head_dim",
+        "scaling_ratio",
+        "positional",
+        "mask",
+        "max_positions",
+        "sliding_window",
+        "softcap",
+        "num_parameters",
+    ):
         table.add_row(key, str(getattr(report, key)))
     console = _console()
     console.print(table)
@@ -97,13 +109,20 @@ def cmd_show(args: argparse.Namespace, inspector: Inspector) -> int:
     from agent_tools.render import attention_heatmap
     from agent_tools.tools import get_tool
 
-    arguments = {"model": args.model, "text": args.text, "layer": args.layer, "head": args.head,
-                 "top_k": args.top_k, "include_map": bool(args.png)}
+    arguments = {
+        "model": args.model,
+        "text": args.text,
+        "layer": args.layer,
+        "head": args.head,
+        "top_k": args.top_k,
+        "include_map": bool(args.png),
+    }
     report = get_tool("show_attention")(inspector, arguments)
     if args.png:
         labels = [f"{t.position}:{t.text}" for t in report.tokens]
-        path = attention_heatmap(report.weights or [], labels, labels,
-                                 f"{report.model} — layer {report.layer}, head {report.head}", args.png)
+        path = attention_heatmap(
+            report.weights or [], labels, labels, f"{report.model} — layer {report.layer}, head {report.head}", args.png
+        )
         report.png_path = str(path)
     if args.as_json:
         print(report.model_dump_json(indent=2, exclude={"weights"}))
@@ -155,13 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json-schemas", action="store_true")
     p.set_defaults(func=cmd_tools)
 
-    for hook in PARSER_HOOKS:
-        hook(sub)
+    from agent_tools.commands import register_all
+
+    register_all(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _register_optional_commands()
     parser = build_parser()
     args = parser.parse_args(argv)
     inspector = Inspector(artifact_dir=args.artifacts or default_artifact_dir(), token_limit=args.token_limit)
@@ -172,18 +191,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-def _register_optional_commands() -> None:
-    """Commands that live in their own modules (analyze, mcp) add themselves through PARSER_HOOKS."""
-    from importlib import import_module
-
-    for module in ("agent_tools.commands",):
-        try:
-            import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
 
 
 if __name__ == "__main__":

@@ -79,12 +79,16 @@ def check_indices(values: Sequence[int] | None, count: int, name: str) -> list[i
         return list(range(count))
     items = list(values)
     if not items:
-        raise InvalidInputError(f"{name} is an empty list; give indices in 0..{count - 1} or omit it for all", field=name)
+        raise InvalidInputError(
+            f"{name} is an empty list; give indices in 0..{count - 1} or omit it for all", field=name
+        )
     for value in items:
         check_index(value, count, name)
     if len(set(items)) != len(items):
         duplicates = sorted({v for v in items if items.count(v) > 1})
-        raise InvalidInputError(f"{name} lists duplicates {duplicates}; give each index in 0..{count - 1} once", field=name)
+        raise InvalidInputError(
+            f"{name} lists duplicates {duplicates}; give each index in 0..{count - 1} once", field=name
+        )
     return items
 
 
@@ -120,7 +124,9 @@ class Inspector:
         return min(limits) if limits else 4096
 
     # --- tokenising ---------------------------------------------------------------------------------
-    def render_messages(self, loaded: LoadedModel, messages: Sequence[ChatMessage | dict], *, add_generation_prompt: bool = True) -> str:
+    def render_messages(
+        self, loaded: LoadedModel, messages: Sequence[ChatMessage | dict], *, add_generation_prompt: bool = True
+    ) -> str:
         if not messages:
             raise InvalidInputError("messages is empty; give at least one {role, content} message", field="messages")
         parsed = [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in messages]
@@ -128,7 +134,9 @@ class Inspector:
             validate_text(message.content, field="messages.content")
         tokenizer = loaded.tokenizer
         if not getattr(tokenizer, "chat_template", None):
-            raise InvalidInputError(f"model {loaded.name!r} has no chat template; send plain text instead", field="messages")
+            raise InvalidInputError(
+                f"model {loaded.name!r} has no chat template; send plain text instead", field="messages"
+            )
         try:
             return tokenizer.apply_chat_template(  # type: ignore[attr-defined]
                 [m.model_dump() for m in parsed], tokenize=False, add_generation_prompt=add_generation_prompt
@@ -157,7 +165,12 @@ class Inspector:
         offsets = [tuple(map(int, pair)) for pair in encoding["offset_mapping"][0].tolist()]
         special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
         tokens = [
-            Token(position=i, text=_token_text(tokenizer, int(t), text, offsets[i]), token_id=int(t), special=int(t) in special_ids)
+            Token(
+                position=i,
+                text=_token_text(tokenizer, int(t), text, offsets[i]),
+                token_id=int(t),
+                special=int(t) in special_ids,
+            )
             for i, t in enumerate(ids[0].tolist())
         ]
         mask = encoding.get("attention_mask", torch.ones_like(ids))
@@ -196,8 +209,10 @@ class Inspector:
     ) -> Any:
         """One forward pass with capture; returns the model's output. Holds the model's lock throughout."""
         chunk = self.query_chunk(loaded, encoded.length)
-        with loaded.lock, torch.inference_mode(), capture_attention(
-            loaded.model, consumers, layers=layers, query_chunk=chunk, record_inputs=record_inputs
+        with (
+            loaded.lock,
+            torch.inference_mode(),
+            capture_attention(loaded.model, consumers, layers=layers, query_chunk=chunk, record_inputs=record_inputs),
         ):
             return loaded.model(input_ids=encoded.input_ids, attention_mask=encoded.attention_mask)
 

@@ -224,9 +224,7 @@ def _load_from(location: str, *, local_only: bool) -> tuple[nn.Module, object]:
 
     config = AutoConfig.from_pretrained(location, trust_remote_code=False, local_files_only=local_only)
     cls = AutoModelForCausalLM if _is_causal_lm(config) else AutoModel
-    model = cls.from_pretrained(
-        location, trust_remote_code=False, local_files_only=local_only, dtype=torch.float32
-    )
+    model = cls.from_pretrained(location, trust_remote_code=False, local_files_only=local_only, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=False, local_files_only=local_only)
     return model, tokenizer
 

@@ -14,7 +14,7 @@ DIGITS = 4
 
 
 def rounded(value: float, digits: int = DIGITS) -> float:
-    """Round for reading; NaN/inf become 0.0 is never done silently: they are kept as is for the caller to see."""
+    """Round for reading; NaN and inf are kept as they are, never hidden."""
     value = float(value)
     if not math.isfinite(value):
         return value

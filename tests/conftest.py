@@ -11,13 +11,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
+from families import FAMILIES, build_family, tiny_tokenizer
 
-from agent_tools.capture import attention_implementation  # noqa: E402
-from agent_tools.inspector import Inspector  # noqa: E402
-from agent_tools.loading import LoadedModel, load_model, register_model  # noqa: E402
-from families import FAMILIES, build_family, tiny_tokenizer  # noqa: E402
+from agent_tools.capture import attention_implementation
+from agent_tools.inspector import Inspector
+from agent_tools.loading import LoadedModel, load_model, register_model
 
 ATOL = 1e-5
 SAMPLE_TEXT = "The cat sat on the mat because it was tired, and the dog watched it from the door."
@@ -45,11 +45,11 @@ def inspector(tmp_path: Path) -> Inspector:
     return Inspector(artifact_dir=tmp_path / "artifacts")
 
 
-def eager_reference(model: torch.nn.Module, **inputs: torch.Tensor):  # noqa: ANN201
+def eager_reference(model: torch.nn.Module, **inputs: torch.Tensor):
     """The model's own eager forward with output_attentions (the reference we must match)."""
     with attention_implementation(model, "eager"), torch.inference_mode():
         return model(**inputs, output_attentions=True)
 
 
-def output_tensor(output) -> torch.Tensor:  # noqa: ANN001
+def output_tensor(output) -> torch.Tensor:
     return output.logits if getattr(output, "logits", None) is not None else output.last_hidden_state

@@ -118,11 +118,17 @@ def test_padded_batch_equals_each_sequence_alone(name: str) -> None:
     a = torch.tensor([[7, 8, 9, 10, 11, 12]])
     b = torch.tensor([[20, 21, 22]])
     if name == "bert":  # encoders pad on the right
-        batch, mask, real = torch.tensor([[7, 8, 9, 10, 11, 12], [20, 21, 22, 3, 3, 3]]), torch.tensor(
-            [[1] * 6, [1, 1, 1, 0, 0, 0]]), slice(0, 3)
+        batch, mask, real = (
+            torch.tensor([[7, 8, 9, 10, 11, 12], [20, 21, 22, 3, 3, 3]]),
+            torch.tensor([[1] * 6, [1, 1, 1, 0, 0, 0]]),
+            slice(0, 3),
+        )
     else:  # decoders pad on the left
-        batch, mask, real = torch.tensor([[7, 8, 9, 10, 11, 12], [3, 3, 3, 20, 21, 22]]), torch.tensor(
-            [[1] * 6, [0, 0, 0, 1, 1, 1]]), slice(3, 6)
+        batch, mask, real = (
+            torch.tensor([[7, 8, 9, 10, 11, 12], [3, 3, 3, 20, 21, 22]]),
+            torch.tensor([[1] * 6, [0, 0, 0, 1, 1, 1]]),
+            slice(3, 6),
+        )
     extra = {} if name == "bert" else {"position_ids": (mask.cumsum(-1) - 1).clamp_min(0)}
     both, alone_a, alone_b = KeepAll(), KeepAll(), KeepAll()
     with torch.inference_mode():

@@ -19,21 +19,26 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_describe_and_call_json(tmp_path) -> None:  # noqa: ANN001
+def test_describe_and_call_json(tmp_path) -> None:
     result = run_cli("describe", "--model", "minilm-l6")
     assert result.returncode == 0, result.stderr
     assert "bert" in result.stdout and "bidirectional" in result.stdout
-    result = run_cli("call", "show_attention", "--json",
-                     json.dumps({"model": "minilm-l6", "text": "The cat sat.", "layer": 5, "head": 11}))
+    result = run_cli(
+        "call",
+        "show_attention",
+        "--json",
+        json.dumps({"model": "minilm-l6", "text": "The cat sat.", "layer": 5, "head": 11}),
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["layer"] == 5 and report["tokens"][0]["text"] == "[CLS]"
 
 
-def test_show_writes_png(tmp_path) -> None:  # noqa: ANN001
+def test_show_writes_png(tmp_path) -> None:
     png = tmp_path / "map.png"
-    result = run_cli("show", "The cat sat on the mat.", "--layer", "2", "--head", "1", "--model", "minilm-l6",
-                     "--png", str(png))
+    result = run_cli(
+        "show", "The cat sat on the mat.", "--layer", "2", "--head", "1", "--model", "minilm-l6", "--png", str(png)
+    )
     assert result.returncode == 0, result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -48,7 +53,7 @@ def test_show_writes_png(tmp_path) -> None:  # noqa: ANN001
         (("call", "no_tool", "--json", "{}"), "unknown tool"),
     ],
 )
-def test_bad_input_exits_2_with_one_line(args, message) -> None:  # noqa: ANN001
+def test_bad_input_exits_2_with_one_line(args, message) -> None:
     result = run_cli(*args)
     assert result.returncode == 2
     assert message in result.stderr

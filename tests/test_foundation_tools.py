@@ -15,7 +15,7 @@ from agent_tools.tools.describe_model import ModelDescription
 from agent_tools.tools.show_attention import AttentionView
 
 
-def test_describe_tiny_families(tiny_models, inspector: Inspector) -> None:  # noqa: ANN001
+def test_describe_tiny_families(tiny_models, inspector: Inspector) -> None:
     described = {n: get_tool("describe_model")(inspector, {"model": f"tiny-{n}"}) for n in tiny_models}
     assert described["llama"].num_kv_heads == 2 and described["llama"].kv_groups == 2
     assert described["bert"].causal is False and described["gpt2"].causal is True
@@ -28,7 +28,7 @@ def test_describe_tiny_families(tiny_models, inspector: Inspector) -> None:  # n
 
 
 @pytest.mark.real_model
-def test_describe_default_model(smol, inspector: Inspector) -> None:  # noqa: ANN001
+def test_describe_default_model(smol, inspector: Inspector) -> None:
     report = get_tool("describe_model")(inspector, {})
     assert isinstance(report, ModelDescription)
     assert (report.num_layers, report.num_heads, report.num_kv_heads, report.head_dim) == (30, 9, 3, 64)
@@ -38,7 +38,7 @@ def test_describe_default_model(smol, inspector: Inspector) -> None:  # noqa: AN
 
 
 @pytest.mark.real_model
-def test_show_attention_rows_match_the_captured_map(smol, inspector: Inspector) -> None:  # noqa: ANN001
+def test_show_attention_rows_match_the_captured_map(smol, inspector: Inspector) -> None:
     report = get_tool("show_attention")(
         inspector, {"text": SAMPLE_TEXT, "layer": 3, "head": 0, "top_k": 2, "include_map": True, "png": True}
     )
@@ -56,7 +56,7 @@ def test_show_attention_rows_match_the_captured_map(smol, inspector: Inspector) 
     assert report.tokens[1].text == " cat"
 
 
-def test_show_attention_encoder(tiny_models, inspector: Inspector) -> None:  # noqa: ANN001
+def test_show_attention_encoder(tiny_models, inspector: Inspector) -> None:
     report = get_tool("show_attention")(inspector, {"model": "tiny-bert", "text": "the cat sat", "layer": 1, "head": 3})
     assert len(report.rows) == 4 and report.tokens[0].special  # <bos> from the tiny tokenizer
     assert all(0 <= r.entropy <= math.log(4) + 1e-6 for r in report.rows)
@@ -77,7 +77,7 @@ BAD_CASES = [
 
 
 @pytest.mark.parametrize(("arguments", "error", "message"), BAD_CASES)
-def test_bad_input_is_a_clear_error_and_changes_nothing(tiny_models, inspector, arguments, error, message) -> None:  # noqa: ANN001
+def test_bad_input_is_a_clear_error_and_changes_nothing(tiny_models, inspector, arguments, error, message) -> None:
     model = tiny_models["llama"].model
     ids = torch.arange(6, 14)[None]
     with torch.inference_mode():

@@ -100,14 +100,14 @@ def test_folder_with_broken_config_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.real_model
-def test_models_are_cached_per_process_in_eval_mode(smol) -> None:  # noqa: ANN001
+def test_models_are_cached_per_process_in_eval_mode(smol) -> None:
     assert load_model("smollm2-135m-instruct") is smol
     assert not smol.model.training
     assert not any(p.requires_grad for p in smol.model.parameters())
 
 
 @pytest.mark.real_model
-def test_local_folder_loads(minilm, tmp_path: Path) -> None:  # noqa: ANN001
+def test_local_folder_loads(minilm, tmp_path: Path) -> None:
     folder = tmp_path / "copy"
     shutil.copytree(resolve_reference("minilm-l6").path, folder)
     loaded = load_model(str(folder))

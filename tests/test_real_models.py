@@ -54,4 +54,4 @@ def test_smollm2_left_padded_batch_equals_alone(smol: LoadedModel) -> None:
         batch = smol.model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
         for row, single in enumerate(singles):
             alone = smol.model(input_ids=single).logits[0]
-            assert (batch[row, width - single.shape[1]:] - alone).abs().max().item() <= 1e-4
+            assert (batch[row, width - single.shape[1] :] - alone).abs().max().item() <= 1e-4

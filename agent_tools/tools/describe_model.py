@@ -44,21 +44,31 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
     f = loaded.facts
     inverse = 1 / math.sqrt(f.head_dim)
     ratio = f.scaling * math.sqrt(f.head_dim)
-    mask = "causal (each query reads itself and earlier tokens)" if f.is_causal else "bidirectional (every token reads every token)"
+    mask = (
+        "causal (each query reads itself and earlier tokens)"
+        if f.is_causal
+        else "bidirectional (every token reads every token)"
+    )
     if f.sliding_window:
         mask += f", sliding window of {f.sliding_window} tokens on the layers that use it"
     mask += "; padding keys masked"
     findings = []
     if abs(ratio - 1) > 1e-3:
-        findings.append(Finding(
-            kind="nonstandard_scale", value=rounded(ratio),
-            detail=f"scale {f.scaling:.4g} is {ratio:.3g}× the standard 1/sqrt({f.head_dim}) = {inverse:.4g}",
-        ))
+        findings.append(
+            Finding(
+                kind="nonstandard_scale",
+                value=rounded(ratio),
+                detail=f"scale {f.scaling:.4g} is {ratio:.3g}× the standard 1/sqrt({f.head_dim}) = {inverse:.4g}",
+            )
+        )
     if f.num_kv_heads < f.num_heads:
-        findings.append(Finding(
-            kind="grouped_query_attention", value=float(f.kv_groups),
-            detail=f"{f.num_heads} query heads share {f.num_kv_heads} KV heads ({f.kv_groups} query heads per KV head)",
-        ))
+        findings.append(
+            Finding(
+                kind="grouped_query_attention",
+                value=float(f.kv_groups),
+                detail=f"{f.num_heads} query heads share {f.num_kv_heads} KV heads ({f.kv_groups} query heads per KV head)",
+            )
+        )
     if f.softcap:
         findings.append(Finding(kind="softcap", value=f.softcap, detail=f"scores are soft-capped at ±{f.softcap}"))
     summary = (
@@ -68,12 +78,28 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
         f"positions: {f.positional}; mask: {'causal' if f.is_causal else 'bidirectional'}."
     )
     return ModelDescription(
-        model=loaded.name, summary=summary, findings=findings, family=f.family, architecture=f.architecture,
-        num_layers=f.num_layers, num_heads=f.num_heads, num_kv_heads=f.num_kv_heads, kv_groups=f.kv_groups,
-        head_dim=f.head_dim, hidden_size=f.hidden_size, scaling=rounded(f.scaling, 6),
-        inverse_sqrt_head_dim=rounded(inverse, 6), scaling_ratio=rounded(ratio), query_prescaled=f.query_prescaled,
-        positional=f.positional, causal=f.is_causal, mask=mask, max_positions=f.max_positions,
-        sliding_window=f.sliding_window, softcap=f.softcap, num_parameters=f.num_parameters,
+        model=loaded.name,
+        summary=summary,
+        findings=findings,
+        family=f.family,
+        architecture=f.architecture,
+        num_layers=f.num_layers,
+        num_heads=f.num_heads,
+        num_kv_heads=f.num_kv_heads,
+        kv_groups=f.kv_groups,
+        head_dim=f.head_dim,
+        hidden_size=f.hidden_size,
+        scaling=rounded(f.scaling, 6),
+        inverse_sqrt_head_dim=rounded(inverse, 6),
+        scaling_ratio=rounded(ratio),
+        query_prescaled=f.query_prescaled,
+        positional=f.positional,
+        causal=f.is_causal,
+        mask=mask,
+        max_positions=f.max_positions,
+        sliding_window=f.sliding_window,
+        softcap=f.softcap,
+        num_parameters=f.num_parameters,
         language_model=f.is_language_model,
     )
 
@@ -88,4 +114,5 @@ SPEC = ToolSpec(
     input_model=DescribeModelInput,
     output_model=ModelDescription,
     run=describe_model,
+    example={},
 )

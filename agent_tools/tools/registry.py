@@ -25,6 +25,7 @@ class ToolSpec(Generic[In, Out]):
     input_model: type[In]
     output_model: type[Out]
     run: Callable[[Inspector, In], Out]
+    example: dict[str, Any]  # valid arguments on the default model: docs, MCP/LangChain tests, smoke runs
 
     def parse(self, arguments: dict[str, Any] | In) -> In:
         """Validate raw arguments; errors keep pydantic's detail (field, value, what is valid)."""

@@ -58,7 +58,7 @@ class HeadMapConsumer:
         return torch.cat(self.rows), torch.cat(self.allowed)  # (T, T) each
 
 
-def capture_head_map(inspector: Inspector, loaded, encoded, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+def capture_head_map(inspector: Inspector, loaded, encoded, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward pass that keeps only layer/head's map: (T, T) weights and (T, T) allowed."""
     consumer = HeadMapConsumer(layer, head)
     inspector.run(loaded, encoded, [consumer], layers=[layer])
@@ -87,11 +87,17 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
     column_share = weights.mean(0)  # (T,) mean weight each key receives
     top_key = int(column_share.argmax())
     mean_norm = float(normalised.mean())
-    findings = [Finding(
-        kind="most_read_key", layer=layer, head=head, position=top_key, token=tokens[top_key].text,
-        value=rounded(column_share[top_key]),
-        detail=f"L{layer}H{head} gives token {top_key} {tokens[top_key].text!r} {column_share[top_key]:.1%} of its attention on average",
-    )]
+    findings = [
+        Finding(
+            kind="most_read_key",
+            layer=layer,
+            head=head,
+            position=top_key,
+            token=tokens[top_key].text,
+            value=rounded(column_share[top_key]),
+            detail=f"L{layer}H{head} gives token {top_key} {tokens[top_key].text!r} {column_share[top_key]:.1%} of its attention on average",
+        )
+    ]
     png_path = None
     if args.png:
         path = inspector.artifact_path(f"attention-{loaded.name}-L{layer}H{head}-{text_digest(args.text)}", ".png")
@@ -104,9 +110,16 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
         f"({float(column_share[top_key]):.1%} of attention on average)."
     )
     return AttentionView(
-        model=loaded.name, summary=summary, findings=findings, layer=layer, head=head,
-        kv_head=loaded.facts.kv_head_of(head), tokens=tokens, rows=rows,
-        mean_entropy=rounded(entropy.mean()), mean_normalised_entropy=rounded(mean_norm),
+        model=loaded.name,
+        summary=summary,
+        findings=findings,
+        layer=layer,
+        head=head,
+        kv_head=loaded.facts.kv_head_of(head),
+        tokens=tokens,
+        rows=rows,
+        mean_entropy=rounded(entropy.mean()),
+        mean_normalised_entropy=rounded(mean_norm),
         weights=[[rounded(v, 6) for v in row] for row in weights.tolist()] if args.include_map else None,
         png_path=png_path,
     )
@@ -121,4 +134,5 @@ SPEC = ToolSpec(
     input_model=ShowAttentionInput,
     output_model=AttentionView,
     run=show_attention,
+    example={"text": "The cat sat on the mat because it was tired.", "layer": 3, "head": 0},
 )
