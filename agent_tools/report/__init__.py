@@ -1,0 +1,1 @@
+"""The main job's outputs: the full analysis run, its terminal rendering, PNG pictures and the HTML report."""

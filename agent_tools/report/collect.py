@@ -1,0 +1,35 @@
+"""Consumers that keep what the report needs from one capture: every head's map, quantised, and per-head stats.
+
+Maps are kept as uint8 (weight × 255, rounded) — one byte per entry — so a 60-token text over 30 × 9 heads is
+about 1 MB, and the interactive HTML view can show any head without a second forward pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agent_tools.analysis.maps import attention_entropy, normalised_entropy
+from agent_tools.capture import LayerAttention
+
+
+class QuantisedMaps:
+    """Keeps every captured head's (T, T) map of sequence 0 as uint8, plus per-head entropy and sink share."""
+
+    def __init__(self, num_layers: int, num_heads: int, length: int) -> None:
+        self.maps = torch.zeros(num_layers, num_heads, length, length, dtype=torch.uint8)  # (L, H, T, T)
+        self.entropy = torch.zeros(num_layers, num_heads)  # mean nats per head
+        self.normalised_entropy = torch.zeros(num_layers, num_heads)
+        self.sink_share = torch.zeros(num_layers, num_heads)  # mean weight on position 0
+        self.max_weight = torch.zeros(num_layers, num_heads)
+        self.length = length
+
+    def on_layer(self, layer: LayerAttention) -> None:
+        weights = layer.weights[0].float()  # (H, q, T)
+        rows = slice(layer.query_start, layer.query_start + weights.shape[1])
+        self.maps[layer.layer, :, rows] = (weights * 255).round().clamp(0, 255).to(torch.uint8)
+        allowed = layer.allowed()[0]  # (1, q, T)
+        share = weights.shape[1] / self.length  # running means over query chunks
+        self.entropy[layer.layer] += attention_entropy(weights).mean(-1) * share
+        self.normalised_entropy[layer.layer] += normalised_entropy(weights, allowed).mean(-1) * share
+        self.sink_share[layer.layer] += weights[..., 0].mean(-1) * share
+        self.max_weight[layer.layer] += weights.max(-1).values.mean(-1) * share
