@@ -21,7 +21,7 @@ BROWSER_ARGS = [
 
 
 @pytest.fixture(scope="module")
-def report_dir(smol, tmp_path_factory) -> Path:  # noqa: ANN001
+def report_dir(smol, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report")
     result = run_analysis(Inspector(artifact_dir=out), "When Mary and John went to the store, John gave a drink to")
     write_outputs(result, out)
@@ -42,7 +42,7 @@ def test_report_files(report_dir: Path) -> None:
     assert "http://" not in html and "https://" not in html  # self-contained: nothing fetched
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh installs it as root)")
+@pytest.mark.skipif(CHROMIUM is None, reason="no Debian chromium (setup.sh installs it as root)")
 def test_html_in_headless_chromium(report_dir: Path) -> None:
     from playwright.sync_api import sync_playwright
 

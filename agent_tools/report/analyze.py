@@ -55,7 +55,7 @@ class AnalysisResult:
     skipped: dict[str, str] = field(default_factory=dict)
 
     def to_report(self) -> AnalysisReport:
-        def grid(tensor) -> list[list[float]]:  # noqa: ANN001
+        def grid(tensor) -> list[list[float]]:
             return [[round(float(v), 4) for v in row] for row in tensor.tolist()]
 
         return AnalysisReport(
@@ -111,13 +111,12 @@ def run_analysis(
         from agent_tools.inspector import check_indices
 
         layers = check_indices(layers, loaded.facts.num_layers, "layers")
-    if encoded.length > MAX_INTERACTIVE_TOKENS:
-        msg = f"analyze keeps every head's map for the report: at most {MAX_INTERACTIVE_TOKENS} tokens, got {encoded.length}"
-        raise AttentionToolError(msg, field="text")
     facts = loaded.facts
     say("capturing every head's attention")
     start = time.perf_counter()
-    maps = QuantisedMaps(facts.num_layers, facts.num_heads, encoded.length)
+    # Every head's map is kept (1 byte an entry) only where the interactive view can use it.
+    keep_maps = encoded.length <= MAX_INTERACTIVE_TOKENS
+    maps = QuantisedMaps(facts.num_layers, facts.num_heads, encoded.length, keep_maps=keep_maps)
     inspector.run(loaded, encoded, [maps])
     timings["capture"] = time.perf_counter() - start
     focus = _most_collapsed_head(maps)
@@ -131,9 +130,17 @@ def run_analysis(
         except AttentionToolError as exc:
             skipped[name] = exc.message
         timings[name] = time.perf_counter() - start
+    if not keep_maps:
+        skipped["interactive view"] = f"text has {encoded.length} tokens; maps are kept up to {MAX_INTERACTIVE_TOKENS}"
     for name in ("diagnose_collapse", "explain_scaling", "profile_heads", "inspect_projections"):
         if name not in TOOLS:
             skipped[name] = "tool not available in this build"
     return AnalysisResult(
-        model=loaded.name, text=text, tokens=encoded.tokens, reports=reports, maps=maps, timings=timings, skipped=skipped
+        model=loaded.name,
+        text=text,
+        tokens=encoded.tokens,
+        reports=reports,
+        maps=maps,
+        timings=timings,
+        skipped=skipped,
     )

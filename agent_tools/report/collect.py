@@ -13,10 +13,12 @@ from agent_tools.capture import LayerAttention
 
 
 class QuantisedMaps:
-    """Keeps every captured head's (T, T) map of sequence 0 as uint8, plus per-head entropy and sink share."""
+    """Per-head entropy, sink share and max weight of sequence 0, and (optionally) every map as uint8."""
 
-    def __init__(self, num_layers: int, num_heads: int, length: int) -> None:
-        self.maps = torch.zeros(num_layers, num_heads, length, length, dtype=torch.uint8)  # (L, H, T, T)
+    def __init__(self, num_layers: int, num_heads: int, length: int, *, keep_maps: bool = True) -> None:
+        self.maps = (
+            torch.zeros(num_layers, num_heads, length, length, dtype=torch.uint8) if keep_maps else None
+        )  # (L, H, T, T)
         self.entropy = torch.zeros(num_layers, num_heads)  # mean nats per head
         self.normalised_entropy = torch.zeros(num_layers, num_heads)
         self.sink_share = torch.zeros(num_layers, num_heads)  # mean weight on position 0
@@ -26,7 +28,8 @@ class QuantisedMaps:
     def on_layer(self, layer: LayerAttention) -> None:
         weights = layer.weights[0].float()  # (H, q, T)
         rows = slice(layer.query_start, layer.query_start + weights.shape[1])
-        self.maps[layer.layer, :, rows] = (weights * 255).round().clamp(0, 255).to(torch.uint8)
+        if self.maps is not None:
+            self.maps[layer.layer, :, rows] = (weights * 255).round().clamp(0, 255).to(torch.uint8)
         allowed = layer.allowed()[0]  # (1, q, T)
         share = weights.shape[1] / self.length  # running means over query chunks
         self.entropy[layer.layer] += attention_entropy(weights).mean(-1) * share

@@ -25,7 +25,7 @@ class HtmlReport:
     subtitle: str
     card: list[tuple[str, Any]]
     tokens: list[str]
-    maps: torch.Tensor
+    maps: torch.Tensor | None  # None: text too long to keep every map; the page shows grids only
     grids: dict[str, dict[str, Any]]  # name -> {values: L×H floats, description, min?, max?, labels?}
     head_info: list[list[str]]  # L × H one-line description of each head
     sections: list[tuple[str, Report]] = field(default_factory=list)
@@ -38,7 +38,8 @@ def _data_uri(path: Path) -> str:
 
 
 def render_html(report: HtmlReport) -> str:
-    num_layers, num_heads, length, _ = report.maps.shape
+    num_layers, num_heads = len(report.head_info), len(report.head_info[0])
+    maps = report.maps
     data = {
         "model": report.model,
         "subtitle": report.subtitle,
@@ -46,7 +47,7 @@ def render_html(report: HtmlReport) -> str:
         "num_layers": num_layers,
         "num_heads": num_heads,
         "tokens": [{"text": t} for t in report.tokens],
-        "maps_b64": base64.b64encode(report.maps.contiguous().numpy().tobytes()).decode("ascii"),
+        "maps_b64": base64.b64encode(maps.contiguous().numpy().tobytes()).decode("ascii") if maps is not None else None,
         "grids": report.grids,
         "head_info": report.head_info,
         "initial": {"layer": report.initial[0], "head": report.initial[1]},

@@ -61,19 +61,30 @@ def write_pngs(result: AnalysisResult, out: Path) -> list[tuple[str, Path]]:
     ]
     for name, values, label, cmap, lo, hi in grid_specs:
         path = grid_heatmap(
-            values.tolist(), f"{result.model} — {label}", out / f"grid-{name}.png",
-            colorbar_label=label, cmap=cmap, vmin=lo, vmax=hi,
+            values.tolist(),
+            f"{result.model} — {label}",
+            out / f"grid-{name}.png",
+            colorbar_label=label,
+            cmap=cmap,
+            vmin=lo,
+            vmax=hi,
         )
         plots.append((f"Layer × head: {label}", path))
     role_grid = role_grid_values(result)
     if role_grid is not None:
         values, names = role_grid
         path = grid_heatmap(
-            values, f"{result.model} — primary role per head (colour = confidence)", out / "grid-role.png",
-            colorbar_label="primary role score", cmap="cividis", vmin=0.0, vmax=1.0, annotations=names,
+            values,
+            f"{result.model} — primary role per head (colour = confidence)",
+            out / "grid-role.png",
+            colorbar_label="primary role score",
+            cmap="cividis",
+            vmin=0.0,
+            vmax=1.0,
+            annotations=names,
         )
         plots.append(("Layer × head: primary role (abbreviated) and its score", path))
-    for why, layer, head in top_heads(result):
+    for why, layer, head in top_heads(result) if maps.maps is not None else []:
         weights = maps.maps[layer, head].float() / 255
         title = f"{result.model} — layer {layer}, head {head} ({why})"
         path = attention_heatmap(weights.tolist(), labels, labels, title, out / f"head-L{layer}-H{head}.png")
@@ -123,21 +134,49 @@ def write_outputs(result: AnalysisResult, out_dir: str | Path) -> dict[str, Path
     description = result.reports.get("describe_model")
     card = []
     if description is not None:
-        for key in ("family", "num_layers", "num_heads", "num_kv_heads", "head_dim", "scaling", "scaling_ratio",
-                    "positional", "mask", "max_positions", "num_parameters"):
+        for key in (
+            "family",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "scaling",
+            "scaling_ratio",
+            "positional",
+            "mask",
+            "max_positions",
+            "num_parameters",
+        ):
             card.append((key, getattr(description, key)))
     grids = {
-        "normalised entropy": {"values": result.maps.normalised_entropy.tolist(), "min": 0.0, "max": 1.0,
-                               "description": "mean entropy / log(keys visible)"},
-        "first-token share": {"values": result.maps.sink_share.tolist(), "min": 0.0, "max": 1.0,
-                              "description": "mean attention on position 0"},
-        "mean max weight": {"values": result.maps.max_weight.tolist(), "min": 0.0, "max": 1.0,
-                            "description": "mean of each query's largest weight"},
+        "normalised entropy": {
+            "values": result.maps.normalised_entropy.tolist(),
+            "min": 0.0,
+            "max": 1.0,
+            "description": "mean entropy / log(keys visible)",
+        },
+        "first-token share": {
+            "values": result.maps.sink_share.tolist(),
+            "min": 0.0,
+            "max": 1.0,
+            "description": "mean attention on position 0",
+        },
+        "mean max weight": {
+            "values": result.maps.max_weight.tolist(),
+            "min": 0.0,
+            "max": 1.0,
+            "description": "mean of each query's largest weight",
+        },
     }
     role_grid = role_grid_values(result)
     if role_grid is not None:
-        grids["primary role"] = {"values": role_grid[0], "labels": role_grid[1], "min": 0.0, "max": 1.0,
-                                 "description": "score of each head's primary role"}
+        grids["primary role"] = {
+            "values": role_grid[0],
+            "labels": role_grid[1],
+            "min": 0.0,
+            "max": 1.0,
+            "description": "score of each head's primary role",
+        }
     focus = divmod(int(result.maps.normalised_entropy.flatten().argmin()), result.maps.entropy.shape[1])
     html = HtmlReport(
         model=result.model,
