@@ -161,7 +161,8 @@ def capture_attention_forward(
     layer = state.modules.get(id(module)) if state is not None else None
     if scaling is None:
         scaling = getattr(module, "head_dim", query.shape[-1]) ** -0.5
-    if state is not None and layer is not None and not state.wants(layer):
+    if state is not None and layer is not None and not state.wants(layer) and kwargs.get("softcap") is None:
+        # Layers nobody asked for run fast with sdpa; sdpa cannot soft-cap, so those layers take the eager path.
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
@@ -191,7 +192,7 @@ def capture_attention_forward(
         scores, weights, output = _eager_rows(rows, key_states, value_states, mask, scaling, softcap, dropout, training)
         outputs.append(output)
         last_weights = weights
-        if state is not None and layer is not None:
+        if state is not None and layer is not None and state.wants(layer):
             if mask is not None and mask.shape[2] != stop - start:
                 mask = mask.expand(mask.shape[0], mask.shape[1], stop - start, mask.shape[3])
             captured = LayerAttention(

@@ -223,7 +223,14 @@ class Inspector:
             msg = "artifact files are not enabled in this session (no artifact folder configured)"
             raise InvalidInputError(msg, field="png")
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-")[:80]
-        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"the artifact folder {self.artifact_dir} cannot be created ({exc.strerror}); configure a writable one"
+            raise InvalidInputError(msg, field="png") from exc
+        if not os.access(self.artifact_dir, os.W_OK):
+            msg = f"the artifact folder {self.artifact_dir} is not writable; configure a writable one"
+            raise InvalidInputError(msg, field="png")
         return self.artifact_dir / f"{safe}{suffix}"
 
 

@@ -47,12 +47,19 @@ def cmd_analyze(args: argparse.Namespace, inspector: Inspector) -> int:
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     console = Console(stderr=args.as_json)
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-        console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty(),
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not sys.stderr.isatty(),
     ) as progress:
         task = progress.add_task("starting", total=None)
         result = run_analysis(
-            inspector, text, model=args.model, layers=layers,
+            inspector,
+            text,
+            model=args.model,
+            layers=layers,
             progress=lambda message: progress.update(task, description=message),
         )
         paths: dict[str, Any] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -40,7 +41,22 @@ class ToolSpec(Generic[In, Out]):
 
     def __call__(self, inspector: Inspector, arguments: dict[str, Any] | In) -> Out:
         report = self.run(inspector, self.parse(arguments))
-        return self.output_model.model_validate(report)
+        # Re-validate from plain data: a half-built report object is a bug, not a result.
+        checked = self.output_model.model_validate(report.model_dump())
+        _require_finite(checked.model_dump(), self.name)
+        return checked
+
+
+def _require_finite(value: Any, tool: str, path: str = "") -> None:
+    """NaN and infinity have no JSON form (they become null and break output schemas): a report must not hold them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RuntimeError(f"{tool} produced a non-finite number at {path or 'the top level'}: {value}")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _require_finite(item, tool, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _require_finite(item, tool, f"{path}[{index}]")
 
 
 def format_validation_error(tool: str, error: ValidationError) -> str:

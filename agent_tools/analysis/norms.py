@@ -1,0 +1,88 @@
+"""Value-side norms (Kobayashi et al. 2020, "Attention is not only a weight"): what each key actually writes.
+
+A head's output at query i is ``Σ_j α_ij · v_j W_O^h`` where ``v_j = x_j W_V^h (+ b_V)`` is the key's value
+vector and ``W_O^h`` is the head's slice of the output projection (the ``D`` input columns of ``o_proj`` that
+belong to head ``h``). A key that receives almost all the weight but whose transformed value
+``u_j = v_j W_O^h`` is tiny contributes almost nothing: the head is a no-op on that row, a harmless sink.
+
+We never build ``u_j`` (B·H·T·C numbers): ``‖v W_O^hᵀ‖² = v G_h vᵀ`` with the head's Gram matrix
+``G_h = W_O^hᵀ W_O^h`` (D × D), so every norm costs O(D²) per key. The captured value tensor is used as ``v``:
+it *is* ``x_j W_V (+ b_V)`` after whatever the family does (fused qkv, value norms), taken from the forward itself.
+
+Shapes: ``B`` batch, ``H`` query heads, ``Hkv`` KV heads, ``q`` query rows, ``Tk`` keys, ``D`` head_dim,
+``C`` the model width the output projection writes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from agent_tools.capture import repeat_kv
+from agent_tools.errors import UnsupportedModelError
+
+# Attribute names of a self-attention module's output projection, in the families we support.
+OUTPUT_PROJECTION_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "o")
+
+
+def _linear_weight(module: nn.Module) -> Tensor:
+    """(out, in) weight of an nn.Linear, or of GPT-2's Conv1D (stored as (in, out))."""
+    weight = module.weight
+    assert isinstance(weight, Tensor), f"{type(module).__name__}.weight is not a tensor"
+    if type(module).__name__ == "Conv1D":
+        return weight.t()
+    return weight
+
+
+def output_projection(model: nn.Module, attention: nn.Module) -> Tensor:
+    """The attention module's output projection weight as (C, H·D), columns grouped by head.
+
+    Llama-like, OPT, GPT-2, GPT-NeoX keep it on the attention module; BERT-like encoders keep it on the
+    sibling ``output.dense`` of the parent ``attention`` block.
+    """
+    for name in OUTPUT_PROJECTION_NAMES:
+        child = getattr(attention, name, None)
+        if isinstance(child, nn.Module) and hasattr(child, "weight"):
+            return _linear_weight(child).detach()
+    path = next((name for name, module in model.named_modules() if module is attention), None)
+    if path:
+        parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
+        dense = getattr(getattr(parent, "output", None), "dense", None)
+        if isinstance(dense, nn.Module) and hasattr(dense, "weight"):
+            return _linear_weight(dense).detach()
+    msg = f"cannot find the output projection of {type(attention).__name__}; value-side norms need W_O"
+    raise UnsupportedModelError(msg)
+
+
+def head_output_grams(o_weight: Tensor, num_heads: int) -> Tensor:
+    """(C, H·D) output projection -> (H, D, D) per-head Gram matrices G_h = W_O^hᵀ W_O^h."""
+    width, inner = o_weight.shape
+    head_dim = inner // num_heads
+    slices = o_weight.float().reshape(width, num_heads, head_dim).permute(1, 0, 2)  # (H, C, D)
+    return slices.transpose(1, 2) @ slices  # (H, D, D)
+
+
+def transformed_value_norms(value: Tensor, grams: Tensor, *, kv_groups: int) -> Tensor:
+    """(B, Hkv, Tk, D) values, (H, D, D) Grams -> (B, H, Tk): ‖v_j W_O^h‖ for every query head and key."""
+    heads = repeat_kv(value.float(), kv_groups)  # (B, H, Tk, D): query head h reads KV head h // groups
+    squared = torch.einsum("bhtd,hde,bhte->bht", heads, grams, heads)
+    return squared.clamp_min(0.0).sqrt()
+
+
+def weighted_value_norms(weights: Tensor, value_norms: Tensor) -> Tensor:
+    """(B, H, q, Tk) weights, (B, H, Tk) norms -> (B, H, q, Tk): ‖α_ij · v_j W_O^h‖ = α_ij ‖v_j W_O^h‖."""
+    return weights.float() * value_norms[:, :, None, :]
+
+
+def norm_shares(weighted: Tensor) -> Tensor:
+    """(..., q, Tk) ‖α f(x)‖ -> each key's share of the row's total (rows summing to zero give zeros)."""
+    total = weighted.sum(-1, keepdim=True)
+    return torch.where(total > 0, weighted / total.clamp_min(1e-30), torch.zeros_like(weighted))
+
+
+def head_output_norms(weights: Tensor, value: Tensor, grams: Tensor, *, kv_groups: int) -> Tensor:
+    """(B, H, q, Tk), (B, Hkv, Tk, D), (H, D, D) -> (B, H, q): ‖Σ_j α_ij v_j W_O^h‖, what the head writes."""
+    heads = repeat_kv(value.float(), kv_groups)  # (B, H, Tk, D)
+    mixed = weights.float() @ heads  # (B, H, q, D)
+    squared = torch.einsum("bhqd,hde,bhqe->bhq", mixed, grams, mixed)
+    return squared.clamp_min(0.0).sqrt()

@@ -1,0 +1,138 @@
+"""Attention rebuilt step by step from the layer's input: dot product, scale, projections, positions, mask.
+
+Pure tensor functions. ``x`` is the (T, d_model) hidden state entering the attention module (the normalised
+input for pre-norm families). The five stages follow the recipe "start with a plain dot product and add the
+pieces one by one"; the last one is exactly transformers' eager attention and must equal the model's map.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+from agent_tools.analysis.maps import attention_entropy, normalised_entropy
+from agent_tools.analysis.projections import masked_softmax
+from agent_tools.weights import apply_rotary
+
+ReconstructionStage = Literal["raw_dot_product", "scaled_dot_product", "projected", "positional", "model"]
+RECONSTRUCTION_STAGES: tuple[str, ...] = get_args(ReconstructionStage)
+
+
+@dataclass(frozen=True)
+class StageMap:
+    """One stage's logits (what goes into the softmax) and weights, (T, T) each."""
+
+    stage: ReconstructionStage
+    scores: Tensor  # (T, T) scaled dot products before mask (and before soft-capping)
+    logits: Tensor  # (T, T) what enters the softmax: scores (+ mask where this stage applies it)
+    weights: Tensor  # (T, T) softmax of the logits
+    allowed: Tensor  # (T, T) bool: keys this stage lets a query read
+    scale: float  # the factor the dot products were multiplied by
+
+
+def reconstruction_stages(
+    x: Tensor,
+    *,
+    w_q: Tensor,
+    w_k: Tensor,
+    scaling: float,
+    b_q: Tensor | None = None,
+    b_k: Tensor | None = None,
+    query_prescale: float = 1.0,
+    rotary: tuple[Tensor, Tensor] | None = None,
+    mask: Tensor | None = None,
+    softcap: float | None = None,
+    mask_every_stage: bool = False,
+) -> list[StageMap]:
+    """The five stages for one head.
+
+    Args:
+        x: (T, d_model) input of the attention module.
+        w_q, w_k: (d_model, d_head) the head's query and key projections (``q = x @ w_q + b_q``).
+        scaling: the factor the attention function multiplies q·kᵀ by (the model's own).
+        b_q, b_k: (d_head,) biases where the family has them.
+        query_prescale: a factor the family folds into the query projection (OPT), 1.0 elsewhere.
+        rotary: (cos, sin), each (T, d_rot), for RoPE families; None where positions are already in ``x``.
+        mask: (T, T) additive mask (0 = may read, very negative = may not); None = every key.
+        softcap: logit soft-capping c (scores = c·tanh(scores / c)) where the family uses it.
+        mask_every_stage: also apply the mask to stages 1–4 (isolates the other pieces on causal models).
+
+    Stages: (1) x·xᵀ; (2) x·xᵀ / sqrt(d_model); (3) (x W_Q + b_Q)(x W_K + b_K)ᵀ · scale, before positions;
+    (4) the same after RoPE (= stage 3 where positions are added to x); (5) soft-capped, masked, softmaxed:
+    the model's attention.
+    """
+    x32 = x.float()
+    length, d_model = x32.shape
+    every = torch.ones(length, length, dtype=torch.bool, device=x.device)
+    allowed = every if mask is None else mask > torch.finfo(mask.dtype).min / 2
+    early_mask = mask if mask_every_stage else None
+    early_allowed = allowed if mask_every_stage else every
+
+    def stage(name: ReconstructionStage, scores: Tensor, scale: float) -> StageMap:
+        logits = scores + early_mask if early_mask is not None else scores
+        return StageMap(name, scores, logits, masked_softmax(scores, early_mask), early_allowed, scale)
+
+    raw = x32 @ x32.T  # (T, T)
+    hidden_scale = 1 / math.sqrt(d_model)
+    q = x32 @ w_q.float() + (b_q.float() if b_q is not None else 0.0)  # (T, d_head)
+    k = x32 @ w_k.float() + (b_k.float() if b_k is not None else 0.0)  # (T, d_head)
+    q = q * query_prescale
+    effective = scaling * query_prescale
+    projected = (q @ k.T) * scaling  # (T, T)
+    if rotary is not None:
+        cos, sin = rotary
+        q, k = apply_rotary(q, cos.float(), sin.float()), apply_rotary(k, cos.float(), sin.float())
+    positional = (q @ k.T) * scaling  # (T, T)
+    final = masked_softmax(positional, mask, softcap=softcap)
+    capped = torch.tanh(positional / softcap) * softcap if softcap is not None else positional
+    final_logits = capped + mask if mask is not None else capped
+    return [
+        stage("raw_dot_product", raw, 1.0),
+        stage("scaled_dot_product", raw * hidden_scale, hidden_scale),
+        stage("projected", projected, effective),
+        stage("positional", positional, effective),
+        StageMap("model", positional, final_logits, final, allowed, effective),
+    ]
+
+
+def positional_scores(stages: list[StageMap], softcap: float | None = None) -> Tensor:
+    """Stage 4's scores soft-capped like the model's captured pre-mask scores (for parity checks)."""
+    scores = next(s for s in stages if s.stage == "positional").scores
+    return torch.tanh(scores / softcap) * softcap if softcap is not None else scores
+
+
+@dataclass(frozen=True)
+class StageMeasures:
+    mean_entropy: float  # nats
+    mean_normalised_entropy: float  # entropy / log(keys visible)
+    mean_max_weight: float
+    self_share: float  # mean weight on the query itself
+    logit_std: float  # mean over queries of the std of the logits over the keys it may read
+    top_key: Tensor  # (T,) argmax key per query
+    top_weight: Tensor  # (T,)
+
+
+def stage_measures(stage: StageMap) -> StageMeasures:
+    """Entropy, concentration, self-share and logit spread of one stage's map."""
+    weights = stage.weights.double()
+    allowed = stage.allowed
+    entropy = attention_entropy(weights)  # (T,)
+    normalised = normalised_entropy(weights, allowed)  # (T,)
+    top_weight, top_key = weights.max(-1)
+    logits = torch.where(allowed, stage.logits.double(), torch.zeros_like(weights))
+    count = allowed.sum(-1).clamp_min(1).double()  # (T,)
+    mean = logits.sum(-1) / count
+    variance = (torch.where(allowed, logits - mean[:, None], torch.zeros_like(weights)).square().sum(-1)) / count
+    return StageMeasures(
+        mean_entropy=float(entropy.mean()),
+        mean_normalised_entropy=float(normalised.mean()),
+        mean_max_weight=float(top_weight.mean()),
+        self_share=float(weights.diagonal().mean()),
+        logit_std=float(variance.sqrt().mean()),
+        top_key=top_key,
+        top_weight=top_weight,
+    )

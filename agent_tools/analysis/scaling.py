@@ -1,0 +1,472 @@
+"""What the 1/sqrt(d_k) factor does: score variance, softmax saturation, and the softmax's gradient.
+
+For a query q and key k with independent components of variance σ_q², σ_k², the dot product q·k has variance
+``d_k·σ_q²·σ_k²``: it grows with the head dimension, and softmax over scores with standard deviation
+``sqrt(d_k)`` saturates onto one key. The softmax Jacobian ``J = diag(p) − p pᵀ`` then vanishes, so no gradient
+flows back into W_q and W_k. Dividing by sqrt(d_k) restores unit variance.
+
+Closed forms used per row (``p`` a probability vector):
+
+* ``tr J = 1 − Σ p²`` and ``‖J‖_F² = Σ p² − 2 Σ p³ + (Σ p²)²``;
+* for ``p = softmax(β z)``: ``dH/dβ = −β · Var_p(z) ≤ 0`` — entropy never rises as the scale grows.
+
+Shapes: ``...`` leading dims (heads), ``q`` query rows, ``k`` keys, ``D`` head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor, nn
+
+from agent_tools.analysis.maps import attention_entropy
+from agent_tools.capture import LayerAttention
+
+SATURATION = 0.99  # a row is saturated when its largest weight is at least this
+SYNTHETIC_HEAD_DIMS = (16, 64, 256, 1024)
+SettingKind = Literal["model_scale", "no_scaling", "temperature"]
+SETTING_KINDS: tuple[str, ...] = get_args(SettingKind)
+
+
+# --- per-row measures ---------------------------------------------------------------------------------------
+
+
+def masked_softmax(logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+    """(..., q, k) logits, bool visibility -> weights; hidden keys get exactly 0."""
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed.expand(logits.shape), -math.inf)
+    return torch.softmax(logits, dim=-1)
+
+
+def softmax_jacobian_trace(weights: Tensor) -> Tensor:
+    """(..., k) -> (...): trace of diag(p) − p pᵀ = 1 − Σ p²."""
+    return 1.0 - weights.pow(2).sum(-1)
+
+
+def softmax_jacobian_frobenius(weights: Tensor) -> Tensor:
+    """(..., k) -> (...): ‖diag(p) − p pᵀ‖_F = sqrt(Σ p² − 2 Σ p³ + (Σ p²)²)."""
+    squares = weights.pow(2).sum(-1)
+    return (squares - 2 * weights.pow(3).sum(-1) + squares.pow(2)).clamp_min(0.0).sqrt()
+
+
+def softmax_jacobian(weights: Tensor) -> Tensor:
+    """(..., k) -> (..., k, k): diag(p) − p pᵀ (for tests and small rows)."""
+    return torch.diag_embed(weights) - weights[..., :, None] * weights[..., None, :]
+
+
+def weighted_variance(values: Tensor, weights: Tensor, allowed: Tensor | None = None) -> Tensor:
+    """(..., k) values z, (..., k) probabilities p -> (...): Var_p(z) over the visible keys."""
+    if allowed is not None:
+        values = values.masked_fill(~allowed.expand(values.shape), 0.0)
+    mean = (weights * values).sum(-1, keepdim=True)
+    return (weights * (values - mean).pow(2)).sum(-1)
+
+
+def entropy_beta_derivative(z: Tensor, beta: float, allowed: Tensor | None = None) -> Tensor:
+    """(..., k) logits z -> (...): dH/dβ of softmax(β z) in closed form, −β·Var_p(z)."""
+    weights = masked_softmax(beta * z, allowed)
+    return -beta * weighted_variance(z, weights, allowed)
+
+
+@dataclass(frozen=True)
+class RowMeasures:
+    """Per-row measures of a weight map: (..., q) each."""
+
+    entropy: Tensor
+    normalised_entropy: Tensor
+    max_weight: Tensor
+    saturated: Tensor
+    jacobian_trace: Tensor
+    jacobian_frobenius: Tensor
+
+
+def row_measures(weights: Tensor, allowed: Tensor | None = None, *, saturation: float = SATURATION) -> RowMeasures:
+    """(..., q, k) weights -> entropy (nats), entropy / log(visible keys), max, saturated, Jacobian trace/‖·‖_F."""
+    entropy = attention_entropy(weights)
+    count = (
+        torch.full_like(entropy, weights.shape[-1])
+        if allowed is None
+        else allowed.expand(weights.shape).sum(-1).to(entropy.dtype)
+    )
+    normalised = torch.where(count > 1, entropy / count.clamp_min(2).log(), torch.zeros_like(entropy))
+    top = weights.max(-1).values
+    return RowMeasures(
+        entropy=entropy,
+        normalised_entropy=normalised,
+        max_weight=top,
+        saturated=top >= saturation,
+        jacobian_trace=softmax_jacobian_trace(weights),
+        jacobian_frobenius=softmax_jacobian_frobenius(weights),
+    )
+
+
+def masked_variance(values: Tensor, allowed: Tensor) -> Tensor:
+    """(..., q, k) values over the visible pairs of each leading index -> (...): population variance."""
+    allowed = allowed.expand(values.shape)
+    count = allowed.sum((-2, -1)).clamp_min(1)
+    masked = values.double().masked_fill(~allowed, 0.0)
+    mean = masked.sum((-2, -1)) / count
+    centred = (values.double() - mean[..., None, None]).masked_fill(~allowed, 0.0)
+    return centred.pow(2).sum((-2, -1)) / count
+
+
+def predicted_dot_variance(q_mean: Tensor, q_var: Tensor, k_mean: Tensor, k_var: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-component moments (..., D) of q and k -> (isotropic, independent) predicted Var(q·k), each (...).
+
+    * isotropic: ``mean_d σ²_q · mean_d σ²_k · d_k`` — the textbook ``var(q)·var(k)·d_k``;
+    * independent: ``Σ_d σ²_q,d σ²_k,d + σ²_q,d μ²_k,d + μ²_q,d σ²_k,d`` — exact when q and k are independent
+      with independent components, whatever their means and per-component variances.
+    """
+    head_dim = q_var.shape[-1]
+    isotropic = q_var.mean(-1) * k_var.mean(-1) * head_dim
+    independent = (q_var * k_var + q_var * k_mean.pow(2) + q_mean.pow(2) * k_var).sum(-1)
+    return isotropic, independent
+
+
+# --- the synthetic demonstration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SyntheticScaling:
+    head_dim: int
+    dot_variance: float  # Var(q·k) for unit-variance components: ≈ d_k
+    scaled_variance: float  # Var(q·k / sqrt(d_k)): ≈ 1
+    unscaled: dict[str, float]
+    scaled: dict[str, float]
+
+
+def _means(measures: RowMeasures) -> dict[str, float]:
+    return {
+        "entropy": float(measures.entropy.mean()),
+        "normalised_entropy": float(measures.normalised_entropy.mean()),
+        "mean_max_weight": float(measures.max_weight.mean()),
+        "saturated_fraction": float(measures.saturated.double().mean()),
+        "jacobian_trace": float(measures.jacobian_trace.mean()),
+        "jacobian_frobenius": float(measures.jacobian_frobenius.mean()),
+    }
+
+
+def synthetic_scaling_demo(
+    head_dims: Sequence[int] = SYNTHETIC_HEAD_DIMS, *, queries: int = 256, keys: int = 64, seed: int = 0
+) -> list[SyntheticScaling]:
+    """Random unit-variance q, k for each d_k: score variance, saturation and softmax gradient with/without scale."""
+    generator = torch.Generator().manual_seed(seed)
+    results = []
+    for head_dim in head_dims:
+        q = torch.randn(queries, head_dim, generator=generator, dtype=torch.float64)
+        k = torch.randn(keys, head_dim, generator=generator, dtype=torch.float64)
+        dots = q @ k.T  # (queries, keys)
+        scaled = dots / math.sqrt(head_dim)
+        results.append(
+            SyntheticScaling(
+                head_dim=head_dim,
+                dot_variance=float(dots.var(unbiased=False)),
+                scaled_variance=float(scaled.var(unbiased=False)),
+                unscaled=_means(row_measures(torch.softmax(dots, -1))),
+                scaled=_means(row_measures(torch.softmax(scaled, -1))),
+            )
+        )
+    return results
+
+
+# --- streaming over one layer -------------------------------------------------------------------------
+
+
+@dataclass
+class SettingSums:
+    """Running sums of the row measures for one scale setting."""
+
+    kind: SettingKind
+    temperature: float | None  # divides the model's logits (None for no_scaling)
+    beta: float  # the factor applied to raw q·k (before any soft-cap)
+    in_family: bool  # logits are model_logits / τ, so dH/dβ = −β Var_p(z) applies along the sweep
+    rows: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+    derivative: float = 0.0
+
+    def add(self, measures: RowMeasures, derivative: Tensor | None) -> None:
+        self.rows += measures.entropy.numel()
+        for name, value in _sums(measures).items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+        if derivative is not None:
+            self.derivative += float(derivative.sum())
+
+    def means(self) -> dict[str, float]:
+        n = max(self.rows, 1)
+        return {name: value / n for name, value in self.sums.items()}
+
+
+def _sums(measures: RowMeasures) -> dict[str, float]:
+    return {
+        "entropy": float(measures.entropy.double().sum()),
+        "normalised_entropy": float(measures.normalised_entropy.double().sum()),
+        "mean_max_weight": float(measures.max_weight.double().sum()),
+        "saturated_fraction": float(measures.saturated.double().sum()),
+        "jacobian_trace": float(measures.jacobian_trace.double().sum()),
+        "jacobian_frobenius": float(measures.jacobian_frobenius.double().sum()),
+    }
+
+
+class ScalingConsumer:
+    """One layer's q, k and scores streamed by query chunk into variance and scale-sweep sums.
+
+    ``model_scale`` is the factor the model applies to q·k (for query-prescaled families the captured query
+    already carries it and is divided back out). Rows that see a single key are left out of the sweep.
+    """
+
+    def __init__(
+        self,
+        layer: int,
+        heads: Sequence[int],
+        temperatures: Sequence[float],
+        *,
+        model_scale: float,
+        query_prescaled: bool = False,
+        saturation: float = SATURATION,
+        batch_index: int = 0,
+    ) -> None:
+        self.layer, self.heads = layer, list(heads)
+        self.model_scale, self.query_prescaled = model_scale, query_prescaled
+        self.saturation, self.batch_index = saturation, batch_index
+        self.temperatures = sorted(set(temperatures) | {1.0}, reverse=True)  # β ascending along the family
+        n = len(self.heads)
+        self.q_sum: Tensor | None = None  # (h, D) running sums over query rows
+        self.q_sq: Tensor | None = None
+        self.q_rows = 0
+        self.k_mean: Tensor | None = None  # (h, D) over keys
+        self.k_var: Tensor | None = None
+        self.raw_n = torch.zeros(n, dtype=torch.float64)
+        self.raw_sum = torch.zeros(n, dtype=torch.float64)
+        self.raw_sq = torch.zeros(n, dtype=torch.float64)
+        self.scaled_sum = torch.zeros(n, dtype=torch.float64)
+        self.scaled_sq = torch.zeros(n, dtype=torch.float64)
+        self.settings: list[SettingSums] = []
+        self.softcap: float | None = None
+        self.monotone_rows = 0
+        self.monotone_violations = 0
+        self.head_dim = 0
+
+    def on_layer(self, captured: LayerAttention) -> None:
+        if captured.layer != self.layer:
+            return
+        b = self.batch_index
+        index = torch.tensor(self.heads)
+        query = captured.query[b].index_select(0, index).double()  # (h, q, D)
+        if self.query_prescaled:
+            query = query / self.model_scale
+        key = captured.head_key(captured.key)[b].index_select(0, index).double()  # (h, k, D)
+        scores = captured.scores[b].index_select(0, index).double()  # (h, q, k) model logits before the mask
+        allowed = captured.allowed()[b, 0]  # (q, k)
+        self.softcap = captured.softcap
+        self.head_dim = query.shape[-1]
+        if self.q_sum is None or self.q_sq is None:
+            self.q_sum = torch.zeros(query.shape[0], query.shape[-1], dtype=torch.float64)
+            self.q_sq = torch.zeros_like(self.q_sum)
+            self.k_mean = key.mean(1)
+            self.k_var = key.var(1, unbiased=False)
+            self._make_settings()
+        self.q_sum = self.q_sum + query.sum(1)
+        self.q_sq = self.q_sq + query.pow(2).sum(1)
+        self.q_rows += query.shape[1]
+
+        raw = query @ key.transpose(-1, -2)  # (h, q, k) q·k with no scale
+        pairs = allowed.expand(raw.shape)
+        self.raw_n += pairs.sum((-2, -1)).double()
+        self.raw_sum += raw.masked_fill(~pairs, 0.0).sum((-2, -1))
+        self.raw_sq += raw.pow(2).masked_fill(~pairs, 0.0).sum((-2, -1))
+        scaled = raw * self.model_scale
+        self.scaled_sum += scaled.masked_fill(~pairs, 0.0).sum((-2, -1))
+        self.scaled_sq += scaled.pow(2).masked_fill(~pairs, 0.0).sum((-2, -1))
+
+        keep = allowed.sum(-1) > 1  # rows that can choose
+        if not bool(keep.any()):
+            return
+        raw, scores, allowed = raw[:, keep], scores[:, keep], allowed[keep]
+        family_entropies = []
+        for setting in self.settings:
+            if setting.kind == "no_scaling" or setting.temperature is None:
+                logits = raw if self.softcap is None else torch.tanh(raw / self.softcap) * self.softcap
+                derivative = None
+            else:
+                logits = scores / setting.temperature
+                derivative = entropy_beta_derivative(scores, setting.beta / self.model_scale, allowed)
+            measures = row_measures(masked_softmax(logits, allowed), allowed, saturation=self.saturation)
+            setting.add(measures, derivative)
+            if setting.in_family:
+                family_entropies.append((setting.beta, measures.entropy))
+        family_entropies.sort(key=lambda item: item[0])
+        stacked = torch.stack([e for _, e in family_entropies])  # (settings, h, q), β ascending
+        rises = stacked[1:] > stacked[:-1] + 1e-9
+        self.monotone_rows += stacked[0].numel()
+        self.monotone_violations += int(rises.any(0).sum())
+
+    def _make_settings(self) -> None:
+        for temperature in self.temperatures:
+            kind: SettingKind = "model_scale" if temperature == 1.0 else "temperature"
+            self.settings.append(SettingSums(kind, temperature, self.model_scale / temperature, in_family=True))
+        self.settings.append(SettingSums("no_scaling", None, 1.0, in_family=self.softcap is None))
+
+    # --- results ---------------------------------------------------------------------------------------
+    def variances(self) -> dict[str, Tensor]:
+        """Per head: measured Var(q·k), Var(scaled scores), predicted Var(q·k) and the q/k moments."""
+        if self.q_sum is None or self.q_sq is None or self.k_mean is None or self.k_var is None:
+            raise RuntimeError(f"layer {self.layer} was not captured")
+        n = self.raw_n.clamp_min(1)
+        raw_var = self.raw_sq / n - (self.raw_sum / n).pow(2)
+        scaled_var = self.scaled_sq / n - (self.scaled_sum / n).pow(2)
+        q_mean = self.q_sum / self.q_rows
+        q_var = (self.q_sq / self.q_rows - q_mean.pow(2)).clamp_min(0.0)
+        isotropic, independent = predicted_dot_variance(q_mean, q_var, self.k_mean, self.k_var)
+        return {
+            "raw_variance": raw_var,
+            "scaled_variance": scaled_var,
+            "predicted_isotropic": isotropic,
+            "predicted_independent": independent,
+            "q_variance": q_var.mean(-1),
+            "k_variance": self.k_var.mean(-1),
+            "q_mean_square": q_mean.pow(2).mean(-1),
+            "k_mean_square": self.k_mean.pow(2).mean(-1),
+            "pairs": self.raw_n,
+        }
+
+
+# --- the training experiment ---------------------------------------------------------------------------
+
+
+class RetrievalAttention(nn.Module):
+    """One attention head that retrieves an item's label with a query: the smallest model of attention.
+
+    Items are random content vectors ``c_j`` with labels ``y_j``; the query is a noisy copy of one item.
+    ``q = x_query W_q``, ``k_j = c_j W_k``, ``α = softmax(q·k_j · s)`` with ``s = 1/sqrt(d_k)`` or 1, and the
+    values are the labels as one-hot vectors read out with a fixed gain: ``logits = gain · Σ_j α_j e_{y_j}``.
+    Only W_q and W_k learn, so every bit of learning has to pass back through the softmax.
+    """
+
+    def __init__(self, d_model: int, head_dim: int, *, scaled: bool, gain: float, generator: torch.Generator):
+        super().__init__()
+        self.scaled, self.head_dim, self.gain = scaled, head_dim, gain
+        # N(0, 1/d_model) weights: unit-variance q and k components for unit-variance inputs.
+        self.w_q = nn.Parameter(torch.randn(d_model, head_dim, generator=generator) / math.sqrt(d_model))
+        self.w_k = nn.Parameter(torch.randn(d_model, head_dim, generator=generator) / math.sqrt(d_model))
+
+    def forward(self, items: Tensor, labels: Tensor, query: Tensor, num_labels: int) -> tuple[Tensor, Tensor]:
+        """items (B, N, C), labels (B, N), query (B, C) -> logits (B, num_labels), weights (B, N)."""
+        # q·k_j = x W_q (c_j W_k)ᵀ = x (W_q W_kᵀ) c_jᵀ: the same numbers and gradients, C·C·D work per step.
+        bilinear = self.w_q @ self.w_k.T  # (C, C)
+        scores = (items @ (query @ bilinear)[:, :, None]).squeeze(-1)  # (B, N)
+        if self.scaled:
+            scores = scores / math.sqrt(self.head_dim)
+        weights = torch.softmax(scores, dim=-1)
+        values = nn.functional.one_hot(labels, num_labels).to(weights.dtype)  # (B, N, labels)
+        read = (weights[:, :, None] * values).sum(1)  # (B, labels)
+        return self.gain * read, weights
+
+
+@dataclass(frozen=True)
+class ExperimentRun:
+    head_dim: int
+    scaled: bool
+    steps: list[int]
+    loss: list[float]
+    accuracy: list[float]
+    grad_norm_q: list[float]
+    grad_norm_k: list[float]
+    attention_entropy: list[float]
+    saturated_fraction: list[float]
+    target_weight: list[float]
+
+
+def retrieval_batch(
+    batch: int, items: int, d_model: int, labels: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Random items (B, N, C), their labels (B, N), a noisy copy of one item as the query (B, C), its index (B,)."""
+    contents = torch.randn(batch, items, d_model, generator=generator)
+    item_labels = torch.randint(0, labels, (batch, items), generator=generator)
+    target = torch.randint(0, items, (batch,), generator=generator)
+    noise = 0.1 * torch.randn(batch, d_model, generator=generator)
+    query = contents[torch.arange(batch), target] + noise
+    return contents, item_labels, query, target
+
+
+def train_retrieval(
+    head_dim: int,
+    *,
+    scaled: bool,
+    steps: int = 300,
+    batch: int = 64,
+    items: int = 16,
+    d_model: int = 32,
+    labels: int = 16,
+    gain: float = 8.0,
+    learning_rate: float = 1.0,
+    log_every: int = 10,
+    seed: int = 0,
+) -> ExperimentRun:
+    """Train :class:`RetrievalAttention` with SGD; deterministic for a seed (same data and init for every run).
+
+    Runs on one intra-op thread (restored afterwards): these ops are tiny, and on a shared CPU more threads only
+    add contention. The result does not depend on it.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.enable_grad():
+            return _train(head_dim, scaled, steps, batch, items, d_model, labels, gain, learning_rate, log_every, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(
+    head_dim: int,
+    scaled: bool,
+    steps: int,
+    batch: int,
+    items: int,
+    d_model: int,
+    labels: int,
+    gain: float,
+    learning_rate: float,
+    log_every: int,
+    seed: int,
+) -> ExperimentRun:
+    init = torch.Generator().manual_seed(seed)
+    data = torch.Generator().manual_seed(seed + 1)
+    model = RetrievalAttention(d_model, head_dim, scaled=scaled, gain=gain, generator=init)
+    optimiser = torch.optim.SGD(model.parameters(), lr=learning_rate)
+    logged: dict[str, list[float]] = {k: [] for k in ("loss", "accuracy", "q", "k", "entropy", "saturated", "target")}
+    logged_steps: list[int] = []
+    for step in range(steps + 1):
+        contents, item_labels, query, target = retrieval_batch(batch, items, d_model, labels, data)
+        logits, weights = model(contents, item_labels, query, labels)
+        answer = item_labels[torch.arange(batch), target]
+        loss = nn.functional.cross_entropy(logits, answer)
+        optimiser.zero_grad()
+        loss.backward()
+        if step % log_every == 0 or step == steps:
+            logged_steps.append(step)
+            with torch.no_grad():
+                logged["loss"].append(float(loss))
+                logged["accuracy"].append(float((logits.argmax(-1) == answer).float().mean()))
+                logged["q"].append(float(model.w_q.grad.norm()))  # type: ignore[union-attr]
+                logged["k"].append(float(model.w_k.grad.norm()))  # type: ignore[union-attr]
+                logged["entropy"].append(float(attention_entropy(weights).mean()))
+                logged["saturated"].append(float((weights.max(-1).values >= SATURATION).float().mean()))
+                logged["target"].append(float(weights[torch.arange(batch), target].mean()))
+        if step < steps:
+            optimiser.step()
+    return ExperimentRun(
+        head_dim=head_dim,
+        scaled=scaled,
+        steps=logged_steps,
+        loss=logged["loss"],
+        accuracy=logged["accuracy"],
+        grad_norm_q=logged["q"],
+        grad_norm_k=logged["k"],
+        attention_entropy=logged["entropy"],
+        saturated_fraction=logged["saturated"],
+        target_weight=logged["target"],
+    )

@@ -1,0 +1,158 @@
+"""Prompts for an attention-explainer agent: a system prompt and one explanation template per topic.
+
+The texts live in the repository's top-level ``prompts/`` folder, which is installed as the package
+``agent_tools.prompt_files`` (one copy; see ``setup.py``). Each file is Markdown with a small front matter
+(``description: ...``) and is a LangChain f-string template. Two conventions keep them from going stale:
+
+- ``{tool_catalogue}`` in the system prompt is filled from :data:`agent_tools.tools.TOOLS` at load time
+  (name, description, arguments), so the list always matches the declared tools;
+- ``[[tool_name]]`` marks a tool mention: it renders as `` `tool_name` `` when the tool is served, and the
+  whole line is dropped when it is not (a toolkit serving a subset, or a tool not written yet).
+
+    from agent_tools.prompts import explanation_template, system_prompt
+
+    system_prompt()                                        # str, for create_agent(system_prompt=...)
+    explanation_template("collapse").invoke({"text": "The cat sat on the mat."})
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
+from typing import Literal, get_args
+
+from langchain_core.messages import SystemMessage
+from langchain_core.prompts import BasePromptTemplate, ChatPromptTemplate, PromptTemplate
+
+from agent_tools.errors import InvalidInputError
+from agent_tools.loading import DEFAULT_MODEL
+from agent_tools.tools import PREFERRED_ORDER, TOOLS
+
+Topic = Literal["collapse", "scaling", "head_roles", "projections", "prompt_debugging"]
+TOPICS: tuple[str, ...] = get_args(Topic)
+
+PROMPT_PACKAGE = "agent_tools.prompt_files"
+SYSTEM_PROMPT_FILE = "system.md"
+TOOL_MARKER = re.compile(r"\[\[([a-z][a-z0-9_]*)\]\]")
+
+
+@dataclass(frozen=True)
+class PromptFile:
+    """One prompt file: its name, the description from its front matter, and the template text."""
+
+    name: str
+    description: str
+    template: str
+
+
+def prompt_folder() -> Traversable:
+    """The installed prompt files; in a source checkout without a fresh install, the repository's ``prompts/``."""
+    try:
+        return resources.files(PROMPT_PACKAGE)
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "prompts"
+
+
+def prompt_file_names() -> list[str]:
+    return sorted(p.name for p in prompt_folder().iterdir() if p.name.endswith(".md"))
+
+
+@cache
+def read_prompt_file(name: str) -> PromptFile:
+    """Parse ``name`` (e.g. ``system.md``): front matter ``key: value`` lines between ``---``, then the template."""
+    if name not in prompt_file_names():
+        raise InvalidInputError(f"no prompt file {name!r}; files: {', '.join(prompt_file_names())}", field="name")
+    text = prompt_folder().joinpath(name).read_text(encoding="utf-8")
+    meta: dict[str, str] = {}
+    if text.startswith("---\n"):
+        header, _, text = text[4:].partition("\n---\n")
+        for line in header.splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                meta[key.strip()] = value.strip()
+    return PromptFile(name=name, description=meta.get("description", ""), template=text.strip() + "\n")
+
+
+def _served(tools: Iterable[str] | None) -> list[str]:
+    if tools is None:
+        return list(TOOLS)
+    names = list(tools)
+    unknown = [n for n in names if n not in TOOLS]
+    if unknown:
+        raise InvalidInputError(f"unknown tool(s) {unknown}; tools: {', '.join(TOOLS)}", field="tools")
+    return names
+
+
+def render_tool_mentions(text: str, tools: Iterable[str] | None = None) -> str:
+    """Replace ``[[tool]]`` with `` `tool` ``; drop each line that mentions a tool not served."""
+    served = set(_served(tools))
+    kept = []
+    for line in text.splitlines():
+        mentioned = TOOL_MARKER.findall(line)
+        if any(name not in served for name in mentioned):
+            continue
+        kept.append(TOOL_MARKER.sub(lambda m: f"`{m.group(1)}`", line))
+    return "\n".join(kept) + ("\n" if text.endswith("\n") else "")
+
+
+def mentioned_tools(text: str) -> list[str]:
+    """The tool names a prompt text marks with ``[[...]]`` (checked against the planned tool names in tests)."""
+    return sorted(set(TOOL_MARKER.findall(text)))
+
+
+def planned_tool_names() -> tuple[str, ...]:
+    """Tools the prompts may mention: the declared ones plus the planned ones not written yet."""
+    return tuple(dict.fromkeys((*PREFERRED_ORDER, *TOOLS)))
+
+
+def tool_catalogue(tools: Iterable[str] | None = None) -> str:
+    """One Markdown bullet per served tool: name, description, arguments (required ones marked)."""
+    lines = []
+    for name in _served(tools):
+        spec = TOOLS[name]
+        arguments = [
+            f"{field}{' (required)' if info.is_required() else ''}"
+            for field, info in spec.input_model.model_fields.items()
+        ]
+        lines.append(f"- `{name}`: {spec.description} Arguments: {', '.join(arguments) or 'none'}.")
+    return "\n".join(lines)
+
+
+def system_prompt_template(*, tools: Iterable[str] | None = None) -> BasePromptTemplate:
+    """The system prompt as a LangChain template with the tool list filled in; ``default_model`` stays a variable
+    (with the bundled default as its value unless you pass another)."""
+    served = _served(tools)
+    text = render_tool_mentions(read_prompt_file(SYSTEM_PROMPT_FILE).template, served)
+    return PromptTemplate.from_template(text).partial(
+        tool_catalogue=tool_catalogue(served), default_model=DEFAULT_MODEL
+    )
+
+
+def system_prompt(*, tools: Iterable[str] | None = None, default_model: str | None = None) -> str:
+    """The system prompt for an attention-explainer agent, listing exactly the tools served."""
+    return system_prompt_template(tools=tools).format(default_model=default_model or DEFAULT_MODEL)
+
+
+def topic_file(topic: Topic) -> PromptFile:
+    if topic not in TOPICS:
+        raise InvalidInputError(f"unknown topic {topic!r}; topics: {', '.join(TOPICS)}", field="topic")
+    return read_prompt_file(f"explain_{topic}.md")
+
+
+def explanation_template(
+    topic: Topic, *, tools: Iterable[str] | None = None, default_model: str | None = None
+) -> ChatPromptTemplate:
+    """A chat template for one topic: the system prompt, then the topic's request (variables such as ``text``)."""
+    served = _served(tools)
+    human = render_tool_mentions(topic_file(topic).template, served)
+    system = SystemMessage(content=system_prompt(tools=served, default_model=default_model))
+    return ChatPromptTemplate.from_messages([system, ("human", human)])
+
+
+def explanation_templates(*, tools: Iterable[str] | None = None) -> dict[str, ChatPromptTemplate]:
+    return {topic: explanation_template(topic, tools=tools) for topic in TOPICS}  # type: ignore[arg-type]

@@ -1,0 +1,129 @@
+"""OpenAI-style function calling without LangChain: the ``tools`` list and a dispatcher for tool calls.
+
+    from agent_tools.surfaces.openai import ToolDispatcher, openai_tools
+
+    dispatcher = ToolDispatcher()                       # bundled models only; default model by default
+    response = client.chat.completions.create(model=..., messages=messages, tools=openai_tools())
+    for call in response.choices[0].message.tool_calls or []:
+        messages.append(dispatcher.tool_message(call))  # {"role": "tool", "tool_call_id": ..., "content": JSON}
+
+The schemas are the tools' pydantic input models with ``$ref``s inlined and titles dropped (portable across
+providers that accept OpenAI-style declarations). A result is the report as JSON; a failure the agent can fix
+is ``{"error": kind, "message": ..., "field": ...}`` with a message naming what is valid. Bugs raise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from agent_tools.errors import AttentionToolError, InvalidInputError
+from agent_tools.inspector import Inspector
+from agent_tools.loading import ModelPolicy
+from agent_tools.surfaces import agent_input_model, error_text, select_tools
+
+
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """A JSON schema with local ``#/$defs/...`` references replaced by their definitions and titles removed."""
+    definitions = schema.get("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                name = node["$ref"].rsplit("/", 1)[-1]
+                merged = {**definitions[name], **{k: v for k, v in node.items() if k != "$ref"}}
+                return resolve(merged)
+            return {
+                k: resolve(v) for k, v in node.items() if k != "$defs" and not (k == "title" and isinstance(v, str))
+            }
+        if isinstance(node, list):
+            return [resolve(item) for item in node]
+        return node
+
+    return resolve(schema)
+
+
+def openai_tools(*, tools: Iterable[str] | None = None, policy: ModelPolicy | None = None) -> list[dict[str, Any]]:
+    """Every declared tool (or the named subset) in the OpenAI ``tools`` format.
+
+    ``policy`` narrows the ``model`` argument to its allow-list (default: the bundled models).
+    """
+    policy = policy or ModelPolicy.bundled_only()
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": spec.name,
+                "description": spec.description,
+                "parameters": inline_refs(agent_input_model(spec, policy).model_json_schema()),
+            },
+        }
+        for spec in select_tools(tools)
+    ]
+
+
+class ToolDispatcher:
+    """Executes tool calls by name with JSON arguments, through one inspector (its policy is the allow-list)."""
+
+    def __init__(self, inspector: Inspector | None = None, *, tools: Iterable[str] | None = None) -> None:
+        self.inspector = inspector or Inspector(policy=ModelPolicy.bundled_only())
+        self.specs = {spec.name: spec for spec in select_tools(tools)}
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The ``tools`` list for the provider request, matching what this dispatcher serves."""
+        return openai_tools(tools=self.specs, policy=self.inspector.policy)
+
+    def dispatch(self, name: str, arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
+        """Run one tool call: the report as a JSON-ready dict, or an error object the model can act on."""
+        spec = self.specs.get(name)
+        if spec is None:
+            message = f"Error [invalid_input]: unknown tool {name!r}; call one of: {', '.join(self.specs)}"
+            return {"error": "invalid_input", "message": message, "field": "name"}
+        try:
+            report = spec(self.inspector, parse_arguments(arguments))
+        except AttentionToolError as exc:
+            return {**exc.to_dict(), "message": error_text(name, exc)}
+        return report.model_dump(mode="json")
+
+    def dispatch_json(self, name: str, arguments: str | Mapping[str, Any] | None) -> str:
+        return json.dumps(self.dispatch(name, arguments), ensure_ascii=False)
+
+    def tool_message(self, tool_call: Any) -> dict[str, Any]:
+        """A provider tool call (an SDK object or a dict with ``id`` and ``function.name/arguments``) -> the
+        ``{"role": "tool", ...}`` message carrying the result."""
+        call = tool_call if isinstance(tool_call, Mapping) else _as_dict(tool_call)
+        function = call["function"]
+        return {
+            "role": "tool",
+            "tool_call_id": call["id"],
+            "content": self.dispatch_json(function["name"], function.get("arguments")),
+        }
+
+
+def parse_arguments(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """A tool call's arguments: a JSON object as text (what providers send) or already decoded."""
+    if arguments is None or arguments == "":
+        return {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise InvalidInputError(f"arguments are not valid JSON ({exc.msg} at character {exc.pos})") from exc
+    if not isinstance(arguments, Mapping):
+        raise InvalidInputError(f"arguments must be a JSON object, got {type(arguments).__name__}")
+    return dict(arguments)
+
+
+def _as_dict(tool_call: Any) -> dict[str, Any]:
+    if hasattr(tool_call, "model_dump"):
+        return tool_call.model_dump()
+    function = tool_call.function
+    return {"id": tool_call.id, "function": {"name": function.name, "arguments": function.arguments}}
+
+
+def dispatch(
+    name: str, arguments: str | Mapping[str, Any] | None, *, inspector: Inspector | None = None
+) -> dict[str, Any]:
+    """One-shot dispatch (a new dispatcher each call; models stay cached per process)."""
+    return ToolDispatcher(inspector).dispatch(name, arguments)

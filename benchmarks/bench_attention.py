@@ -1,0 +1,197 @@
+"""Side-by-side cost of looking at attention, on the default model (issue: performance).
+
+Configurations, each in a fresh process, median of N runs after one warm-up, peak resident memory:
+  sdpa      the plain forward with transformers' default attention (the floor)
+  eager     eager attention with output_attentions=True (what most inspection tools rely on)
+  stats     our capture computing every head's statistics (entropy, max weight, sink share, role scores)
+  analyze   the full ``attention-explainer analyze`` pipeline (no files written)
+
+    python benchmarks/bench_attention.py --lengths 128,512,2048,8192 --repeats 5 --out benchmarks/results.md
+
+Writes a Markdown table (wall time, ratio to sdpa, peak RSS, RSS above sdpa). Timing targets live here, never
+in the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CONFIGS = ("sdpa", "eager", "stats", "analyze")
+WORDS = (
+    "the of and to in is was that for it with as his on be at by had are but from or have an they which one you "
+    "were her all she there would their we him been has when who will more no if out so said what up its about "
+    "into than them can only other new some could time these two may then do first any my now such like our over "
+    "man me even most made after also did many before must through back years where much your way well down should "
+    "because each just those people how too little state good very make world still own see men work long get here"
+).split()
+
+
+def make_text(tokenizer, length: int, seed: int = 0) -> str:  # noqa: ANN001
+    """Random English words whose tokenisation is at least ``length`` tokens (cut to exactly that later)."""
+    import random
+
+    rng = random.Random(seed)
+    words: list[str] = []
+    while len(tokenizer(" ".join(words))["input_ids"]) < length:
+        words.extend(rng.choice(WORDS) for _ in range(max(16, (length - len(words)) // 2)))
+    return " ".join(words)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(config: str, length: int, repeats: int, model_ref: str) -> dict:
+    import torch
+
+    from agent_tools.capture import attention_implementation
+    from agent_tools.inspector import Inspector
+    from agent_tools.loading import load_model
+
+    torch.manual_seed(0)
+    inspector = Inspector()
+    loaded = load_model(model_ref)
+    text = make_text(loaded.tokenizer, length)
+    encoded = inspector.encode(loaded, text)
+    ids = encoded.input_ids[:, :length]
+    text = loaded.tokenizer.decode(ids[0])
+    baseline = peak_rss_mb()
+
+    if config == "sdpa":
+
+        def once() -> None:
+            with torch.inference_mode():
+                loaded.model(input_ids=ids)
+
+    elif config == "eager":
+
+        def once() -> None:
+            with attention_implementation(loaded.model, "eager"), torch.inference_mode():
+                out = loaded.model(input_ids=ids, output_attentions=True)
+            assert len(out.attentions) == loaded.facts.num_layers
+
+    elif config == "stats":
+        from dataclasses import replace
+
+        from agent_tools.report.collect import QuantisedMaps
+
+        stats_encoded = replace(encoded, input_ids=ids, attention_mask=torch.ones_like(ids))
+        role_consumer = _role_consumer(loaded, stats_encoded.length)
+
+        def once() -> None:
+            stats = QuantisedMaps(loaded.facts.num_layers, loaded.facts.num_heads, stats_encoded.length, keep_maps=False)
+            consumers = [stats] + ([role_consumer()] if role_consumer else [])
+            inspector.run(loaded, stats_encoded, consumers)
+
+    elif config == "analyze":
+        from agent_tools.report.analyze import run_analysis
+
+        def once() -> None:
+            run_analysis(inspector, text, model=model_ref)
+
+    else:
+        raise SystemExit(f"unknown config {config}")
+
+    once()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - start)
+    return {
+        "config": config,
+        "length": int(ids.shape[1]),
+        "median_s": statistics.median(times),
+        "times_s": times,
+        "peak_rss_mb": peak_rss_mb(),
+        "after_load_rss_mb": baseline,
+    }
+
+
+def _role_consumer(loaded, length: int):  # noqa: ANN001, ANN202
+    """The per-head role scorer of profile_heads, if this build has one (previous-token, self, local, sink...)."""
+    try:
+        from agent_tools.analysis.heads import RoleScoreConsumer  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return lambda: RoleScoreConsumer(loaded.facts.num_layers, loaded.facts.num_heads)
+
+
+def eager_maps_gb(length: int, layers: int = 30, heads: int = 9) -> float:
+    return layers * heads * length * length * 4 / 1e9
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="128,512,2048,8192")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--max-eager-gb", type=float, default=12.0, help="skip eager where its maps exceed this")
+    parser.add_argument("--out", default="benchmarks/results.md")
+    parser.add_argument("--child", nargs=2, metavar=("CONFIG", "LENGTH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.repeats, args.model)))
+        return 0
+    rows = []
+    for length in [int(x) for x in args.lengths.split(",")]:
+        for config in args.configs.split(","):
+            if config == "eager" and eager_maps_gb(length) > args.max_eager_gb:
+                rows.append({"config": config, "length": length,
+                             "skipped": f"all maps would be {eager_maps_gb(length):.0f} GB"})
+                print(f"{config:8s} {length:5d}  skipped", file=sys.stderr)
+                continue
+            command = [sys.executable, __file__, "--child", config, str(length), "--repeats", str(args.repeats),
+                       "--model", args.model]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                rows.append({"config": config, "length": length, "skipped": f"failed: {done.stderr.strip()[-200:]}"})
+                print(f"{config:8s} {length:5d}  FAILED\n{done.stderr[-2000:]}", file=sys.stderr)
+                continue
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(f"{config:8s} {length:5d}  {row['median_s']:.3f}s  peak {row['peak_rss_mb']:.0f} MB", file=sys.stderr)
+    Path(args.out).write_text(to_markdown(rows, args))
+    print(Path(args.out).read_text())
+    return 0
+
+
+def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
+    floor = {(r["length"]): r for r in rows if r["config"] == "sdpa" and "median_s" in r}
+    lines = [
+        f"# Attention inspection cost — {args.model}, batch 1, fp32, {os.cpu_count()} CPU cores",
+        "",
+        f"Median of {args.repeats} runs after a warm-up, each configuration in a fresh process. "
+        "`peak RSS` is the process's maximum resident memory (model included); `above sdpa` subtracts the "
+        "sdpa run's peak at the same length.",
+        "",
+        "| tokens | configuration | median wall (s) | × sdpa | peak RSS (MB) | above sdpa (MB) |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        if "median_s" not in row:
+            lines.append(f"| {row['length']} | {row['config']} | — | — | — | {row['skipped']} |")
+            continue
+        base = floor.get(row["length"])
+        ratio = f"{row['median_s'] / base['median_s']:.2f}" if base else "—"
+        above = f"{row['peak_rss_mb'] - base['peak_rss_mb']:+.0f}" if base else "—"
+        lines.append(
+            f"| {row['length']} | {row['config']} | {row['median_s']:.3f} | {ratio} | {row['peak_rss_mb']:.0f} | {above} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

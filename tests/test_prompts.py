@@ -1,0 +1,152 @@
+"""Prompts: the system prompt and the topic templates, generated tool lists, and shipping inside the wheel."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.prompts import ChatPromptTemplate
+
+from agent_tools.errors import InvalidInputError
+from agent_tools.prompts import (
+    SYSTEM_PROMPT_FILE,
+    TOPICS,
+    explanation_template,
+    explanation_templates,
+    mentioned_tools,
+    planned_tool_names,
+    prompt_file_names,
+    prompt_folder,
+    read_prompt_file,
+    render_tool_mentions,
+    system_prompt,
+    system_prompt_template,
+    tool_catalogue,
+)
+from agent_tools.tools import TOOLS
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPIC_VARIABLES = {
+    "collapse": ["text"],
+    "scaling": ["text"],
+    "head_roles": ["text"],
+    "projections": ["head", "layer", "text"],
+    "prompt_debugging": ["prompt", "question"],
+}
+
+
+def test_files_are_the_system_prompt_and_one_template_per_topic() -> None:
+    assert prompt_file_names() == sorted([SYSTEM_PROMPT_FILE, *(f"explain_{t}.md" for t in TOPICS)])
+    assert set(TOPIC_VARIABLES) == set(TOPICS)
+    for name in prompt_file_names():
+        prompt = read_prompt_file(name)
+        assert prompt.description and not prompt.template.startswith("---")
+
+
+def test_one_copy_in_the_repository() -> None:
+    assert Path(str(prompt_folder())).resolve() == ROOT / "prompts"  # the editable install maps it here
+    assert not (ROOT / "agent_tools" / "prompt_files").exists()
+
+
+def test_mentions_name_only_planned_tools() -> None:
+    for name in prompt_file_names():
+        mentioned = mentioned_tools(read_prompt_file(name).template)
+        assert set(mentioned) <= set(planned_tool_names()), name
+
+
+def test_system_prompt_lists_every_declared_tool() -> None:
+    text = system_prompt()
+    for name, spec in TOOLS.items():
+        assert f"- `{name}`: {spec.description}" in text
+    assert "[[" not in text and "{" not in text
+    assert "smollm2-135m-instruct" in text
+    for rule in ("Never invent numbers", "harmless sink", "variance is d_k", "layer, the head, the token"):
+        assert rule in text
+
+
+def test_catalogue_marks_required_arguments() -> None:
+    line = next(line for line in tool_catalogue().splitlines() if line.startswith("- `show_attention`"))
+    assert "text (required), layer (required), head (required), top_k" in line
+
+
+def test_lines_about_tools_not_served_are_dropped() -> None:
+    text = system_prompt(tools=["describe_model"], default_model="minilm-l6")
+    assert "`describe_model`" in text and "`show_attention`" not in text
+    assert "by default `minilm-l6`" in text
+    assert "Tell a harmless sink from harmful collapse" in text  # reasoning rules stay
+    with pytest.raises(InvalidInputError, match="unknown tool"):
+        system_prompt(tools=["nope"])
+
+
+def test_render_tool_mentions() -> None:
+    text = "- use [[describe_model]] first\n- then [[no_such_tool]]\nplain line\n"
+    assert render_tool_mentions(text, ["describe_model"]) == "- use `describe_model` first\nplain line\n"
+
+
+def test_system_prompt_template_is_a_langchain_template() -> None:
+    template = system_prompt_template(tools=["describe_model", "show_attention"])
+    assert template.input_variables == []
+    assert "by default `gpt2`" in template.format(default_model="gpt2")
+
+
+@pytest.mark.parametrize("topic", TOPICS)
+def test_topic_templates(topic) -> None:
+    template = explanation_template(topic)
+    assert isinstance(template, ChatPromptTemplate)
+    assert sorted(template.input_variables) == TOPIC_VARIABLES[topic]
+    values = {name: f"<{name}>" for name in template.input_variables}
+    system, human = template.invoke(values).to_messages()
+    assert isinstance(system, SystemMessage) and system.content == system_prompt()
+    assert isinstance(human, HumanMessage)
+    for value in values.values():
+        assert value in human.content
+    assert "[[" not in human.content
+    for name in mentioned_tools(read_prompt_file(f"explain_{topic}.md").template):
+        assert (f"`{name}`" in human.content) == (name in TOOLS)
+
+
+def test_topic_template_for_a_subset_and_unknown_topic() -> None:
+    template = explanation_template("collapse", tools=["describe_model", "show_attention"])
+    human = template.invoke({"text": "x"}).to_messages()[1].content
+    assert "`show_attention`" in human and "diagnose_collapse" not in human
+    assert set(explanation_templates()) == set(TOPICS)
+    with pytest.raises(InvalidInputError, match="topics: collapse"):
+        explanation_template("poetry")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_prompt_files_and_loads_them(tmp_path) -> None:
+    source = tmp_path / "src"  # a clean copy: no build/ or egg-info of the working tree leaks in
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for folder in ("agent_tools", "prompts"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    wheels = tmp_path / "wheels"
+    build = [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q"]
+    subprocess.run([*build, "-w", str(wheels)], check=True, capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("attention_explainer-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        for name in prompt_file_names():
+            assert archive.read(f"agent_tools/prompt_files/{name}") == (ROOT / "prompts" / name).read_bytes()
+    target = tmp_path / "site"
+    install = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, timeout=300)
+    probe = (
+        "import agent_tools.prompts as p; from agent_tools.prompts import system_prompt; "
+        "print(p.__file__); print(p.prompt_folder()); print(len(system_prompt()))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    module_file, folder, length = result.stdout.split()
+    assert module_file.startswith(str(target)) and folder == str(target / "agent_tools" / "prompt_files")
+    assert int(length) > 1000
