@@ -226,7 +226,9 @@ class Inspector:
         try:
             self.artifact_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            msg = f"the artifact folder {self.artifact_dir} cannot be created ({exc.strerror}); configure a writable one"
+            msg = (
+                f"the artifact folder {self.artifact_dir} cannot be created ({exc.strerror}); configure a writable one"
+            )
             raise InvalidInputError(msg, field="png") from exc
         if not os.access(self.artifact_dir, os.W_OK):
             msg = f"the artifact folder {self.artifact_dir} is not writable; configure a writable one"

@@ -136,7 +136,33 @@ def tiny_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     words = ["<bos>", "<eos>", "<unk>", "<pad>", "[CLS]", "[SEP]"]
-    words += [w for w in ["the", "a", "cat", "dog", "sat", "on", "mat", "because", "it", "was", "tired", ".", ",", "and", "of", "to", "in", "is", "that", "he", "she", "they"]]
+    words += [
+        w
+        for w in [
+            "the",
+            "a",
+            "cat",
+            "dog",
+            "sat",
+            "on",
+            "mat",
+            "because",
+            "it",
+            "was",
+            "tired",
+            ".",
+            ",",
+            "and",
+            "of",
+            "to",
+            "in",
+            "is",
+            "that",
+            "he",
+            "she",
+            "they",
+        ]
+    ]
     words += [f"w{i}" for i in range(VOCAB - len(words))]
     vocab = {w: i for i, w in enumerate(words)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))

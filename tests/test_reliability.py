@@ -64,7 +64,10 @@ def _clip_head(value: Any, facts: Any) -> Any:
         layer, head = value.split(".")
         return f"{min(int(layer), facts.num_layers - 1)}.{min(int(head), facts.num_heads - 1)}"
     if isinstance(value, dict):
-        return {"layer": min(int(value["layer"]), facts.num_layers - 1), "head": min(int(value["head"]), facts.num_heads - 1)}
+        return {
+            "layer": min(int(value["layer"]), facts.num_layers - 1),
+            "head": min(int(value["head"]), facts.num_heads - 1),
+        }
     return value
 
 
@@ -77,7 +80,7 @@ TINY_TOOLS = [name for name in TOOLS if _runnable_on_tiny(name) and name != "sca
 
 
 @pytest.mark.parametrize("name", TINY_TOOLS)
-def test_tool_changes_no_weight_and_leaves_nothing_behind(name: str, tiny_models, inspector: Inspector) -> None:  # noqa: ANN001
+def test_tool_changes_no_weight_and_leaves_nothing_behind(name: str, tiny_models, inspector: Inspector) -> None:
     loaded = tiny_models["llama"]
     before = state_hash(loaded.model)
     hooks = hook_counts(loaded.model)
@@ -88,7 +91,7 @@ def test_tool_changes_no_weight_and_leaves_nothing_behind(name: str, tiny_models
     assert hook_counts(loaded.model) == hooks
 
 
-def test_concurrent_calls_equal_sequential_and_restore_everything(tiny_models, inspector: Inspector) -> None:  # noqa: ANN001
+def test_concurrent_calls_equal_sequential_and_restore_everything(tiny_models, inspector: Inspector) -> None:
     loaded = tiny_models["llama"]
     ids = torch.arange(6, 20)[None]
     with torch.inference_mode():
@@ -121,7 +124,7 @@ def test_concurrent_calls_equal_sequential_and_restore_everything(tiny_models, i
     assert threading.active_count() < 50
 
 
-def test_budget_and_token_limit_are_named_in_the_error(tiny_models) -> None:  # noqa: ANN001
+def test_budget_and_token_limit_are_named_in_the_error(tiny_models) -> None:
     limited = Inspector(token_limit=5)
     with pytest.raises(AttentionToolError, match="at most 5 tokens"):
         TOOLS["show_attention"](limited, {"model": TINY, "text": TINY_TEXT, "layer": 0, "head": 0})
@@ -147,7 +150,7 @@ def _mutations() -> st.SearchStrategy[Any]:
 @pytest.mark.parametrize("name", TINY_TOOLS)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_any_input_gives_a_report_or_a_tool_error(name: str, data: st.DataObject, tiny_models) -> None:  # noqa: ANN001
+def test_any_input_gives_a_report_or_a_tool_error(name: str, data: st.DataObject, tiny_models) -> None:
     loaded = tiny_models["llama"]
     inspector = Inspector()
     arguments = tiny_arguments(name, loaded)

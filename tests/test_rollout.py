@@ -25,7 +25,7 @@ def test_streaming_rollout_matches_and_rows_sum_to_one() -> None:
     maps: list[torch.Tensor] = []
 
     class Keep:
-        def on_layer(self, layer) -> None:  # noqa: ANN001
+        def on_layer(self, layer) -> None:
             maps.append(layer.weights[0].mean(0))
 
     with torch.inference_mode():

@@ -20,6 +20,20 @@ SECTION_TITLES = {
 }
 
 
+ROLE_ABBREVIATIONS = {
+    "previous_token": "prev",
+    "induction": "ind",
+    "duplicate_token": "dup",
+    "first_token": "sink",
+    "self": "self",
+    "local": "loc",
+    "broad": "brd",
+    "special_token": "spec",
+    "punctuation": "punc",
+    "next_token": "next",
+}
+
+
 def _labels(result: AnalysisResult) -> list[str]:
     return [f"{t.position}:{t.text}" for t in result.tokens]
 
@@ -44,10 +58,13 @@ def top_heads(result: AnalysisResult, count: int = 3) -> list[tuple[str, int, in
     for name, report in result.reports.items():
         if name != "profile_heads":
             continue
-        for role in getattr(report, "roles", [])[:8]:
-            top = getattr(role, "top_heads", [])
-            if top:
-                add(f"top {role.role.replace('_', '-')} head", top[0].layer * heads + top[0].head)
+        for role in getattr(report, "roles", []):
+            qualified = [t for t in role.top if t.qualifies]
+            if qualified and role.role in {"previous_token", "induction", "duplicate_token", "self", "local"}:
+                add(
+                    f"top {role.role.replace('_', '-')} head, score {qualified[0].score:.2f}",
+                    qualified[0].layer * heads + qualified[0].head,
+                )
     return chosen
 
 
@@ -102,8 +119,10 @@ def role_grid_values(result: AnalysisResult) -> tuple[list[list[float]], list[li
     values = [[0.0] * count for _ in range(layers)]
     names = [[""] * count for _ in range(layers)]
     for item in heads:
-        values[item.layer][item.head] = float(getattr(item, "primary_score", getattr(item, "confidence", 0.0)))
-        names[item.layer][item.head] = str(item.primary_role)[:4]
+        if item.primary_role is None:
+            continue
+        values[item.layer][item.head] = float(item.scores.get(item.primary_role, 0.0))
+        names[item.layer][item.head] = ROLE_ABBREVIATIONS.get(item.primary_role, item.primary_role[:3])
     return values, names
 
 
@@ -120,7 +139,8 @@ def head_descriptions(result: AnalysisResult) -> list[list[str]]:
     ]
     profile = result.reports.get("profile_heads")
     for item in getattr(profile, "heads", None) or []:
-        info[item.layer][item.head] += f"; role: {item.primary_role}"
+        if item.primary_role is not None:
+            info[item.layer][item.head] += f"; role: {item.primary_role} ({item.scores[item.primary_role]:.2f})"
     return info
 
 

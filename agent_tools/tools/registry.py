@@ -42,7 +42,8 @@ class ToolSpec(Generic[In, Out]):
     def __call__(self, inspector: Inspector, arguments: dict[str, Any] | In) -> Out:
         report = self.run(inspector, self.parse(arguments))
         # Re-validate from plain data: a half-built report object is a bug, not a result.
-        checked = self.output_model.model_validate(report.model_dump())
+        data = report.model_dump() if isinstance(report, BaseModel) else report
+        checked = self.output_model.model_validate(data)
         _require_finite(checked.model_dump(), self.name)
         return checked
 
