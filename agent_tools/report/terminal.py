@@ -11,6 +11,19 @@ from agent_tools.report.analyze import AnalysisResult
 from agent_tools.report.outputs import SECTION_TITLES, role_grid_values
 
 SHADES = " ░▒▓█"
+# One mark per primary role (keys are outputs.ROLE_ABBREVIATIONS values).
+ROLE_MARKS = {
+    "prev": "←",
+    "next": "→",
+    "ind": "I",
+    "dup": "D",
+    "sink": "S",
+    "self": "○",
+    "loc": "L",
+    "brd": "B",
+    "spec": "*",
+    "punc": ".",
+}
 
 
 def _card(result: AnalysisResult) -> Table:
@@ -50,15 +63,13 @@ def _grid(result: AnalysisResult) -> Panel:
         for head in range(heads):
             value = float(concentration[layer, head])
             shade = SHADES[min(len(SHADES) - 1, int(value * len(SHADES)))]
-            mark = (roles[1][layer][head][:1].upper() or "·") if roles else shade
+            mark = ROLE_MARKS.get(roles[1][layer][head], "·") if roles else shade
             style = "bold red" if value > 0.8 else ("yellow" if value > 0.5 else "green")
             line.append(f"  {mark}" if roles else f" {shade * 2}", style=style)
         lines.append(line)
     legend = "shade/colour: concentration = 1 − normalised entropy (red > 0.8, yellow > 0.5)"
     if roles:
-        legend += (
-            "; letter: primary role (P previous, I induction, D duplicate, S sink or self, L local, B broad, · none)"
-        )
+        legend += "; mark: primary role (" + ", ".join(f"{m} {n}" for n, m in ROLE_MARKS.items()) + ", · none)"
     lines.append(Text(legend, style="dim"))
     return Panel(Group(*lines), title="Layer × head grid", title_align="left")
 
