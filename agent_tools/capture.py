@@ -34,19 +34,19 @@ CAPTURE_IMPLEMENTATION = "attention_explainer_capture"
 _UNSUPPORTED_KWARGS = ("s_aux", "sinks", "attention_sinks", "position_bias", "alibi")
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class LayerAttention:
     """One layer's attention (or one chunk of its query rows), exactly as the model computes it.
 
     Shapes: ``B`` batch, ``H`` query heads, ``Hkv`` KV heads, ``q`` query rows in this chunk, ``Tk`` keys,
-    ``D`` head_dim. Tensors are views the consumer must not modify; copy what you keep.
+    ``D`` head_dim. Tensors are views the consumer must not modify; copy what you keep. ``logits`` is a buffer
+    reused for the next chunk: read it (or the measures derived from it) inside ``on_layer`` only.
     """
 
     layer: int
     query: Tensor  # (B, H, q, D) after projection and rotary embeddings
     key: Tensor  # (B, Hkv, Tk, D)
     value: Tensor  # (B, Hkv, Tk, D)
-    scores: Tensor  # (B, H, q, Tk) q·kᵀ·scaling, soft-capped where the family does, before the mask
     mask: Tensor | None  # (B, 1, q, Tk) additive: 0 where a key may be read, dtype-min where not
     weights: Tensor  # (B, H, q, Tk) softmax(scores + mask): what the model uses
     scaling: float
@@ -57,6 +57,18 @@ class LayerAttention:
     module: nn.Module
     layer_input: Tensor | None = None  # (B, T, C) hidden states entering the attention module
     position_embeddings: tuple[Tensor, Tensor] | None = None  # (cos, sin) for rotary families
+    logits: Tensor | None = None  # (B, H, q, Tk) scores + mask, the softmax input (valid during on_layer)
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def scores(self) -> Tensor:
+        """(B, H, q, Tk) q·kᵀ·scaling, soft-capped where the family does, before the mask.
+
+        Computed on first use (most consumers never need it), with the families' eager operations.
+        """
+        if "scores" not in self._cache:
+            self._cache["scores"] = attention_scores(self.query, self.head_key(self.key), self.scaling, self.softcap)
+        return self._cache["scores"]
 
     @property
     def key_length(self) -> int:
@@ -64,25 +76,67 @@ class LayerAttention:
 
     @property
     def key_index_offset(self) -> int:
-        """Key column of query row 0 of this chunk (past tokens from a KV cache come first)."""
+        """Key column of query row 0 of this chunk (past tokens from a KV cache come first).
+
+        A column, not a position: with a sliding-window cache the columns hold only the recent keys.
+        """
         return self.key_length - self.query_length + self.query_start
 
     def allowed(self) -> Tensor:
         """(B, 1, q, Tk) bool: which keys each query may read."""
-        if self.mask is None:
-            return torch.ones(
-                self.scores.shape[0],
-                1,
-                self.scores.shape[2],
-                self.key_length,
-                dtype=torch.bool,
-                device=self.scores.device,
-            )
-        return self.mask > torch.finfo(self.mask.dtype).min / 2
+        if "allowed" not in self._cache:
+            if self.mask is None:
+                batch, _, rows, keys = self.weights.shape
+                allowed = torch.ones(batch, 1, rows, keys, dtype=torch.bool, device=self.weights.device)
+            else:
+                allowed = self.mask > torch.finfo(self.mask.dtype).min / 2
+            self._cache["allowed"] = allowed
+        return self._cache["allowed"]
+
+    def visible_keys(self) -> Tensor:
+        """(B, 1, q) how many keys each query may read."""
+        if "visible" not in self._cache:
+            self._cache["visible"] = self.allowed().sum(-1)
+        return self._cache["visible"]
+
+    def row_max(self) -> tuple[Tensor, Tensor]:
+        """(B, H, q) largest weight of each row and its key column (shared by every consumer)."""
+        if "row_max" not in self._cache:
+            self._cache["row_max"] = self.weights.max(-1)
+        return self._cache["row_max"]
+
+    def row_peak(self) -> Tensor:
+        """(B, H, q) largest weight of each row (cheaper than :meth:`row_max` when the column is not needed)."""
+        if "row_max" in self._cache:
+            return self._cache["row_max"][0]
+        if "row_peak" not in self._cache:
+            self._cache["row_peak"] = self.weights.amax(-1)
+        return self._cache["row_peak"]
+
+    def row_entropy(self) -> Tensor:
+        """(B, H, q) entropy of each row in nats, from the softmax input in two passes.
+
+        With m = max_j z_j and w_max = max_j p_j, log p_j = (z_j − m) + log w_max, so
+        H = −Σ_j p_j log p_j = −log w_max − (Σ_j p_j z_j − m). Masked keys have p_j = 0 and add nothing; the
+        float32 error is about 1e-6 · max|z| nats.
+        """
+        if "entropy" not in self._cache:
+            if self.logits is None:  # no softmax input at hand: the direct formula
+                entropy = torch.special.entr(self.weights.float()).sum(-1)
+            else:
+                top = self.logits.amax(-1)  # (B, H, q)
+                dot = torch.einsum("bhqk,bhqk->bhq", self.weights, self.logits) - top  # Σ p (z − m), as Σ p = 1
+                entropy = -(self.row_peak().clamp_min(1e-30).log() + dot)
+            self._cache["entropy"] = entropy.clamp_min(0.0)
+        return self._cache["entropy"]
 
     def head_key(self, tensor: Tensor) -> Tensor:
         """Expand a (B, Hkv, Tk, D) key/value tensor to one slice per query head (repeat_kv layout)."""
         return repeat_kv(tensor, self.kv_groups)
+
+
+class StopCapture(Exception):
+    """Raised after the last wanted layer when the caller needs no model output (the rest is skipped)."""
 
 
 class AttentionConsumer(Protocol):
@@ -107,6 +161,8 @@ class _CaptureState:
     layers: frozenset[int] | None
     query_chunk: int | None
     inputs: dict[int, tuple[Tensor, Any]] = field(default_factory=dict)
+    buffer: Tensor | None = None  # the logits of the last block computed, reused when the next has its shape
+    stop_after: int | None = None  # raise StopCapture once this layer has been handed to the consumers
     calls: int = 0
 
     def wants(self, layer: int) -> bool:
@@ -133,13 +189,25 @@ def _eager_rows(
     softcap: float | None,
     dropout: float,
     training: bool,
+    buffer: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    scores = attention_scores(query, key, scaling, softcap)  # (B, H, q, Tk)
-    logits = scores + mask if mask is not None else scores
+    """One block of query rows: (logits, weights, output), the families' eager math.
+
+    ``logits`` (scores + mask) is written into ``buffer`` when one of the right shape is given, so a long
+    capture reuses one allocation per layer instead of faulting in fresh pages for every chunk.
+    """
+    shape = (*query.shape[:-1], key.shape[-2])
+    out = buffer if buffer is not None and buffer.shape == shape and buffer.dtype == query.dtype else None
+    logits = torch.matmul(query, key.transpose(-1, -2), out=out)  # (B, H, q, Tk)
+    logits.mul_(scaling)
+    if softcap is not None:
+        logits.div_(softcap).tanh_().mul_(softcap)
+    if mask is not None:
+        logits.add_(mask)
     weights = nn.functional.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
     applied = nn.functional.dropout(weights, p=dropout, training=training) if dropout else weights
     output = torch.matmul(applied, value)  # (B, H, q, D)
-    return scores, weights, output
+    return logits, weights, output
 
 
 def capture_attention_forward(
@@ -189,7 +257,19 @@ def capture_attention_forward(
             if attention_mask is not None and attention_mask.shape[2] > 1
             else attention_mask
         )
-        scores, weights, output = _eager_rows(rows, key_states, value_states, mask, scaling, softcap, dropout, training)
+        logits, weights, output = _eager_rows(
+            rows,
+            key_states,
+            value_states,
+            mask,
+            scaling,
+            softcap,
+            dropout,
+            training,
+            state.buffer if state is not None else None,
+        )
+        if state is not None:
+            state.buffer = logits  # the next chunk (or layer) of the same shape writes its logits here
         outputs.append(output)
         last_weights = weights
         if state is not None and layer is not None and state.wants(layer):
@@ -200,8 +280,8 @@ def capture_attention_forward(
                 query=rows,
                 key=key,
                 value=value,
-                scores=scores,
                 mask=mask,
+                logits=logits,
                 weights=weights,
                 scaling=float(scaling),
                 softcap=float(softcap) if softcap is not None else None,
@@ -214,8 +294,11 @@ def capture_attention_forward(
             )
             for consumer in state.consumers:
                 consumer.on_layer(captured)
+            captured.logits = None  # the buffer is about to be overwritten
     if state is not None:
         state.calls += 1
+        if layer is not None and layer == state.stop_after:
+            raise StopCapture
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (B, H, T, D)
     # Whole-map weights are returned only when one chunk covers every row (what output_attentions shows).
     return output.transpose(1, 2).contiguous(), last_weights if len(outputs) == 1 else None
@@ -260,6 +343,7 @@ def capture_attention(
     layers: Sequence[int] | None = None,
     query_chunk: int | None = None,
     record_inputs: bool = False,
+    stop_after_last: bool = False,
 ) -> Iterator[_CaptureState]:
     """Run forwards inside this block and every wanted layer streams to ``consumers``.
 
@@ -270,6 +354,8 @@ def capture_attention(
         query_chunk: compute at most this many query rows at a time (bounds memory to H·chunk·T).
         record_inputs: also hand each consumer the hidden states entering the attention module and the
             rotary (cos, sin), via a forward pre-hook removed in ``finally``.
+        stop_after_last: raise :class:`StopCapture` right after the last wanted layer, for callers that need
+            only what the consumers collect (the caller catches it).
     """
     modules = find_attention_modules(model)
     state = _CaptureState(
@@ -278,6 +364,8 @@ def capture_attention(
         layers=frozenset(layers) if layers is not None else None,
         query_chunk=query_chunk,
     )
+    if stop_after_last:
+        state.stop_after = max(state.layers) if state.layers else len(modules) - 1
     handles = []
     token = _ACTIVE.set(state)
     try:

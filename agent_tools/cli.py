@@ -21,7 +21,7 @@ from typing import Any
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agent_tools.errors import AttentionToolError, InvalidInputError
-from agent_tools.inspector import Inspector, default_artifact_dir
+from agent_tools.inspector import DEFAULT_MEMORY_BUDGET, Inspector, default_artifact_dir
 
 
 def _console():
@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attention-explainer", description="Look inside a transformer's attention.")
     parser.add_argument("--artifacts", default=None, help="folder for PNG/HTML artifacts the tools write")
     parser.add_argument("--token-limit", type=int, default=None, help="refuse texts longer than this many tokens")
+    parser.add_argument(
+        "--memory-budget",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="refuse calls estimated to hold more than this many MiB of attention maps (default: 2048)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("describe", help="describe the model's attention")
@@ -180,14 +187,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def session_from_args(args: argparse.Namespace) -> Inspector:
+    """The inspector the global options describe: artifact folder, token limit, memory budget."""
+    if args.token_limit is not None and args.token_limit < 1:
+        raise InvalidInputError(f"--token-limit must be at least 1, got {args.token_limit}", field="token_limit")
+    budget = DEFAULT_MEMORY_BUDGET
+    if args.memory_budget is not None:
+        if args.memory_budget < 1:
+            raise InvalidInputError(f"--memory-budget must be at least 1 MiB, got {args.memory_budget}")
+        budget = args.memory_budget * 1024**2
+    return Inspector(
+        artifact_dir=args.artifacts or default_artifact_dir(), token_limit=args.token_limit, memory_budget=budget
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from agent_tools.runtime import tune_allocator
+
+    tune_allocator()
     parser = build_parser()
     args = parser.parse_args(argv)
-    inspector = Inspector(artifact_dir=args.artifacts or default_artifact_dir(), token_limit=args.token_limit)
     try:
+        inspector = session_from_args(args)
         return int(args.func(args, inspector) or 0)
     except AttentionToolError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        print("error: " + " ".join(exc.message.splitlines()), file=sys.stderr)  # one line, always
         return 2
     except KeyboardInterrupt:
         return 130

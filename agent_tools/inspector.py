@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
-from agent_tools.capture import AttentionConsumer, capture_attention
+from agent_tools.capture import AttentionConsumer, StopCapture, capture_attention
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
 from agent_tools.schemas import Token
@@ -56,12 +56,29 @@ def validate_text(text: str, *, field: str = "text") -> str:
         raise InvalidInputError(f"{field} must be a string, got {type(text).__name__}", field=field)
     if not text.strip():
         raise InvalidInputError(f"{field} is empty or whitespace only; give at least one word", field=field)
+    return check_unicode(text, field=field)
+
+
+def check_unicode(text: str, *, field: str = "text") -> str:
+    """Refuse strings that cannot be UTF-8 encoded (lone surrogates such as ``"\\ud800"`` from JSON escapes)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        msg = f"{field} holds characters that are not valid Unicode (e.g. lone surrogates at {exc.start}); send UTF-8 text"
+        msg = (
+            f"{field} holds characters that are not valid Unicode (e.g. lone surrogates at {exc.start}); "
+            "send UTF-8 text"
+        )
         raise InvalidInputError(msg, field=field) from exc
     return text
+
+
+def readable_size(count: float) -> str:
+    """Bytes as B, KiB, MiB or GiB with three significant figures."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if count >= scale:
+            value = count / scale
+            return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
+    return f"{int(count)} B"
 
 
 def check_index(value: int, count: int, name: str) -> int:
@@ -184,10 +201,11 @@ class Inspector:
         return check_index(head, loaded.facts.num_heads, "head")
 
     def check_budget(self, held_bytes: int, what: str) -> None:
+        """Refuse, before the run, a call whose estimate of what it will hold (maps, copies) is over the budget."""
         if held_bytes > self.memory_budget:
             msg = (
-                f"{what} would hold about {held_bytes / 1024**2:,.0f} MiB of attention maps, over the budget of "
-                f"{self.memory_budget / 1024**2:,.0f} MiB; ask for fewer layers/heads or a shorter text"
+                f"{what} would hold about {readable_size(held_bytes)} of attention maps, over the budget of "
+                f"{readable_size(self.memory_budget)}; ask for fewer layers/heads or a shorter text"
             )
             raise ResourceLimitError(msg)
 
@@ -206,15 +224,35 @@ class Inspector:
         *,
         layers: Sequence[int] | None = None,
         record_inputs: bool = False,
+        need_output: bool = True,
     ) -> Any:
-        """One forward pass with capture; returns the model's output. Holds the model's lock throughout."""
+        """One forward pass with capture; returns the model's output. Holds the model's lock throughout.
+
+        With ``need_output=False`` (the caller only wants what its consumers collect) the pass skips the
+        language-model head and stops right after the last captured layer; it returns None.
+        """
         chunk = self.query_chunk(loaded, encoded.length)
+        model = loaded.model
+        if not need_output:
+            base = getattr(model, "base_model", None)
+            model = base if isinstance(base, torch.nn.Module) else model
         with (
             loaded.lock,
             torch.inference_mode(),
-            capture_attention(loaded.model, consumers, layers=layers, query_chunk=chunk, record_inputs=record_inputs),
+            capture_attention(
+                loaded.model,
+                consumers,
+                layers=layers,
+                query_chunk=chunk,
+                record_inputs=record_inputs,
+                stop_after_last=not need_output,
+            ),
         ):
-            return loaded.model(input_ids=encoded.input_ids, attention_mask=encoded.attention_mask)
+            try:
+                output = model(input_ids=encoded.input_ids, attention_mask=encoded.attention_mask)
+            except StopCapture:
+                return None
+            return output if need_output else None
 
     # --- artifacts ------------------------------------------------------------------------------------
     def artifact_path(self, stem: str, suffix: str) -> Path:

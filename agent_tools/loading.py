@@ -205,7 +205,14 @@ def convert_gguf(path: Path) -> Path:
 
 
 def _refuse_remote_code(folder: Path) -> None:
-    config = json.loads((folder / "config.json").read_text())
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        msg = f"model folder {folder.name!r} has an unreadable config.json ({exc}); give a Hugging Face model folder"
+        raise ModelNotFoundError(msg, field="model") from exc
+    if not isinstance(config, dict):
+        msg = f"model folder {folder.name!r} has a config.json that is not an object; give a Hugging Face model folder"
+        raise ModelNotFoundError(msg, field="model")
     if config.get("auto_map") or not config.get("model_type"):
         msg = (
             f"model folder {folder.name!r} needs custom code (auto_map / no known model_type); "
@@ -240,7 +247,11 @@ def _load_source(source: ModelSource) -> tuple[nn.Module, object]:
         try:
             return _load_from(str(source.path), local_only=True)
         except (OSError, ValueError, KeyError) as exc:
-            msg = f"could not load model folder {source.reference!r}: {exc}"
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # transformers adds install advice
+            msg = (
+                f"could not load model folder {source.reference!r}: {reason} "
+                "Give a complete model folder (config, weights, tokenizer) of a supported family."
+            )
             raise ModelNotFoundError(msg, field="model") from exc
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
     try:

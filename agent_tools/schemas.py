@@ -6,9 +6,10 @@ Tensors never reach these models; numbers are rounded for reading.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 DIGITS = 4
 
@@ -21,10 +22,43 @@ def rounded(value: float, digits: int = DIGITS) -> float:
     return round(value, digits)
 
 
+def mentions(annotation: Any, kinds: tuple[type, ...], _seen: frozenset[type] = frozenset()) -> bool:
+    """Whether values of one of ``kinds`` can appear anywhere in this annotation (unions, lists, nested models)."""
+    if isinstance(annotation, type) and issubclass(annotation, kinds):
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if annotation in _seen:
+            return False
+        seen = _seen | {annotation}
+        return any(mentions(f.annotation, kinds, seen) for f in annotation.model_fields.values())
+    return any(mentions(arg, kinds, _seen) for arg in get_args(annotation) if not isinstance(arg, str | int | float))
+
+
+def holds_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, list | tuple):
+        return any(holds_bool(v) for v in value)
+    if isinstance(value, dict):
+        return any(holds_bool(v) for v in value.values())
+    return False
+
+
 class ToolInput(BaseModel):
-    """Base of every tool's input: unknown arguments are refused, strings are stripped of nothing."""
+    """Base of every tool's input: unknown arguments are refused, strings are stripped of nothing, and a boolean
+    is never read as a number (pydantic's lax mode would take ``"layer": true`` as layer 1)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: Any) -> Any:
+        if holds_bool(value):
+            field = cls.model_fields.get(info.field_name) if info.field_name else None
+            expects_number = field is not None and mentions(field.annotation, (int, float))
+            if expects_number and not mentions(field.annotation, (bool,)):  # type: ignore[union-attr]
+                raise PydanticCustomError("bool_not_number", "Input should be a number, not a boolean")
+        return value
 
 
 class Token(BaseModel):

@@ -28,16 +28,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 CONFIGS = ("sdpa", "eager", "stats", "analyze")
-WORDS = (
-    "the of and to in is was that for it with as his on be at by had are but from or have an they which one you "
-    "were her all she there would their we him been has when who will more no if out so said what up its about "
-    "into than them can only other new some could time these two may then do first any my now such like our over "
-    "man me even most made after also did many before must through back years where much your way well down should "
-    "because each just those people how too little state good very make world still own see men work long get here"
-).split()
+WORDS = ["the", "of", "and", "to", "in", "is", "was", "that", "for", "it", "with", "as", "his", "on", "be", "at", "by", "had", "are", "but", "from", "or", "have", "an", "they", "which", "one", "you", "were", "her", "all", "she", "there", "would", "their", "we", "him", "been", "has", "when", "who", "will", "more", "no", "if", "out", "so", "said", "what", "up", "its", "about", "into", "than", "them", "can", "only", "other", "new", "some", "could", "time", "these", "two", "may", "then", "do", "first", "any", "my", "now", "such", "like", "our", "over", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down", "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make", "world", "still", "own", "see", "men", "work", "long", "get", "here"]
 
 
-def make_text(tokenizer, length: int, seed: int = 0) -> str:  # noqa: ANN001
+def make_text(tokenizer, length: int, seed: int = 0) -> str:
     """Random English words whose tokenisation is at least ``length`` tokens (cut to exactly that later)."""
     import random
 
@@ -58,7 +52,9 @@ def child(config: str, length: int, repeats: int, model_ref: str) -> dict:
     from agent_tools.capture import attention_implementation
     from agent_tools.inspector import Inspector
     from agent_tools.loading import load_model
+    from agent_tools.runtime import tune_allocator
 
+    tune_allocator()  # as the CLI and the MCP server do; applied to every configuration alike
     torch.manual_seed(0)
     inspector = Inspector()
     loaded = load_model(model_ref)
@@ -86,13 +82,17 @@ def child(config: str, length: int, repeats: int, model_ref: str) -> dict:
 
         from agent_tools.report.collect import QuantisedMaps
 
-        stats_encoded = replace(encoded, input_ids=ids, attention_mask=torch.ones_like(ids))
-        role_consumer = _role_consumer(loaded, stats_encoded.length)
+        stats_encoded = replace(
+            encoded, input_ids=ids, attention_mask=torch.ones_like(ids), tokens=encoded.tokens[:length]
+        )
+        role_consumer = _role_consumer(loaded, stats_encoded)
 
         def once() -> None:
-            stats = QuantisedMaps(loaded.facts.num_layers, loaded.facts.num_heads, stats_encoded.length, keep_maps=False)
-            consumers = [stats] + ([role_consumer()] if role_consumer else [])
-            inspector.run(loaded, stats_encoded, consumers)
+            stats = QuantisedMaps(
+                loaded.facts.num_layers, loaded.facts.num_heads, stats_encoded.length, keep_maps=False
+            )
+            consumers = [stats, role_consumer()]
+            inspector.run(loaded, stats_encoded, consumers, need_output=False)
 
     elif config == "analyze":
         from agent_tools.report.analyze import run_analysis
@@ -119,13 +119,15 @@ def child(config: str, length: int, repeats: int, model_ref: str) -> dict:
     }
 
 
-def _role_consumer(loaded, length: int):  # noqa: ANN001, ANN202
-    """The per-head role scorer of profile_heads, if this build has one (previous-token, self, local, sink...)."""
-    try:
-        from agent_tools.analysis.heads import RoleScoreConsumer  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return lambda: RoleScoreConsumer(loaded.facts.num_layers, loaded.facts.num_heads)
+def _role_consumer(loaded, encoded):
+    """profile_heads' streaming role scorer for the roles measurable on the text itself."""
+    from agent_tools.analysis.heads import HEAD_ROLES, PROBE_ROLES, RoleScoreConsumer, SequenceLayout
+
+    layout = SequenceLayout.for_text(
+        [t.text for t in encoded.tokens], [t.special for t in encoded.tokens], causal=loaded.facts.is_causal
+    )
+    roles = [r for r in HEAD_ROLES if r not in PROBE_ROLES and layout.measurable(r)]
+    return lambda: RoleScoreConsumer(layout, roles, loaded.facts.num_heads)
 
 
 def eager_maps_gb(length: int, layers: int = 30, heads: int = 9) -> float:
@@ -149,12 +151,22 @@ def main() -> int:
     for length in [int(x) for x in args.lengths.split(",")]:
         for config in args.configs.split(","):
             if config == "eager" and eager_maps_gb(length) > args.max_eager_gb:
-                rows.append({"config": config, "length": length,
-                             "skipped": f"all maps would be {eager_maps_gb(length):.0f} GB"})
+                rows.append(
+                    {"config": config, "length": length, "skipped": f"all maps would be {eager_maps_gb(length):.0f} GB"}
+                )
                 print(f"{config:8s} {length:5d}  skipped", file=sys.stderr)
                 continue
-            command = [sys.executable, __file__, "--child", config, str(length), "--repeats", str(args.repeats),
-                       "--model", args.model]
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                config,
+                str(length),
+                "--repeats",
+                str(args.repeats),
+                "--model",
+                args.model,
+            ]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 rows.append({"config": config, "length": length, "skipped": f"failed: {done.stderr.strip()[-200:]}"})

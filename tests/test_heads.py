@@ -311,3 +311,54 @@ def test_every_family_profiles_and_ablates(tiny_models, inspector: Inspector, fa
     assert all(r.top[0].ablation is not None for r in report.roles)
     ablation = get_tool("ablate_heads")(inspector, {"model": f"tiny-{family}", "text": CAUSAL_TEXT, "heads": ["1.3"]})
     assert (ablation.kl_mean if ablation.measure == "next_token" else ablation.pooled_cosine_change) is not None
+
+
+def _dense_reference(weights, layout, roles, allowed):  # noqa: ANN001, ANN202
+    """The role formulas with dense (R, q, k) kernels, as role_kernels states them."""
+    from agent_tools.analysis.heads import role_kernels
+
+    rows = torch.arange(weights.shape[-2])
+    kernels, masks = role_kernels(layout, rows, weights.shape[-1], roles)
+    visible = allowed[:, 0].expand(weights.shape[0], -1, -1)
+    out = {}
+    for index, role in enumerate(roles):
+        row_mask = masks[index][None].expand(weights.shape[0], -1).clone()
+        if role in ("special_token", "punctuation"):
+            row_mask &= (kernels[index].bool()[None] & visible).any(-1)
+        shares = (weights * kernels[index]).sum(-1)  # (B, H, q)
+        out[role] = (shares * row_mask[:, None]).sum(dim=(0, 2)) / row_mask.sum()
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fast_role_sums_equal_the_dense_kernel_formulas(causal: bool) -> None:
+    from agent_tools.analysis.heads import RoleAccumulator, SequenceLayout
+
+    torch.manual_seed(3)
+    length, heads = 13, 3
+    tokens = [f"w{i}" if i % 4 else "." for i in range(length)]
+    special = [i in (0, 6) for i in range(length)]
+    layout = SequenceLayout.for_text(tokens, special, causal=causal)
+    probe = SequenceLayout.for_probe(length, start=1, repeat_length=5, causal=causal)
+    allowed = torch.ones(length, length, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril()
+    allowed = allowed[None, None]
+    logits = torch.randn(2, heads, length, length).masked_fill(~allowed, float("-inf"))
+    weights = logits.softmax(-1)
+    for lay in (layout, probe):
+        roles = [r for r in lay_roles(lay) if r != "broad"]
+        expected = _dense_reference(weights, lay, roles, allowed)
+        accumulator = RoleAccumulator(lay, roles, heads)
+        for start in range(0, length, 5):  # query chunks
+            stop = min(start + 5, length)
+            accumulator.add(weights[:, :, start:stop], torch.arange(start, stop), allowed[:, :, start:stop])
+        got = accumulator.scores()
+        for role in roles:
+            assert torch.allclose(got[role], expected[role].float(), atol=1e-6), role
+
+
+def lay_roles(layout):  # noqa: ANN001, ANN201
+    from agent_tools.analysis.heads import HEAD_ROLES
+
+    return [r for r in HEAD_ROLES if layout.measurable(r)]

@@ -1,25 +1,35 @@
-"""Reliability: concurrency gives sequential results, nothing is left behind, weights never change, and any
-input to any tool yields a valid report or the tool's error type (property-based)."""
+"""Reliability: concurrency gives sequential results, nothing is left behind, weights never change, budgets
+and token limits are checked before the run, and any input to any tool yields a valid report or the tool's
+error type (property-based). The catalogue of bad inputs through every surface is tests/test_bad_input_catalogue.py.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
+import anyio
 import pytest
 import torch
+from families import build_family
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_tools.capture import CAPTURE_IMPLEMENTATION
-from agent_tools.errors import AttentionToolError
-from agent_tools.inspector import Inspector
+from agent_tools import cli
+from agent_tools.capture import _ACTIVE, CAPTURE_IMPLEMENTATION, _configs
+from agent_tools.commands.mcp import session_inspector
+from agent_tools.errors import AttentionToolError, ResourceLimitError
+from agent_tools.inspector import DEFAULT_MEMORY_BUDGET, Inspector, readable_size
 from agent_tools.loading import LoadedModel
 from agent_tools.schemas import Report
+from agent_tools.surfaces.langchain import AttentionToolkit
+from agent_tools.surfaces.mcp_server import INVALID_UNICODE_ARGUMENT, answerable_line, build_server, serve_http
 from agent_tools.tools import TOOLS
 
 TINY = "tiny-llama"
@@ -27,10 +37,11 @@ TINY_TEXT = "the cat sat on the mat because it was tired . the dog sat on the ma
 
 
 def state_hash(model: torch.nn.Module) -> str:
+    """sha256 over every state-dict entry's name, dtype, shape and bytes (buffers included)."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        digest.update(memoryview(tensor.detach().contiguous().cpu().numpy()).cast("B"))
     return digest.hexdigest()
 
 
@@ -41,10 +52,12 @@ def hook_counts(model: torch.nn.Module) -> list[tuple[int, int]]:
 
 def tiny_arguments(name: str, loaded: LoadedModel) -> dict[str, Any]:
     """The tool's example, moved onto the tiny model (indices clipped into its range, text swapped)."""
-    arguments: dict[str, Any] = {**TOOLS[name].example, "model": TINY}
+    arguments: dict[str, Any] = dict(TOOLS[name].example)
+    if "model" in TOOLS[name].input_model.model_fields:
+        arguments["model"] = TINY
     facts = loaded.facts
     for key, value in list(arguments.items()):
-        if key in {"text", "prompt", "prompt_a", "prompt_b"} and isinstance(value, str):
+        if key in {"text", "prompt", "prompt_a", "prompt_b"}:  # plain text: the tiny tokenizer has no chat template
             arguments[key] = TINY_TEXT if key != "prompt_b" else TINY_TEXT.replace("dog", "cat")
         elif key == "layer":
             arguments[key] = min(int(value), facts.num_layers - 1)
@@ -71,12 +84,7 @@ def _clip_head(value: Any, facts: Any) -> Any:
     return value
 
 
-def _runnable_on_tiny(name: str) -> bool:
-    example = TOOLS[name].example
-    return not any(isinstance(v, list) and v and isinstance(v[0], dict) and "role" in v[0] for v in example.values())
-
-
-TINY_TOOLS = [name for name in TOOLS if _runnable_on_tiny(name) and name != "scaling_experiment"]
+TINY_TOOLS = [name for name in TOOLS if name != "scaling_experiment"]  # scaling_experiment reads no model
 
 
 @pytest.mark.parametrize("name", TINY_TOOLS)
@@ -91,64 +99,238 @@ def test_tool_changes_no_weight_and_leaves_nothing_behind(name: str, tiny_models
     assert hook_counts(loaded.model) == hooks
 
 
+def settings_of(model: torch.nn.Module) -> dict[str, Any]:
+    """What a call could leave changed besides weights and hooks: configuration, attention implementation, modes."""
+    return {
+        "config": model.config.to_dict(),
+        "attention": [config._attn_implementation_internal for config in _configs(model)],
+        "training": [m.training for m in model.modules()],
+        "requires_grad": [p.requires_grad for p in model.parameters()],
+    }
+
+
 def test_concurrent_calls_equal_sequential_and_restore_everything(tiny_models, inspector: Inspector) -> None:
     loaded = tiny_models["llama"]
     ids = torch.arange(6, 20)[None]
     with torch.inference_mode():
         logits_before = loaded.model(input_ids=ids).logits.clone()
-    config_before = loaded.model.config.to_dict()
+    settings_before = settings_of(loaded.model)
     hooks = hook_counts(loaded.model)
     calls: list[tuple[str, dict[str, Any]]] = []
     for name in TINY_TOOLS:
         calls.append((name, tiny_arguments(name, loaded)))
     calls.append(("show_attention", {"model": TINY, "text": TINY_TEXT, "layer": 7, "head": 0}))  # fails
     calls.append(("show_attention", {"model": TINY, "text": "", "layer": 0, "head": 0}))  # fails
+    calls.append(("ablate_heads", {"model": TINY, "text": TINY_TEXT, "heads": ["1.9"]}))  # fails
     calls = (calls * (1 + 16 // len(calls)))[:16]
 
     def run(call: tuple[str, dict[str, Any]]) -> str:
         name, arguments = call
         try:
-            return TOOLS[name](inspector, arguments).model_dump_json()
+            report = TOOLS[name](inspector, arguments)
         except AttentionToolError as exc:
             return f"error: {exc.message}"
+        data = report.model_dump(mode="json")
+        data.pop("seconds_per_token", None)  # wall time: the one field allowed to differ
+        return json.dumps(data, sort_keys=True)
 
     sequential = [run(c) for c in calls]
     with ThreadPoolExecutor(max_workers=8) as pool:
         concurrent = list(pool.map(run, calls))
     assert concurrent == sequential
-    assert any(r.startswith("error:") for r in concurrent) and any(not r.startswith("error:") for r in concurrent)
+    assert sum(r.startswith("error:") for r in concurrent) >= 2 and any(not r.startswith("error:") for r in concurrent)
     with torch.inference_mode():
         assert torch.equal(loaded.model(input_ids=ids).logits, logits_before)
-    assert loaded.model.config.to_dict() == config_before
+    assert settings_of(loaded.model) == settings_before
+    assert loaded.model.config._attn_implementation != CAPTURE_IMPLEMENTATION
     assert hook_counts(loaded.model) == hooks
+    assert _ACTIVE.get() is None  # no capture left active
     assert threading.active_count() < 50
+    # ... and the model is what a fresh load gives: same weights, logits and configuration
+    fresh = build_family("llama")
+    assert state_hash(fresh) == state_hash(loaded.model)
+    with torch.inference_mode():
+        assert torch.equal(fresh(input_ids=ids).logits, loaded.model(input_ids=ids).logits)
+    assert fresh.config.to_dict() == loaded.model.config.to_dict()
 
 
+@pytest.mark.real_model
+def test_ablation_and_profiling_leave_the_default_model_unchanged(smol, inspector: Inspector) -> None:
+    text = "The cat sat on the mat because it was tired."
+    calls = {
+        "ablate_heads": {"text": text, "heads": ["3.0", "5.2"], "method": "mean"},
+        "profile_heads": {"text": text, "layers": [3], "ablate_top": 1, "probe_length": 8},  # probe + ablations
+    }
+    ids = smol.tokenizer(text, return_tensors="pt")["input_ids"]  # type: ignore[operator]
+    with torch.inference_mode():
+        logits_before = smol.model(input_ids=ids).logits.clone()
+    before, settings_before, hooks = state_hash(smol.model), settings_of(smol.model), hook_counts(smol.model)
+    for name, arguments in calls.items():
+        report = TOOLS[name](inspector, arguments)
+        assert isinstance(report, Report) and report.model == "smollm2-135m-instruct"
+        assert state_hash(smol.model) == before, f"{name} changed the weights"
+        assert settings_of(smol.model) == settings_before and hook_counts(smol.model) == hooks
+    with torch.inference_mode():
+        assert torch.equal(smol.model(input_ids=ids).logits, logits_before)
+
+
+# --- resource limits ------------------------------------------------------------------------------------------
 def test_budget_and_token_limit_are_named_in_the_error(tiny_models) -> None:
     limited = Inspector(token_limit=5)
     with pytest.raises(AttentionToolError, match="at most 5 tokens"):
         TOOLS["show_attention"](limited, {"model": TINY, "text": TINY_TEXT, "layer": 0, "head": 0})
     tight = Inspector(memory_budget=10)
-    with pytest.raises(AttentionToolError, match=r"over the budget of"):
+    with pytest.raises(ResourceLimitError, match=r"would hold about 1 MiB of attention maps, over the budget of 10 B"):
         tight.check_budget(1024**2, "this call")
+    assert [readable_size(n) for n in (512, 1536, 64 * 1024**2, 2 * 1024**3, 5000 * 1024**3)] == [
+        "512 B",
+        "1.5 KiB",
+        "64 MiB",
+        "2 GiB",
+        "5,000 GiB",
+    ]
 
 
+# Every tool that holds T² maps: what it is asked for, and the estimate its error names.
+MAP_HOLDERS = {
+    "show_attention": {"layer": 1, "head": 0, "include_map": True},
+    "reconstruct_attention": {"layer": 1, "head": 0},
+    "inspect_projections": {"layer": 1, "head": 0},
+    "attention_rollout": {},
+    "trace_prompt_attention": {},
+    "compare_prompts": {},
+}
+
+
+@pytest.mark.parametrize("name", list(MAP_HOLDERS))
+def test_map_holders_check_the_memory_budget_before_the_run(name, tiny_models, monkeypatch) -> None:
+    loaded = tiny_models["llama"]
+    arguments = {**tiny_arguments(name, loaded), **MAP_HOLDERS[name]}
+    assert TOOLS[name](Inspector(), arguments)  # within the default budget
+
+    def no_forward(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the model ran before the budget was checked")
+
+    monkeypatch.setattr(loaded.model, "forward", no_forward)
+    with pytest.raises(ResourceLimitError) as raised:
+        TOOLS[name](Inspector(memory_budget=1024), arguments)
+    assert "would hold about " in raised.value.message and "over the budget of 1 KiB" in raised.value.message
+
+
+def test_show_attention_estimate_grows_with_what_is_asked() -> None:
+    from agent_tools.tools.show_attention import held_bytes
+
+    plain = held_bytes(8192, include_map=False, png=False)
+    assert plain < DEFAULT_MEMORY_BUDGET < held_bytes(8192, include_map=True, png=False)  # the full map is refused
+    assert held_bytes(100, include_map=True, png=True) == 100 * 100 * (9 + 48 + 32)
+
+
+def test_limits_are_configurable_on_every_surface(tmp_path, capsys) -> None:
+    parser = cli.build_parser()
+    for argv in (
+        ["--token-limit", "7", "--memory-budget", "3", "mcp"],
+        ["mcp", "--token-limit", "7", "--memory-budget", "3"],
+    ):
+        args = parser.parse_args([*argv, "--artifacts", str(tmp_path)])
+        session = session_inspector(args, cli.session_from_args(args))
+        assert (session.token_limit, session.memory_budget) == (7, 3 * 1024**2)
+        assert session.policy.allowed is not None  # the server's allow-list
+    defaults = cli.session_from_args(parser.parse_args(["describe"]))
+    assert (defaults.token_limit, defaults.memory_budget) == (None, DEFAULT_MEMORY_BUDGET)
+    toolkit = AttentionToolkit(token_limit=7, memory_budget=3 * 1024**2)
+    assert (toolkit.session.token_limit, toolkit.session.memory_budget) == (7, 3 * 1024**2)
+    for bad in (["--token-limit", "0", "describe"], ["--memory-budget", "-1", "describe"]):
+        assert cli.main(bad) == 2
+        assert "must be at least 1" in capsys.readouterr().err
+
+
+def test_http_transport_binds_loopback_unless_told_otherwise(monkeypatch, capsys) -> None:
+    import uvicorn
+
+    bound: list[str] = []
+
+    async def serve(self: uvicorn.Server) -> None:  # record where it would listen; listen nowhere
+        bound.append(self.config.host)
+
+    monkeypatch.setattr(uvicorn.Server, "serve", serve)
+    server = build_server(Inspector(), tools=["describe_model"], preload=False)
+    anyio.run(partial(serve_http, server, port=8765))
+    assert bound == ["127.0.0.1"] and "warning" not in capsys.readouterr().err
+    args = cli.build_parser().parse_args(["mcp", "--transport", "streamable-http"])
+    assert args.host == "127.0.0.1"
+    anyio.run(partial(serve_http, server, host="0.0.0.0", port=8765))  # only when told, and then with a warning
+    assert bound == ["127.0.0.1", "0.0.0.0"] and "reachable beyond this machine" in capsys.readouterr().err
+
+
+def test_lone_surrogate_lines_are_answered() -> None:
+    def line(method: str, params: dict[str, Any]) -> str:
+        return json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})  # escapes surrogates
+
+    bad = line("tools/call", {"name": "show_attention", "arguments": {"text": "a\ud800", "layer": 0, "head": 0}})
+    rewritten = json.loads(answerable_line(bad))
+    marker = rewritten["params"]["arguments"][INVALID_UNICODE_ARGUMENT]
+    assert marker["field"] == "text" and "not valid Unicode (e.g. lone surrogates at 1)" in marker["message"]
+    prompt = line("prompts/get", {"name": "explain_collapse", "arguments": {"text": "a\udfff"}})
+    assert json.loads(answerable_line(prompt))["params"]["arguments"]["text"] == "a\ufffd"
+    for unchanged in (
+        line("tools/call", {"name": "show_attention", "arguments": {"text": "smile \U0001f600"}}),  # a valid pair
+        line("tools/call", {"name": "show_attention", "arguments": {"text": "plain"}}),
+        '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"text": "\\ud800"',  # malformed: the SDK's
+    ):
+        assert answerable_line(unchanged) == unchanged
+
+
+SURROGATE = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF, categories=["Cs"])
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(text=st.text(st.one_of(st.characters(), SURROGATE), max_size=12))
+def test_any_string_makes_an_mcp_line_the_sdk_can_answer(text: str) -> None:
+    """Whatever a client's JSON encoder writes for a string, the request reaches a handler (no silent drop)."""
+    from mcp import types
+
+    request = {"name": "show_attention", "arguments": {"text": text, "layer": 0, "head": 0}}
+    line = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": request})
+    parsed = types.JSONRPCMessage.model_validate_json(answerable_line(line)).root
+    assert isinstance(parsed, types.JSONRPCRequest) and parsed.id == 7
+    arguments = parsed.params["arguments"]  # type: ignore[index]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        assert set(arguments) == {INVALID_UNICODE_ARGUMENT}
+    else:
+        assert arguments["text"] == text
+
+
+# --- property-based: any input ----------------------------------------------------------------------------------
 def _mutations() -> st.SearchStrategy[Any]:
     return st.one_of(
         st.none(),
         st.booleans(),
         st.integers(min_value=-5, max_value=40),
+        st.sampled_from([2**31, -(2**63), 10**30]),
         st.floats(allow_nan=True, allow_infinity=True),
         st.text(max_size=30),
-        st.sampled_from(["", "   ", "\x00\x01", "\ud800", "x" * 5000, "the cat sat", "0.0", "1.1", "99.99"]),
+        st.sampled_from(["", "   ", "\x00\x01", "\ud800", "x" * 5000, "the cat sat", "0.0", "1.1", "99.99", "last"]),
         st.lists(st.integers(min_value=-2, max_value=5), max_size=4),
-        st.lists(st.sampled_from(["0.0", "1.1", "0.9", "x"]), max_size=3),
+        st.lists(st.one_of(st.booleans(), st.floats(), st.none()), max_size=3),
+        st.lists(st.sampled_from(["0.0", "1.1", "0.9", "x", "previous_token"]), max_size=3),
+        st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "tool"]), "content": st.text()})),
         st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
     )
 
 
-@pytest.mark.parametrize("name", TINY_TOOLS)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY_SETTINGS = settings(
+    max_examples=25,
+    deadline=None,  # the bound is the explicit 60 s per call below (first calls warm caches)
+    derandomize=True,  # the same examples on every run and machine: a failure reproduces
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+
+
+@pytest.mark.parametrize("name", list(TOOLS))
+@PROPERTY_SETTINGS
 @given(data=st.data())
 def test_any_input_gives_a_report_or_a_tool_error(name: str, data: st.DataObject, tiny_models) -> None:
     loaded = tiny_models["llama"]
@@ -157,8 +339,8 @@ def test_any_input_gives_a_report_or_a_tool_error(name: str, data: st.DataObject
     fields = sorted(set(TOOLS[name].input_model.model_fields) | {"unknown_argument"})
     for key in data.draw(st.lists(st.sampled_from(fields), max_size=3, unique=True), label="mutated"):
         arguments[key] = data.draw(_mutations(), label=key)
-    if arguments.get("model") != TINY:
-        arguments["model"] = TINY
+    if "model" in TOOLS[name].input_model.model_fields and arguments.get("model") != TINY:
+        arguments["model"] = TINY  # any other reference would load (or fail to find) a real model
     start = time.perf_counter()
     try:
         report = TOOLS[name](inspector, arguments)

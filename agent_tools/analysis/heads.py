@@ -220,32 +220,71 @@ class RoleAccumulator:
         self.sums = torch.zeros(num_heads, len(self.roles), dtype=torch.float64)
         self.counts = torch.zeros(len(self.roles), dtype=torch.float64)
 
-    def add(self, weights: Tensor, rows: Tensor, allowed: Tensor | None = None) -> None:
-        """weights (B, H, q, k) softmax rows; rows (q,) absolute positions; allowed (B, 1, q, k) bool or None."""
+    def add(
+        self, weights: Tensor, rows: Tensor, allowed: Tensor | None = None, *, entropy: Tensor | None = None
+    ) -> None:
+        """weights (B, H, q, k) softmax rows; rows (q,) absolute positions; allowed (B, 1, q, k) bool or None;
+        entropy (B, H, q) row entropies in nats when the caller already has them (``broad``).
+
+        Each kernel role reads O(B·H·q) entries (diagonals, a column, one matrix-vector product for the flag
+        roles) instead of multiplying the maps by dense kernels: the same sums as :func:`role_kernels` gives.
+        """
         batch, _, q, keys = weights.shape
-        w = weights.float()
+        w = weights if weights.dtype == torch.float32 else weights.float()
         visible = allowed[:, 0] if allowed is not None else torch.ones(batch, q, keys, dtype=torch.bool)  # (B, q, k)
         visible = visible.expand(batch, q, keys)
-        if self.kernel_roles:
-            kernels, masks = role_kernels(self.layout, rows, keys, self.kernel_roles)  # (R, q, k), (R, q)
-            row_masks = masks[None].expand(batch, -1, -1).clone()  # (B, R, q)
-            for index, role in enumerate(self.kernel_roles):
-                if role in ("special_token", "punctuation"):  # only rows that can actually see a key of the kind
-                    row_masks[:, index] &= (kernels[index].bool()[None] & visible).any(-1)  # (B, q)
-            selected = kernels[None] * row_masks[..., None].float()  # (B, R, q, k): kernel on scored rows only
-            summed = torch.einsum("bhqk,brqk->hr", w, selected)  # (H, R)
-            counted = row_masks.sum(dim=(0, 2))  # (R,)
-            slots = [self.roles.index(role) for role in self.kernel_roles]
-            self.sums[:, slots] += summed.double()
-            self.counts[slots] += counted.double()
+        scored = rows >= self.layout.skip_queries  # (q,)
+        for role in self.kernel_roles:
+            share, row_mask = self._role_rows(role, w, rows, visible, scored)  # (B, H, q), (B, q)
+            slot = self.roles.index(role)
+            self.sums[:, slot] += torch.einsum("bhq,bq->h", share, row_mask.to(share.dtype)).double()
+            self.counts[slot] += float(row_mask.sum())
         if "broad" in self.roles:
             count = visible.sum(-1)  # (B, q) keys each row may read
-            rows_ok = (rows >= self.layout.skip_queries)[None] & (count >= 2)  # (B, q)
+            rows_ok = scored[None] & (count >= 2)  # (B, q)
             row_weight = rows_ok.float() / count.float().clamp_min(2).log()  # (B, q): 1/log(n) on scored rows
-            entropy = torch.special.entr(w).sum(-1)  # (B, H, q) nats, with 0·log 0 = 0
+            if entropy is None:
+                entropy = torch.special.entr(w).sum(-1)  # (B, H, q) nats, with 0·log 0 = 0
             slot = self.roles.index("broad")
-            self.sums[:, slot] += torch.einsum("bhq,bq->h", entropy, row_weight).double()
+            self.sums[:, slot] += torch.einsum("bhq,bq->h", entropy.float(), row_weight).double()
             self.counts[slot] += float(rows_ok.sum())
+
+    def _role_rows(
+        self, role: HeadRole, w: Tensor, rows: Tensor, visible: Tensor, scored: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """One kernel role on a block: per-row share (B, H, q) and the rows it is defined on (B, q)."""
+        layout = self.layout
+        batch, keys = w.shape[0], w.shape[-1]
+
+        def on_rows(mask: Tensor) -> Tensor:
+            return mask[None].expand(batch, -1)  # (q,) -> (B, q)
+
+        if role == "previous_token":
+            return _diagonal(w, rows, -1), on_rows(scored & (rows >= 1))
+        if role == "next_token":
+            return _diagonal(w, rows, 1), on_rows(scored & (rows <= layout.length - 2))
+        if role == "self":
+            return _diagonal(w, rows, 0), on_rows(scored)
+        if role == "first_token":
+            return w[..., 0], on_rows(scored & (rows >= 1))
+        if role == "local":
+            offsets = [d for d in range(-layout.local_window, layout.local_window + 1) if abs(d) >= 2]
+            share = sum((_diagonal(w, rows, d, min_key=1) for d in offsets), torch.zeros_like(w[..., 0]))
+            return share, on_rows(scored)
+        if role in ("special_token", "punctuation"):
+            flags = torch.tensor(layout.special if role == "special_token" else layout.punctuation)[:keys].float()
+            flags[0] = 0.0  # the first token is first_token's
+            own = flags[rows.clamp(0, keys - 1)] * (rows < keys)  # (q,) the row's own key, excluded (j != i)
+            share = w @ flags - _diagonal(w, rows, 0) * own  # (B, H, q)
+            seen = visible.float() @ flags - _diagonal(visible[:, None].float(), rows, 0)[:, 0] * own  # (B, q)
+            return share, on_rows(scored) & (seen > 0)
+        if role in PROBE_ROLES:
+            if layout.repeat is None:
+                raise ValueError(f"role {role!r} needs a probe layout (repeat=(start, N))")
+            start, n = layout.repeat
+            second = (rows >= start + n) & (rows < start + 2 * n)
+            return _diagonal(w, rows, -n + 1 if role == "induction" else -n), on_rows(second)
+        raise ValueError(f"{role!r} is not a kernel role")
 
     def scores(self) -> dict[HeadRole, Tensor]:
         """role -> (H,) mean share; roles with no scored row are left out."""
@@ -254,6 +293,15 @@ class RoleAccumulator:
             for slot, role in enumerate(self.roles)
             if self.counts[slot] > 0
         }
+
+
+def _diagonal(w: Tensor, rows: Tensor, offset: int, *, min_key: int = 0) -> Tensor:
+    """(B, H, q, k) -> (B, H, q): ``w[..., r, rows[r] + offset]``, 0 where that key is outside min_key..k-1."""
+    keys = w.shape[-1]
+    target = rows + offset  # (q,)
+    valid = (target >= min_key) & (target < keys)
+    index = target.clamp(0, keys - 1).view(1, 1, -1, 1).expand(*w.shape[:-1], 1)  # (B, H, q, 1)
+    return torch.gather(w, -1, index).squeeze(-1) * valid.to(w.dtype)
 
 
 def role_scores(
@@ -284,7 +332,7 @@ class RoleScoreConsumer:
         accumulator = self.layers.setdefault(layer.layer, RoleAccumulator(self.layout, self.roles, self.num_heads))
         q = layer.weights.shape[2]
         rows = torch.arange(q) + layer.key_index_offset  # (q,) absolute positions (no KV cache: = query_start + r)
-        accumulator.add(layer.weights, rows, layer.allowed())
+        accumulator.add(layer.weights, rows, layer.allowed(), entropy=layer.row_entropy())
 
     def scores(self) -> dict[int, dict[HeadRole, Tensor]]:
         return {index: acc.scores() for index, acc in sorted(self.layers.items())}

@@ -3,6 +3,7 @@
     attention-explainer mcp                                   # stdio; bundled models; default model preloaded
     attention-explainer mcp --model minilm-l6 --allow-model ./my-model --artifacts ~/attention-artifacts
     attention-explainer mcp --transport streamable-http --port 8765   # http://127.0.0.1:8765/mcp
+    attention-explainer mcp --token-limit 2048 --memory-budget 512    # tokens per text, MiB of maps per call
 
 Which models the server may load, where it may write files and how long a text may be are fixed here, by
 the person who starts it; an agent's arguments cannot change them.
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector
+from agent_tools.inspector import Inspector, readable_size
 from agent_tools.loading import DEFAULT_MODEL, ModelPolicy, cache_dir
 
 ARTIFACTS_ENV = "ATTENTION_EXPLAINER_ARTIFACTS"
@@ -52,6 +53,20 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--no-artifacts", action="store_true", help="refuse every request to write a file")
     p.add_argument(
+        "--token-limit",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="refuse texts longer than this many tokens (same as the global --token-limit; default: the model's)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=int,
+        default=argparse.SUPPRESS,
+        metavar="MIB",
+        help="refuse calls estimated to hold more than this many MiB of attention maps (same as the global "
+        "option; default: 2048)",
+    )
+    p.add_argument(
         "--text-content",
         choices=("summary", "json", "both"),
         default="both",
@@ -76,9 +91,15 @@ def artifact_folder(args: argparse.Namespace) -> Path | None:
 
 
 def session_inspector(args: argparse.Namespace, base: Inspector) -> Inspector:
-    """The server's inspector: an allow-list policy, the artifact folder (or none), the CLI's token limit."""
+    """The server's inspector: an allow-list policy, the artifact folder (or none), the CLI's token limit and
+    memory budget."""
     policy = ModelPolicy.bundled_only(default=args.model, extra=tuple(args.allow_model))
-    return Inspector(policy=policy, token_limit=base.token_limit, artifact_dir=artifact_folder(args))
+    return Inspector(
+        policy=policy,
+        token_limit=base.token_limit,
+        memory_budget=base.memory_budget,
+        artifact_dir=artifact_folder(args),
+    )
 
 
 def _protocol_stdout() -> Any:
@@ -105,9 +126,11 @@ def cmd_mcp(args: argparse.Namespace, inspector: Inspector) -> int:
     tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None
     server = build_server(session, tools=tools, text_content=args.text_content, preload=not args.no_preload)
     allowed = ", ".join(sorted(session.policy.allowed or ()))
+    limit = session.token_limit or "the model's own"
     print(
         f"attention-explainer MCP server ({args.transport}): default model {session.policy.default}; "
-        f"allowed models: {allowed}; artifacts: {session.artifact_dir or 'disabled'}",
+        f"allowed models: {allowed}; artifacts: {session.artifact_dir or 'disabled'}; "
+        f"token limit: {limit}; memory budget: {readable_size(session.memory_budget)}",
         file=sys.stderr,
         flush=True,
     )

@@ -117,7 +117,7 @@ def run_analysis(
     # Every head's map is kept (1 byte an entry) only where the interactive view can use it.
     keep_maps = encoded.length <= MAX_INTERACTIVE_TOKENS
     maps = QuantisedMaps(facts.num_layers, facts.num_heads, encoded.length, keep_maps=keep_maps)
-    inspector.run(loaded, encoded, [maps])
+    inspector.run(loaded, encoded, [maps], need_output=False)
     timings["capture"] = time.perf_counter() - start
     focus = _most_collapsed_head(maps)
     reports: dict[str, Report] = {}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from agent_tools.analysis.maps import attention_entropy, normalised_entropy
 from agent_tools.capture import LayerAttention
 
 
@@ -26,13 +25,15 @@ class QuantisedMaps:
         self.length = length
 
     def on_layer(self, layer: LayerAttention) -> None:
-        weights = layer.weights[0].float()  # (H, q, T)
+        weights = layer.weights[0]  # (H, q, T)
         rows = slice(layer.query_start, layer.query_start + weights.shape[1])
         if self.maps is not None:
-            self.maps[layer.layer, :, rows] = (weights * 255).round().clamp(0, 255).to(torch.uint8)
-        allowed = layer.allowed()[0]  # (1, q, T)
+            self.maps[layer.layer, :, rows] = (weights * 255).round_().clamp_(0, 255).to(torch.uint8)
+        entropy = layer.row_entropy()[0]  # (H, q) nats
+        count = layer.visible_keys()[0].float()  # (1, q)
+        normalised = torch.where(count > 1, entropy / count.clamp_min(2).log(), torch.zeros_like(entropy))
         share = weights.shape[1] / self.length  # running means over query chunks
-        self.entropy[layer.layer] += attention_entropy(weights).mean(-1) * share
-        self.normalised_entropy[layer.layer] += normalised_entropy(weights, allowed).mean(-1) * share
+        self.entropy[layer.layer] += entropy.mean(-1) * share
+        self.normalised_entropy[layer.layer] += normalised.mean(-1) * share
         self.sink_share[layer.layer] += weights[..., 0].mean(-1) * share
-        self.max_weight[layer.layer] += weights.max(-1).values.mean(-1) * share
+        self.max_weight[layer.layer] += layer.row_peak()[0].mean(-1) * share

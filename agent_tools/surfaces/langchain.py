@@ -23,7 +23,7 @@ from langchain_core.tools import BaseTool, BaseToolkit, StructuredTool, ToolExce
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from agent_tools.errors import AttentionToolError, InvalidInputError
-from agent_tools.inspector import Inspector
+from agent_tools.inspector import DEFAULT_MEMORY_BUDGET, Inspector
 from agent_tools.loading import DEFAULT_MODEL, LoadedModel, ModelPolicy
 from agent_tools.schemas import Report
 from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
@@ -79,6 +79,7 @@ class AttentionToolkit(BaseToolkit):
             ``model``. ``["*"]`` allows any reference (only for a trusted, local user).
         artifact_dir: folder where tools may write PNG files; none = artifact files are refused.
         token_limit: refuse texts longer than this many tokens (default: the model's own limit).
+        memory_budget: refuse calls estimated to hold more than this many bytes of attention maps.
         inspector: an existing inspector to share (its policy then wins over the options above).
     """
 
@@ -89,6 +90,7 @@ class AttentionToolkit(BaseToolkit):
     allowed_models: list[str] | None = None
     artifact_dir: Path | None = None
     token_limit: int | None = Field(default=None, ge=1)
+    memory_budget: int = Field(default=DEFAULT_MEMORY_BUDGET, ge=1)
     inspector: Inspector | None = None
 
     _inspector: Inspector = PrivateAttr()
@@ -110,7 +112,12 @@ class AttentionToolkit(BaseToolkit):
             policy = ModelPolicy(frozenset({*self.allowed_models, self.model}), self.model)
         else:
             policy = ModelPolicy.bundled_only(default=self.model)
-        self._inspector = Inspector(policy=policy, token_limit=self.token_limit, artifact_dir=self.artifact_dir)
+        self._inspector = Inspector(
+            policy=policy,
+            token_limit=self.token_limit,
+            memory_budget=self.memory_budget,
+            artifact_dir=self.artifact_dir,
+        )
 
     @property
     def session(self) -> Inspector:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import re
 import sys
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -32,7 +33,7 @@ from mcp.server.lowlevel import NotificationOptions, Server
 
 from agent_tools import __version__
 from agent_tools.errors import AttentionToolError, InvalidInputError
-from agent_tools.inspector import Inspector
+from agent_tools.inspector import Inspector, check_unicode
 from agent_tools.prompts import TOPICS, explanation_template, system_prompt, topic_file
 from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
 from agent_tools.tools.registry import ToolSpec
@@ -45,6 +46,12 @@ TEXT_CONTENT_MODES: tuple[str, ...] = get_args(TextContentMode)
 Transport = Literal["stdio", "streamable-http"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 SYSTEM_PROMPT_NAME = "attention_explainer"
+# Arguments that stood for a string that is valid JSON but not valid Unicode (a lone surrogate escape such as
+# "\\ud800"): the SDK cannot parse such a line and would leave the request unanswered, so the stdio reader
+# swaps the arguments for this marker and the tool answers with an error naming the argument.
+INVALID_UNICODE_ARGUMENT = "_invalid_unicode"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def output_schema(spec: ToolSpec) -> dict[str, Any]:
@@ -140,6 +147,9 @@ def build_server(
         spec = specs.get(name)
         if spec is None:
             return _error_result(f"Error [invalid_input]: unknown tool {name!r}; tools: {', '.join(specs)}")
+        problem = _invalid_unicode_problem(arguments)
+        if problem is not None:
+            return _error_result(error_text(name, problem))
         try:
             report = await anyio.to_thread.run_sync(partial(spec, inspector, arguments))
         except AttentionToolError as exc:
@@ -179,11 +189,90 @@ def initialization_options(server: Server) -> Any:
     return server.create_initialization_options(NotificationOptions())
 
 
+def _invalid_unicode_problem(arguments: Any) -> InvalidInputError | None:
+    if isinstance(arguments, dict) and set(arguments) == {INVALID_UNICODE_ARGUMENT}:
+        marker = arguments[INVALID_UNICODE_ARGUMENT]
+        if isinstance(marker, dict) and isinstance(marker.get("message"), str):
+            return InvalidInputError(marker["message"], field=marker.get("field"))
+    return None
+
+
+def _first_invalid_unicode(value: Any, path: str) -> InvalidInputError | None:
+    """The error for the first string (or key) inside ``value`` that cannot be UTF-8 encoded, or None."""
+    if isinstance(value, str):
+        try:
+            check_unicode(value, field=path)
+        except InvalidInputError as exc:
+            return exc
+        return None
+    items: Iterable[tuple[str, Any]] = ()
+    if isinstance(value, dict):
+        for key in value:
+            if isinstance(key, str) and (problem := _first_invalid_unicode(key, f"{path} key")) is not None:
+                return problem
+        items = ((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{index}]", item) for index, item in enumerate(value))
+    for where, item in items:
+        if (problem := _first_invalid_unicode(item, where)) is not None:
+            return problem
+    return None
+
+
+def _replace_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_surrogates(v) for v in value]
+    return value
+
+
+def answerable_line(line: str) -> str:
+    """A protocol line the SDK can parse, for a line that is valid JSON holding lone surrogate escapes.
+
+    Strict JSON parsers refuse ``"\\ud800"`` (a lone surrogate), so the SDK would log the line and never answer
+    the request: the client would wait forever. A ``tools/call`` gets its arguments replaced by a marker the tool
+    answers with an error naming the argument; any other message gets U+FFFD in place of each lone surrogate.
+    Other lines pass through unchanged (malformed JSON stays the SDK's to report).
+    """
+    if not _SURROGATE_ESCAPE.search(line):
+        return line
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(message, dict) or _first_invalid_unicode(message, "") is None:
+        return line  # surrogate pairs only: valid Unicode
+    params = message.get("params")
+    if message.get("method") == "tools/call" and isinstance(params, dict):
+        problem = _first_invalid_unicode(params.get("arguments"), "")
+        if problem is not None:
+            params["arguments"] = {INVALID_UNICODE_ARGUMENT: {"message": problem.message, "field": problem.field}}
+    return json.dumps(_replace_surrogates(message), ensure_ascii=False)
+
+
+class _AnswerableLines:
+    """The stdin lines the SDK's stdio reader iterates, each passed through :func:`answerable_line`."""
+
+    def __init__(self, lines: Any) -> None:
+        self._lines = lines
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async for line in self._lines:
+            yield answerable_line(line)
+
+
 async def serve_stdio(server: Server, *, stdin: Any = None, stdout: Any = None) -> None:
     """Serve over stdio until the client closes the pipe."""
+    import io
+
     from mcp.server.stdio import stdio_server
 
-    async with stdio_server(stdin, stdout) as (read_stream, write_stream):
+    if stdin is None:  # what the SDK would open, wrapped so that every request gets an answer
+        stdin = anyio.wrap_file(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+    async with stdio_server(_AnswerableLines(stdin), stdout) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, initialization_options(server))
 
 

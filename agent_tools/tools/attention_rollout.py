@@ -81,7 +81,7 @@ def attention_rollout(inspector: Inspector, args: AttentionRolloutInput) -> Roll
     inspector.check_budget(3 * length * length * 4, "rollout")
     rollout = RolloutConsumer(residual=args.residual)
     target = TargetRowConsumer(last_layer, position)
-    inspector.run(loaded, encoded, [rollout, target], layers=list(range(last_layer + 1)))
+    inspector.run(loaded, encoded, [rollout, target], layers=list(range(last_layer + 1)), need_output=False)
     row = rollout.rollout()[position].double()  # (T,)
     raw = target.row if target.row is not None else torch.zeros(length)
     tokens = encoded.tokens

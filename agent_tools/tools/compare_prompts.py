@@ -8,7 +8,7 @@ from agent_tools.analysis.segments import kl_divergence, share_changes
 from agent_tools.generation import MAX_NEW_TOKENS
 from agent_tools.inspector import Inspector
 from agent_tools.schemas import Finding, ModelInput, Report, rounded
-from agent_tools.segments import PromptMessage, SegmentSpec
+from agent_tools.segments import PromptMessage, SegmentSpec, segment_prompt
 from agent_tools.tools.registry import ToolSpec
 from agent_tools.tools.trace_prompt_attention import (
     DEFAULT_SINK_THRESHOLD,
@@ -18,6 +18,7 @@ from agent_tools.tools.trace_prompt_attention import (
     PromptTrace,
     Target,
     TokenProbability,
+    check_traceable,
     max_new_tokens_in_range,
     trace,
 )
@@ -92,6 +93,9 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
     their top tokens, plus the generated texts for target 'generate'.
     """
     loaded = inspector.model(args.model)
+    variants = (("prompt_a", args.prompt_a, args.segments_a), ("prompt_b", args.prompt_b, args.segments_b))
+    for field, prompt, named in variants:  # both variants valid (text, segments, length) before either runs
+        check_traceable(segment_prompt(inspector, loaded, prompt, named), field)
     options = {"target": args.target, "max_new_tokens": args.max_new_tokens, "sink_threshold": args.sink_threshold}
     run_a = trace(inspector, loaded, args.prompt_a, args.segments_a, **options)  # type: ignore[arg-type]
     run_b = trace(inspector, loaded, args.prompt_b, args.segments_b, **options)  # type: ignore[arg-type]

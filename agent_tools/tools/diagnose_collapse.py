@@ -191,7 +191,7 @@ def diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> Coll
     sink_mask = torch.tensor([t.special or t.position == 0 for t in tokens])
     grams = output_grams_for(loaded.model, layers, facts.num_heads)
     consumer = CollapseConsumer(sink_mask, heads=heads, threshold=args.threshold, output_grams=grams)
-    inspector.run(loaded, encoded, [consumer], layers=layers)
+    inspector.run(loaded, encoded, [consumer], layers=layers, need_output=False)
     stats = consumer.results()
     ranked = rank_heads(stats)
     rows = [_row(s, tokens, facts.kv_head_of(s.head)) for s in ranked]

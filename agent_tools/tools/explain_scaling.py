@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 
 from agent_tools.analysis.scaling import (
     SATURATION,
@@ -21,7 +22,17 @@ from agent_tools.schemas import Finding, Report, TextInput, rounded
 from agent_tools.tools.registry import ToolSpec
 
 DEFAULT_TEMPERATURES = (0.25, 0.5, 2.0, 4.0)
-Temperature = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+NULL_TEMPERATURE = "Input should be a finite number > 0 (NaN and ±infinity have no JSON form: they arrive as null)"
+
+
+def _not_null(value: object) -> object:
+    """JSON writes NaN and ±infinity as null: say what is valid instead of "a valid number (got None)"."""
+    if value is None:
+        raise PydanticCustomError("finite_number", NULL_TEMPERATURE)
+    return value
+
+
+Temperature = Annotated[float, Field(gt=0.0, allow_inf_nan=False), BeforeValidator(_not_null)]
 
 
 class ExplainScalingInput(TextInput):
@@ -140,7 +151,7 @@ def explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> ScalingR
     consumer = ScalingConsumer(
         layer, heads, temperatures, model_scale=facts.scaling, query_prescaled=facts.query_prescaled
     )
-    inspector.run(loaded, encoded, [consumer], layers=[layer])
+    inspector.run(loaded, encoded, [consumer], layers=[layer], need_output=False)
     variances = consumer.variances()
 
     head_rows = []

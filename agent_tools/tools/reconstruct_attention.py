@@ -106,7 +106,7 @@ def capture_head_inputs(
     length = encoded.length
     inspector.check_budget((len(heads) + 32) * length * length * 4, "this reconstruction")  # stage maps, float64 temps
     consumer = HeadInputsConsumer(layer, heads, projections.kv_head)
-    inspector.run(loaded, encoded, [consumer], layers=[layer], record_inputs=True)
+    inspector.run(loaded, encoded, [consumer], layers=[layer], record_inputs=True, need_output=False)
     if consumer.layer_input is None or consumer.key is None or consumer.value is None:
         raise UnsupportedModelError(f"layer {layer} was not captured for this model")
     weights = torch.cat(consumer.weight_rows, dim=1)  # (len(heads), T, T)

@@ -12,6 +12,12 @@ from agent_tools.render import attention_heatmap
 from agent_tools.schemas import Finding, KeyWeight, Report, TextInput, Token, rounded
 from agent_tools.tools.registry import ToolSpec
 
+# Bytes held per query×key entry: the float32 map (chunks + their concatenation) and the bool visibility mask;
+# with include_map the map as Python floats in the report and its JSON; with png a Python copy for matplotlib.
+HELD_BYTES_PER_ENTRY = 2 * 4 + 1
+INCLUDED_MAP_BYTES_PER_ENTRY = 48
+PNG_BYTES_PER_ENTRY = 32
+
 
 class ShowAttentionInput(TextInput):
     layer: int = Field(description="layer index, 0-based (describe_model gives the range)")
@@ -61,8 +67,14 @@ class HeadMapConsumer:
 def capture_head_map(inspector: Inspector, loaded, encoded, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward pass that keeps only layer/head's map: (T, T) weights and (T, T) allowed."""
     consumer = HeadMapConsumer(layer, head)
-    inspector.run(loaded, encoded, [consumer], layers=[layer])
+    inspector.run(loaded, encoded, [consumer], layers=[layer], need_output=False)
     return consumer.result()
+
+
+def held_bytes(length: int, *, include_map: bool, png: bool) -> int:
+    """Estimate of what one head's map costs to hold: T² entries at the bytes each form takes."""
+    per_entry = HELD_BYTES_PER_ENTRY + include_map * INCLUDED_MAP_BYTES_PER_ENTRY + png * PNG_BYTES_PER_ENTRY
+    return length * length * per_entry
 
 
 def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionView:
@@ -71,6 +83,7 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
     layer = inspector.check_layer(loaded, args.layer)
     head = inspector.check_head(loaded, args.head)
     encoded = inspector.encode(loaded, args.text)
+    inspector.check_budget(held_bytes(encoded.length, include_map=args.include_map, png=args.png), "this map")
     weights, allowed = capture_head_map(inspector, loaded, encoded, layer, head)
     entropy = attention_entropy(weights)  # (T,)
     normalised = normalised_entropy(weights, allowed)  # (T,)
@@ -95,7 +108,8 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
             position=top_key,
             token=tokens[top_key].text,
             value=rounded(column_share[top_key]),
-            detail=f"L{layer}H{head} gives token {top_key} {tokens[top_key].text!r} {column_share[top_key]:.1%} of its attention on average",
+            detail=f"L{layer}H{head} gives token {top_key} {tokens[top_key].text!r} "
+            f"{column_share[top_key]:.1%} of its attention on average",
         )
     ]
     png_path = None

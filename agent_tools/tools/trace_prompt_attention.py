@@ -11,6 +11,7 @@ from torch import Tensor
 
 from agent_tools.analysis.rollout import RolloutConsumer
 from agent_tools.analysis.segments import find_sinks, leading_segment, segment_shares, top_positions, without_sink
+from agent_tools.errors import InvalidInputError
 from agent_tools.generation import (
     MAX_NEW_TOKENS,
     Generation,
@@ -203,6 +204,18 @@ def _eligible(prompt: SegmentedPrompt) -> Tensor:
     return torch.tensor(flags)
 
 
+def check_traceable(prompt: SegmentedPrompt, field: str = "prompt") -> SegmentedPrompt:
+    """A prompt of one token has nothing to read but itself, the attention sink: refuse it rather than guess."""
+    length = prompt.encoded.length
+    if length < 2:
+        msg = (
+            f"{field} is {length} token; tracing needs at least 2 tokens so the answer position can read "
+            "something besides the first token (the attention sink)"
+        )
+        raise InvalidInputError(msg, field=field)
+    return prompt
+
+
 def trace(
     inspector: Inspector,
     loaded: LoadedModel,
@@ -215,7 +228,7 @@ def trace(
     sink_threshold: float = DEFAULT_SINK_THRESHOLD,
 ) -> TraceRun:
     """Segment the prompt, run it (and generate, for target 'generate'), and build the report."""
-    segmented = segment_prompt(inspector, loaded, prompt, named)
+    segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
     encoded = segmented.encoded
     length = encoded.length
     inspector.check_budget(3 * length * length * 4, "attention rollout over the prompt")
