@@ -28,7 +28,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 CONFIGS = ("sdpa", "eager", "stats", "analyze")
-WORDS = ["the", "of", "and", "to", "in", "is", "was", "that", "for", "it", "with", "as", "his", "on", "be", "at", "by", "had", "are", "but", "from", "or", "have", "an", "they", "which", "one", "you", "were", "her", "all", "she", "there", "would", "their", "we", "him", "been", "has", "when", "who", "will", "more", "no", "if", "out", "so", "said", "what", "up", "its", "about", "into", "than", "them", "can", "only", "other", "new", "some", "could", "time", "these", "two", "may", "then", "do", "first", "any", "my", "now", "such", "like", "our", "over", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down", "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make", "world", "still", "own", "see", "men", "work", "long", "get", "here"]
+WORDS = (  # noqa: SIM905 - one readable block of words
+    "the of and to in is was that for it with as his on be at by had are but from or have an they which "
+    "one you were her all she there would their we him been has when who will more no if out so said "
+    "what up its about into than them can only other new some could time these two may then do first any "
+    "my now such like our over man me even most made after also did many before must through back years "
+    "where much your way well down should because each just those people how too little state good very "
+    "make world still own see men work long get here "
+).split()
 
 
 def make_text(tokenizer, length: int, seed: int = 0) -> str:
@@ -199,9 +206,8 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
         base = floor.get(row["length"])
         ratio = f"{row['median_s'] / base['median_s']:.2f}" if base else "—"
         above = f"{row['peak_rss_mb'] - base['peak_rss_mb']:+.0f}" if base else "—"
-        lines.append(
-            f"| {row['length']} | {row['config']} | {row['median_s']:.3f} | {ratio} | {row['peak_rss_mb']:.0f} | {above} |"
-        )
+        median, peak = f"{row['median_s']:.3f}", f"{row['peak_rss_mb']:.0f}"
+        lines.append(f"| {row['length']} | {row['config']} | {median} | {ratio} | {peak} | {above} |")
     return "\n".join(lines) + "\n"
 
 

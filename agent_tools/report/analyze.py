@@ -116,6 +116,8 @@ def run_analysis(
     start = time.perf_counter()
     # Every head's map is kept (1 byte an entry) only where the interactive view can use it.
     keep_maps = encoded.length <= MAX_INTERACTIVE_TOKENS
+    if keep_maps:  # one byte per weight, every layer and head
+        inspector.check_budget(facts.num_layers * facts.num_heads * encoded.length**2, "the interactive report's maps")
     maps = QuantisedMaps(facts.num_layers, facts.num_heads, encoded.length, keep_maps=keep_maps)
     inspector.run(loaded, encoded, [maps], need_output=False)
     timings["capture"] = time.perf_counter() - start
