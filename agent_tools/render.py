@@ -17,6 +17,16 @@ def _label(token: str, limit: int = 14) -> str:
     return shown if len(shown) <= limit else shown[: limit - 1] + "…"
 
 
+def _finish(fig, ax, image, colorbar_label: str, path: str | Path) -> Path:
+    """Colour bar, layout, and the PNG written (its folder created)."""
+    fig.colorbar(image, ax=ax, label=colorbar_label, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    return out
+
+
 def attention_heatmap(
     weights: Sequence[Sequence[float]],
     query_tokens: Sequence[str],
@@ -40,14 +50,9 @@ def attention_heatmap(
         ax.set_xlabel("key (token attended to)")
         ax.set_ylabel("query (token attending)")
         ax.set_title(title, fontsize=10)
-        fig.colorbar(image, ax=ax, label=colorbar_label, fraction=0.046, pad=0.04)
-        fig.tight_layout()
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
+        return _finish(fig, ax, image, colorbar_label, path)
     finally:
         plt.close(fig)
-    return out
 
 
 def grid_heatmap(
@@ -78,11 +83,6 @@ def grid_heatmap(
             for layer in range(layers):
                 for head in range(heads):
                     ax.text(head, layer, annotations[layer][head], ha="center", va="center", fontsize=5, color="white")
-        fig.colorbar(image, ax=ax, label=colorbar_label, fraction=0.046, pad=0.04)
-        fig.tight_layout()
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
+        return _finish(fig, ax, image, colorbar_label, path)
     finally:
         plt.close(fig)
-    return out
