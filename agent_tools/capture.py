@@ -41,6 +41,11 @@ class LayerAttention:
     Shapes: ``B`` batch, ``H`` query heads, ``Hkv`` KV heads, ``q`` query rows in this chunk, ``Tk`` keys,
     ``D`` head_dim. Tensors are views the consumer must not modify; copy what you keep. ``logits`` is a buffer
     reused for the next chunk: read it (or the measures derived from it) inside ``on_layer`` only.
+
+    Key columns: ``key``/``value`` always hold every key (``Tk``). The per-row tensors (``weights``, ``logits``,
+    ``mask``, ``scores``) hold key columns ``[0, key_width)``; ``key_width < Tk`` only when every consumer of
+    the capture declared ``accepts_key_prefix = True`` and no row of the chunk may read a later column (the
+    causal part of a chunk): those columns' weights are exactly 0, so nothing is lost by not computing them.
     """
 
     layer: int
@@ -58,6 +63,7 @@ class LayerAttention:
     layer_input: Tensor | None = None  # (B, T, C) hidden states entering the attention module
     position_embeddings: tuple[Tensor, Tensor] | None = None  # (cos, sin) for rotary families
     logits: Tensor | None = None  # (B, H, q, Tk) scores + mask, the softmax input (valid during on_layer)
+    output: Tensor | None = None  # (B, H, q, D) weights @ value: what each head writes before W_O
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -67,12 +73,19 @@ class LayerAttention:
         Computed on first use (most consumers never need it), with the families' eager operations.
         """
         if "scores" not in self._cache:
-            self._cache["scores"] = attention_scores(self.query, self.head_key(self.key), self.scaling, self.softcap)
+            key = self.head_key(self.key[:, :, : self.key_width])
+            self._cache["scores"] = attention_scores(self.query, key, self.scaling, self.softcap)
         return self._cache["scores"]
 
     @property
     def key_length(self) -> int:
+        """Every key of the layer call (``Tk``)."""
         return self.key.shape[-2]
+
+    @property
+    def key_width(self) -> int:
+        """Key columns computed for this chunk: the per-row tensors cover columns ``[0, key_width)``."""
+        return self.weights.shape[-1]
 
     @property
     def key_index_offset(self) -> int:
@@ -140,7 +153,12 @@ class StopCapture(Exception):
 
 
 class AttentionConsumer(Protocol):
-    """Receives each captured layer (or query chunk) in order; keeps only what it needs."""
+    """Receives each captured layer (or query chunk) in order; keeps only what it needs.
+
+    A consumer that reads per-row tensors only up to ``LayerAttention.key_width`` sets the class attribute
+    ``accepts_key_prefix = True``; when all consumers of a capture do, causal chunks skip the key columns
+    none of their rows may read (about half the work on long texts).
+    """
 
     def on_layer(self, layer: LayerAttention) -> None: ...
 
@@ -161,7 +179,8 @@ class _CaptureState:
     layers: frozenset[int] | None
     query_chunk: int | None
     inputs: dict[int, tuple[Tensor, Any]] = field(default_factory=dict)
-    buffer: Tensor | None = None  # the logits of the last block computed, reused when the next has its shape
+    buffer: Tensor | None = None  # flat storage for the logits of one block, reused by every block that fits
+    key_prefix: bool = False  # every consumer reads per-row tensors only up to key_width
     stop_after: int | None = None  # raise StopCapture once this layer has been handed to the consumers
     calls: int = 0
 
@@ -193,11 +212,14 @@ def _eager_rows(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One block of query rows: (logits, weights, output), the families' eager math.
 
-    ``logits`` (scores + mask) is written into ``buffer`` when one of the right shape is given, so a long
-    capture reuses one allocation per layer instead of faulting in fresh pages for every chunk.
+    ``logits`` (scores + mask) is written into ``buffer`` (flat storage) when it is large enough, so a long
+    capture reuses one allocation instead of faulting in fresh pages for every chunk.
     """
     shape = (*query.shape[:-1], key.shape[-2])
-    out = buffer if buffer is not None and buffer.shape == shape and buffer.dtype == query.dtype else None
+    numel = shape[0] * shape[1] * shape[2] * shape[3]
+    out = None
+    if buffer is not None and buffer.numel() >= numel and buffer.dtype == query.dtype:
+        out = buffer[:numel].view(shape)
     logits = torch.matmul(query, key.transpose(-1, -2), out=out)  # (B, H, q, Tk)
     logits.mul_(scaling)
     if softcap is not None:
@@ -208,6 +230,21 @@ def _eager_rows(
     applied = nn.functional.dropout(weights, p=dropout, training=training) if dropout else weights
     output = torch.matmul(applied, value)  # (B, H, q, D)
     return logits, weights, output
+
+
+def _key_stop(mask: Tensor | None, keys: int) -> int:
+    """Key columns a block of rows needs: one past the last column any row may read.
+
+    ``keys`` (no truncation) when there is no mask or some row may read nothing: eager softmax spreads such a
+    row uniformly over every column, which a narrower block would change.
+    """
+    if mask is None:
+        return keys
+    allowed = mask > torch.finfo(mask.dtype).min / 2  # (B, 1, q, Tk)
+    if not bool(allowed.any(-1).all()):
+        return keys
+    columns = allowed.any(0).any(0).any(0)  # (Tk,)
+    return int(columns.nonzero().max()) + 1
 
 
 def capture_attention_forward(
@@ -257,19 +294,22 @@ def capture_attention_forward(
             if attention_mask is not None and attention_mask.shape[2] > 1
             else attention_mask
         )
+        keys = key_states.shape[-2]
+        if state is not None and state.key_prefix and length > chunk and mask is not None and mask.shape[2] > 1:
+            keys = _key_stop(mask, keys)
         logits, weights, output = _eager_rows(
             rows,
-            key_states,
-            value_states,
-            mask,
+            key_states[:, :, :keys],
+            value_states[:, :, :keys],
+            mask[..., :keys] if mask is not None else None,
             scaling,
             softcap,
             dropout,
             training,
             state.buffer if state is not None else None,
         )
-        if state is not None:
-            state.buffer = logits  # the next chunk (or layer) of the same shape writes its logits here
+        if state is not None and (state.buffer is None or state.buffer.numel() < logits.numel()):
+            state.buffer = logits.view(-1)  # the next blocks that fit write their logits here
         outputs.append(output)
         last_weights = weights
         if state is not None and layer is not None and state.wants(layer):
@@ -280,8 +320,9 @@ def capture_attention_forward(
                 query=rows,
                 key=key,
                 value=value,
-                mask=mask,
+                mask=mask[..., :keys] if mask is not None else None,
                 logits=logits,
+                output=output,
                 weights=weights,
                 scaling=float(scaling),
                 softcap=float(softcap) if softcap is not None else None,
@@ -363,6 +404,7 @@ def capture_attention(
         consumers=list(consumers),
         layers=frozenset(layers) if layers is not None else None,
         query_chunk=query_chunk,
+        key_prefix=bool(consumers) and all(getattr(c, "accepts_key_prefix", False) for c in consumers),
     )
     if stop_after_last:
         state.stop_after = max(state.layers) if state.layers else len(modules) - 1

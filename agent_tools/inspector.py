@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from pydantic import BaseModel, Field
@@ -49,6 +49,39 @@ class Encoded:
 
     def labels(self) -> list[str]:
         return [f"{t.position}:{t.text}" for t in self.tokens]
+
+
+Result = TypeVar("Result")
+
+
+@dataclass
+class PassPlan(Generic[Result]):
+    """A tool's share of one forward pass: the consumers to stream into, then ``finish(output)`` builds the result.
+
+    A tool that declares its pass this way can share it: :meth:`Inspector.run_together` runs plans over the same
+    input and layers in one forward pass (the ``analyze`` job), instead of one pass each.
+    ``encoded = None`` means the plan needs no pass; ``finish`` gets the model's output, or None when no plan of
+    the pass asked for it.
+    """
+
+    loaded: LoadedModel
+    encoded: Encoded | None
+    consumers: list[AttentionConsumer]
+    finish: Callable[[Any], Result]
+    layers: list[int] | None = None
+    need_output: bool = False
+    record_inputs: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def shares_pass_with(self, other: PassPlan[Any]) -> bool:
+        """Same model, same tokens and mask, same layers: one forward pass serves both."""
+        if self.encoded is None or other.encoded is None or self.loaded is not other.loaded:
+            return False
+        return (
+            self.layers == other.layers
+            and torch.equal(self.encoded.input_ids, other.encoded.input_ids)
+            and torch.equal(self.encoded.attention_mask, other.encoded.attention_mask)
+        )
 
 
 def validate_text(text: str, *, field: str = "text") -> str:
@@ -253,6 +286,38 @@ class Inspector:
             except StopCapture:
                 return None
             return output if need_output else None
+
+    def execute(self, plan: PassPlan[Result]) -> Result:
+        """Run one plan on its own: its forward pass (if any), then its finish."""
+        if plan.encoded is None:
+            return plan.finish(None)
+        output = self.run(
+            plan.loaded,
+            plan.encoded,
+            plan.consumers,
+            layers=plan.layers,
+            record_inputs=plan.record_inputs,
+            need_output=plan.need_output,
+        )
+        return plan.finish(output)
+
+    def run_together(self, plans: Sequence[PassPlan[Any]]) -> Any:
+        """One forward pass streaming into every plan's consumers; returns the output for their ``finish``.
+
+        The plans must share a pass (:meth:`PassPlan.shares_pass_with`); the output is the model's when any
+        plan needs it, else None.
+        """
+        lead = plans[0]
+        if lead.encoded is None or not all(lead.shares_pass_with(plan) for plan in plans[1:]):
+            raise ValueError("run_together needs plans over the same model, input and layers")
+        return self.run(
+            lead.loaded,
+            lead.encoded,
+            [consumer for plan in plans for consumer in plan.consumers],
+            layers=lead.layers,
+            record_inputs=any(plan.record_inputs for plan in plans),
+            need_output=any(plan.need_output for plan in plans),
+        )
 
     # --- artifacts ------------------------------------------------------------------------------------
     def artifact_path(self, stem: str, suffix: str) -> Path:

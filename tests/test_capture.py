@@ -79,6 +79,51 @@ def test_query_chunks_give_the_same_rows_and_output(name: str) -> None:
     assert torch.allclose(out_whole, out_chunked, atol=ATOL)
 
 
+class KeepPrefix(KeepAll):
+    """Accepts key prefixes: records each chunk's key width and pads its rows back to every key."""
+
+    accepts_key_prefix = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.widths: list[int] = []
+
+    def on_layer(self, layer: LayerAttention) -> None:
+        self.widths.append(layer.key_width)
+        assert layer.mask is None or layer.mask.shape[-1] == layer.key_width
+        assert layer.scores.shape[-1] == layer.key_width
+        assert layer.output is not None and torch.allclose(
+            layer.output, layer.weights @ layer.head_key(layer.value)[:, :, : layer.key_width], atol=ATOL
+        )
+        padded = torch.zeros(*layer.weights.shape[:-1], layer.key_length)
+        padded[..., : layer.key_width] = layer.weights
+        self.rows.setdefault(layer.layer, []).append(padded)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("padded", [False, True])
+def test_key_prefix_skips_only_columns_no_row_may_read(name: str, padded: bool) -> None:
+    model = build_family(name)
+    inputs = _inputs(name) if padded else {"input_ids": torch.arange(6, 17)[None]}
+    whole, prefix = KeepAll(), KeepPrefix()
+    with torch.inference_mode():
+        with capture_attention(model, [whole]):
+            out_whole = output_tensor(model(**inputs))
+        with capture_attention(model, [prefix], query_chunk=4):
+            out_prefix = output_tensor(model(**inputs))
+    for layer in whole.rows:
+        assert (whole.weights(layer) - prefix.weights(layer)).abs().max().item() <= ATOL, f"{name} layer {layer}"
+    assert (out_whole - out_prefix).abs().max().item() <= ATOL
+    causal = read_facts(model).is_causal
+    first_chunk_widths = set(prefix.widths[::3])
+    if causal and not padded:
+        assert first_chunk_widths == {4}  # rows 0..3 of a causal map read keys 0..3 only
+    if not causal:
+        assert set(prefix.widths) == {11}  # an encoder's rows read every key
+    if padded:  # left padding: the padded sequence's first rows read nothing, so those chunks keep every key
+        assert (11 in first_chunk_widths) or not causal or name == "bert"
+
+
 def test_gqa_is_recorded_and_shared_heads_read_the_same_keys() -> None:
     model = build_family("llama")
     facts = read_facts(model)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from agent_tools.analysis.collapse import (
     ROW_TARGETS,
     CollapseConsumer,
+    centred_logit_norm,
     centred_score_norm,
     collapse_statistics,
     entropy_lower_bound,
@@ -26,8 +27,10 @@ from agent_tools.analysis.maps import attention_entropy
 from agent_tools.analysis.norms import (
     head_output_grams,
     head_output_norms,
+    norm_shares,
     output_projection,
     transformed_value_norms,
+    value_share_sums,
     weighted_value_norms,
 )
 from agent_tools.capture import capture_attention, repeat_kv
@@ -135,6 +138,29 @@ def test_bound_is_exact_for_two_keys_and_for_the_extremal_row() -> None:
     # r = 0 (flat row) forces log T; one key gives 0
     assert zhai_entropy_bound(torch.tensor(0.0), torch.tensor(5)) == pytest.approx(math.log(5))
     assert zhai_entropy_bound(torch.tensor(3.0), torch.tensor(1)) == 0.0
+
+
+def test_centred_norm_from_the_softmax_input_equals_the_scores_formula() -> None:
+    # logits = scores + additive mask (0 where readable, dtype-min where not): masked entries must not count.
+    generator = torch.Generator().manual_seed(3)
+    scores = torch.randn(3, 5, 7, generator=generator) * 4 + 2  # (h, q, k), offset so the mean matters
+    allowed = torch.ones(5, 7, dtype=torch.bool).tril(2)
+    logits = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
+    # by hand for one row: head 1, row 0 sees keys 0..2
+    row = scores[1, 0, :3].double()
+    assert float(centred_logit_norm(logits, allowed)[1, 0]) == pytest.approx(float((row - row.mean()).norm()), rel=1e-5)
+    assert torch.allclose(centred_logit_norm(logits, allowed), centred_score_norm(scores, allowed), rtol=1e-5)
+
+
+def test_value_share_sums_equal_the_explicit_shares() -> None:
+    generator = torch.Generator().manual_seed(4)
+    weights = torch.softmax(torch.randn(2, 6, 5, generator=generator), -1)  # (h, q, k)
+    norms = torch.rand(2, 5, generator=generator) + 0.1
+    norms[1, :] = 0.0  # a head whose values write nothing: every share is 0, not NaN
+    explicit = norm_shares(weighted_value_norms(weights[None], norms[None]))[0].sum(1)  # (h, k)
+    assert torch.allclose(value_share_sums(weights, norms), explicit, atol=1e-6)
+    assert float(value_share_sums(weights, norms)[0].sum()) == pytest.approx(6.0, abs=1e-5)  # shares sum to 1 a row
+    assert float(value_share_sums(weights, norms)[1].abs().sum()) == 0.0
 
 
 def test_bound_uses_only_visible_keys() -> None:

@@ -32,10 +32,10 @@ from agent_tools.analysis.maps import attention_entropy
 from agent_tools.analysis.norms import (
     head_output_grams,
     head_output_norms,
-    norm_shares,
     output_projection,
+    projected_output_norms,
     transformed_value_norms,
-    weighted_value_norms,
+    value_share_sums,
 )
 from agent_tools.capture import LayerAttention
 from agent_tools.families import find_attention_modules
@@ -64,6 +64,17 @@ def centred_score_norm(scores: Tensor, allowed: Tensor) -> Tensor:
     count = allowed.sum(-1, keepdim=True).clamp_min(1)
     centred = (z - z.sum(-1, keepdim=True) / count).masked_fill(~allowed, 0.0)
     return centred.norm(dim=-1)
+
+
+def centred_logit_norm(logits: Tensor, allowed: Tensor) -> Tensor:
+    """(..., q, k) softmax input (scores + additive mask), bool visibility -> (..., q): ‖z − mean z‖₂ over
+    each row's visible keys. Equals :func:`centred_score_norm` on the scores (the mask adds 0 where a key may be
+    read) without recomputing them; two passes and one temporary.
+    """
+    count = allowed.sum(-1, keepdim=True, dtype=logits.dtype).clamp_min(1)  # before broadcasting: cheap
+    z = torch.where(allowed, logits, 0.0)  # (..., q, k)
+    z.sub_(z.sum(-1, keepdim=True) / count).masked_fill_(~allowed, 0.0)
+    return torch.linalg.vector_norm(z, dim=-1)
 
 
 def zhai_entropy_bound(radius: Tensor, count: Tensor) -> Tensor:
@@ -203,37 +214,50 @@ class HeadAccumulator:
     def add(
         self,
         weights: Tensor,
-        scores: Tensor,
+        scores: Tensor | None,
         allowed: Tensor,
         query_positions: Tensor,
         sink_mask: Tensor,
         *,
         value_norms: Tensor | None = None,
         output_norms: Tensor | None = None,
+        entropy: Tensor | None = None,
+        peak: tuple[Tensor, Tensor] | None = None,
+        radius: Tensor | None = None,
     ) -> None:
-        """Add rows: weights/scores (h, q, k), allowed (q, k), positions (q,), sink_mask (k,),
-        value_norms (h, k) ‖v_j W_O^h‖, output_norms (h, q) ‖Σ_j α_ij v_j W_O^h‖."""
-        weights = weights if weights.dtype == torch.float64 else weights.float()
+        """Add rows: weights/scores (h, q, k) over key columns [0, k), allowed (q, k), positions (q,),
+        sink_mask (keys,), value_norms (h, keys) ‖v_j W_O^h‖, output_norms (h, q) ‖Σ_j α_ij v_j W_O^h‖.
+
+        ``entropy`` (h, q), ``peak`` ((h, q) max, (h, q) argmax) and ``radius`` (h, q) centred score norm may be
+        given when the caller already has them (the capture computes them once for every consumer); ``scores``
+        is then not read.
+        """
+        width = weights.shape[-1]
         visible = allowed.sum(-1)  # (q,)
         keep = visible > 1  # rows that can choose between keys
         if not bool(keep.any()):
             return
+        if entropy is None:
+            entropy = attention_entropy(weights if weights.dtype == torch.float64 else weights.float())
+        top, argmax = peak if peak is not None else weights.max(-1)  # (h, q)
+        if radius is None:
+            assert scores is not None, "scores are needed when the centred score norm is not given"
+            radius = centred_score_norm(scores, allowed)
         if not bool(keep.all()):  # only the first rows of a causal map see a single key
-            weights, scores, allowed = weights[:, keep], scores[:, keep], allowed[keep]
-            query_positions, visible = query_positions[keep], visible[keep]
-        entropy = attention_entropy(weights).double()  # (h, q)
+            weights, allowed, visible = weights[:, keep], allowed[keep], visible[keep]
+            query_positions = query_positions[keep]
+            entropy, top, argmax, radius = entropy[:, keep], top[:, keep], argmax[:, keep], radius[:, keep]
+            output_norms = output_norms[:, keep] if output_norms is not None else None
+        entropy, top, radius = entropy.double(), top.double(), radius.double()
         self.rows += int(keep.sum())
         self.entropy += entropy.sum(-1)
         self.normalised += (entropy / visible.double().log()).sum(-1)
-        top, argmax = weights.max(-1)  # (h, q)
-        top = top.double()
         self.max_weight += top.sum(-1)
         self.saturated += (top >= self.threshold).double().sum(-1)
-        self.column += weights.sum(1).double()
+        self.column[:, :width] += weights.sum(1).double()
         self.argmax.scatter_add_(1, argmax, torch.ones_like(top))
         codes = row_targets(argmax, query_positions, sink_mask)  # (h, q)
         self.targets.scatter_add_(1, codes, torch.ones_like(top))
-        radius = centred_score_norm(scores, allowed).double()  # (h, q)
         bound = zhai_entropy_bound(radius, visible.expand_as(radius))
         slack = entropy - bound
         self.radius += radius.sum(-1)
@@ -244,10 +268,9 @@ class HeadAccumulator:
             if self.value_norms is None or self.value_share is None:
                 self.value_norms = value_norms.double().clone()
                 self.value_share = torch.zeros_like(self.column)
-            shares = norm_shares(weighted_value_norms(weights[None], value_norms[None]))[0]  # (h, q, k)
-            self.value_share = self.value_share + shares.sum(1).double()
+            self.value_share[:, :width] += value_share_sums(weights, value_norms[:, :width]).double()
         if output_norms is not None:
-            sums = output_norms[:, keep].double().sum(-1) if not bool(keep.all()) else output_norms.double().sum(-1)
+            sums = output_norms.double().sum(-1)
             self.output_norm = sums if self.output_norm is None else self.output_norm + sums
 
     def finish(self, sink_mask: Tensor) -> list[HeadCollapse]:
@@ -345,9 +368,14 @@ def collapse_statistics(
 class CollapseConsumer:
     """Per layer and query chunk, turns the captured maps into running sums and drops them.
 
+    Reads per-row tensors only up to ``key_width`` (later columns carry no weight), so causal chunks are
+    computed over their visible keys only.
+
     Holds O(layers · heads · keys) numbers, never a map. With ``output_grams`` (per layer, (H, D, D)) it
     also measures the value side from the captured values: ‖v_j W_O^h‖ per key and ‖head output‖ per row.
     """
+
+    accepts_key_prefix = True
 
     def __init__(
         self,
@@ -368,32 +396,51 @@ class CollapseConsumer:
     def on_layer(self, captured: LayerAttention) -> None:
         b = self.batch_index
         heads = self.heads if self.heads is not None else list(range(captured.weights.shape[1]))
-        index = torch.tensor(heads)
         accumulator = self.layers.get(captured.layer)
         if accumulator is None:
             accumulator = HeadAccumulator(captured.layer, heads, captured.key_length, threshold=self.threshold)
             self.layers[captured.layer] = accumulator
         every_head = heads == list(range(captured.weights.shape[1]))
-        weights = captured.weights[b] if every_head else captured.weights[b].index_select(0, index)  # (h, q, k)
-        scores = captured.scores[b] if every_head else captured.scores[b].index_select(0, index)  # (h, q, k)
+        index = torch.tensor(heads)
+
+        def pick(tensor: Tensor) -> Tensor:  # (H, ...) -> (h, ...)
+            return tensor if every_head else tensor.index_select(0, index)
+
         allowed = captured.allowed()[b, 0]  # (q, k)
+        if captured.logits is not None:  # scores = logits where a key may be read: no second q·kᵀ
+            radius = centred_logit_norm(pick(captured.logits[b]), allowed)  # (h, q)
+        else:
+            radius = centred_score_norm(pick(captured.scores[b]), allowed)
+        top, argmax = captured.row_max()
         start = captured.key_index_offset
-        positions = torch.arange(start, start + weights.shape[1])
+        positions = torch.arange(start, start + captured.weights.shape[2])
         value_norms = output_norms = None
         grams = self.output_grams.get(captured.layer)
         if grams is not None:
-            value = captured.value[b : b + 1]  # (1, Hkv, k, D)
             if accumulator.value_norms is not None:  # keys are the same for every query chunk
                 value_norms = accumulator.value_norms
             else:
-                all_norms = transformed_value_norms(value, grams, kv_groups=captured.kv_groups)[0]  # (H, k)
-                value_norms = all_norms if every_head else all_norms.index_select(0, index)
-            outputs = head_output_norms(
-                captured.weights[b : b + 1], value, grams, kv_groups=captured.kv_groups
-            )  # (1, H, q)
-            output_norms = outputs[0] if every_head else outputs[0].index_select(0, index)
-        sink = self.sink_mask.to(weights.device)
-        accumulator.add(weights, scores, allowed, positions, sink, value_norms=value_norms, output_norms=output_norms)
+                value = captured.value[b : b + 1]  # (1, Hkv, Tk, D)
+                value_norms = pick(transformed_value_norms(value, grams, kv_groups=captured.kv_groups)[0])  # (h, Tk)
+            if captured.output is not None:
+                outputs = projected_output_norms(captured.output[b : b + 1], grams)  # (1, H, q)
+            else:
+                outputs = head_output_norms(
+                    captured.weights[b : b + 1], captured.value[b : b + 1], grams, kv_groups=captured.kv_groups
+                )
+            output_norms = pick(outputs[0])
+        accumulator.add(
+            pick(captured.weights[b]),
+            None,
+            allowed,
+            positions,
+            self.sink_mask.to(captured.weights.device),
+            value_norms=value_norms,
+            output_norms=output_norms,
+            entropy=pick(captured.row_entropy()[b]),
+            peak=(pick(top[b]), pick(argmax[b])),
+            radius=radius,
+        )
 
     def results(self) -> list[HeadCollapse]:
         found: list[HeadCollapse] = []

@@ -14,15 +14,16 @@ from torch import Tensor
 
 def attention_entropy(weights: Tensor) -> Tensor:
     """(..., q, k) -> (..., q): Shannon entropy in nats, with 0·log 0 = 0."""
-    logs = torch.where(weights > 0, weights.clamp_min(1e-30).log(), torch.zeros_like(weights))
-    return (-(weights * logs).sum(-1)).clamp_min(0.0)
+    if weights.requires_grad:  # entr's gradient at p = 0 is −log 0: keep the where-form, whose gradient is 0 there
+        logs = torch.where(weights > 0, weights.clamp_min(1e-30).log(), torch.zeros_like(weights))
+        return (-(weights * logs).sum(-1)).clamp_min(0.0)
+    return torch.special.entr(weights).sum(-1).clamp_min(0.0)  # entr(p) = −p log p, entr(0) = 0: one pass
 
 
 def visible_keys(allowed: Tensor, shape: torch.Size | None = None) -> Tensor:
     """(..., q, k) bool -> (..., q): how many keys each query may read."""
-    if shape is not None:
-        allowed = allowed.expand(shape)
-    return allowed.sum(-1)
+    count = allowed.sum(-1)  # before broadcasting: the heads share one mask
+    return count.expand(shape[:-1]) if shape is not None else count
 
 
 def normalised_entropy(weights: Tensor, allowed: Tensor | None = None) -> Tensor:

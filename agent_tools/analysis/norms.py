@@ -80,9 +80,27 @@ def norm_shares(weighted: Tensor) -> Tensor:
     return torch.where(total > 0, weighted / total.clamp_min(1e-30), torch.zeros_like(weighted))
 
 
+def value_share_sums(weights: Tensor, value_norms: Tensor) -> Tensor:
+    """(h, q, k) weights, (h, k) ‖v_j W_O^h‖ -> (h, k): Σ_i of each key's share of ``Σ_j ‖α_ij v_j W_O^h‖``.
+
+    Equals ``norm_shares(weighted_value_norms(...)).sum(q)`` without the (h, q, k) temporaries: with
+    ``d_i = Σ_j α_ij n_j`` the sum is ``n_j · Σ_i α_ij / d_i`` (rows with ``d_i = 0`` add nothing).
+    """
+    w = weights.float()
+    norms = value_norms.float()
+    totals = torch.einsum("hqk,hk->hq", w, norms)  # (h, q)
+    inverse = torch.where(totals > 0, 1.0 / totals.clamp_min(1e-30), torch.zeros_like(totals))
+    return torch.einsum("hq,hqk->hk", inverse, w) * norms
+
+
+def projected_output_norms(head_outputs: Tensor, grams: Tensor) -> Tensor:
+    """(B, H, q, D) per-head attention outputs Σ_j α_ij v_j, (H, D, D) Grams -> (B, H, q): ‖· W_O^h‖."""
+    mixed = head_outputs.float()
+    squared = torch.einsum("bhqd,hde,bhqe->bhq", mixed, grams, mixed)
+    return squared.clamp_min(0.0).sqrt()
+
+
 def head_output_norms(weights: Tensor, value: Tensor, grams: Tensor, *, kv_groups: int) -> Tensor:
     """(B, H, q, Tk), (B, Hkv, Tk, D), (H, D, D) -> (B, H, q): ‖Σ_j α_ij v_j W_O^h‖, what the head writes."""
     heads = repeat_kv(value.float(), kv_groups)  # (B, H, Tk, D)
-    mixed = weights.float() @ heads  # (B, H, q, D)
-    squared = torch.einsum("bhqd,hde,bhqe->bhq", mixed, grams, mixed)
-    return squared.clamp_min(0.0).sqrt()
+    return projected_output_norms(weights.float() @ heads[..., : weights.shape[-1], :], grams)

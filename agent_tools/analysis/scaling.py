@@ -66,9 +66,15 @@ def weighted_variance(values: Tensor, weights: Tensor, allowed: Tensor | None = 
     return (weights * (values - mean).pow(2)).sum(-1)
 
 
-def entropy_beta_derivative(z: Tensor, beta: float, allowed: Tensor | None = None) -> Tensor:
-    """(..., k) logits z -> (...): dH/dβ of softmax(β z) in closed form, −β·Var_p(z)."""
-    weights = masked_softmax(beta * z, allowed)
+def entropy_beta_derivative(
+    z: Tensor, beta: float, allowed: Tensor | None = None, *, weights: Tensor | None = None
+) -> Tensor:
+    """(..., k) logits z -> (...): dH/dβ of softmax(β z) in closed form, −β·Var_p(z).
+
+    ``weights`` = softmax(β z) when the caller already has them (they are recomputed otherwise).
+    """
+    if weights is None:
+        weights = masked_softmax(beta * z, allowed)
     return -beta * weighted_variance(z, weights, allowed)
 
 
@@ -90,17 +96,20 @@ def row_measures(weights: Tensor, allowed: Tensor | None = None, *, saturation: 
     count = (
         torch.full_like(entropy, weights.shape[-1])
         if allowed is None
-        else allowed.expand(weights.shape).sum(-1).to(entropy.dtype)
+        else allowed.sum(-1).to(entropy.dtype).expand(entropy.shape)  # count before broadcasting over heads
     )
     normalised = torch.where(count > 1, entropy / count.clamp_min(2).log(), torch.zeros_like(entropy))
-    top = weights.max(-1).values
+    top = weights.amax(-1)
+    squared = weights * weights
+    sum_squares = squared.sum(-1)  # Σ p²
+    sum_cubes = torch.einsum("...k,...k->...", squared, weights)  # Σ p³ without a third temporary
     return RowMeasures(
         entropy=entropy,
         normalised_entropy=normalised,
         max_weight=top,
         saturated=top >= saturation,
-        jacobian_trace=softmax_jacobian_trace(weights),
-        jacobian_frobenius=softmax_jacobian_frobenius(weights),
+        jacobian_trace=1.0 - sum_squares,
+        jacobian_frobenius=(sum_squares - 2 * sum_cubes + sum_squares.pow(2)).clamp_min(0.0).sqrt(),
     )
 
 
@@ -214,9 +223,13 @@ def _sums(measures: RowMeasures) -> dict[str, float]:
 class ScalingConsumer:
     """One layer's q, k and scores streamed by query chunk into variance and scale-sweep sums.
 
+    Reads per-row tensors up to ``key_width`` only (the causal part of a chunk is all it computes).
+
     ``model_scale`` is the factor the model applies to q·k (for query-prescaled families the captured query
     already carries it and is divided back out). Rows that see a single key are left out of the sweep.
     """
+
+    accepts_key_prefix = True
 
     def __init__(
         self,
@@ -242,8 +255,6 @@ class ScalingConsumer:
         self.raw_n = torch.zeros(n, dtype=torch.float64)
         self.raw_sum = torch.zeros(n, dtype=torch.float64)
         self.raw_sq = torch.zeros(n, dtype=torch.float64)
-        self.scaled_sum = torch.zeros(n, dtype=torch.float64)
-        self.scaled_sq = torch.zeros(n, dtype=torch.float64)
         self.settings: list[SettingSums] = []
         self.softcap: float | None = None
         self.monotone_rows = 0
@@ -258,7 +269,8 @@ class ScalingConsumer:
         query = captured.query[b].index_select(0, index).double()  # (h, q, D)
         if self.query_prescaled:
             query = query / self.model_scale
-        key = captured.head_key(captured.key)[b].index_select(0, index).double()  # (h, k, D)
+        width = captured.key_width  # key columns of this chunk's rows (later ones carry no weight)
+        key = captured.head_key(captured.key)[b].index_select(0, index).double()  # (h, Tk, D)
         scores = captured.scores[b].index_select(0, index).double()  # (h, q, k) model logits before the mask
         allowed = captured.allowed()[b, 0]  # (q, k)
         self.softcap = captured.softcap
@@ -273,28 +285,34 @@ class ScalingConsumer:
         self.q_sq = self.q_sq + query.pow(2).sum(1)
         self.q_rows += query.shape[1]
 
-        raw = query @ key.transpose(-1, -2)  # (h, q, k) q·k with no scale
+        raw = query @ key[:, :width].transpose(-1, -2)  # (h, q, k) q·k with no scale
         pairs = allowed.expand(raw.shape)
-        self.raw_n += pairs.sum((-2, -1)).double()
-        self.raw_sum += raw.masked_fill(~pairs, 0.0).sum((-2, -1))
-        self.raw_sq += raw.pow(2).masked_fill(~pairs, 0.0).sum((-2, -1))
-        scaled = raw * self.model_scale
-        self.scaled_sum += scaled.masked_fill(~pairs, 0.0).sum((-2, -1))
-        self.scaled_sq += scaled.pow(2).masked_fill(~pairs, 0.0).sum((-2, -1))
+        masked = raw.masked_fill(~pairs, 0.0)  # (h, q, k) q·k of the pairs the model may score
+        self.raw_n += float(allowed.sum())
+        self.raw_sum += masked.sum((-2, -1))
+        self.raw_sq += torch.einsum("hqk,hqk->h", masked, masked)
+        del masked
 
         keep = allowed.sum(-1) > 1  # rows that can choose
         if not bool(keep.any()):
             return
         raw, scores, allowed = raw[:, keep], scores[:, keep], allowed[keep]
+        visible_scores = scores.masked_fill(~allowed, 0.0)  # (h, q, k) z where a key may be read
+        visible_squares = visible_scores * visible_scores
         family_entropies = []
         for setting in self.settings:
-            if setting.kind == "no_scaling" or setting.temperature is None:
-                logits = raw if self.softcap is None else torch.tanh(raw / self.softcap) * self.softcap
-                derivative = None
-            else:
+            rescaled = setting.kind != "no_scaling" and setting.temperature is not None
+            if rescaled:
                 logits = scores / setting.temperature
-                derivative = entropy_beta_derivative(scores, setting.beta / self.model_scale, allowed)
-            measures = row_measures(masked_softmax(logits, allowed), allowed, saturation=self.saturation)
+            else:
+                logits = raw if self.softcap is None else torch.tanh(raw / self.softcap) * self.softcap
+            weights = masked_softmax(logits, allowed)
+            derivative = None
+            if rescaled:  # p = softmax(scores / τ) = softmax(β' · z), β' = 1 / τ: dH/dβ' = −β' Var_p(z)
+                first = torch.einsum("hqk,hqk->hq", weights, visible_scores)  # E_p[z]
+                second = torch.einsum("hqk,hqk->hq", weights, visible_squares)  # E_p[z²]
+                derivative = -(setting.beta / self.model_scale) * (second - first * first).clamp_min(0.0)
+            measures = row_measures(weights, allowed, saturation=self.saturation)
             setting.add(measures, derivative)
             if setting.in_family:
                 family_entropies.append((setting.beta, measures.entropy))
@@ -317,7 +335,7 @@ class ScalingConsumer:
             raise RuntimeError(f"layer {self.layer} was not captured")
         n = self.raw_n.clamp_min(1)
         raw_var = self.raw_sq / n - (self.raw_sum / n).pow(2)
-        scaled_var = self.scaled_sq / n - (self.scaled_sum / n).pow(2)
+        scaled_var = raw_var * self.model_scale**2  # Var(c·x) = c² Var(x)
         q_mean = self.q_sum / self.q_rows
         q_var = (self.q_sq / self.q_rows - q_mean.pow(2)).clamp_min(0.0)
         isotropic, independent = predicted_dot_variance(q_mean, q_var, self.k_mean, self.k_var)

@@ -1,8 +1,9 @@
 """The main job: run describe, collapse, scaling, head profile and projections on one text, and collect
 everything the terminal, JSON, PNG and HTML outputs need.
 
-Each step calls a tool through its declaration (the same path every surface uses); one extra capture keeps
-every head's map (quantised) for the grids and the interactive view.
+Each step calls a tool through its declaration (the same path every surface uses). Steps whose tools declare
+their pass as a plan (diagnose_collapse, profile_heads' text roles) share one forward pass with the capture that
+keeps every head's map (quantised) for the grids and the interactive view.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from agent_tools.errors import AttentionToolError
-from agent_tools.inspector import Inspector
+from agent_tools.inspector import Inspector, PassPlan
 from agent_tools.report.collect import QuantisedMaps
 from agent_tools.schemas import Report, Token
 from agent_tools.tools import TOOLS
@@ -77,17 +78,75 @@ def _most_collapsed_head(maps: QuantisedMaps) -> tuple[int, int]:
     return divmod(flat, maps.normalised_entropy.shape[1])
 
 
-def _steps(text: str, model: str | None, focus: tuple[int, int], layers: list[int] | None) -> list[tuple[str, dict]]:
-    layer, head = focus
+def _whole_model_steps(text: str, model: str | None, layers: list[int] | None) -> list[tuple[str, dict]]:
+    """Steps over every head, which need nothing from the capture: they may share its pass."""
     base: dict[str, Any] = {"text": text} | ({"model": model} if model else {})
     steps = [
         ("describe_model", {"model": model} if model else {}),
         ("diagnose_collapse", base | ({"layers": layers} if layers else {})),
-        ("explain_scaling", base | {"layer": layer}),
         ("profile_heads", base | ({"layers": layers} if layers else {})),
+    ]
+    return [(name, args) for name, args in steps if name in TOOLS]
+
+
+def _focus_steps(text: str, model: str | None, focus: tuple[int, int]) -> list[tuple[str, dict]]:
+    """Steps on the most collapsed head, chosen from the capture."""
+    layer, head = focus
+    base: dict[str, Any] = {"text": text} | ({"model": model} if model else {})
+    steps = [
+        ("explain_scaling", base | {"layer": layer}),
         ("inspect_projections", base | {"layer": layer, "head": head}),
     ]
     return [(name, args) for name, args in steps if name in TOOLS]
+
+
+StepRunner = Callable[[str, Callable[[], Report | None]], None]
+
+
+def _run_steps(
+    inspector: Inspector,
+    steps: list[tuple[str, dict]],
+    run_step: StepRunner,
+    skipped: dict[str, str],
+    timings: dict[str, float],
+    *,
+    pass_name: str,
+    lead: PassPlan[Any] | None = None,
+) -> None:
+    """Run ``steps``; those whose tools declare a plan sharing one pass (with ``lead`` when given) stream from a
+    single forward pass, timed as ``pass_name``. The rest, or all if the shared pass fails, run one by one."""
+    plans: dict[str, PassPlan[Report]] = {}
+    for name, arguments in steps:
+        spec = TOOLS[name]
+        if spec.plan is None:
+            continue
+        try:
+            plan = spec.prepare(inspector, arguments)
+        except AttentionToolError as exc:
+            skipped[name] = exc.message
+            continue
+        if plan is not None:
+            plans[name] = plan
+    first = lead if lead is not None else next(iter(plans.values()), None)
+    shared = {name: plan for name, plan in plans.items() if first is not None and first.shares_pass_with(plan)}
+    if lead is not None or len(shared) > 1:
+        start = time.perf_counter()
+        together = ([lead] if lead is not None else []) + list(shared.values())
+        try:
+            output = inspector.run_together(together)
+        except AttentionToolError:
+            if lead is not None:  # the lead's consumers hold a partial pass: nothing to fall back on
+                raise
+            output, shared = None, {}  # one step's consumer refused this model: run each step alone below
+        timings[pass_name] = time.perf_counter() - start
+        for name, plan in shared.items():
+            run_step(name, lambda plan=plan, given=output if plan.need_output else None: plan.finish(given))
+        output = None  # the pass's language-model logits (T × vocabulary floats) go before the next step
+    else:
+        shared = {}
+    for name, arguments in steps:
+        if name not in shared and name not in skipped:
+            run_step(name, lambda name=name, arguments=arguments: TOOLS[name](inspector, arguments))
 
 
 def run_analysis(
@@ -112,26 +171,43 @@ def run_analysis(
 
         layers = check_indices(layers, loaded.facts.num_layers, "layers")
     facts = loaded.facts
-    say("capturing every head's attention")
-    start = time.perf_counter()
     # Every head's map is kept (1 byte an entry) only where the interactive view can use it.
     keep_maps = encoded.length <= MAX_INTERACTIVE_TOKENS
     if keep_maps:  # one byte per weight, every layer and head
         inspector.check_budget(facts.num_layers * facts.num_heads * encoded.length**2, "the interactive report's maps")
     maps = QuantisedMaps(facts.num_layers, facts.num_heads, encoded.length, keep_maps=keep_maps)
-    inspector.run(loaded, encoded, [maps], need_output=False)
-    timings["capture"] = time.perf_counter() - start
-    focus = _most_collapsed_head(maps)
+    every_layer = layers if layers is not None else list(range(facts.num_layers))
+    lead = PassPlan(loaded, encoded, [maps], lambda _output: maps, layers=every_layer)
+
     reports: dict[str, Report] = {}
     skipped: dict[str, str] = {}
-    for name, arguments in _steps(text, model, focus, layers):
+
+    def attempt(name: str, call: Callable[[], Report | None]) -> None:
         say(f"running {name}")
         start = time.perf_counter()
         try:
-            reports[name] = TOOLS[name](inspector, arguments)
+            report = call()
+            if report is not None:
+                reports[name] = report
         except AttentionToolError as exc:
             skipped[name] = exc.message
         timings[name] = time.perf_counter() - start
+
+    # The maps, diagnose_collapse and profile_heads' text roles stream from one forward pass; explain_scaling and
+    # inspect_projections, on the most collapsed head's layer, from a second one that stops after that layer.
+    say("capturing every head's attention")
+    _run_steps(
+        inspector, _whole_model_steps(text, model, layers), attempt, skipped, timings, pass_name="capture", lead=lead
+    )
+    say("examining the most collapsed head")
+    _run_steps(
+        inspector,
+        _focus_steps(text, model, _most_collapsed_head(maps)),
+        attempt,
+        skipped,
+        timings,
+        pass_name="focus_pass",
+    )
     if not keep_maps:
         skipped["interactive view"] = f"text has {encoded.length} tokens; maps are kept up to {MAX_INTERACTIVE_TOKENS}"
     for name in ("diagnose_collapse", "explain_scaling", "profile_heads", "inspect_projections"):

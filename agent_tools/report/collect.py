@@ -14,6 +14,8 @@ from agent_tools.capture import LayerAttention
 class QuantisedMaps:
     """Per-head entropy, sink share and max weight of sequence 0, and (optionally) every map as uint8."""
 
+    accepts_key_prefix = True  # columns past key_width have weight 0: the zero-initialised maps already say so
+
     def __init__(self, num_layers: int, num_heads: int, length: int, *, keep_maps: bool = True) -> None:
         self.maps = (
             torch.zeros(num_layers, num_heads, length, length, dtype=torch.uint8) if keep_maps else None
@@ -28,7 +30,7 @@ class QuantisedMaps:
         weights = layer.weights[0]  # (H, q, T)
         rows = slice(layer.query_start, layer.query_start + weights.shape[1])
         if self.maps is not None:
-            self.maps[layer.layer, :, rows] = (weights * 255).round_().clamp_(0, 255).to(torch.uint8)
+            self.maps[layer.layer, :, rows, : layer.key_width] = (weights * 255).round_().clamp_(0, 255).to(torch.uint8)
         entropy = layer.row_entropy()[0]  # (H, q) nats
         count = layer.visible_keys()[0].float()  # (1, q)
         normalised = torch.where(count > 1, entropy / count.clamp_min(2).log(), torch.zeros_like(entropy))

@@ -66,15 +66,19 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
             Finding(
                 kind="grouped_query_attention",
                 value=float(f.kv_groups),
-                detail=f"{f.num_heads} query heads share {f.num_kv_heads} KV heads ({f.kv_groups} query heads per KV head)",
+                detail=(
+                    f"{f.num_heads} query heads share {f.num_kv_heads} KV heads ({f.kv_groups} query heads per KV head)"
+                ),
             )
         )
     if f.softcap:
         findings.append(Finding(kind="softcap", value=f.softcap, detail=f"scores are soft-capped at ±{f.softcap}"))
+    scale_note = "= 1/sqrt(d_k)" if abs(ratio - 1) <= 1e-3 else f"{ratio:.3g}× 1/sqrt(d_k)"
     summary = (
         f"{loaded.name} is a {f.family} {'decoder' if f.is_causal else 'encoder'} with {f.num_layers} layers × "
-        f"{f.num_heads} heads (head_dim {f.head_dim}, {f.num_kv_heads} KV heads), {f.num_parameters / 1e6:.0f}M parameters. "
-        f"Scores are q·k × {f.scaling:.4g} ({'= 1/sqrt(d_k)' if abs(ratio - 1) <= 1e-3 else f'{ratio:.3g}× 1/sqrt(d_k)'}); "
+        f"{f.num_heads} heads (head_dim {f.head_dim}, {f.num_kv_heads} KV heads), "
+        f"{f.num_parameters / 1e6:.0f}M parameters. "
+        f"Scores are q·k × {f.scaling:.4g} ({scale_note}); "
         f"positions: {f.positional}; mask: {'causal' if f.is_causal else 'bidirectional'}."
     )
     return ModelDescription(

@@ -19,7 +19,8 @@ from agent_tools.analysis.collapse import (
     rank_heads,
 )
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector, check_indices, text_digest
+from agent_tools.inspector import Encoded, Inspector, PassPlan, check_indices, text_digest
+from agent_tools.loading import LoadedModel
 from agent_tools.render import grid_heatmap
 from agent_tools.schemas import Finding, Report, TextInput, rounded
 from agent_tools.tools.registry import ToolSpec
@@ -179,6 +180,11 @@ def diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> Coll
     One forward pass over the requested layers; per-head statistics are accumulated per layer and query
     chunk and the maps are dropped.
     """
+    return inspector.execute(plan_diagnose_collapse(inspector, args))
+
+
+def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> PassPlan[CollapseReport]:
+    """The pass (a :class:`CollapseConsumer` over the requested layers) and the report built from it."""
     loaded = inspector.model(args.model)
     facts = loaded.facts
     layers = check_indices(args.layers, facts.num_layers, "layers")
@@ -191,7 +197,24 @@ def diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> Coll
     sink_mask = torch.tensor([t.special or t.position == 0 for t in tokens])
     grams = output_grams_for(loaded.model, layers, facts.num_heads)
     consumer = CollapseConsumer(sink_mask, heads=heads, threshold=args.threshold, output_grams=grams)
-    inspector.run(loaded, encoded, [consumer], layers=layers, need_output=False)
+
+    def finish(_output: object) -> CollapseReport:
+        return _report(inspector, args, loaded, encoded, layers, sink_mask, consumer)
+
+    return PassPlan(loaded, encoded, [consumer], finish, layers=layers)
+
+
+def _report(
+    inspector: Inspector,
+    args: DiagnoseCollapseInput,
+    loaded: LoadedModel,
+    encoded: Encoded,
+    layers: list[int],
+    sink_mask: torch.Tensor,
+    consumer: CollapseConsumer,
+) -> CollapseReport:
+    facts = loaded.facts
+    tokens = encoded.tokens
     stats = consumer.results()
     ranked = rank_heads(stats)
     rows = [_row(s, tokens, facts.kv_head_of(s.head)) for s in ranked]
@@ -326,5 +349,6 @@ SPEC = ToolSpec(
     input_model=DiagnoseCollapseInput,
     output_model=CollapseReport,
     run=diagnose_collapse,
+    plan=plan_diagnose_collapse,
     example={"text": "The cat sat on the mat because it was tired.", "top_k": 5},
 )

@@ -17,7 +17,8 @@ from agent_tools.analysis.scaling import (
     synthetic_scaling_demo,
 )
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector
+from agent_tools.inspector import Inspector, PassPlan
+from agent_tools.loading import LoadedModel
 from agent_tools.schemas import Finding, Report, TextInput, rounded
 from agent_tools.tools.registry import ToolSpec
 
@@ -139,6 +140,11 @@ def explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> ScalingR
     """Explain the score scale of one layer: variance of q·k and of the scaled scores against the variance
     predicted from q and k, and what the softmax looks like (entropy, saturation, Jacobian) at the model's
     scale, with no scaling and over a temperature sweep. One forward pass; rows are streamed."""
+    return inspector.execute(plan_explain_scaling(inspector, args))
+
+
+def plan_explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> PassPlan[ScalingReport]:
+    """The pass over the layer (a :class:`ScalingConsumer`) and the report built from it."""
     loaded = inspector.model(args.model)
     facts = loaded.facts
     layer = inspector.check_layer(loaded, args.layer)
@@ -151,7 +157,22 @@ def explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> ScalingR
     consumer = ScalingConsumer(
         layer, heads, temperatures, model_scale=facts.scaling, query_prescaled=facts.query_prescaled
     )
-    inspector.run(loaded, encoded, [consumer], layers=[layer], need_output=False)
+
+    def finish(_output: object) -> ScalingReport:
+        return _report(args, loaded, layer, heads, consumer, encoded.length)
+
+    return PassPlan(loaded, encoded, [consumer], finish, layers=[layer])
+
+
+def _report(
+    args: ExplainScalingInput,
+    loaded: LoadedModel,
+    layer: int,
+    heads: list[int],
+    consumer: ScalingConsumer,
+    num_tokens: int,
+) -> ScalingReport:
+    facts = loaded.facts
     variances = consumer.variances()
 
     head_rows = []
@@ -219,7 +240,7 @@ def explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> ScalingR
         layer=layer,
         head=args.head,
         heads=heads,
-        num_tokens=encoded.length,
+        num_tokens=num_tokens,
         head_dim=facts.head_dim,
         scaling=rounded(facts.scaling, 6),
         inverse_sqrt_head_dim=rounded(1 / math.sqrt(facts.head_dim), 6),
@@ -349,5 +370,6 @@ SPEC = ToolSpec(
     input_model=ExplainScalingInput,
     output_model=ScalingReport,
     run=explain_scaling,
+    plan=plan_explain_scaling,
     example={"text": "The cat sat on the mat because it was tired.", "layer": 3},
 )

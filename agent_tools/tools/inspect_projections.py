@@ -25,10 +25,11 @@ from agent_tools.analysis.projections import (
     self_share,
     top_key_agreement,
 )
-from agent_tools.inspector import Inspector, text_digest
+from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
+from agent_tools.loading import LoadedModel
 from agent_tools.render import attention_heatmap
 from agent_tools.schemas import Finding, Report, TextInput, Token, rounded
-from agent_tools.tools.reconstruct_attention import capture_head_inputs, describe_mask, mask_phrase
+from agent_tools.tools.reconstruct_attention import HeadInputs, describe_mask, mask_phrase, plan_head_inputs
 from agent_tools.tools.registry import ToolSpec
 from agent_tools.weights import head_projections
 
@@ -175,15 +176,37 @@ def _angles(first: str, second: str, a: torch.Tensor, b: torch.Tensor) -> Subspa
 def inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> ProjectionReport:
     """Compare one head's W_Q, W_K, W_V, W_O (norms, singular values, effective rank, principal angles), the
     query heads sharing its KV head, and the attention it would have with Q = K = V = the layer's input."""
+    return inspector.execute(plan_inspect_projections(inspector, args))
+
+
+def plan_inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> PassPlan[ProjectionReport]:
+    """The pass over the head's layer (its input recorded) and the report built from it."""
     loaded = inspector.model(args.model)
     layer = inspector.check_layer(loaded, args.layer)
     head = inspector.check_head(loaded, args.head)
     encoded = inspector.encode(loaded, args.text)
+    others = [h for h in loaded.facts.heads_sharing_kv(loaded.facts.kv_head_of(head)) if h != head]
+    capture = plan_head_inputs(inspector, loaded, encoded, layer, [head, *others])
+
+    def finish(output: object) -> ProjectionReport:
+        return _report(inspector, args, loaded, encoded, layer, head, others, capture.finish(output))
+
+    return PassPlan(loaded, encoded, capture.consumers, finish, layers=[layer], record_inputs=True)
+
+
+def _report(
+    inspector: Inspector,
+    args: InspectProjectionsInput,
+    loaded: LoadedModel,
+    encoded: Encoded,
+    layer: int,
+    head: int,
+    others: list[int],
+    inputs: HeadInputs,
+) -> ProjectionReport:
     facts = loaded.facts
     kv_head = facts.kv_head_of(head)
     sharing = facts.heads_sharing_kv(kv_head)
-    others = [h for h in sharing if h != head]
-    inputs = capture_head_inputs(inspector, loaded, encoded, layer, [head, *others])
     p = inputs.projections
     tokens = encoded.tokens
     d_model, d_head = p.d_model, p.d_head
@@ -386,5 +409,6 @@ SPEC = ToolSpec(
     input_model=InspectProjectionsInput,
     output_model=ProjectionReport,
     run=inspect_projections,
+    plan=plan_inspect_projections,
     example={"text": "The cat sat on the mat because it was tired.", "layer": 3, "head": 0},
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import torch
@@ -30,7 +31,7 @@ from agent_tools.analysis.heads import (
     top_heads,
 )
 from agent_tools.errors import InvalidInputError, ResourceLimitError
-from agent_tools.inspector import Encoded, Inspector, check_indices
+from agent_tools.inspector import Encoded, Inspector, PassPlan, check_indices
 from agent_tools.loading import LoadedModel
 from agent_tools.schemas import Finding, ModelInput, Report, Token, rounded
 from agent_tools.tools.ablate_heads import effect_size, head_label, model_output, run_ablation
@@ -270,10 +271,52 @@ def _why_unmeasured(role: HeadRole, layout: SequenceLayout | None) -> str:
 
 def profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> HeadProfiles:
     """Score every head (or the layers asked) for each role, classify it, and list each role's top heads."""
+    return inspector.execute(plan_profile_heads(inspector, args))
+
+
+@dataclass(frozen=True)
+class _TextPass:
+    encoded: Encoded
+    layout: SequenceLayout
+    consumer: RoleScoreConsumer
+
+
+def plan_profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> PassPlan[HeadProfiles]:
+    """The text pass (role sums over the text, with the model's output for ablation evidence) as a plan; its
+    finish runs the probe pass and the ablations."""
     loaded = inspector.model(args.model)
     facts = loaded.facts
     layers = check_indices(args.layers, facts.num_layers, "layer")
     roles = _check_roles(args.roles)
+    text_roles = [r for r in roles if r in TEXT_ROLES]
+    if not text_roles:
+        return PassPlan(loaded, None, [], lambda _output: _profile(inspector, args, loaded, layers, roles, None, None))
+    encoded = inspector.encode(loaded, args.text if args.text is not None else SAMPLE_TEXT)
+    layout = SequenceLayout.for_text(
+        [t.text for t in encoded.tokens],
+        [t.special for t in encoded.tokens],
+        causal=facts.is_causal,
+        skip_queries=args.skip_queries,
+        local_window=args.local_window,
+    )
+    text = _TextPass(encoded, layout, RoleScoreConsumer(layout, text_roles, facts.num_heads))
+
+    def finish(output: object) -> HeadProfiles:
+        return _profile(inspector, args, loaded, layers, roles, text, output)
+
+    return PassPlan(loaded, encoded, [text.consumer], finish, layers=layers, need_output=True)
+
+
+def _profile(
+    inspector: Inspector,
+    args: ProfileHeadsInput,
+    loaded: LoadedModel,
+    layers: list[int],
+    roles: list[HeadRole],
+    text: _TextPass | None,
+    text_output: object,
+) -> HeadProfiles:
+    facts = loaded.facts
     thresholds = {**DEFAULT_THRESHOLDS, **(args.thresholds or {})}
     text_roles = [r for r in roles if r in TEXT_ROLES]
     probe_roles = [r for r in roles if r in PROBE_ROLES]
@@ -283,18 +326,9 @@ def profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> HeadProfiles
     inputs: dict[MeasuredOn, tuple[Encoded, torch.Tensor]] = {}  # the input and its clean output
     language_model = False
     text_layout = encoded = None
-    if text_roles:
-        encoded = inspector.encode(loaded, args.text if args.text is not None else SAMPLE_TEXT)
-        text_layout = SequenceLayout.for_text(
-            [t.text for t in encoded.tokens],
-            [t.special for t in encoded.tokens],
-            causal=facts.is_causal,
-            skip_queries=args.skip_queries,
-            local_window=args.local_window,
-        )
-        consumer = RoleScoreConsumer(text_layout, text_roles, facts.num_heads)
-        output = inspector.run(loaded, encoded, [consumer], layers=layers)
-        clean, language_model = model_output(output)
+    if text is not None:
+        encoded, text_layout, consumer = text.encoded, text.layout, text.consumer
+        clean, language_model = model_output(text_output)
         inputs["text"] = (encoded, clean)
         for layer, per_role in consumer.scores().items():
             scores[layer].update(per_role)
@@ -490,5 +524,6 @@ SPEC = ToolSpec(
     input_model=ProfileHeadsInput,
     output_model=HeadProfiles,
     run=profile_heads,
+    plan=plan_profile_heads,
     example={"text": "The cat sat on the mat because it was tired.", "layers": [0, 1, 2]},
 )

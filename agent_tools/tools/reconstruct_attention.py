@@ -22,7 +22,7 @@ from agent_tools.analysis.reconstruct import (
 )
 from agent_tools.capture import LayerAttention
 from agent_tools.errors import UnsupportedModelError
-from agent_tools.inspector import Encoded, Inspector, text_digest
+from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
 from agent_tools.loading import LoadedModel
 from agent_tools.render import attention_heatmap
 from agent_tools.schemas import Finding, Report, TextInput, Token, rounded
@@ -102,28 +102,38 @@ def capture_head_inputs(
     inspector: Inspector, loaded: LoadedModel, encoded: Encoded, layer: int, heads: list[int]
 ) -> HeadInputs:
     """One forward pass keeping what reconstruct/inspect need for ``heads[0]`` (and the maps of ``heads``)."""
+    return inspector.execute(plan_head_inputs(inspector, loaded, encoded, layer, heads))
+
+
+def plan_head_inputs(
+    inspector: Inspector, loaded: LoadedModel, encoded: Encoded, layer: int, heads: list[int]
+) -> PassPlan[HeadInputs]:
+    """:func:`capture_head_inputs` as a plan: the pass over ``layer`` with its input recorded, then the checks."""
     projections = head_projections(loaded.model, layer, heads[0])
     length = encoded.length
     inspector.check_budget((len(heads) + 32) * length * length * 4, "this reconstruction")  # stage maps, float64 temps
     consumer = HeadInputsConsumer(layer, heads, projections.kv_head)
-    inspector.run(loaded, encoded, [consumer], layers=[layer], record_inputs=True, need_output=False)
-    if consumer.layer_input is None or consumer.key is None or consumer.value is None:
-        raise UnsupportedModelError(f"layer {layer} was not captured for this model")
-    weights = torch.cat(consumer.weight_rows, dim=1)  # (len(heads), T, T)
-    inputs = HeadInputs(
-        x=consumer.layer_input,
-        rotary=consumer.rotary,
-        mask=torch.cat(consumer.mask_rows) if consumer.mask_rows else None,
-        weights={h: weights[i] for i, h in enumerate(heads)},
-        scores=torch.cat(consumer.score_rows),
-        key=consumer.key,
-        value=consumer.value,
-        scaling=consumer.scaling,
-        softcap=consumer.softcap,
-        projections=projections,
-    )
-    check_parity(inputs, reconstruct(inputs))
-    return inputs
+
+    def finish(_output: object) -> HeadInputs:
+        if consumer.layer_input is None or consumer.key is None or consumer.value is None:
+            raise UnsupportedModelError(f"layer {layer} was not captured for this model")
+        weights = torch.cat(consumer.weight_rows, dim=1)  # (len(heads), T, T)
+        inputs = HeadInputs(
+            x=consumer.layer_input,
+            rotary=consumer.rotary,
+            mask=torch.cat(consumer.mask_rows) if consumer.mask_rows else None,
+            weights={h: weights[i] for i, h in enumerate(heads)},
+            scores=torch.cat(consumer.score_rows),
+            key=consumer.key,
+            value=consumer.value,
+            scaling=consumer.scaling,
+            softcap=consumer.softcap,
+            projections=projections,
+        )
+        check_parity(inputs, reconstruct(inputs))
+        return inputs
+
+    return PassPlan(loaded, encoded, [consumer], finish, layers=[layer], record_inputs=True)
 
 
 def reconstruct(inputs: HeadInputs, *, mask_every_stage: bool = False) -> list[StageMap]:

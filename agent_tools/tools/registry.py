@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector
+from agent_tools.inspector import Inspector, PassPlan
 from agent_tools.schemas import Report
 
 In = TypeVar("In", bound=BaseModel)
@@ -27,6 +27,7 @@ class ToolSpec(Generic[In, Out]):
     output_model: type[Out]
     run: Callable[[Inspector, In], Out]
     example: dict[str, Any]  # valid arguments on the default model: docs, MCP/LangChain tests, smoke runs
+    plan: Callable[[Inspector, In], PassPlan[Out]] | None = None  # the pass as a plan others can share
 
     def parse(self, arguments: dict[str, Any] | In) -> In:
         """Validate raw arguments; errors keep pydantic's detail (field, value, what is valid)."""
@@ -40,8 +41,20 @@ class ToolSpec(Generic[In, Out]):
             raise InvalidInputError(format_validation_error(self.name, exc)) from exc
 
     def __call__(self, inspector: Inspector, arguments: dict[str, Any] | In) -> Out:
-        report = self.run(inspector, self.parse(arguments))
-        # Re-validate from plain data: a half-built report object is a bug, not a result.
+        return self.check(self.run(inspector, self.parse(arguments)))
+
+    def prepare(self, inspector: Inspector, arguments: dict[str, Any] | In) -> PassPlan[Out] | None:
+        """The tool's forward pass as a shareable plan whose ``finish`` returns the checked report (None when
+        the tool declares no plan: call it instead)."""
+        if self.plan is None:
+            return None
+        plan = self.plan(inspector, self.parse(arguments))
+        finish = plan.finish
+        plan.finish = lambda output: self.check(finish(output))
+        return plan
+
+    def check(self, report: Out) -> Out:
+        """Re-validate from plain data: a half-built report object is a bug, not a result."""
         data = report.model_dump() if isinstance(report, BaseModel) else report
         checked = self.output_model.model_validate(data)
         _require_finite(checked.model_dump(), self.name)
