@@ -1,12 +1,15 @@
 """Side-by-side cost of looking at attention, on the default model (issue: performance).
 
 Configurations, each in a fresh process, median of N runs after one warm-up, peak resident memory:
-  sdpa      the plain forward with transformers' default attention (the floor)
-  eager     eager attention with output_attentions=True (what most inspection tools rely on)
-  stats     our capture computing every head's statistics (entropy, max weight, sink share, role scores)
-  analyze   the full ``attention-explainer analyze`` pipeline (no files written)
+  sdpa       the plain forward with transformers' default attention (the floor)
+  sdpa_base  the same without the language-model head (the floor for passes that need no logits)
+  eager      eager attention with output_attentions=True (what most inspection tools rely on)
+  stats      our capture computing every head's statistics (entropy, max weight, sink share, role scores)
+  analyze    the full ``attention-explainer analyze`` pipeline (no files written)
+  peer       a peer library on the same task (``--peer-python``: benchmarks/peer_transformer_lens.py in its venv)
 
     python benchmarks/bench_attention.py --lengths 128,512,2048,8192 --repeats 5 --out benchmarks/results.md
+    python benchmarks/bench_attention.py --tools --out benchmarks/results-tools.md   # warm tool calls, cache load
 
 Writes a Markdown table (wall time, ratio to sdpa, peak RSS, RSS above sdpa). Timing targets live here, never
 in the tests.
@@ -27,7 +30,17 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-CONFIGS = ("sdpa", "eager", "stats", "analyze")
+CONFIGS = ("sdpa", "sdpa_base", "eager", "stats", "analyze")
+TOOL_CALLS = (  # (tool, extra arguments) timed warm on a ~60-token text
+    ("describe_model", {}),
+    ("show_attention", {"layer": 3, "head": 0}),
+    ("diagnose_collapse", {}),
+    ("profile_heads", {}),
+)
+TOOL_TEXT = (
+    "When Mary and John went to the store, John gave a drink to Mary. The store was closed on Sunday, so they "
+    "walked back home along the river, talked about the weather and planned a picnic for the next warm day."
+)
 WORDS = (  # noqa: SIM905 - one readable block of words
     "the of and to in is was that for it with as his on be at by had are but from or have an they which "
     "one you were her all she there would their we him been has when who will more no if out so said "
@@ -76,6 +89,13 @@ def child(config: str, length: int, repeats: int, model_ref: str) -> dict:
         def once() -> None:
             with torch.inference_mode():
                 loaded.model(input_ids=ids)
+
+    elif config == "sdpa_base":
+        base = loaded.model.base_model
+
+        def once() -> None:
+            with torch.inference_mode():
+                base(input_ids=ids)
 
     elif config == "eager":
 
@@ -126,6 +146,79 @@ def child(config: str, length: int, repeats: int, model_ref: str) -> dict:
     }
 
 
+def tool_child(repeats: int, model_ref: str) -> dict:
+    """Warm tool calls on a ~60-token text (median of ``repeats`` after a warm-up), in one process."""
+    from agent_tools.inspector import Inspector
+    from agent_tools.loading import load_model
+    from agent_tools.runtime import tune_allocator
+    from agent_tools.tools import TOOLS
+
+    tune_allocator()
+    inspector = Inspector()
+    loaded = load_model(model_ref)
+    tokens = inspector.encode(loaded, TOOL_TEXT).length
+    rows = []
+    for name, extra in TOOL_CALLS:
+        arguments = {"text": TOOL_TEXT, "model": model_ref} | extra
+        if name == "describe_model":
+            arguments = {"model": model_ref}
+        TOOLS[name](inspector, arguments)  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            TOOLS[name](inspector, arguments)
+            times.append(time.perf_counter() - start)
+        rows.append({"tool": name, "median_s": statistics.median(times), "times_s": times})
+    return {"tokens": tokens, "rows": rows, "heads": loaded.facts.num_layers * loaded.facts.num_heads}
+
+
+def load_child(model_ref: str) -> dict:
+    """One cold-process load from the conversion cache (the cache must exist: run any tool once before)."""
+    start = time.perf_counter()
+    from agent_tools.loading import load_model
+
+    imported = time.perf_counter()
+    load_model(model_ref)
+    done = time.perf_counter()
+    return {"import_s": imported - start, "load_s": done - imported}
+
+
+def run_tools(args: argparse.Namespace) -> int:
+    def child(*extra: str) -> dict:
+        command = [sys.executable, __file__, *extra, "--repeats", str(args.repeats), "--model", args.model]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    child("--load-child")  # makes sure the conversion cache exists
+    loads = [child("--load-child") for _ in range(args.repeats)]
+    tools = child("--tool-child")
+    lines = [
+        f"# Warm tool calls and loading — {args.model}, {os.cpu_count()} CPU cores",
+        "",
+        f"Tool calls: median of {args.repeats} after a warm-up, one process, on a {tools['tokens']}-token text "
+        f"(profile_heads scores all {tools['heads']} heads). Load: a fresh process each time, from the "
+        "conversion cache (imports timed apart).",
+        "",
+        "| what | median (s) | runs (s) |",
+        "|---|---:|---|",
+    ]
+    for row in tools["rows"]:
+        runs = ", ".join(f"{t:.3f}" for t in row["times_s"])
+        lines.append(f"| {row['tool']} (warm) | {row['median_s']:.3f} | {runs} |")
+    load_times = [x["load_s"] for x in loads]
+    import_times = [x["import_s"] for x in loads]
+    lines.append(
+        f"| load from cache | {statistics.median(load_times):.3f} | {', '.join(f'{t:.3f}' for t in load_times)} |"
+    )
+    lines.append(
+        f"| import agent_tools.loading | {statistics.median(import_times):.3f} | "
+        f"{', '.join(f'{t:.3f}' for t in import_times)} |"
+    )
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print(Path(args.out).read_text())
+    return 0
+
+
 def _role_consumer(loaded, encoded):
     """profile_heads' streaming role scorer for the roles measurable on the text itself."""
     from agent_tools.analysis.heads import HEAD_ROLES, PROBE_ROLES, RoleScoreConsumer, SequenceLayout
@@ -149,15 +242,30 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--max-eager-gb", type=float, default=12.0, help="skip eager where its maps exceed this")
     parser.add_argument("--out", default="benchmarks/results.md")
+    parser.add_argument("--tools", action="store_true", help="time warm tool calls and loading instead")
+    parser.add_argument("--peer-python", help="python of a venv with a peer library (benchmarks/peer_*.py)")
     parser.add_argument("--child", nargs=2, metavar=("CONFIG", "LENGTH"), help=argparse.SUPPRESS)
+    parser.add_argument("--tool-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--load-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]), args.repeats, args.model)))
         return 0
+    if args.tool_child:
+        print(json.dumps(tool_child(args.repeats, args.model)))
+        return 0
+    if args.load_child:
+        print(json.dumps(load_child(args.model)))
+        return 0
+    if args.tools:
+        return run_tools(args)
+    configs = args.configs.split(",")
+    if args.peer_python and "peer" not in configs:
+        configs.append("peer")
     rows = []
     for length in [int(x) for x in args.lengths.split(",")]:
-        for config in args.configs.split(","):
-            if config == "eager" and eager_maps_gb(length) > args.max_eager_gb:
+        for config in configs:
+            if config in ("eager", "peer") and eager_maps_gb(length) > args.max_eager_gb:
                 rows.append(
                     {"config": config, "length": length, "skipped": f"all maps would be {eager_maps_gb(length):.0f} GB"}
                 )
@@ -174,6 +282,11 @@ def main() -> int:
                 "--model",
                 args.model,
             ]
+            if config == "peer":
+                if not args.peer_python:
+                    continue
+                peer = Path(__file__).with_name("peer_transformer_lens.py")
+                command = [args.peer_python, str(peer), "--length", str(length), "--repeats", str(args.repeats)]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 rows.append({"config": config, "length": length, "skipped": f"failed: {done.stderr.strip()[-200:]}"})
@@ -188,26 +301,30 @@ def main() -> int:
 
 
 def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
-    floor = {(r["length"]): r for r in rows if r["config"] == "sdpa" and "median_s" in r}
+    floor = {r["length"]: r for r in rows if r["config"] == "sdpa" and "median_s" in r}
+    base_floor = {r["length"]: r for r in rows if r["config"] == "sdpa_base" and "median_s" in r}
     lines = [
         f"# Attention inspection cost — {args.model}, batch 1, fp32, {os.cpu_count()} CPU cores",
         "",
         f"Median of {args.repeats} runs after a warm-up, each configuration in a fresh process. "
         "`peak RSS` is the process's maximum resident memory (model included); `above sdpa` subtracts the "
-        "sdpa run's peak at the same length.",
+        "sdpa run's peak at the same length. `× base` compares with the forward without the language-model head "
+        "(sdpa_base), the floor for passes that need no logits (stats stops after the last layer).",
         "",
-        "| tokens | configuration | median wall (s) | × sdpa | peak RSS (MB) | above sdpa (MB) |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| tokens | configuration | median wall (s) | × sdpa | × base | peak RSS (MB) | above sdpa (MB) |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if "median_s" not in row:
-            lines.append(f"| {row['length']} | {row['config']} | — | — | — | {row['skipped']} |")
+            lines.append(f"| {row['length']} | {row['config']} | — | — | — | — | {row['skipped']} |")
             continue
-        base = floor.get(row["length"])
-        ratio = f"{row['median_s'] / base['median_s']:.2f}" if base else "—"
-        above = f"{row['peak_rss_mb'] - base['peak_rss_mb']:+.0f}" if base else "—"
+        top, base = floor.get(row["length"]), base_floor.get(row["length"])
+        ratio = f"{row['median_s'] / top['median_s']:.2f}" if top else "—"
+        base_ratio = f"{row['median_s'] / base['median_s']:.2f}" if base else "—"
+        above = f"{row['peak_rss_mb'] - top['peak_rss_mb']:+.0f}" if top else "—"
         median, peak = f"{row['median_s']:.3f}", f"{row['peak_rss_mb']:.0f}"
-        lines.append(f"| {row['length']} | {row['config']} | {median} | {ratio} | {peak} | {above} |")
+        name = row["config"] + (f" ({row['version']})" if row.get("version") else "")
+        lines.append(f"| {row['length']} | {name} | {median} | {ratio} | {base_ratio} | {peak} | {above} |")
     return "\n".join(lines) + "\n"
 
 
