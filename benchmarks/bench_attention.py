@@ -39,7 +39,8 @@ TOOL_CALLS = (  # (tool, extra arguments) timed warm on a ~60-token text
 )
 TOOL_TEXT = (
     "When Mary and John went to the store, John gave a drink to Mary. The store was closed on Sunday, so they "
-    "walked back home along the river, talked about the weather and planned a picnic for the next warm day."
+    "walked back home along the river, talked about the weather and planned a picnic for the next warm day, "
+    "with bread, cheese and apples from the market near the old bridge."
 )
 WORDS = (  # noqa: SIM905 - one readable block of words
     "the of and to in is was that for it with as his on be at by had are but from or have an they which "

@@ -231,7 +231,8 @@ def test_crafted_encoder_heads_are_classified_with_exact_scores(crafted, inspect
 def test_one_forward_per_input_and_deterministic_probe(crafted, inspector: Inspector) -> None:
     loaded = inspector.model(crafted["causal"])
     calls = []
-    handle = loaded.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    # the base model runs in every pass (the text pass skips the LM head: no ablation asks for its output)
+    handle = loaded.model.base_model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         args = {"model": crafted["causal"], "text": CAUSAL_TEXT, "probe_length": 6, "induction_check": False}
         first = get_tool("profile_heads")(inspector, {**args, "seed": 3})
@@ -313,7 +314,7 @@ def test_every_family_profiles_and_ablates(tiny_models, inspector: Inspector, fa
     assert (ablation.kl_mean if ablation.measure == "next_token" else ablation.pooled_cosine_change) is not None
 
 
-def _dense_reference(weights, layout, roles, allowed):  # noqa: ANN001, ANN202
+def _dense_reference(weights, layout, roles, allowed):
     """The role formulas with dense (R, q, k) kernels, as role_kernels states them."""
     from agent_tools.analysis.heads import role_kernels
 
@@ -358,7 +359,7 @@ def test_fast_role_sums_equal_the_dense_kernel_formulas(causal: bool) -> None:
             assert torch.allclose(got[role], expected[role].float(), atol=1e-6), role
 
 
-def lay_roles(layout):  # noqa: ANN001, ANN201
+def lay_roles(layout):
     from agent_tools.analysis.heads import HEAD_ROLES
 
     return [r for r in HEAD_ROLES if layout.measurable(r)]

@@ -41,7 +41,7 @@ def test_missing_path_and_empty_folder(tmp_path: Path) -> None:
         resolve_reference(str(tmp_path))
     text = tmp_path / "weights.bin"
     text.write_bytes(b"12")
-    with pytest.raises(ModelNotFoundError, match="not a .gguf"):
+    with pytest.raises(ModelNotFoundError, match=r"not a \.gguf"):
         resolve_reference(str(text))
 
 

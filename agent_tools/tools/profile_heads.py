@@ -304,7 +304,8 @@ def plan_profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> PassPla
     def finish(output: object) -> HeadProfiles:
         return _profile(inspector, args, loaded, layers, roles, text, output)
 
-    return PassPlan(loaded, encoded, [text.consumer], finish, layers=layers, need_output=True)
+    # The text's output is needed only for ablation evidence on the text roles.
+    return PassPlan(loaded, encoded, [text.consumer], finish, layers=layers, need_output=args.ablate_top > 0)
 
 
 def _profile(
@@ -328,8 +329,9 @@ def _profile(
     text_layout = encoded = None
     if text is not None:
         encoded, text_layout, consumer = text.encoded, text.layout, text.consumer
-        clean, language_model = model_output(text_output)
-        inputs["text"] = (encoded, clean)
+        if text_output is not None:
+            clean, language_model = model_output(text_output)
+            inputs["text"] = (encoded, clean)
         for layer, per_role in consumer.scores().items():
             scores[layer].update(per_role)
         measured_on.update({r: "text" for r in text_roles})
