@@ -50,28 +50,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# Copied from bench_attention.py (this script must not import agent_tools).
-WORDS = (  # noqa: SIM905 - one readable block of words
-    "the of and to in is was that for it with as his on be at by had are but from or have an they which "
-    "one you were her all she there would their we him been has when who will more no if out so said "
-    "what up its about into than them can only other new some could time these two may then do first any "
-    "my now such like our over man me even most made after also did many before must through back years "
-    "where much your way well down should because each just those people how too little state good very "
-    "make world still own see men work long get here "
-).split()
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_attention import make_text  # the same text as every other row (a stdlib-only module)
 
 HOOKS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_pattern")
-
-
-def make_text(tokenizer, length: int, seed: int = 0) -> str:
-    """Random English words whose tokenisation is at least ``length`` tokens (cut to exactly that later)."""
-    import random
-
-    rng = random.Random(seed)
-    words: list[str] = []
-    while len(tokenizer(" ".join(words))["input_ids"]) < length:
-        words.extend(rng.choice(WORDS) for _ in range(max(16, (length - len(words)) // 2)))
-    return " ".join(words)
 
 
 def peak_rss_mb() -> float:
