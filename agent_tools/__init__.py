@@ -1,8 +1,33 @@
-"""attention-explainer: agent tools that look inside a Hugging Face transformer and explain its attention."""
+"""attention-explainer: agent tools that look inside a Hugging Face transformer and explain its attention.
 
-from agent_tools.errors import AttentionToolError
-from agent_tools.inspector import Inspector
-from agent_tools.loading import DEFAULT_MODEL, ModelPolicy, load_model
+The names below load on first use (PEP 562), so importing a light submodule (``agent_tools.settings``, the
+command line's parser) does not import torch and transformers.
+"""
 
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent_tools.errors import AttentionToolError
+    from agent_tools.inspector import Inspector
+    from agent_tools.loading import ModelPolicy, load_model
+    from agent_tools.settings import DEFAULT_MODEL
+
+_EXPORTS = {
+    "AttentionToolError": "agent_tools.errors",
+    "DEFAULT_MODEL": "agent_tools.settings",
+    "Inspector": "agent_tools.inspector",
+    "ModelPolicy": "agent_tools.loading",
+    "load_model": "agent_tools.loading",
+}
 __all__ = ["DEFAULT_MODEL", "AttentionToolError", "Inspector", "ModelPolicy", "load_model"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agent_tools' has no attribute {name!r}")
+    return getattr(import_module(module), name)

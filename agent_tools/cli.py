@@ -16,12 +16,15 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agent_tools.errors import AttentionToolError, InvalidInputError
-from agent_tools.inspector import DEFAULT_MEMORY_BUDGET, Inspector, default_artifact_dir
+from agent_tools.settings import DEFAULT_MEMORY_BUDGET, default_artifact_dir
+
+if TYPE_CHECKING:  # torch and transformers load only when a command runs: --help and usage errors stay fast
+    from agent_tools.inspector import Inspector
 
 
 def _console():
@@ -196,6 +199,8 @@ def session_from_args(args: argparse.Namespace) -> Inspector:
         if args.memory_budget < 1:
             raise InvalidInputError(f"--memory-budget must be at least 1 MiB, got {args.memory_budget}")
         budget = args.memory_budget * 1024**2
+    from agent_tools.inspector import Inspector
+
     return Inspector(
         artifact_dir=args.artifacts or default_artifact_dir(), token_limit=args.token_limit, memory_budget=budget
     )

@@ -22,8 +22,8 @@ from agent_tools.capture import AttentionConsumer, StopCapture, capture_attentio
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
 from agent_tools.schemas import Token
+from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
 
-DEFAULT_MEMORY_BUDGET = 2 * 1024**3  # bytes a single call may hold in maps it keeps
 # Bytes of one layer's scores, logits and weights computed at once (query chunking): ~300 rows at 2k tokens.
 # Smaller blocks stay in cache and let causal chunks skip more keys (benchmarks/: 64 MB beat 256 MB by 8%).
 WORKING_SET_BUDGET = 64 * 1024**2
@@ -105,15 +105,6 @@ def check_unicode(text: str, *, field: str = "text") -> str:
         )
         raise InvalidInputError(msg, field=field) from exc
     return text
-
-
-def readable_size(count: float) -> str:
-    """Bytes as B, KiB, MiB or GiB with three significant figures."""
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if count >= scale:
-            value = count / scale
-            return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
-    return f"{int(count)} B"
 
 
 def check_index(value: int, count: int, name: str) -> int:
@@ -343,7 +334,3 @@ class Inspector:
 
 def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-
-
-def default_artifact_dir() -> Path:
-    return Path(os.environ.get("ATTENTION_EXPLAINER_ARTIFACTS", "attention-explainer-artifacts"))

@@ -26,11 +26,9 @@ from torch import nn
 
 from agent_tools.errors import ModelNotFoundError, ModelRefusedError
 from agent_tools.families import ModelFacts, read_facts
+from agent_tools.settings import DEFAULT_MODEL, cache_dir
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MODEL = "smollm2-135m-instruct"
-CACHE_ENV = "ATTENTION_EXPLAINER_CACHE"
 
 
 @dataclass(frozen=True)
@@ -89,14 +87,6 @@ class LoadedModel:
 
 def bundled_aliases() -> list[str]:
     return sorted(BUNDLED_MODELS)
-
-
-def cache_dir() -> Path:
-    """The user cache folder for converted weights (``$ATTENTION_EXPLAINER_CACHE`` overrides it)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "attention-explainer"
 
 
 def _package_folder(package: str) -> Path | None:

@@ -59,3 +59,18 @@ def test_bad_input_exits_2_with_one_line(args, message) -> None:
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert len([line for line in result.stderr.strip().splitlines() if line.startswith("error:")]) == 1
+
+
+def test_help_and_usage_errors_do_not_import_torch() -> None:
+    # The parser (every subcommand's options) builds from stdlib-only modules: --help answers at once.
+    probe = (
+        "import sys, agent_tools, agent_tools.cli as cli\n"
+        "cli.build_parser().format_help()\n"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "print(heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    usage = run_cli("show")
+    assert usage.returncode == 2 and "required" in usage.stderr

@@ -6,10 +6,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import ChatMessage, Inspector
+
+if TYPE_CHECKING:
+    from agent_tools.inspector import ChatMessage, Inspector
 
 
 def _read_messages(path: str) -> list[ChatMessage]:
@@ -25,6 +27,8 @@ def _read_messages(path: str) -> list[ChatMessage]:
         msg = f"messages file {path} must hold a JSON list of {{role, content}} objects"
         raise InvalidInputError(msg, field="messages")
     try:
+        from agent_tools.inspector import ChatMessage
+
         return [ChatMessage.model_validate(m) for m in raw]
     except ValueError as exc:
         raise InvalidInputError(f"messages file {path}: each message needs role and content ({exc})") from exc

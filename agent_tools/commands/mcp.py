@@ -18,13 +18,13 @@ import os
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector, readable_size
-from agent_tools.loading import DEFAULT_MODEL, ModelPolicy, cache_dir
+from agent_tools.settings import ARTIFACTS_ENV, DEFAULT_MODEL, cache_dir, readable_size
 
-ARTIFACTS_ENV = "ATTENTION_EXPLAINER_ARTIFACTS"
+if TYPE_CHECKING:
+    from agent_tools.inspector import Inspector
 
 
 def register(subparsers: Any) -> None:
@@ -93,6 +93,9 @@ def artifact_folder(args: argparse.Namespace) -> Path | None:
 def session_inspector(args: argparse.Namespace, base: Inspector) -> Inspector:
     """The server's inspector: an allow-list policy, the artifact folder (or none), the CLI's token limit and
     memory budget."""
+    from agent_tools.inspector import Inspector
+    from agent_tools.loading import ModelPolicy
+
     policy = ModelPolicy.bundled_only(default=args.model, extra=tuple(args.allow_model))
     return Inspector(
         policy=policy,
