@@ -11,7 +11,7 @@ import hashlib
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -73,7 +73,6 @@ class PassPlan(Generic[Result]):
     layers: list[int] | None = None
     need_output: bool = False
     record_inputs: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def shares_pass_with(self, other: PassPlan[Any]) -> bool:
         """Same model, same tokens and mask, same layers: one forward pass serves both."""
@@ -282,17 +281,7 @@ class Inspector:
 
     def execute(self, plan: PassPlan[Result]) -> Result:
         """Run one plan on its own: its forward pass (if any), then its finish."""
-        if plan.encoded is None:
-            return plan.finish(None)
-        output = self.run(
-            plan.loaded,
-            plan.encoded,
-            plan.consumers,
-            layers=plan.layers,
-            record_inputs=plan.record_inputs,
-            need_output=plan.need_output,
-        )
-        return plan.finish(output)
+        return plan.finish(None if plan.encoded is None else self.run_together([plan]))
 
     def run_together(self, plans: Sequence[PassPlan[Any]]) -> Any:
         """One forward pass streaming into every plan's consumers; returns the output for their ``finish``.

@@ -322,7 +322,7 @@ def role_scores(
 class RoleScoreConsumer:
     """Streams capture: per layer, the role scores of every head; keeps (H, R) sums per layer, never a map."""
 
-    accepts_key_prefix = True  # every role reads keys up to the row's own position (next_token: non-causal only)
+    accepts_key_prefix = True  # columns past key_width carry weight 0: every role sum over them is 0
 
     def __init__(self, layout: SequenceLayout, roles: Sequence[HeadRole], num_heads: int) -> None:
         self.layout = layout

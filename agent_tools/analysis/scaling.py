@@ -44,13 +44,21 @@ def masked_softmax(logits: Tensor, allowed: Tensor | None = None) -> Tensor:
 
 def softmax_jacobian_trace(weights: Tensor) -> Tensor:
     """(..., k) -> (...): trace of diag(p) − p pᵀ = 1 − Σ p²."""
-    return 1.0 - weights.pow(2).sum(-1)
+    return _jacobian_measures(weights)[0]
 
 
 def softmax_jacobian_frobenius(weights: Tensor) -> Tensor:
     """(..., k) -> (...): ‖diag(p) − p pᵀ‖_F = sqrt(Σ p² − 2 Σ p³ + (Σ p²)²)."""
-    squares = weights.pow(2).sum(-1)
-    return (squares - 2 * weights.pow(3).sum(-1) + squares.pow(2)).clamp_min(0.0).sqrt()
+    return _jacobian_measures(weights)[1]
+
+
+def _jacobian_measures(weights: Tensor) -> tuple[Tensor, Tensor]:
+    """(..., k) -> trace and Frobenius norm of the softmax Jacobian, from Σ p² and Σ p³ (one temporary)."""
+    squared = weights * weights
+    sum_squares = squared.sum(-1)  # Σ p²
+    sum_cubes = torch.einsum("...k,...k->...", squared, weights)  # Σ p³
+    frobenius = (sum_squares - 2 * sum_cubes + sum_squares.pow(2)).clamp_min(0.0).sqrt()
+    return 1.0 - sum_squares, frobenius
 
 
 def softmax_jacobian(weights: Tensor) -> Tensor:
@@ -100,16 +108,14 @@ def row_measures(weights: Tensor, allowed: Tensor | None = None, *, saturation: 
     )
     normalised = torch.where(count > 1, entropy / count.clamp_min(2).log(), torch.zeros_like(entropy))
     top = weights.amax(-1)
-    squared = weights * weights
-    sum_squares = squared.sum(-1)  # Σ p²
-    sum_cubes = torch.einsum("...k,...k->...", squared, weights)  # Σ p³ without a third temporary
+    trace, frobenius = _jacobian_measures(weights)
     return RowMeasures(
         entropy=entropy,
         normalised_entropy=normalised,
         max_weight=top,
         saturated=top >= saturation,
-        jacobian_trace=1.0 - sum_squares,
-        jacobian_frobenius=(sum_squares - 2 * sum_cubes + sum_squares.pow(2)).clamp_min(0.0).sqrt(),
+        jacobian_trace=trace,
+        jacobian_frobenius=frobenius,
     )
 
 
@@ -271,7 +277,10 @@ class ScalingConsumer:
             query = query / self.model_scale
         width = captured.key_width  # key columns of this chunk's rows (later ones carry no weight)
         key = captured.head_key(captured.key)[b].index_select(0, index).double()  # (h, Tk, D)
-        scores = captured.scores[b].index_select(0, index).double()  # (h, q, k) model logits before the mask
+        # (h, q, k) the model's scores where a key may be read: the softmax input equals them there (the mask adds
+        # 0), so no second q·kᵀ; hidden keys are masked below.
+        source = captured.logits if captured.logits is not None else captured.scores
+        scores = source[b].index_select(0, index)
         allowed = captured.allowed()[b, 0]  # (q, k)
         self.softcap = captured.softcap
         self.head_dim = query.shape[-1]
@@ -297,7 +306,7 @@ class ScalingConsumer:
         if not bool(keep.any()):
             return
         # The sweep runs in float32 (the capture's precision; sums are taken in float64): half the memory traffic.
-        raw, scores, allowed = raw[:, keep].float(), scores[:, keep].float(), allowed[keep]
+        raw, scores, allowed = raw[:, keep].float(), scores[:, keep], allowed[keep]
         visible_scores = scores.masked_fill(~allowed, 0.0)  # (h, q, k) z where a key may be read
         visible_squares = visible_scores * visible_scores
         family_entropies = []
