@@ -1,7 +1,9 @@
 """attention-explainer: agent tools that look inside a Hugging Face transformer and explain its attention.
 
 The names below load on first use (PEP 562), so importing a light submodule (``agent_tools.settings``, the
-command line's parser) does not import torch and transformers.
+command line's parser) does not import torch and transformers. ``__version__`` too: it is read from the
+installed package's metadata (written once, in ``pyproject.toml``), which costs ~25 ms the CLI's ``--help``
+need not pay.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ if TYPE_CHECKING:
     from agent_tools.loading import ModelPolicy, load_model
     from agent_tools.settings import DEFAULT_MODEL
 
+    __version__: str
+
+DISTRIBUTION = "attention-explainer"
+UNKNOWN_VERSION = "0+unknown"  # a source checkout used without installing it: no metadata to read
+
 _EXPORTS = {
     "AttentionToolError": "agent_tools.errors",
     "DEFAULT_MODEL": "agent_tools.settings",
@@ -22,11 +29,23 @@ _EXPORTS = {
     "ModelPolicy": "agent_tools.loading",
     "load_model": "agent_tools.loading",
 }
-__all__ = ["DEFAULT_MODEL", "AttentionToolError", "Inspector", "ModelPolicy", "load_model"]
-__version__ = "0.1.0"
+__all__ = ["DEFAULT_MODEL", "AttentionToolError", "Inspector", "ModelPolicy", "__version__", "load_model"]
+
+
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return UNKNOWN_VERSION
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value = _installed_version()
+        globals()["__version__"] = value  # read the metadata once
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'agent_tools' has no attribute {name!r}")

@@ -14,10 +14,10 @@ one layer (or one chunk of query rows) at a time. Nothing is kept unless a consu
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -155,10 +155,12 @@ class StopCapture(Exception):
 class AttentionConsumer(Protocol):
     """Receives each captured layer (or query chunk) in order; keeps only what it needs.
 
-    A consumer that reads per-row tensors only up to ``LayerAttention.key_width`` sets the class attribute
-    ``accepts_key_prefix = True``; when all consumers of a capture do, causal chunks skip the key columns
-    none of their rows may read (about half the work on long texts).
+    ``accepts_key_prefix``: a consumer that reads per-row tensors only up to ``LayerAttention.key_width``
+    says ``True``; when all consumers of a capture do, causal chunks skip the key columns none of their rows
+    may read (about half the work on long texts). Consumers that read every column say ``False``.
     """
+
+    accepts_key_prefix: ClassVar[bool]
 
     def on_layer(self, layer: LayerAttention) -> None: ...
 
@@ -257,92 +259,105 @@ def capture_attention_forward(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
-    """The registered attention function: eager math, with every layer handed to the active consumers."""
+    """The registered attention function: eager math, with every wanted layer handed to the active consumers."""
     for name in _UNSUPPORTED_KWARGS:
         if kwargs.get(name) is not None:
             msg = f"unsupported attention feature {name!r} in {type(module).__name__}: capture would be inexact"
             raise UnsupportedModelError(msg)
-    state = _ACTIVE.get()
-    layer = state.modules.get(id(module)) if state is not None else None
     if scaling is None:
         scaling = getattr(module, "head_dim", query.shape[-1]) ** -0.5
-    if state is not None and layer is not None and not state.wants(layer) and kwargs.get("softcap") is None:
+    softcap = kwargs.get("softcap")
+    state = _ACTIVE.get()
+    layer = state.modules.get(id(module)) if state is not None else None
+    if state is None or layer is None:
+        # No capture in this context (e.g. another thread) or a module capture does not know: plain eager math.
+        groups = query.shape[1] // key.shape[1]
+        mask = _additive_mask(attention_mask, query.dtype, key.shape[-2])
+        _, weights, output = _eager_rows(
+            query, repeat_kv(key, groups), repeat_kv(value, groups), mask, scaling, softcap, dropout, module.training
+        )
+        return output.transpose(1, 2).contiguous(), weights
+    if not state.wants(layer) and softcap is None:
         # Layers nobody asked for run fast with sdpa; sdpa cannot soft-cap, so those layers take the eager path.
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
-    softcap = kwargs.get("softcap")
-    groups = query.shape[1] // key.shape[1]
-    key_states, value_states = repeat_kv(key, groups), repeat_kv(value, groups)  # (B, H, Tk, D)
-    if attention_mask is not None and attention_mask.dtype == torch.bool:
-        attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(
-            ~attention_mask, torch.finfo(query.dtype).min
-        )
-    if attention_mask is not None:
-        attention_mask = attention_mask[..., : key_states.shape[-2]]
-    training = module.training
-    length = query.shape[2]
-    chunk = state.query_chunk if state is not None and state.query_chunk else length
-    recorded = state.inputs.pop(layer, None) if state is not None and layer is not None else None
-    outputs = []
-    last_weights = None
-    for start in range(0, length, chunk):
-        stop = min(start + chunk, length)
-        rows = query[:, :, start:stop]
-        mask = (
-            attention_mask[:, :, start:stop]
-            if attention_mask is not None and attention_mask.shape[2] > 1
-            else attention_mask
-        )
-        keys = key_states.shape[-2]
-        if state is not None and state.key_prefix and length > chunk and mask is not None and mask.shape[2] > 1:
-            keys = _key_stop(mask, keys)
-        logits, weights, output = _eager_rows(
-            rows,
-            key_states[:, :, :keys],
-            value_states[:, :, :keys],
-            mask[..., :keys] if mask is not None else None,
-            scaling,
-            softcap,
-            dropout,
-            training,
-            state.buffer if state is not None else None,
-        )
-        if state is not None and (state.buffer is None or state.buffer.numel() < logits.numel()):
-            state.buffer = logits.view(-1)  # the next blocks that fit write their logits here
-        outputs.append(output)
-        last_weights = weights
-        if state is not None and layer is not None and state.wants(layer):
-            if mask is not None and mask.shape[2] != stop - start:
-                mask = mask.expand(mask.shape[0], mask.shape[1], stop - start, mask.shape[3])
-            captured = LayerAttention(
-                layer=layer,
-                query=rows,
-                key=key,
-                value=value,
-                mask=mask[..., :keys] if mask is not None else None,
-                logits=logits,
-                output=output,
-                weights=weights,
-                scaling=float(scaling),
-                softcap=float(softcap) if softcap is not None else None,
-                kv_groups=groups,
-                query_start=start,
-                query_length=length,
-                module=module,
-                layer_input=recorded[0] if recorded else None,
-                position_embeddings=recorded[1] if recorded else None,
-            )
-            for consumer in state.consumers:
-                consumer.on_layer(captured)
-            captured.logits = None  # the buffer is about to be overwritten
-    if state is not None:
-        state.calls += 1
-        if layer is not None and layer == state.stop_after:
-            raise StopCapture
+    outputs, last_weights = _captured_rows(
+        state, layer, module, query, key, value, attention_mask, float(scaling), softcap, dropout
+    )
+    state.calls += 1
+    if layer == state.stop_after:
+        raise StopCapture
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (B, H, T, D)
     # Whole-map weights are returned only when one chunk covers every row (what output_attentions shows).
     return output.transpose(1, 2).contiguous(), last_weights if len(outputs) == 1 else None
+
+
+def _additive_mask(attention_mask: Tensor | None, dtype: torch.dtype, keys: int) -> Tensor | None:
+    """The mask as the eager functions use it: additive (0 or dtype-min), cut to the keys of the call."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dtype == torch.bool:
+        attention_mask = torch.zeros_like(attention_mask, dtype=dtype).masked_fill(
+            ~attention_mask, torch.finfo(dtype).min
+        )
+    return attention_mask[..., :keys]
+
+
+def _captured_rows(
+    state: _CaptureState,
+    layer: int,
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float,
+    softcap: float | None,
+    dropout: float,
+) -> tuple[list[Tensor], Tensor]:
+    """Eager attention of one layer call, block by block of query rows, each block handed to the consumers.
+
+    Returns the blocks' outputs (B, H, q, D) and the last block's weights.
+    """
+    groups = query.shape[1] // key.shape[1]
+    key_states, value_states = repeat_kv(key, groups), repeat_kv(value, groups)  # (B, H, Tk, D)
+    attention_mask = _additive_mask(attention_mask, query.dtype, key_states.shape[-2])
+    length = query.shape[2]
+    chunk = state.query_chunk or length
+    recorded = state.inputs.pop(layer, None)
+    outputs = []
+    weights = query.new_empty(0)
+    for start in range(0, length, chunk):
+        stop = min(start + chunk, length)
+        rows = query[:, :, start:stop]
+        per_row_mask = attention_mask is not None and attention_mask.shape[2] > 1
+        mask = attention_mask[:, :, start:stop] if attention_mask is not None and per_row_mask else attention_mask
+        keys = key_states.shape[-2]
+        if state.key_prefix and length > chunk and mask is not None and per_row_mask:
+            keys = _key_stop(mask, keys)
+        mask = mask[..., :keys] if mask is not None else None
+        logits, weights, output = _eager_rows(
+            rows, key_states[:, :, :keys], value_states[:, :, :keys], mask, scaling, softcap, dropout,
+            module.training, state.buffer,
+        )  # fmt: skip
+        if state.buffer is None or state.buffer.numel() < logits.numel():
+            state.buffer = logits.view(-1)  # the next blocks that fit write their logits here
+        outputs.append(output)
+        if not state.wants(layer):
+            continue
+        if mask is not None and mask.shape[2] != stop - start:
+            mask = mask.expand(mask.shape[0], mask.shape[1], stop - start, mask.shape[3])
+        captured = LayerAttention(
+            layer=layer, query=rows, key=key, value=value, mask=mask, logits=logits, output=output, weights=weights,
+            scaling=scaling, softcap=float(softcap) if softcap is not None else None, kv_groups=groups,
+            query_start=start, query_length=length, module=module,
+            layer_input=recorded[0] if recorded else None, position_embeddings=recorded[1] if recorded else None,
+        )  # fmt: skip
+        for consumer in state.consumers:
+            consumer.on_layer(captured)
+        captured.logits = None  # the buffer is about to be overwritten
+    return outputs, weights
 
 
 AttentionInterface.register(CAPTURE_IMPLEMENTATION, capture_attention_forward)
@@ -404,7 +419,7 @@ def capture_attention(
         consumers=list(consumers),
         layers=frozenset(layers) if layers is not None else None,
         query_chunk=query_chunk,
-        key_prefix=bool(consumers) and all(getattr(c, "accepts_key_prefix", False) for c in consumers),
+        key_prefix=bool(consumers) and all(c.accepts_key_prefix for c in consumers),
     )
     if stop_after_last:
         state.stop_after = max(state.layers) if state.layers else len(modules) - 1
@@ -423,9 +438,10 @@ def capture_attention(
         _ACTIVE.reset(token)
 
 
-def _input_recorder(state: _CaptureState, layer: int):
+def _input_recorder(state: _CaptureState, layer: int) -> Callable[[nn.Module, tuple, dict], None]:
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
         hidden = args[0] if args else kwargs.get("hidden_states")
-        state.inputs[layer] = (hidden, kwargs.get("position_embeddings"))
+        if isinstance(hidden, Tensor):
+            state.inputs[layer] = (hidden, kwargs.get("position_embeddings"))
 
     return hook

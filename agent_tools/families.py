@@ -5,6 +5,7 @@ Pure inspection of an instantiated model; no forward pass, no hooks.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from torch import nn
@@ -96,7 +97,7 @@ def _positional_scheme(model: nn.Module, config: object) -> tuple[str, float | N
         rope = getattr(config, "rope_parameters", None) or {}
         if fraction is None and isinstance(rope, dict):
             fraction = rope.get("partial_rotary_factor")
-        fraction = float(fraction) if fraction is not None else 1.0
+        fraction = float(fraction) if isinstance(fraction, numbers.Real) else 1.0
         label = "rotary (RoPE)" if fraction >= 1.0 else f"rotary (RoPE) on {fraction:.0%} of each head's dims"
         return label, fraction
     if getattr(config, "alibi", False) or getattr(config, "use_alibi", False):
@@ -106,39 +107,55 @@ def _positional_scheme(model: nn.Module, config: object) -> tuple[str, float | N
     return "none detected", None
 
 
+def _count(value: object) -> int | None:
+    """A config or module number as an int; None when absent or 0 (transformers' "not set")."""
+    return int(float(value)) if isinstance(value, numbers.Real) and value else None
+
+
+def _required_count(config: object, *names: str) -> int:
+    count = _count(_first(config, *names))
+    if count is None:
+        msg = f"the model's config has none of {', '.join(names)}: cannot tell its attention's shape"
+        raise UnsupportedModelError(msg)
+    return count
+
+
 def read_facts(model: nn.Module) -> ModelFacts:
-    config = model.config
+    """The facts of a loaded model; the only place that reads its config."""
+    config: object = getattr(model, "config", None)
+    family = str(getattr(config, "model_type", type(model).__name__))
     modules = find_attention_modules(model)
     first = modules[0]
-    num_heads = int(_first(config, "num_attention_heads", "n_head", "num_heads"))  # type: ignore[arg-type]
-    num_kv_heads = int(_first(config, "num_key_value_heads", "multi_query_group_num") or num_heads)  # type: ignore[arg-type]
-    hidden = int(_first(config, "hidden_size", "n_embd", "d_model"))  # type: ignore[arg-type]
-    head_dim = _first(first, "head_dim", "head_size", "attention_head_size") or _first(config, "head_dim")
-    head_dim = int(head_dim) if head_dim else hidden // num_heads  # type: ignore[arg-type]
+    num_heads = _required_count(config, "num_attention_heads", "n_head", "num_heads")
+    num_kv_heads = _count(_first(config, "num_key_value_heads", "multi_query_group_num")) or num_heads
+    hidden = _required_count(config, "hidden_size", "n_embd", "d_model")
+    module_head_dim = _count(_first(first, "head_dim", "head_size", "attention_head_size"))
+    head_dim = module_head_dim or _count(_first(config, "head_dim")) or hidden // num_heads
+    scaling = getattr(first, "scaling", None)
+    if not isinstance(scaling, numbers.Real):
+        raise UnsupportedModelError(f"{type(first).__name__}.scaling is not a number: {scaling!r}")
     positional, fraction = _positional_scheme(model, config)
-    max_positions = _first(config, "max_position_embeddings", "n_positions", "n_ctx")
-    sliding = getattr(config, "sliding_window", None)
     softcap = getattr(config, "attn_logit_softcapping", None)
     architectures = getattr(config, "architectures", None) or [type(model).__name__]
     is_lm = hasattr(model, "lm_head") or type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
     is_causal = bool(getattr(first, "is_causal", True)) and not getattr(config, "is_encoder_only", False)
-    if config.model_type in {"bert", "roberta", "distilbert", "electra", "xlm-roberta", "deberta"}:
+    if family in {"bert", "roberta", "distilbert", "electra", "xlm-roberta", "deberta"}:
         is_causal = bool(getattr(config, "is_decoder", False))
     return ModelFacts(
-        family=config.model_type,
+        family=family,
         architecture=str(architectures[0]),
         num_layers=len(modules),
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         hidden_size=hidden,
-        scaling=float(first.scaling),
-        query_prescaled=config.model_type in QUERY_PRESCALED_FAMILIES,
+        scaling=float(scaling),
+        query_prescaled=family in QUERY_PRESCALED_FAMILIES,
         is_causal=is_causal,
         positional=positional,
         rotary_fraction=fraction,
-        max_positions=int(max_positions) if max_positions else None,  # type: ignore[arg-type]
-        sliding_window=int(sliding) if sliding else None,
+        max_positions=_count(_first(config, "max_position_embeddings", "n_positions", "n_ctx")),
+        sliding_window=_count(getattr(config, "sliding_window", None)),
         softcap=float(softcap) if softcap else None,
         num_parameters=sum(p.numel() for p in model.parameters()),
         is_language_model=is_lm,

@@ -1,7 +1,8 @@
-"""The inspector: the one place that resolves models, tokenises, validates indices and runs capture.
+"""The inspector: the one place that resolves models, tokenises, validates requests and runs the model.
 
 Every tool calls an :class:`Inspector`; every surface (CLI, LangChain, MCP, OpenAI-style dispatch) calls the
-tools. The inspector owns the session's policy: which models may be loaded, the token limit, the memory
+tools. Every forward pass goes through it (to :mod:`agent_tools.runner`, the only code that calls a model).
+The inspector owns the session's policy: which models may be loaded, the token limit, the memory
 budget for what a call will hold, and where artifact files may be written.
 """
 
@@ -16,23 +17,21 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import torch
-from pydantic import BaseModel, Field
 
-from agent_tools.capture import AttentionConsumer, StopCapture, capture_attention
+from agent_tools import runner
+from agent_tools.capture import AttentionConsumer
 from agent_tools.errors import InvalidInputError, ResourceLimitError
+from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
-from agent_tools.schemas import Token
+from agent_tools.placement import Placement
+from agent_tools.schemas import ChatMessage, Token
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
 
 # Bytes of one layer's scores, logits and weights computed at once (query chunking): ~300 rows at 2k tokens.
 # Smaller blocks stay in cache and let causal chunks skip more keys (benchmarks/: 64 MB beat 256 MB by 8%).
 WORKING_SET_BUDGET = 64 * 1024**2
 CHARS_PER_TOKEN_CEILING = 64  # a text longer than limit·64 characters cannot fit, whatever the tokenizer
-
-
-class ChatMessage(BaseModel):
-    role: str = Field(description="system, user or assistant (whatever the model's chat template accepts)")
-    content: str = Field(description="the message text")
+MAX_NEW_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -134,6 +133,14 @@ def check_indices(values: Sequence[int] | None, count: int, name: str) -> list[i
     return items
 
 
+def check_new_tokens(value: int) -> int:
+    """``max_new_tokens`` in 1..MAX_NEW_TOKENS, or an error naming the range."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NEW_TOKENS:
+        msg = f"max_new_tokens {value!r} out of range 1..{MAX_NEW_TOKENS}"
+        raise InvalidInputError(msg, field="max_new_tokens")
+    return value
+
+
 def _token_text(tokenizer: Any, token_id: int, text: str, offset: tuple[int, int] | None) -> str:
     piece = tokenizer.decode([token_id])
     if "\ufffd" in piece and offset is not None and offset[1] > offset[0]:
@@ -142,7 +149,11 @@ def _token_text(tokenizer: Any, token_id: int, text: str, offset: tuple[int, int
 
 
 class Inspector:
-    """Session state shared by the tools: model policy, limits, artifact folder."""
+    """Session state shared by the tools: model policy and placement, limits, artifact folder.
+
+    ``placement`` (dtype, device, device map, memory limits, offload, quantization) is the operator's, like the
+    model allow-list: tools read models through :meth:`model`, which always loads with it.
+    """
 
     def __init__(
         self,
@@ -151,15 +162,17 @@ class Inspector:
         token_limit: int | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         artifact_dir: str | Path | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.policy = policy or ModelPolicy()
+        self.placement = (placement or Placement()).validate()  # the operator's choice; no tool argument changes it
         self.token_limit = token_limit
         self.memory_budget = memory_budget
         self.artifact_dir = Path(artifact_dir).resolve() if artifact_dir else None
 
     # --- models -------------------------------------------------------------------------------------
     def model(self, reference: str | None = None) -> LoadedModel:
-        return load_model(self.policy.check(reference))
+        return load_model(self.policy.check(reference), self.placement)
 
     def limit_for(self, loaded: LoadedModel) -> int:
         limits = [v for v in (loaded.facts.max_positions, self.token_limit) if v]
@@ -180,11 +193,12 @@ class Inspector:
                 f"model {loaded.name!r} has no chat template; send plain text instead", field="messages"
             )
         try:
-            return tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            rendered = tokenizer.apply_chat_template(
                 [m.model_dump() for m in parsed], tokenize=False, add_generation_prompt=add_generation_prompt
             )
         except Exception as exc:  # jinja raises TemplateError for roles a template does not accept
             raise InvalidInputError(f"the chat template refused these messages: {exc}", field="messages") from exc
+        return str(rendered)  # tokenize=False gives the text
 
     def encode(self, loaded: LoadedModel, text: str, *, add_special_tokens: bool = True) -> Encoded:
         """Tokenise with offsets, enforcing the token limit (the model's positions or the session's)."""
@@ -194,7 +208,7 @@ class Inspector:
             msg = f"text of {len(text):,} characters exceeds the token limit of {limit} tokens for {loaded.name!r}"
             raise ResourceLimitError(msg, field="text")
         tokenizer = loaded.tokenizer
-        encoding = tokenizer(  # type: ignore[operator]
+        encoding = tokenizer(
             text, return_offsets_mapping=True, add_special_tokens=add_special_tokens, return_tensors="pt"
         )
         ids = encoding["input_ids"][:, :]
@@ -204,7 +218,7 @@ class Inspector:
         if length > limit:
             msg = f"text is {length} tokens; {loaded.name!r} accepts at most {limit} tokens here"
             raise ResourceLimitError(msg, field="text")
-        offsets = [tuple(map(int, pair)) for pair in encoding["offset_mapping"][0].tolist()]
+        offsets = [(int(start), int(end)) for start, end in encoding["offset_mapping"][0].tolist()]
         special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
         tokens = [
             Token(
@@ -216,7 +230,7 @@ class Inspector:
             for i, t in enumerate(ids[0].tolist())
         ]
         mask = encoding.get("attention_mask", torch.ones_like(ids))
-        return Encoded(input_ids=ids, attention_mask=mask, tokens=tokens, offsets=offsets, text=text)  # type: ignore[arg-type]
+        return Encoded(input_ids=ids, attention_mask=mask, tokens=tokens, offsets=offsets, text=text)
 
     # --- validation -----------------------------------------------------------------------------------
     def check_layer(self, loaded: LoadedModel, layer: int) -> int:
@@ -256,28 +270,74 @@ class Inspector:
         With ``need_output=False`` (the caller only wants what its consumers collect) the pass skips the
         language-model head and stops right after the last captured layer; it returns None.
         """
-        chunk = self.query_chunk(loaded, encoded.length)
-        model = loaded.model
-        if not need_output:
-            base = getattr(model, "base_model", None)
-            model = base if isinstance(base, torch.nn.Module) else model
-        with (
-            loaded.lock,
-            torch.inference_mode(),
-            capture_attention(
-                loaded.model,
-                consumers,
-                layers=layers,
-                query_chunk=chunk,
-                record_inputs=record_inputs,
-                stop_after_last=not need_output,
-            ),
-        ):
-            try:
-                output = model(input_ids=encoded.input_ids, attention_mask=encoded.attention_mask)
-            except StopCapture:
-                return None
-            return output if need_output else None
+        return runner.captured_forward(
+            loaded,
+            encoded.input_ids,
+            encoded.attention_mask,
+            consumers,
+            layers=layers,
+            query_chunk=self.query_chunk(loaded, encoded.length),
+            record_inputs=record_inputs,
+            need_output=need_output,
+        )
+
+    def answer_logits(
+        self, loaded: LoadedModel, encoded: Encoded, consumers: Sequence[AttentionConsumer] = ()
+    ) -> torch.Tensor | None:
+        """A captured forward of a prompt; the (V,) next-token logits at its last position (None: no LM head)."""
+        return runner.answer_logits(
+            loaded,
+            encoded.input_ids,
+            encoded.attention_mask,
+            consumers,
+            query_chunk=self.query_chunk(loaded, encoded.length),
+        )
+
+    def generate(
+        self,
+        loaded: LoadedModel,
+        encoded: Encoded,
+        *,
+        max_new_tokens: int,
+        prompt_consumers: Sequence[AttentionConsumer] = (),
+        step_consumers: Sequence[AttentionConsumer] = (),
+        on_step: Callable[[int, int], None] | None = None,
+    ) -> runner.Generation:
+        """Greedy generation under capture (see :func:`agent_tools.runner.greedy_generate`), after checking that
+        the model can generate and that prompt + ``max_new_tokens`` fit the token limit."""
+        check_new_tokens(max_new_tokens)
+        if not loaded.facts.is_language_model:
+            msg = f"model {loaded.name!r} has no next-token head, so it cannot generate; use target='last'"
+            raise InvalidInputError(msg, field="target")
+        limit = self.limit_for(loaded)
+        if encoded.length + max_new_tokens > limit:
+            msg = (
+                f"prompt of {encoded.length} tokens + max_new_tokens {max_new_tokens} exceeds {limit} tokens for "
+                f"{loaded.name!r}; use max_new_tokens <= {max(limit - encoded.length, 0)}"
+            )
+            raise ResourceLimitError(msg, field="max_new_tokens")
+        return runner.greedy_generate(
+            loaded,
+            encoded.input_ids,
+            max_new_tokens=max_new_tokens,
+            query_chunk=self.query_chunk(loaded, encoded.length),
+            prompt_consumers=prompt_consumers,
+            step_consumers=step_consumers,
+            on_step=on_step,
+        )
+
+    def ablate(
+        self,
+        loaded: LoadedModel,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        heads: Sequence[tuple[int, int]],
+        *,
+        method: AblationMethod = "zero",
+        clean: torch.Tensor | None = None,
+    ) -> runner.AblationEffect:
+        """Clean (unless given) and head-ablated forwards (see :func:`agent_tools.runner.ablated_forward`)."""
+        return runner.ablated_forward(loaded, input_ids, attention_mask, heads, method=method, clean=clean)
 
     def execute(self, plan: PassPlan[Result]) -> Result:
         """Run one plan on its own: its forward pass (if any), then its finish."""

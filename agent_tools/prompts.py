@@ -30,11 +30,11 @@ from langchain_core.messages import SystemMessage
 from langchain_core.prompts import BasePromptTemplate, ChatPromptTemplate, PromptTemplate
 
 from agent_tools.errors import InvalidInputError
-from agent_tools.loading import DEFAULT_MODEL
+from agent_tools.settings import DEFAULT_MODEL
 from agent_tools.tools import PREFERRED_ORDER, TOOLS
 
 Topic = Literal["collapse", "scaling", "head_roles", "projections", "prompt_debugging"]
-TOPICS: tuple[str, ...] = get_args(Topic)
+TOPICS: tuple[Topic, ...] = get_args(Topic)
 
 PROMPT_PACKAGE = "agent_tools.prompt_files"
 SYSTEM_PROMPT_FILE = "system.md"
@@ -155,4 +155,4 @@ def explanation_template(
 
 
 def explanation_templates(*, tools: Iterable[str] | None = None) -> dict[str, ChatPromptTemplate]:
-    return {topic: explanation_template(topic, tools=tools) for topic in TOPICS}  # type: ignore[arg-type]
+    return {topic: explanation_template(topic, tools=tools) for topic in TOPICS}

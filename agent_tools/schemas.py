@@ -6,7 +6,7 @@ Tensors never reach these models; numbers are rounded for reading.
 from __future__ import annotations
 
 import math
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
@@ -20,6 +20,11 @@ def rounded(value: float, digits: int = DIGITS) -> float:
     if not math.isfinite(value):
         return value
     return round(value, digits)
+
+
+def head_label(layer: int, head: int) -> str:
+    """How reports name a head: ``"layer.head"`` (e.g. ``"18.8"``), the form ``ablate_heads`` accepts."""
+    return f"{layer}.{head}"
 
 
 def mentions(annotation: Any, kinds: tuple[type, ...], _seen: frozenset[type] = frozenset()) -> bool:
@@ -55,9 +60,37 @@ class ToolInput(BaseModel):
     def _no_bool_for_number(cls, value: Any, info: Any) -> Any:
         if holds_bool(value):
             field = cls.model_fields.get(info.field_name) if info.field_name else None
-            expects_number = field is not None and mentions(field.annotation, (int, float))
-            if expects_number and not mentions(field.annotation, (bool,)):  # type: ignore[union-attr]
+            annotation = field.annotation if field is not None else None
+            if mentions(annotation, (int, float)) and not mentions(annotation, (bool,)):
                 raise PydanticCustomError("bool_not_number", "Input should be a number, not a boolean")
+        return value
+
+
+Role = Literal["system", "user", "assistant"]
+ROLES: tuple[str, ...] = get_args(Role)
+
+
+def _role_schema(schema: dict[str, Any]) -> None:
+    """Advertise ``role`` as a plain string, as the tools' input schemas always have (validation still refuses
+    other roles, naming the allowed ones)."""
+    schema.pop("enum", None)
+
+
+class ChatMessage(BaseModel):
+    """One chat message."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Role = Field(description="system, user or assistant", json_schema_extra=_role_schema)
+    content: str = Field(description="the message text (not empty)")
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _allowed_role(cls, value: Any) -> Any:
+        """Name the allowed roles in the error (pydantic's own message would too, less plainly)."""
+        if isinstance(value, str) and value not in ROLES:
+            context = {"role": repr(value), "roles": ", ".join(ROLES)}
+            raise PydanticCustomError("role_not_allowed", "role {role} is not allowed; allowed roles: {roles}", context)
         return value
 
 

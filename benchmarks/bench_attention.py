@@ -108,7 +108,7 @@ def child(config: str, length: int, repeats: int, model_ref: str) -> dict:
     elif config == "stats":
         from dataclasses import replace
 
-        from agent_tools.report.collect import QuantisedMaps
+        from agent_tools.consumers.grid import QuantisedMaps
 
         stats_encoded = replace(
             encoded, input_ids=ids, attention_mask=torch.ones_like(ids), tokens=encoded.tokens[:length]
@@ -123,7 +123,7 @@ def child(config: str, length: int, repeats: int, model_ref: str) -> dict:
             inspector.run(loaded, stats_encoded, consumers, need_output=False)
 
     elif config == "analyze":
-        from agent_tools.report.analyze import run_analysis
+        from agent_tools.report.job import run_analysis
 
         def once() -> None:
             run_analysis(inspector, text, model=model_ref)
@@ -222,7 +222,8 @@ def run_tools(args: argparse.Namespace) -> int:
 
 def _role_consumer(loaded, encoded):
     """profile_heads' streaming role scorer for the roles measurable on the text itself."""
-    from agent_tools.analysis.heads import HEAD_ROLES, PROBE_ROLES, RoleScoreConsumer, SequenceLayout
+    from agent_tools.analysis.heads import HEAD_ROLES, PROBE_ROLES, SequenceLayout
+    from agent_tools.consumers.roles import RoleScoreConsumer
 
     layout = SequenceLayout.for_text(
         [t.text for t in encoded.tokens], [t.special for t in encoded.tokens], causal=loaded.facts.is_causal

@@ -1,4 +1,7 @@
-"""Shared fixtures: real bundled models are loaded once per test session; tiny models are built from configs."""
+"""Fixtures only: real bundled models are loaded once per test session; tiny models are built from configs.
+
+Shared builders and references live in helper modules (families.py, crafted.py, reference.py, mcp_process.py,
+scripted_chat.py); test files never import each other or this file."""
 
 from __future__ import annotations
 
@@ -12,15 +15,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest
-import torch
 from families import FAMILIES, build_family, tiny_tokenizer
 
-from agent_tools.capture import attention_implementation
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, load_model, register_model
-
-ATOL = 1e-5
-SAMPLE_TEXT = "The cat sat on the mat because it was tired, and the dog watched it from the door."
 
 
 @pytest.fixture(scope="session")
@@ -43,13 +41,3 @@ def tiny_models() -> dict[str, LoadedModel]:
 @pytest.fixture()
 def inspector(tmp_path: Path) -> Inspector:
     return Inspector(artifact_dir=tmp_path / "artifacts")
-
-
-def eager_reference(model: torch.nn.Module, **inputs: torch.Tensor):
-    """The model's own eager forward with output_attentions (the reference we must match)."""
-    with attention_implementation(model, "eager"), torch.inference_mode():
-        return model(**inputs, output_attentions=True)
-
-
-def output_tensor(output) -> torch.Tensor:
-    return output.logits if getattr(output, "logits", None) is not None else output.last_hidden_state

@@ -4,35 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ATOL, eager_reference, output_tensor
 from families import FAMILIES, build_family
+from reference import ATOL, KeepAll, eager_reference, output_tensor, rebuild
 
 from agent_tools.capture import CAPTURE_IMPLEMENTATION, LayerAttention, capture_attention, capture_attention_forward
 from agent_tools.errors import UnsupportedModelError
 from agent_tools.families import find_attention_modules, read_facts
-
-
-class KeepAll:
-    def __init__(self) -> None:
-        self.layers: dict[int, LayerAttention] = {}
-        self.rows: dict[int, list[torch.Tensor]] = {}
-
-    def on_layer(self, layer: LayerAttention) -> None:
-        self.layers[layer.layer] = layer
-        self.rows.setdefault(layer.layer, []).append(layer.weights.clone())
-
-    def weights(self, layer: int) -> torch.Tensor:
-        return torch.cat(self.rows[layer], dim=2)
-
-
-def rebuild(layer: LayerAttention) -> torch.Tensor:
-    """softmax(q·kᵀ·scale (soft-capped) + mask) from the captured q and k alone."""
-    scores = layer.query @ layer.head_key(layer.key).transpose(-1, -2) * layer.scaling
-    if layer.softcap:
-        scores = torch.tanh(scores / layer.softcap) * layer.softcap
-    if layer.mask is not None:
-        scores = scores + layer.mask
-    return torch.softmax(scores.float(), dim=-1)
 
 
 def _inputs(name: str) -> dict[str, torch.Tensor]:
@@ -195,6 +172,8 @@ def test_implementation_and_hooks_restored_when_a_consumer_raises() -> None:
     before = model.config._attn_implementation
 
     class Boom:
+        accepts_key_prefix = False
+
         def on_layer(self, layer: LayerAttention) -> None:
             raise RuntimeError("consumer failed")
 
@@ -219,8 +198,14 @@ def test_record_inputs_gives_the_attention_input() -> None:
     with torch.inference_mode(), capture_attention(model, [keep], record_inputs=True):
         model(input_ids=torch.arange(6, 12)[None])
     layer = keep.layers[0]
-    assert layer.layer_input is not None and layer.layer_input.shape == (1, 6, 32)
+    ids = torch.arange(6, 12)[None]
+    with torch.inference_mode():
+        embedded = model.model.embed_tokens(ids)  # (1, 6, 32)
+        expected = model.model.layers[0].input_layernorm(embedded)  # what enters layer 0's attention
+        cos, sin = model.model.rotary_emb(embedded, torch.arange(6)[None])
+    assert layer.layer_input is not None and torch.equal(layer.layer_input, expected)
     assert layer.position_embeddings is not None
+    assert torch.equal(layer.position_embeddings[0], cos) and torch.equal(layer.position_embeddings[1], sin)
 
 
 def test_family_outside_the_interface_is_refused() -> None:

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from agent_tools.errors import ModelNotFoundError, ModelRefusedError
 from agent_tools.loading import (
@@ -17,8 +18,10 @@ from agent_tools.loading import (
     cache_dir,
     convert_gguf,
     load_model,
+    loaded_models,
     resolve_reference,
 )
+from agent_tools.placement import Placement
 
 
 def test_aliases_resolve_to_package_files() -> None:
@@ -104,6 +107,17 @@ def test_models_are_cached_per_process_in_eval_mode(smol) -> None:
     assert load_model("smollm2-135m-instruct") is smol
     assert not smol.model.training
     assert not any(p.requires_grad for p in smol.model.parameters())
+
+
+@pytest.mark.real_model
+def test_default_placement_is_float32_on_the_cpu(smol, minilm) -> None:
+    assert load_model("smollm2-135m-instruct", Placement(dtype="float32", device="cpu")) is smol
+    for loaded in (smol, minilm):
+        assert loaded.dtype == torch.float32 and loaded.device == torch.device("cpu")
+        assert loaded.placement == Placement() and loaded.estimated_bytes is not None
+    assert smol.estimated_bytes == pytest.approx(538.1e6, rel=0.01)  # 134.5 M parameters x 4 bytes
+    assert minilm.estimated_bytes == pytest.approx(90.9e6, rel=0.02)
+    assert {"smollm2-135m-instruct", "minilm-l6"} <= set(loaded_models())
 
 
 @pytest.mark.real_model

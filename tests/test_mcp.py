@@ -9,10 +9,8 @@ agent with langchain-mcp-adapters. A second, short-lived server checks the strea
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,7 @@ from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
+from mcp_process import ENV, ROOT, server_command
 from scripted_chat import (
     ScriptedChatModel,
     all_tool_messages,
@@ -45,13 +44,7 @@ from agent_tools.tools import TOOLS, get_tool
 
 pytestmark = pytest.mark.real_model
 
-ROOT = Path(__file__).resolve().parents[1]
 SHOW = get_tool("show_attention")
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def server_command(*options: str, artifacts: Path) -> list[str]:
-    return [sys.executable, "-m", "agent_tools.cli", "--artifacts", str(artifacts), "mcp", *options]
 
 
 @dataclass

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ATOL, SAMPLE_TEXT, eager_reference, output_tensor
-from test_capture import KeepAll, rebuild
+from reference import ATOL, SAMPLE_TEXT, KeepAll, eager_reference, output_tensor, rebuild
 
 from agent_tools.capture import capture_attention
 from agent_tools.loading import LoadedModel

@@ -1,6 +1,6 @@
 """Reliability: concurrency gives sequential results, nothing is left behind, weights never change, budgets
 and token limits are checked before the run, and any input to any tool yields a valid report or the tool's
-error type (property-based). The catalogue of bad inputs through every surface is tests/test_bad_input_catalogue.py.
+error type (property-based). The catalogue of bad inputs through every surface is tests/test_bad_input.py.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from agent_tools import cli
 from agent_tools.capture import _ACTIVE, CAPTURE_IMPLEMENTATION, _configs
-from agent_tools.commands.mcp import session_inspector
-from agent_tools.errors import AttentionToolError, ResourceLimitError
+from agent_tools.cli.mcp import session_inspector
+from agent_tools.errors import ERROR_KINDS, AttentionToolError, ResourceLimitError
 from agent_tools.inspector import DEFAULT_MEMORY_BUDGET, Inspector, readable_size
 from agent_tools.loading import LoadedModel
 from agent_tools.schemas import Report
@@ -84,6 +84,7 @@ def _clip_head(value: Any, facts: Any) -> Any:
     return value
 
 
+VALID_RANGE_WORDS = ("..", "give", "use", "one of", "must", "at most", "at least", "only", "tools:", "try", "accepts")
 TINY_TOOLS = [name for name in TOOLS if name != "scaling_experiment"]  # scaling_experiment reads no model
 
 
@@ -345,7 +346,10 @@ def test_any_input_gives_a_report_or_a_tool_error(name: str, data: st.DataObject
     try:
         report = TOOLS[name](inspector, arguments)
     except AttentionToolError as exc:
-        assert exc.message and "Traceback" not in exc.message
+        # one line a caller can act on: a known kind, no traceback, and it names the field or what is valid
+        assert exc.kind in ERROR_KINDS and exc.to_dict()["message"] == exc.message
+        assert len(exc.message) >= 20 and "\n" not in exc.message and "Traceback" not in exc.message
+        assert exc.field is not None or any(word in exc.message for word in VALID_RANGE_WORDS), exc.message
     else:
         assert isinstance(report, TOOLS[name].output_model)
         _assert_finite_numbers(report.model_dump(mode="json"))

@@ -1,4 +1,7 @@
-"""Ablation effects as pure tensor functions: replacing head slices, KL of next-token distributions, loss, cosine.
+"""Ablation effects as pure tensor functions: replacing head slices, masked means, cosine change, effect size.
+
+The KL of next-token distributions (was ``next_token_kl``) and the next-token loss (was ``token_losses``) are
+:mod:`agent_tools.analysis.metrics`' ``kl_divergence`` and ``next_token_losses``.
 
 Shapes: ``B`` batch, ``T`` positions, ``V`` vocabulary, ``C`` hidden size, ``H`` heads, ``D`` head_dim.
 Nothing here modifies its inputs.
@@ -10,6 +13,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+from agent_tools.analysis.metrics import kl_divergence
 
 
 def replace_head_slices(hidden: Tensor, heads: Sequence[int], head_dim: int, means: Tensor | None = None) -> Tensor:
@@ -41,19 +46,17 @@ def masked_mean(hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
     return ((flat * weights).sum(dim=(0, 1)) / weights.sum().clamp_min(1)).to(hidden.dtype)
 
 
-def next_token_kl(clean_logits: Tensor, ablated_logits: Tensor) -> Tensor:
-    """(…, V) logits -> (…,): KL(P_clean ‖ P_ablated) in nats per position (0 when the logits are equal)."""
-    clean = torch.log_softmax(clean_logits.double(), dim=-1)
-    ablated = torch.log_softmax(ablated_logits.double(), dim=-1)
-    return (clean.exp() * (clean - ablated)).sum(-1).clamp_min(0.0)
-
-
-def token_losses(logits: Tensor, input_ids: Tensor) -> Tensor:
-    """(B, T, V), (B, T) -> (B, T−1): cross-entropy in nats of each next token given the logits before it."""
-    log_probs = torch.log_softmax(logits[:, :-1].double(), dim=-1)  # (B, T-1, V)
-    return -log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-
-
 def cosine_change(a: Tensor, b: Tensor) -> Tensor:
     """(…, C) pairs -> (…,): 1 − cos(a, b); 0 = same direction, 1 = orthogonal, 2 = opposite."""
     return 1 - torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1)
+
+
+def effect_size(clean: Tensor, ablated: Tensor, *, language_model: bool) -> float:
+    """How much an ablation changed the output, as one number.
+
+    Causal LM: KL(clean ‖ ablated) of the next-token distribution, averaged over positions (nats);
+    encoder: 1 − cos of the position-averaged last hidden states.
+    """
+    if language_model:
+        return float(kl_divergence(clean, ablated).mean())
+    return float(cosine_change(clean.mean(1), ablated.mean(1)).mean())

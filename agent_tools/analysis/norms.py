@@ -9,6 +9,9 @@ We never build ``u_j`` (B·H·T·C numbers): ``‖v W_O^hᵀ‖² = v G_h vᵀ``
 ``G_h = W_O^hᵀ W_O^h`` (D × D), so every norm costs O(D²) per key. The captured value tensor is used as ``v``:
 it *is* ``x_j W_V (+ b_V)`` after whatever the family does (fused qkv, value norms), taken from the forward itself.
 
+The output projection itself is found by :func:`agent_tools.layout.output_weight` (the one adapter per weight
+layout); everything here is a pure function of tensors.
+
 Shapes: ``B`` batch, ``H`` query heads, ``Hkv`` KV heads, ``q`` query rows, ``Tk`` keys, ``D`` head_dim,
 ``C`` the model width the output projection writes.
 """
@@ -16,42 +19,9 @@ Shapes: ``B`` batch, ``H`` query heads, ``Hkv`` KV heads, ``q`` query rows, ``Tk
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from agent_tools.capture import repeat_kv
-from agent_tools.errors import UnsupportedModelError
-
-# Attribute names of a self-attention module's output projection, in the families we support.
-OUTPUT_PROJECTION_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "o")
-
-
-def _linear_weight(module: nn.Module) -> Tensor:
-    """(out, in) weight of an nn.Linear, or of GPT-2's Conv1D (stored as (in, out))."""
-    weight = module.weight
-    assert isinstance(weight, Tensor), f"{type(module).__name__}.weight is not a tensor"
-    if type(module).__name__ == "Conv1D":
-        return weight.t()
-    return weight
-
-
-def output_projection(model: nn.Module, attention: nn.Module) -> Tensor:
-    """The attention module's output projection weight as (C, H·D), columns grouped by head.
-
-    Llama-like, OPT, GPT-2, GPT-NeoX keep it on the attention module; BERT-like encoders keep it on the
-    sibling ``output.dense`` of the parent ``attention`` block.
-    """
-    for name in OUTPUT_PROJECTION_NAMES:
-        child = getattr(attention, name, None)
-        if isinstance(child, nn.Module) and hasattr(child, "weight"):
-            return _linear_weight(child).detach()
-    path = next((name for name, module in model.named_modules() if module is attention), None)
-    if path:
-        parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
-        dense = getattr(getattr(parent, "output", None), "dense", None)
-        if isinstance(dense, nn.Module) and hasattr(dense, "weight"):
-            return _linear_weight(dense).detach()
-    msg = f"cannot find the output projection of {type(attention).__name__}; value-side norms need W_O"
-    raise UnsupportedModelError(msg)
 
 
 def head_output_grams(o_weight: Tensor, num_heads: int) -> Tensor:

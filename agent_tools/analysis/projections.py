@@ -1,7 +1,7 @@
 """How a head's projections shape its attention: spectra, subspaces, and attention without projections.
 
 Pure tensor functions. Conventions: a projection ``w`` is ``(d_model, d_head)`` with ``q = x @ w`` (see
-:mod:`agent_tools.weights`), so the subspace of the input a projection *reads* is the column space of ``w``
+:mod:`agent_tools.layout`), so the subspace of the input a projection *reads* is the column space of ``w``
 in R^d_model (the row space of transformers' ``(out, in)`` weight). Attention maps are ``(..., q, k)`` rows
 that sum to one; ``allowed`` marks the keys each query may read.
 """
@@ -14,7 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agent_tools.analysis.maps import attention_entropy
+from agent_tools.analysis.metrics import (
+    allowed_from_additive_mask,
+    attention_entropy,
+)
+from agent_tools.analysis.metrics import masked_softmax as metrics_masked_softmax
 
 RANK_TOLERANCE = 1e-10  # singular values below this times the largest span nothing
 
@@ -39,9 +43,7 @@ def effective_rank(singular_values: Tensor) -> float:
     total = sigma.sum()
     if total <= 0:
         return 0.0
-    p = sigma / total
-    entropy = -(torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p))).sum()
-    return float(entropy.exp())
+    return float(attention_entropy(sigma / total).exp())
 
 
 def matrix_spectrum(weight: Tensor) -> Spectrum:
@@ -111,36 +113,14 @@ def matrix_cosine(a: Tensor, b: Tensor) -> float:
     return float(a64 @ b64 / denominator) if denominator > 0 else 0.0
 
 
-def js_divergence(p: Tensor, q: Tensor) -> Tensor:
-    """(..., k) x (..., k) -> (...,): Jensen–Shannon divergence per row in nats, in [0, ln 2]."""
-    p64, q64 = p.double(), q.double()
-    m = 0.5 * (p64 + q64)
-
-    def kl(a: Tensor) -> Tensor:
-        terms = torch.where(a > 0, a * (a.clamp_min(1e-300).log() - m.clamp_min(1e-300).log()), torch.zeros_like(a))
-        return terms.sum(-1)
-
-    return (0.5 * kl(p64) + 0.5 * kl(q64)).clamp(0.0, math.log(2))
-
-
-def masked_softmax(scores: Tensor, mask: Tensor | None = None, *, softcap: float | None = None) -> Tensor:
-    """softmax(softcap(scores) + mask) in float32, as transformers' eager attention computes it.
-
-    ``mask`` is additive (0 where a key may be read, a large negative number where not), broadcastable.
-    """
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    logits = scores + mask if mask is not None else scores
-    return torch.softmax(logits.float(), dim=-1)
-
-
 def no_projection_attention(x: Tensor, scaling: float, mask: Tensor | None = None) -> Tensor:
     """(T, d_model) -> (T, T): attention with Q = K = x (no W_Q, W_K, no positions), same scale and mask.
 
+    ``mask``: the model's additive mask (0 where a key may be read, dtype-min where not), or None.
     With V = x as well, the output would be ``weights @ x``: each token mixes the raw inputs it resembles.
     """
     scores = (x.float() @ x.float().T) * scaling  # (T, T)
-    return masked_softmax(scores, mask)
+    return metrics_masked_softmax(scores, allowed_from_additive_mask(mask) if mask is not None else None)
 
 
 def self_argmax_fraction(weights: Tensor, allowed: Tensor | None = None) -> float:
@@ -170,6 +150,7 @@ def top_key_agreement(a: Tensor, b: Tensor) -> float:
 
 
 def mean_entropy(weights: Tensor) -> float:
+    """(..., q, k) -> mean row entropy in nats (float64), :func:`~agent_tools.analysis.metrics.attention_entropy`."""
     return float(attention_entropy(weights.double()).mean())
 
 

@@ -14,9 +14,13 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from agent_tools.analysis.maps import attention_entropy, normalised_entropy
-from agent_tools.analysis.projections import masked_softmax
-from agent_tools.weights import apply_rotary
+from agent_tools.analysis.metrics import (
+    allowed_from_additive_mask,
+    attention_entropy,
+    masked_softmax,
+    normalised_entropy,
+)
+from agent_tools.layout import apply_rotary
 
 ReconstructionStage = Literal["raw_dot_product", "scaled_dot_product", "projected", "positional", "model"]
 RECONSTRUCTION_STAGES: tuple[str, ...] = get_args(ReconstructionStage)
@@ -68,13 +72,14 @@ def reconstruction_stages(
     x32 = x.float()
     length, d_model = x32.shape
     every = torch.ones(length, length, dtype=torch.bool, device=x.device)
-    allowed = every if mask is None else mask > torch.finfo(mask.dtype).min / 2
+    allowed = every if mask is None else allowed_from_additive_mask(mask)
     early_mask = mask if mask_every_stage else None
     early_allowed = allowed if mask_every_stage else every
 
     def stage(name: ReconstructionStage, scores: Tensor, scale: float) -> StageMap:
         logits = scores + early_mask if early_mask is not None else scores
-        return StageMap(name, scores, logits, masked_softmax(scores, early_mask), early_allowed, scale)
+        weights = masked_softmax(scores.float(), allowed if early_mask is not None else None)
+        return StageMap(name, scores, logits, weights, early_allowed, scale)
 
     raw = x32 @ x32.T  # (T, T)
     hidden_scale = 1 / math.sqrt(d_model)
@@ -87,8 +92,8 @@ def reconstruction_stages(
         cos, sin = rotary
         q, k = apply_rotary(q, cos.float(), sin.float()), apply_rotary(k, cos.float(), sin.float())
     positional = (q @ k.T) * scaling  # (T, T)
-    final = masked_softmax(positional, mask, softcap=softcap)
-    capped = torch.tanh(positional / softcap) * softcap if softcap is not None else positional
+    capped = soft_capped(positional, softcap)
+    final = masked_softmax(capped.float(), allowed if mask is not None else None)
     final_logits = capped + mask if mask is not None else capped
     return [
         stage("raw_dot_product", raw, 1.0),
@@ -99,10 +104,14 @@ def reconstruction_stages(
     ]
 
 
+def soft_capped(scores: Tensor, softcap: float | None) -> Tensor:
+    """Logit soft-capping ``c · tanh(scores / c)`` where the family uses it (``softcap = c``); else the scores."""
+    return torch.tanh(scores / softcap) * softcap if softcap is not None else scores
+
+
 def positional_scores(stages: list[StageMap], softcap: float | None = None) -> Tensor:
     """Stage 4's scores soft-capped like the model's captured pre-mask scores (for parity checks)."""
-    scores = next(s for s in stages if s.stage == "positional").scores
-    return torch.tanh(scores / softcap) * softcap if softcap is not None else scores
+    return soft_capped(next(s for s in stages if s.stage == "positional").scores, softcap)
 
 
 @dataclass(frozen=True)

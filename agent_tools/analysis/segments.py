@@ -2,6 +2,8 @@
 
 Shapes: ``L`` layers, ``H`` heads, ``q`` query rows, ``Tk`` keys, ``S`` segments, ``V`` vocabulary.
 ``segment_index`` is a (Tk,) long tensor giving each key's segment (0..S-1). Nothing is modified in place.
+What keys receive (``received_attention``), the sink threshold (``threshold_sinks``, was ``find_sinks``) and the
+KL divergence are defined in :mod:`agent_tools.analysis.metrics`.
 """
 
 from __future__ import annotations
@@ -19,72 +21,6 @@ def segment_shares(weights: Tensor, segment_index: Tensor, num_segments: int) ->
         raise ValueError(msg)
     shares = weights.new_zeros(*weights.shape[:-1], num_segments)
     return shares.index_add(-1, segment_index.to(weights.device), weights)
-
-
-@dataclass(frozen=True)
-class Received:
-    """What each key receives from the other queries that may read it, summed over heads, rows (and layers).
-
-    ``total``: weight received; ``count``: (head, row) pairs that could read the key; ``uniform``: what those
-    pairs would give it if every row spread evenly over its visible keys; ``readers``: rows that could read it.
-    All (Tk,). ``total / count`` is the mean share received, ``uniform / count`` the uniform expectation.
-    """
-
-    total: Tensor
-    count: Tensor
-    uniform: Tensor
-    readers: Tensor
-
-    def __add__(self, other: Received) -> Received:
-        return Received(
-            self.total + other.total,
-            self.count + other.count,
-            self.uniform + other.uniform,
-            self.readers + other.readers,
-        )
-
-
-def received_attention(weights: Tensor, allowed: Tensor, query_positions: Tensor) -> Received:
-    """One layer's rows -> what each key receives from the other queries (a query's weight on itself excluded).
-
-    Args:
-        weights: (H, q, Tk) one layer's attention rows.
-        allowed: (q, Tk) bool, which keys each row may read.
-        query_positions: (q,) the key column of each query row (its own position).
-    """
-    heads = weights.shape[0]
-    keys = torch.arange(weights.shape[-1], device=weights.device)
-    readers = allowed & (keys[None, :] != query_positions[:, None])  # (q, Tk): other queries that may read
-    visible = allowed.sum(-1, keepdim=True).clamp_min(1)  # (q, 1) keys each row spreads over
-    return Received(
-        total=(weights * readers[None]).sum((0, 1)),  # (Tk,)
-        count=readers.sum(0) * heads,  # (Tk,)
-        uniform=(readers / visible).sum(0) * heads,  # (Tk,)
-        readers=readers.sum(0),  # (Tk,)
-    )
-
-
-def find_sinks(
-    received: Received,
-    *,
-    threshold: float,
-    min_readers: int = 4,
-    min_ratio: float = 2.0,
-    always: tuple[int, ...] = (0,),
-) -> list[int]:
-    """Sink positions: ``always`` (the first token) plus tokens read heavily whatever the query.
-
-    A token is a sink when at least ``min_readers`` later queries could read it and, averaged over those
-    queries, all heads and layers, it receives at least ``threshold`` of their attention and at least
-    ``min_ratio`` times what uniform attention would give it (which keeps short texts, where every share is
-    large, from calling every token a sink).
-    """
-    count = received.count.clamp_min(1)
-    mean, uniform = received.total / count, received.uniform / count  # (T,) each
-    heavy = (received.readers >= min_readers) & (mean >= threshold) & (mean >= min_ratio * uniform)
-    found = {p for p in always if 0 <= p < mean.shape[0]}
-    found |= {int(p) for p in torch.nonzero(heavy).flatten().tolist()}
-    return sorted(found)
 
 
 @dataclass(frozen=True)
@@ -126,13 +62,6 @@ def without_sink(shares: Tensor, sink: int | None) -> Tensor:
     kept = shares.clone()
     kept[..., sink] = 0
     return kept / kept.sum(-1, keepdim=True).clamp_min(1e-12)
-
-
-def kl_divergence(logits_p: Tensor, logits_q: Tensor) -> float:
-    """(V,) logits of P and Q -> KL(P ‖ Q) in nats, computed from log-softmax for stability."""
-    log_p = torch.log_softmax(logits_p.double(), -1)
-    log_q = torch.log_softmax(logits_q.double(), -1)
-    return float((log_p.exp() * (log_p - log_q)).sum().clamp_min(0.0))
 
 
 def share_changes(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from agent_tools.render import attention_heatmap, grid_heatmap
-from agent_tools.report.analyze import AnalysisResult
 from agent_tools.report.html import HtmlReport, write_html
+from agent_tools.report.job import AnalysisResult
+
+if TYPE_CHECKING:
+    import torch
 
 SECTION_TITLES = {
     "describe_model": "Model",
@@ -51,7 +53,7 @@ def top_heads(result: AnalysisResult, count: int = 3) -> list[tuple[str, int, in
 
     for index in maps.normalised_entropy.flatten().argsort()[:count].tolist():
         add("most concentrated", index)
-    for index in maps.sink_share.flatten().argsort(descending=True)[:count].tolist():
+    for index in maps.first_token_share.flatten().argsort(descending=True)[:count].tolist():
         add("strongest first-token sink", index)
     for index in maps.normalised_entropy.flatten().argsort(descending=True)[:1].tolist():
         add("broadest", index)
@@ -69,12 +71,12 @@ def top_heads(result: AnalysisResult, count: int = 3) -> list[tuple[str, int, in
 
 
 def write_pngs(result: AnalysisResult, out: Path) -> list[tuple[str, Path]]:
-    labels = _labels(result)
+    """The layer × head grids (entropy, sink share, primary role) and the maps of the heads worth a picture."""
     maps = result.maps
     plots: list[tuple[str, Path]] = []
     grid_specs = [
         ("entropy", maps.normalised_entropy, "mean normalised entropy (0 = one key, 1 = uniform)", "viridis", 0.0, 1.0),
-        ("sink-share", maps.sink_share, "mean attention on the first token", "magma", 0.0, 1.0),
+        ("sink-share", maps.first_token_share, "mean attention on the first token", "magma", 0.0, 1.0),
     ]
     for name, values, label, cmap, lo, hi in grid_specs:
         path = grid_heatmap(
@@ -89,9 +91,9 @@ def write_pngs(result: AnalysisResult, out: Path) -> list[tuple[str, Path]]:
         plots.append((f"Layer × head: {label}", path))
     role_grid = role_grid_values(result)
     if role_grid is not None:
-        values, names = role_grid
+        scores, names = role_grid
         path = grid_heatmap(
-            values,
+            scores,
             f"{result.model} — primary role per head (colour = confidence)",
             out / "grid-role.png",
             colorbar_label="primary role score",
@@ -101,8 +103,17 @@ def write_pngs(result: AnalysisResult, out: Path) -> list[tuple[str, Path]]:
             annotations=names,
         )
         plots.append(("Layer × head: primary role (abbreviated) and its score", path))
-    for why, layer, head in top_heads(result) if maps.maps is not None else []:
-        weights = maps.maps[layer, head].float() / 255
+    if maps.maps is not None:  # None when the text was too long to keep every map
+        plots += head_pictures(result, maps.maps, out)
+    return plots
+
+
+def head_pictures(result: AnalysisResult, kept: torch.Tensor, out: Path) -> list[tuple[str, Path]]:
+    """A heatmap of each head :func:`top_heads` picks, from the kept maps ``kept`` (L, H, T, T) uint8."""
+    labels = _labels(result)
+    plots = []
+    for why, layer, head in top_heads(result):
+        weights = kept[layer, head].float() / 255  # (T, T), weight × 255 back to weights
         title = f"{result.model} — layer {layer}, head {head} ({why})"
         path = attention_heatmap(weights.tolist(), labels, labels, title, out / f"head-L{layer}-H{head}.png")
         plots.append((title, path))
@@ -132,7 +143,7 @@ def head_descriptions(result: AnalysisResult) -> list[list[str]]:
     info = [
         [
             f"entropy {maps.entropy[l, h]:.2f} nats ({maps.normalised_entropy[l, h]:.0%} of uniform), "
-            f"first-token share {maps.sink_share[l, h]:.0%}, mean max weight {maps.max_weight[l, h]:.2f}"
+            f"first-token share {maps.first_token_share[l, h]:.0%}, mean max weight {maps.max_weight[l, h]:.2f}"
             for h in range(heads)
         ]
         for l in range(layers)  # noqa: E741
@@ -144,45 +155,47 @@ def head_descriptions(result: AnalysisResult) -> list[list[str]]:
     return info
 
 
-def write_outputs(result: AnalysisResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write report.json, the PNGs and report.html into ``out_dir``; return their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    report_json = out / "report.json"
-    report_json.write_text(json.dumps(result.to_report().model_dump(mode="json"), indent=2, ensure_ascii=False))
-    plots = write_pngs(result, out)
+CARD_FIELDS = (
+    "family",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "scaling",
+    "scaling_ratio",
+    "positional",
+    "mask",
+    "max_positions",
+    "num_parameters",
+)
+
+
+def model_card(result: AnalysisResult) -> list[tuple[str, Any]]:
+    """The page's model card: describe_model's key facts, or nothing when it did not run."""
     description = result.reports.get("describe_model")
-    card = []
-    if description is not None:
-        for key in (
-            "family",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "scaling",
-            "scaling_ratio",
-            "positional",
-            "mask",
-            "max_positions",
-            "num_parameters",
-        ):
-            card.append((key, getattr(description, key)))
-    grids = {
+    if description is None:
+        return []
+    return [(key, getattr(description, key)) for key in CARD_FIELDS]
+
+
+def html_grids(result: AnalysisResult) -> dict[str, dict[str, Any]]:
+    """The layer × head grids the page can colour, each with its range and a one-line description."""
+    maps = result.maps
+    grids: dict[str, dict[str, Any]] = {
         "normalised entropy": {
-            "values": result.maps.normalised_entropy.tolist(),
+            "values": maps.normalised_entropy.tolist(),
             "min": 0.0,
             "max": 1.0,
             "description": "mean entropy / log(keys visible)",
         },
         "first-token share": {
-            "values": result.maps.sink_share.tolist(),
+            "values": maps.first_token_share.tolist(),
             "min": 0.0,
             "max": 1.0,
             "description": "mean attention on position 0",
         },
         "mean max weight": {
-            "values": result.maps.max_weight.tolist(),
+            "values": maps.max_weight.tolist(),
             "min": 0.0,
             "max": 1.0,
             "description": "mean of each query's largest weight",
@@ -197,14 +210,24 @@ def write_outputs(result: AnalysisResult, out_dir: str | Path) -> dict[str, Path
             "max": 1.0,
             "description": "score of each head's primary role",
         }
+    return grids
+
+
+def write_outputs(result: AnalysisResult, out_dir: str | Path) -> dict[str, Path]:
+    """Write report.json, the PNGs and report.html into ``out_dir``; return their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report_json = out / "report.json"
+    report_json.write_text(json.dumps(result.to_report().model_dump(mode="json"), indent=2, ensure_ascii=False))
+    plots = write_pngs(result, out)
     focus = divmod(int(result.maps.normalised_entropy.flatten().argmin()), result.maps.entropy.shape[1])
     html = HtmlReport(
         model=result.model,
         subtitle=f"{len(result.tokens)} tokens: {result.text[:160]}{'…' if len(result.text) > 160 else ''}",
-        card=card,
+        card=model_card(result),
         tokens=[t.text for t in result.tokens],
         maps=result.maps.maps,
-        grids=grids,
+        grids=html_grids(result),
         head_info=head_descriptions(result),
         sections=[(SECTION_TITLES.get(n, n), r) for n, r in result.reports.items()],
         plots=plots,
@@ -212,7 +235,3 @@ def write_outputs(result: AnalysisResult, out_dir: str | Path) -> dict[str, Path
     )
     html_path = write_html(html, out / "report.html")
     return {"json": report_json, "html": html_path, **{p.stem: p for _, p in plots}}
-
-
-def dequantised(result: AnalysisResult, layer: int, head: int) -> torch.Tensor:
-    return result.maps.maps[layer, head].float() / 255

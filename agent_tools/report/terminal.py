@@ -7,7 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from agent_tools.report.analyze import AnalysisResult
+from agent_tools.report.job import AnalysisResult
 from agent_tools.report.outputs import SECTION_TITLES, role_grid_values
 
 SHADES = " ░▒▓█"

@@ -56,10 +56,10 @@ def agent_input_model(spec: ToolSpec, policy: ModelPolicy) -> type[BaseModel]:
     When the policy is an allow-list, ``model`` becomes an enum of the allowed references (so a client shows
     the choices and the schema refuses paths); validation otherwise is the declared model's, unchanged.
     """
-    fields = spec.input_model.model_fields
-    if "model" not in fields:
-        return spec.input_model
-    return _narrowed_input_model(spec.input_model, policy.allowed, policy.default)  # type: ignore[arg-type]
+    declared: type[BaseModel] = spec.input_model
+    if "model" not in declared.model_fields:
+        return declared
+    return _narrowed_input_model(declared, policy.allowed, policy.default)
 
 
 @cache
@@ -70,7 +70,8 @@ def _narrowed_input_model(
     if allowed is None:
         annotation: Any = str | None
     else:
-        annotation = Literal[tuple(sorted(allowed))] | None  # type: ignore[valid-type]
+        # A Literal built at run time from the allow-list: pydantic reads it, mypy cannot check it.
+        annotation = Literal[tuple(sorted(allowed))] | None
     return create_model(
         input_model.__name__,
         __base__=input_model,

@@ -23,9 +23,10 @@ from langchain_core.tools import BaseTool, BaseToolkit, StructuredTool, ToolExce
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from agent_tools.errors import AttentionToolError, InvalidInputError
-from agent_tools.inspector import DEFAULT_MEMORY_BUDGET, Inspector
-from agent_tools.loading import DEFAULT_MODEL, LoadedModel, ModelPolicy
+from agent_tools.inspector import Inspector
+from agent_tools.loading import LoadedModel, ModelPolicy
 from agent_tools.schemas import Report
+from agent_tools.settings import DEFAULT_MEMORY_BUDGET, DEFAULT_MODEL
 from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
 from agent_tools.tools.registry import ToolSpec, format_validation_error
 

@@ -21,8 +21,8 @@ import json
 import logging
 import re
 import sys
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from typing import Any, Literal, get_args
 
@@ -34,7 +34,7 @@ from mcp.server.lowlevel import NotificationOptions, Server
 from agent_tools import __version__
 from agent_tools.errors import AttentionToolError, InvalidInputError
 from agent_tools.inspector import Inspector, check_unicode
-from agent_tools.prompts import TOPICS, explanation_template, system_prompt, topic_file
+from agent_tools.prompts import TOPICS, Topic, explanation_template, system_prompt, topic_file
 from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
 from agent_tools.tools.registry import ToolSpec
 
@@ -94,12 +94,12 @@ def _prompt_definitions(tool_names: list[str]) -> dict[str, types.Prompt]:
         )
     }
     for topic in TOPICS:
-        template = explanation_template(topic, tools=tool_names)  # type: ignore[arg-type]
+        template = explanation_template(topic, tools=tool_names)
         name = f"explain_{topic}"
         prompts[name] = types.Prompt(
             name=name,
             title=f"Explain {topic.replace('_', ' ')}",
-            description=topic_file(topic).description,  # type: ignore[arg-type]
+            description=topic_file(topic).description,
             arguments=[types.PromptArgument(name=v, required=True) for v in template.input_variables],
         )
     return prompts
@@ -125,9 +125,17 @@ def build_server(
     if text_content not in TEXT_CONTENT_MODES:
         raise InvalidInputError(f"text_content must be one of {TEXT_CONTENT_MODES}, got {text_content!r}")
     specs = {spec.name: spec for spec in select_tools(tools)}
-    declarations = [mcp_tool(spec, inspector) for spec in specs.values()]
-    prompts = _prompt_definitions(list(specs))
     instructions = system_prompt(tools=list(specs), default_model=inspector.policy.default)
+    server: Server = Server(
+        SERVER_NAME, version=__version__, instructions=instructions, lifespan=_lifespan(inspector, preload=preload)
+    )
+    _serve_tools(server, inspector, specs, text_content)
+    _serve_prompts(server, list(specs), instructions)
+    return server
+
+
+def _lifespan(inspector: Inspector, *, preload: bool) -> Callable[[Server], AbstractAsyncContextManager[Any]]:
+    """The server's lifespan: load the default model (when ``preload``) before the first request is answered."""
 
     @asynccontextmanager
     async def lifespan(_server: Server) -> AsyncIterator[dict[str, Any]]:
@@ -136,7 +144,14 @@ def build_server(
             logger.info("loaded %s in %.1f s", loaded.name, loaded.load_seconds)
         yield {"inspector": inspector}
 
-    server: Server = Server(SERVER_NAME, version=__version__, instructions=instructions, lifespan=lifespan)
+    return lifespan
+
+
+def _serve_tools(
+    server: Server, inspector: Inspector, specs: dict[str, ToolSpec], text_content: TextContentMode
+) -> None:
+    """``tools/list`` and ``tools/call``: each tool runs in a worker thread; expected failures are tool errors."""
+    declarations = [mcp_tool(spec, inspector) for spec in specs.values()]
 
     @server.list_tools()
     async def list_tools() -> list[types.Tool]:
@@ -160,6 +175,13 @@ def build_server(
         structured = report.model_dump(mode="json")
         return _text_blocks(concise_text(report), structured, text_content), structured
 
+
+def _serve_prompts(server: Server, tool_names: list[str], instructions: str) -> None:
+    """``prompts/list`` and ``prompts/get``: the system prompt (the server's instructions) and one explanation
+    template per topic, mentioning only the tools served."""
+    prompts = _prompt_definitions(tool_names)
+    topics: dict[str, Topic] = {f"explain_{topic}": topic for topic in TOPICS}
+
     @server.list_prompts()
     async def list_prompts() -> list[types.Prompt]:
         return list(prompts.values())
@@ -171,18 +193,16 @@ def build_server(
         if name == SYSTEM_PROMPT_NAME:
             text = instructions
         else:
-            template = explanation_template(name.removeprefix("explain_"), tools=list(specs))  # type: ignore[arg-type]
+            template = explanation_template(topics[name], tools=tool_names)
             values = arguments or {}
             missing = [v for v in template.input_variables if v not in values]
             if missing:
                 raise ValueError(f"prompt {name!r} needs the arguments {missing}")
-            text = template.messages[-1].format(**values).content  # type: ignore[union-attr]
+            text = template.format_messages(**values)[-1].text  # the topic's request, after the system prompt
         return types.GetPromptResult(
             description=prompts[name].description,
             messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))],
         )
-
-    return server
 
 
 def initialization_options(server: Server) -> Any:
@@ -272,7 +292,9 @@ async def serve_stdio(server: Server, *, stdin: Any = None, stdout: Any = None) 
 
     if stdin is None:  # what the SDK would open, wrapped so that every request gets an answer
         stdin = anyio.wrap_file(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"))
-    async with stdio_server(_AnswerableLines(stdin), stdout) as (read_stream, write_stream):
+    # The SDK types stdin as anyio.AsyncFile[str] but only iterates its lines asynchronously, as _AnswerableLines does.
+    lines = _AnswerableLines(stdin)
+    async with stdio_server(lines, stdout) as (read_stream, write_stream):  # type: ignore[arg-type]
         await server.run(read_stream, write_stream, initialization_options(server))
 
 

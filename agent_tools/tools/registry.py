@@ -38,7 +38,8 @@ class ToolSpec(Generic[In, Out]):
         try:
             return self.input_model.model_validate(arguments)
         except ValidationError as exc:
-            raise InvalidInputError(format_validation_error(self.name, exc)) from exc
+            message = format_validation_error(self.name, exc, valid=tuple(self.input_model.model_fields))
+            raise InvalidInputError(message, field=_first_field(exc)) from exc
 
     def __call__(self, inspector: Inspector, arguments: dict[str, Any] | In) -> Out:
         return self.check(self.run(inspector, self.parse(arguments)))
@@ -73,12 +74,23 @@ def _require_finite(value: Any, tool: str, path: str = "") -> None:
             _require_finite(item, tool, f"{path}[{index}]")
 
 
-def format_validation_error(tool: str, error: ValidationError) -> str:
+def _first_field(error: ValidationError) -> str | None:
+    """The top-level argument the first error is about (None when it is about the whole object)."""
+    for item in error.errors():
+        location = item.get("loc", ())
+        if location:
+            return str(location[0])
+    return None
+
+
+def format_validation_error(tool: str, error: ValidationError, *, valid: tuple[str, ...] = ()) -> str:
+    """One line naming each bad argument, what was wrong and what it got; unknown arguments list the valid ones."""
     parts = []
     for item in error.errors():
         where = ".".join(str(p) for p in item.get("loc", ())) or "arguments"
         if item.get("type") == "extra_forbidden":
-            parts.append(f"unknown argument {where!r}")
+            known = f" (arguments: {', '.join(valid)})" if valid else ""
+            parts.append(f"unknown argument {where!r}{known}")
         else:
             shown = repr(item.get("input"))
             shown = shown if len(shown) <= 60 else shown[:57] + "..."

@@ -1,0 +1,315 @@
+"""The metrics glossary: every attention metric the tools report, defined once, with its formula.
+
+``A`` is one head's map (rows = queries ``i``, columns = keys ``j``, rows sum to 1), ``n_i`` the number of keys
+row ``i`` may read (``i + 1`` in a causal map), ``allowed`` a bool tensor marking those keys (True = may read).
+Logs are natural: entropies and divergences are in nats.
+
+::
+
+    name                                    formula                                                          range
+    --------------------------------------  ---------------------------------------------------------------  ----------
+    attention_entropy                       H_i = −Σ_j A_ij ln A_ij (0 ln 0 = 0), nats                       [0, ln n_i]
+                                            used by: every per-head statistic (grid, show_attention, collapse, …)
+    uniform_entropy                         ln n, 0 for n ≤ 1 (the maximum entropy)                          [0, ∞)
+                                            used by: the maximum normalised_entropy divides by
+    visible_keys                            n_i = Σ_j allowed_ij                                             0, 1, …
+                                            used by: normalised_entropy, diagnose_collapse, the grid
+    normalised_entropy                      H_i / ln n_i, 0 when n_i ≤ 1                                     [0, 1]
+                                            used by: show_attention, inspect_projections, reconstruct_attention
+    normalised_from_entropy                 the same from an entropy already computed                        [0, 1]
+                                            used by: grid, diagnose_collapse, explain_scaling, profile_heads' broad
+    max_weight                              max_j A_ij and its key                                           [1/n_i, 1]
+                                            used by: grid's max weight (capture's row_peak), diagnose_collapse
+    masked_softmax                          softmax(z) over the allowed keys, exactly 0 elsewhere            [0, 1]
+                                            used by: explain_scaling, reconstruct_attention, inspect_projections
+    allowed_from_additive_mask              mask > dtype-min / 2 (additive mask -> bool allowed)             bool
+                                            used by: reconstruct_attention, inspect_projections
+    kl_divergence                           KL(P‖Q) = Σ_v P_v (ln P_v − ln Q_v), P, Q = softmax(logits)      [0, ∞)
+                                            used by: ablate_heads, profile_heads' evidence, compare_prompts
+    kl_divergence_probabilities             the same from probability rows                                   [0, ∞)
+                                            used by: js_divergence
+    js_divergence                           ½ KL(P‖M) + ½ KL(Q‖M), M = ½ (P + Q)                             [0, ln 2]
+                                            used by: reconstruct_attention, inspect_projections
+    next_token_losses                       −ln softmax(logits_{t−1})[x_t], nats                             [0, ∞)
+                                            used by: ablate_heads, profile_heads' induction probe
+    first_token_share                       mean_i A_i0 over every row, row 0 included                       [0, 1]
+                                            used by: the analyze grid's 'sink share'
+    first_token_share_excluding_early_rows  mean_i A_i0 over rows i ≥ max(1, skip)                           [0, 1]
+                                            used by: profile_heads' first_token role
+    sink_row_fraction                       mean_i [argmax_j A_ij is a sink key] over rows with n_i ≥ 2      [0, 1]
+                                            used by: diagnose_collapse's sink_fraction
+    sink_key_mask                           key 0 or a special token                                         bool
+                                            used by: diagnose_collapse's sink keys
+    received_attention                      per key j: Σ A_ij over heads and rows i ≠ j that may read j      ≥ 0
+                                            used by: trace_prompt_attention, compare_prompts
+    threshold_sinks                         keys with mean received share ≥ threshold and ≥ ratio · uniform  positions
+                                            used by: trace_prompt_attention's sink segment
+
+The four "sink" numbers are different measures and keep distinct names:
+
+* ``first_token_share`` — the ``analyze`` grid's "sink share" (``QuantisedMaps``): mean weight on key 0 over
+  every row. A causal row 0 can only read key 0, so it always adds 1/T.
+* ``first_token_share_excluding_early_rows`` — ``profile_heads``' ``first_token`` role: the same mean over rows
+  that could have read something else (``i ≥ 1``), and past the ``skip`` early rows whose shares are forced.
+* ``sink_row_fraction`` — ``diagnose_collapse``'s ``sink_fraction``: how many rows put their *largest* weight
+  on the first token or a special token ([CLS], [SEP], BOS), not how much weight they put there.
+* ``threshold_sinks`` — ``trace_prompt_attention``'s sink segment: the keys that receive at least ``threshold``
+  of the attention of the later queries, averaged over heads and layers.
+
+Streaming consumers (:mod:`agent_tools.consumers`) add the same per-row terms chunk by chunk; the tests check
+that their results equal these functions on whole maps. ``LayerAttention.row_entropy`` (capture) computes the
+entropy from the softmax input in two passes instead (equal up to float32 rounding).
+
+Everything here is pure: tensors in, tensors out, nothing modified. Shapes: ``...`` leading dims (batch,
+heads), ``q`` query rows, ``k`` keys, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+# --- entropy --------------------------------------------------------------------------------------------------
+
+
+def attention_entropy(weights: Tensor) -> Tensor:
+    """(..., q, k) probability rows -> (..., q): Shannon entropy ``H = −Σ_j p_j ln p_j`` in nats, 0·ln 0 = 0.
+
+    Range [0, ln k]: 0 for a one-hot row, ln k for a uniform row over k keys.
+    """
+    if weights.requires_grad:  # entr's gradient at p = 0 is −log 0: keep the where-form, whose gradient is 0 there
+        logs = torch.where(weights > 0, weights.clamp_min(1e-30).log(), torch.zeros_like(weights))
+        return (-(weights * logs).sum(-1)).clamp_min(0.0)
+    return torch.special.entr(weights).sum(-1).clamp_min(0.0)  # entr(p) = −p log p, entr(0) = 0: one pass
+
+
+def uniform_entropy(count: int) -> float:
+    """Entropy of a uniform row over ``count`` keys, ``ln count`` nats (the maximum); 0 for ``count ≤ 1``."""
+    return math.log(count) if count > 1 else 0.0
+
+
+def visible_keys(allowed: Tensor, shape: torch.Size | None = None) -> Tensor:
+    """(..., q, k) bool -> (..., q): ``n_i = Σ_j allowed_ij``, how many keys each query may read.
+
+    ``shape``: the weights' shape, to broadcast the count over heads after counting once.
+    """
+    count = allowed.sum(-1)  # before broadcasting: the heads share one mask
+    return count.expand(shape[:-1]) if shape is not None else count
+
+
+def normalised_from_entropy(entropy: Tensor, visible: Tensor) -> Tensor:
+    """(..., q) entropy in nats, (..., q) visible keys -> (..., q): ``H_i / ln n_i``, 0 where ``n_i ≤ 1``.
+
+    Range [0, 1]: 0 = all weight on one key, 1 = uniform over the visible keys. A row that sees one key cannot
+    choose, so it gets 0 rather than 0/0. Integer counts are converted to the entropy's dtype; floating counts
+    are used as given (the division then follows torch's type promotion).
+    """
+    count = visible if visible.is_floating_point() else visible.to(entropy.dtype)
+    return torch.where(count > 1, entropy / count.clamp_min(2).log(), torch.zeros_like(entropy))
+
+
+def normalised_entropy(weights: Tensor, allowed: Tensor | None = None) -> Tensor:
+    """(..., q, k) weights, bool ``allowed`` broadcastable to them -> (..., q): ``H_i / ln n_i`` in [0, 1].
+
+    Without ``allowed`` every key counts as visible (``n_i = k``). Rows with one visible key give 0.
+    """
+    entropy = attention_entropy(weights)
+    if allowed is None:
+        count = torch.full_like(entropy, weights.shape[-1])
+    else:
+        count = visible_keys(allowed, weights.shape).to(entropy.dtype)
+    return normalised_from_entropy(entropy, count)
+
+
+# --- concentration ------------------------------------------------------------------------------------------
+
+
+def max_weight(weights: Tensor) -> tuple[Tensor, Tensor]:
+    """(..., q, k) -> ``max_j A_ij`` (..., q) in [1/n_i, 1] and the key that gets it (..., q)."""
+    return weights.max(-1)
+
+
+# --- softmax ------------------------------------------------------------------------------------------------
+
+
+def masked_softmax(logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+    """(..., q, k) logits, bool ``allowed`` (True = may read) -> weights: ``softmax`` over the allowed keys.
+
+    Hidden keys get exactly 0 (their logits become −inf); computed in the logits' dtype. A row with no allowed
+    key is NaN. Callers holding an additive mask (0 / dtype-min) convert it with
+    :func:`allowed_from_additive_mask`: the result is the same, since ``exp(z + min − max)`` is 0 too.
+    """
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed.expand(logits.shape), -math.inf)
+    return torch.softmax(logits, dim=-1)
+
+
+def allowed_from_additive_mask(mask: Tensor) -> Tensor:
+    """Additive mask (0 where a key may be read, dtype-min or −inf where not) -> bool ``allowed``.
+
+    The same threshold the capture uses: an entry below half the dtype's minimum hides the key.
+    """
+    return mask > torch.finfo(mask.dtype).min / 2
+
+
+# --- divergences --------------------------------------------------------------------------------------------
+
+
+def kl_divergence(logits_p: Tensor, logits_q: Tensor) -> Tensor:
+    """(..., V) logits of P and Q -> (...,): ``KL(P ‖ Q) = Σ_v P_v (ln P_v − ln Q_v)`` in nats, ≥ 0.
+
+    Direction: the expectation is under P (the first argument: the clean run, prompt A). Inputs are *logits*;
+    both go through log-softmax in float64 (stable for tiny probabilities). Rounding below 0 is clamped to 0.
+    """
+    log_p = torch.log_softmax(logits_p.double(), dim=-1)
+    log_q = torch.log_softmax(logits_q.double(), dim=-1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)
+
+
+def _kl_sum(p: Tensor, q: Tensor) -> Tensor:
+    """``Σ_j p_j (ln p_j − ln q_j)`` over terms with ``p_j > 0``, float64 inputs, not clamped."""
+    terms = torch.where(p > 0, p * (p.clamp_min(1e-300).log() - q.clamp_min(1e-300).log()), torch.zeros_like(p))
+    return terms.sum(-1)
+
+
+def kl_divergence_probabilities(p: Tensor, q: Tensor) -> Tensor:
+    """(..., k) probability rows -> (...,): ``KL(p ‖ q) = Σ_j p_j (ln p_j − ln q_j)`` in nats (0·ln 0 = 0), ≥ 0.
+
+    The same divergence as :func:`kl_divergence` for callers that hold probabilities (attention rows), in float64.
+    Infinite in theory where ``q_j = 0 < p_j``; here ``ln q_j`` is clamped at ``ln 1e-300``.
+    """
+    return _kl_sum(p.double(), q.double()).clamp_min(0.0)
+
+
+def js_divergence(p: Tensor, q: Tensor) -> Tensor:
+    """(..., k) x (..., k) probability rows -> (...,): ``JS = ½ KL(p ‖ m) + ½ KL(q ‖ m)``, ``m = ½ (p + q)``.
+
+    Nats, symmetric, in [0, ln 2]: 0 for equal rows, ln 2 for rows with disjoint support. float64.
+    """
+    p64, q64 = p.double(), q.double()
+    m = 0.5 * (p64 + q64)
+    return (0.5 * _kl_sum(p64, m) + 0.5 * _kl_sum(q64, m)).clamp(0.0, math.log(2))
+
+
+def next_token_losses(logits: Tensor, input_ids: Tensor) -> Tensor:
+    """(B, T, V) logits, (B, T) ids -> (B, T−1): ``−ln softmax(logits[t−1])[x_t]``, each next token's loss in nats.
+
+    Entry ``t − 1`` is the cross-entropy of token ``t`` given the logits at the position before it (float64).
+    """
+    log_probs = torch.log_softmax(logits[:, :-1].double(), dim=-1)  # (B, T-1, V)
+    return -log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+# --- sinks: four distinct measures -------------------------------------------------------------------------
+
+
+def first_token_share(weights: Tensor) -> Tensor:
+    """(..., q, k) -> (...): ``mean_i A_i0`` over *every* row, row 0 included (the ``analyze`` grid's sink share).
+
+    Range [0, 1]. On a causal map row 0 can only read key 0 (``A_00 = 1``), so a T-row map never goes below 1/T.
+    """
+    return weights[..., 0].mean(-1)
+
+
+def first_token_share_excluding_early_rows(weights: Tensor, *, skip: int, rows: Tensor | None = None) -> Tensor:
+    """(..., q, k) -> (...): ``mean_i A_i0`` over rows ``i ≥ max(1, skip)`` (``profile_heads``' ``first_token``).
+
+    Row 0 (which reads only key 0 in a causal model) and the ``skip`` early rows (which see one or two keys, so
+    their shares are forced, not chosen) are left out. ``rows`` (q,): each row's position (default 0..q−1).
+    NaN when no row qualifies. Range [0, 1].
+    """
+    positions = torch.arange(weights.shape[-2], device=weights.device) if rows is None else rows
+    counted = positions >= max(1, skip)  # (q,)
+    return weights[..., counted, 0].mean(-1)
+
+
+def sink_key_mask(special: Sequence[bool] | Tensor) -> Tensor:
+    """(k,) special-token flags -> (k,) bool: the sink keys — the first token plus every special token."""
+    mask = torch.as_tensor(special, dtype=torch.bool).clone()
+    if mask.numel():
+        mask[0] = True
+    return mask
+
+
+def sink_row_fraction(weights: Tensor, sink_mask: Tensor, allowed: Tensor) -> Tensor:
+    """(..., q, k) weights, (k,) sink keys, (q, k) bool allowed -> (...): share of rows whose argmax is a sink.
+
+    ``mean_i [argmax_j A_ij ∈ sinks]`` over the rows that see at least two keys (``diagnose_collapse``'s
+    ``sink_fraction``; :func:`sink_key_mask` gives its sinks: the first token and special tokens). Counts rows,
+    not weight: a row with 0.3 on key 0 and 0.2 on each of three others counts fully. NaN without such rows.
+    """
+    choosing = visible_keys(allowed) > 1  # (q,)
+    on_sink = sink_mask.to(weights.device)[weights.max(-1).indices]  # (..., q)
+    return (on_sink & choosing).double().sum(-1) / choosing.double().sum()
+
+
+@dataclass(frozen=True)
+class Received:
+    """What each key receives from the other queries that may read it, summed over heads, rows (and layers).
+
+    ``total``: weight received; ``count``: (head, row) pairs that could read the key; ``uniform``: what those
+    pairs would give it if every row spread evenly over its visible keys; ``readers``: rows that could read it.
+    All (Tk,). ``total / count`` is the mean share received, ``uniform / count`` the uniform expectation.
+    """
+
+    total: Tensor
+    count: Tensor
+    uniform: Tensor
+    readers: Tensor
+
+    def __add__(self, other: Received) -> Received:
+        return Received(
+            self.total + other.total,
+            self.count + other.count,
+            self.uniform + other.uniform,
+            self.readers + other.readers,
+        )
+
+
+def received_attention(weights: Tensor, allowed: Tensor, query_positions: Tensor) -> Received:
+    """One layer's rows -> per key ``Σ_{h, i ≠ j, allowed_ij} A^h_ij`` and the counts to average it.
+
+    A query's weight on itself is excluded (every causal row can read itself).
+
+    Args:
+        weights: (H, q, Tk) one layer's attention rows.
+        allowed: (q, Tk) bool, which keys each row may read.
+        query_positions: (q,) the key column of each query row (its own position).
+    """
+    heads = weights.shape[0]
+    keys = torch.arange(weights.shape[-1], device=weights.device)
+    readers = allowed & (keys[None, :] != query_positions[:, None])  # (q, Tk): other queries that may read
+    visible = allowed.sum(-1, keepdim=True).clamp_min(1)  # (q, 1) keys each row spreads over
+    return Received(
+        total=(weights * readers[None]).sum((0, 1)),  # (Tk,)
+        count=readers.sum(0) * heads,  # (Tk,)
+        uniform=(readers / visible).sum(0) * heads,  # (Tk,)
+        readers=readers.sum(0),  # (Tk,)
+    )
+
+
+def threshold_sinks(
+    received: Received,
+    *,
+    threshold: float,
+    min_readers: int = 4,
+    min_ratio: float = 2.0,
+    always: tuple[int, ...] = (0,),
+) -> list[int]:
+    """Sink positions: ``always`` (the first token) plus keys read heavily whatever the query.
+
+    A key ``j`` is a sink when at least ``min_readers`` later queries could read it and its mean received share
+    ``s_j = total_j / count_j`` (over those queries, all heads and layers) satisfies ``s_j ≥ threshold`` and
+    ``s_j ≥ min_ratio · uniform_j / count_j`` — the second keeps short texts, where every share is large, from
+    calling every token a sink.
+    """
+    count = received.count.clamp_min(1)
+    mean, uniform = received.total / count, received.uniform / count  # (T,) each
+    heavy = (received.readers >= min_readers) & (mean >= threshold) & (mean >= min_ratio * uniform)
+    found = {p for p in always if 0 <= p < mean.shape[0]}
+    found |= {int(p) for p in torch.nonzero(heavy).flatten().tolist()}
+    return sorted(found)

@@ -1,0 +1,88 @@
+"""attention-explainer command line: readable tables for people, JSON for scripts.
+
+    attention-explainer describe [--model M]
+    attention-explainer show TEXT --layer L --head H [--model M] [--png FILE]
+    attention-explainer call TOOL --json ARGS        (any tool; ARGS is JSON, @file.json or - for stdin)
+    attention-explainer tools                        (list the tools and their input schemas)
+    attention-explainer analyze [TEXT] [--out DIR]   (the full explanation: terminal, JSON, PNG, HTML)
+    attention-explainer mcp [--transport T]          (serve every tool to an MCP client)
+
+One module per subcommand, each with ``register(subparsers)`` (its parser, ``set_defaults(func=run)``) and
+``run(args, inspector) -> exit code``. Modules import only the standard library, ``settings`` and ``errors`` at
+load time; torch and transformers load inside ``run``, so ``--help`` and usage errors answer in a tenth of a
+second.
+
+Exit codes: 0 success, 2 a clear one-line error about the input, 1 a bug (with a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from agent_tools.cli import analyze, call, describe, mcp, show, tools
+from agent_tools.errors import AttentionToolError, InvalidInputError
+from agent_tools.settings import DEFAULT_MEMORY_BUDGET, default_artifact_dir
+
+if TYPE_CHECKING:  # torch and transformers load only when a command runs: --help and usage errors stay fast
+    from agent_tools.inspector import Inspector
+
+__all__ = ["build_parser", "main", "session_from_args"]
+
+SUBCOMMANDS = (describe, show, call, tools, analyze, mcp)  # the order ``--help`` lists them in
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The global options (artifact folder, token limit, memory budget) and every subcommand's parser."""
+    parser = argparse.ArgumentParser(prog="attention-explainer", description="Look inside a transformer's attention.")
+    parser.add_argument("--artifacts", default=None, help="folder for PNG/HTML artifacts the tools write")
+    parser.add_argument("--token-limit", type=int, default=None, help="refuse texts longer than this many tokens")
+    parser.add_argument(
+        "--memory-budget",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="refuse calls estimated to hold more than this many MiB of attention maps (default: 2048)",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for command in SUBCOMMANDS:
+        command.register(subparsers)
+    return parser
+
+
+def session_from_args(args: argparse.Namespace) -> Inspector:
+    """The inspector the global options describe: artifact folder, token limit, memory budget."""
+    if args.token_limit is not None and args.token_limit < 1:
+        raise InvalidInputError(f"--token-limit must be at least 1, got {args.token_limit}", field="token_limit")
+    budget = DEFAULT_MEMORY_BUDGET
+    if args.memory_budget is not None:
+        if args.memory_budget < 1:
+            raise InvalidInputError(f"--memory-budget must be at least 1 MiB, got {args.memory_budget}")
+        budget = args.memory_budget * 1024**2
+    from agent_tools.inspector import Inspector
+
+    return Inspector(
+        artifact_dir=args.artifacts or default_artifact_dir(), token_limit=args.token_limit, memory_budget=budget
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script: parse, build the session, run the subcommand; an input error is one line, exit 2."""
+    from agent_tools.runtime import tune_allocator
+
+    tune_allocator()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        inspector = session_from_args(args)
+        return int(args.func(args, inspector) or 0)
+    except AttentionToolError as exc:
+        print("error: " + " ".join(exc.message.splitlines()), file=sys.stderr)  # one line, always
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,91 @@
+"""``attention-explainer analyze``: the full explanation in the terminal, as JSON, PNG pictures and HTML."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent_tools.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from agent_tools.inspector import Inspector
+    from agent_tools.schemas import ChatMessage
+
+
+def _read_messages(path: str) -> list[ChatMessage]:
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read messages file {path}: {exc.strerror}", field="messages") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"messages file {path} is not valid JSON: {exc}", field="messages") from exc
+    if isinstance(raw, dict) and "messages" in raw:
+        raw = raw["messages"]
+    if not isinstance(raw, list) or not all(isinstance(m, dict) for m in raw):
+        msg = f"messages file {path} must hold a JSON list of {{role, content}} objects"
+        raise InvalidInputError(msg, field="messages")
+    try:
+        from agent_tools.schemas import ChatMessage
+
+        return [ChatMessage.model_validate(m) for m in raw]
+    except ValueError as exc:
+        raise InvalidInputError(f"messages file {path}: each message needs role and content ({exc})") from exc
+
+
+def run(args: argparse.Namespace, inspector: Inspector) -> int:
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from agent_tools.report.job import run_analysis
+    from agent_tools.report.outputs import write_outputs
+    from agent_tools.report.terminal import print_report
+
+    text = args.text
+    if args.messages:
+        if text is not None:
+            raise InvalidInputError("give either TEXT or --messages, not both")
+        loaded = inspector.model(args.model)
+        text = inspector.render_messages(loaded, _read_messages(args.messages))
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    console = Console(stderr=args.as_json)
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not sys.stderr.isatty(),
+    ) as progress:
+        task = progress.add_task("starting", total=None)
+        result = run_analysis(
+            inspector,
+            text,
+            model=args.model,
+            layers=layers,
+            progress=lambda message: progress.update(task, description=message),
+        )
+        paths: dict[str, Any] = {}
+        if args.out:
+            progress.update(task, description="writing report files")
+            paths = write_outputs(result, args.out)
+    if args.as_json:
+        print(result.to_report().model_dump_json(indent=2))
+        return 0
+    print_report(result, console)
+    if paths:
+        console.print(f"wrote {paths['html']}, {paths['json']} and {len(paths) - 2} PNG files to {args.out}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("analyze", help="the full explanation of a text: terminal, JSON, PNG and HTML")
+    p.add_argument("text", nargs="?", default=None, help="text to analyse (a built-in text when omitted)")
+    p.add_argument("--messages", default=None, help="JSON file of chat messages, rendered with the chat template")
+    p.add_argument("--model", default=None)
+    p.add_argument("--out", default=None, help="folder for report.json, PNG pictures and report.html")
+    p.add_argument("--layers", default=None, help="comma-separated layers for the per-head analyses (default all)")
+    p.add_argument("--json", dest="as_json", action="store_true", help="print all reports as one JSON document")
+    p.set_defaults(func=run)

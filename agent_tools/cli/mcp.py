@@ -1,0 +1,145 @@
+"""``attention-explainer mcp``: serve every tool to an MCP client (a desktop assistant, an IDE, an agent).
+
+    attention-explainer mcp                                   # stdio; bundled models; default model preloaded
+    attention-explainer mcp --model minilm-l6 --allow-model ./my-model --artifacts ~/attention-artifacts
+    attention-explainer mcp --transport streamable-http --port 8765   # http://127.0.0.1:8765/mcp
+    attention-explainer mcp --token-limit 2048 --memory-budget 512    # tokens per text, MiB of maps per call
+
+Which models the server may load, where it may write files and how long a text may be are fixed here, by
+the person who starts it; an agent's arguments cannot change them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import logging
+import os
+import sys
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent_tools.errors import InvalidInputError
+from agent_tools.settings import ARTIFACTS_ENV, DEFAULT_MODEL, cache_dir, readable_size
+
+if TYPE_CHECKING:
+    from agent_tools.inspector import Inspector
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "mcp",
+        help="run an MCP server (stdio by default) exposing every tool",
+        description="Run an MCP server exposing every attention-explainer tool, with input and output schemas.",
+    )
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help="the default model, loaded at start-up (default: %(default)s)"
+    )
+    p.add_argument(
+        "--allow-model",
+        action="append",
+        default=[],
+        metavar="REF",
+        help="also allow this model reference (a folder, .gguf file or hub id you trust); repeatable. "
+        "Always allowed: the bundled models and --model",
+    )
+    p.add_argument("--tools", default=None, help="comma-separated tools to serve (default: all)")
+    p.add_argument(
+        "--artifacts",
+        default=argparse.SUPPRESS,
+        help="the only folder where tools may write PNG files (same as the global --artifacts; default: "
+        "$ATTENTION_EXPLAINER_ARTIFACTS, else ~/.cache/attention-explainer/artifacts)",
+    )
+    p.add_argument("--no-artifacts", action="store_true", help="refuse every request to write a file")
+    p.add_argument(
+        "--token-limit",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="refuse texts longer than this many tokens (same as the global --token-limit; default: the model's)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=int,
+        default=argparse.SUPPRESS,
+        metavar="MIB",
+        help="refuse calls estimated to hold more than this many MiB of attention maps (same as the global "
+        "option; default: 2048)",
+    )
+    p.add_argument(
+        "--text-content",
+        choices=("summary", "json", "both"),
+        default="both",
+        help="text content beside the structured content: the concise summary, the report's JSON, or both",
+    )
+    p.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP only; default 127.0.0.1 (this machine only)")
+    p.add_argument("--port", type=int, default=8765, help="HTTP only (default: %(default)s)")
+    p.add_argument("--no-preload", action="store_true", help="load the default model on first use, not at start-up")
+    p.set_defaults(func=run)
+
+
+def artifact_folder(args: argparse.Namespace) -> Path | None:
+    """--artifacts (``~`` expanded), else $ATTENTION_EXPLAINER_ARTIFACTS, else the user cache folder.
+
+    Not the working directory: a desktop client may start the server anywhere (even in ``/``).
+    """
+    if args.no_artifacts:
+        return None
+    chosen = getattr(args, "artifacts", None) or os.environ.get(ARTIFACTS_ENV)
+    return Path(chosen).expanduser() if chosen else cache_dir() / "artifacts"
+
+
+def session_inspector(args: argparse.Namespace, base: Inspector) -> Inspector:
+    """The server's inspector: an allow-list policy, the artifact folder (or none), the CLI's token limit and
+    memory budget."""
+    from agent_tools.inspector import Inspector
+    from agent_tools.loading import ModelPolicy
+
+    policy = ModelPolicy.bundled_only(default=args.model, extra=tuple(args.allow_model))
+    return Inspector(
+        policy=policy,
+        token_limit=base.token_limit,
+        memory_budget=base.memory_budget,
+        artifact_dir=artifact_folder(args),
+    )
+
+
+def _protocol_stdout() -> Any:
+    """Keep fd 1 for the protocol only: anything else that prints (Python or native code) goes to stderr."""
+    import anyio
+
+    protocol_fd = os.dup(sys.stdout.fileno())
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    return anyio.wrap_file(io.TextIOWrapper(os.fdopen(protocol_fd, "wb"), encoding="utf-8"))
+
+
+def run(args: argparse.Namespace, inspector: Inspector) -> int:
+    import anyio
+
+    from agent_tools.surfaces.mcp_server import build_server, serve_http, serve_stdio
+
+    if not 0 < args.port < 65536:
+        raise InvalidInputError(f"--port {args.port} out of range 1..65535", field="port")
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("mcp").setLevel(logging.WARNING)  # not one line per request
+    session = session_inspector(args, inspector)
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None
+    server = build_server(session, tools=tools, text_content=args.text_content, preload=not args.no_preload)
+    allowed = ", ".join(sorted(session.policy.allowed or ()))
+    limit = session.token_limit or "the model's own"
+    print(
+        f"attention-explainer MCP server ({args.transport}): default model {session.policy.default}; "
+        f"allowed models: {allowed}; artifacts: {session.artifact_dir or 'disabled'}; "
+        f"token limit: {limit}; memory budget: {readable_size(session.memory_budget)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    if args.transport == "stdio":
+        stdout = _protocol_stdout()
+        anyio.run(partial(serve_stdio, server, stdout=stdout))
+    else:
+        anyio.run(partial(serve_http, server, host=args.host, port=args.port))
+    return 0

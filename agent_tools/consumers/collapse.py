@@ -1,0 +1,336 @@
+"""Attention collapse, streamed: per-head running sums over query chunks, never a map.
+
+:class:`HeadAccumulator` turns blocks of rows into the sums behind :class:`~agent_tools.analysis.collapse.HeadCollapse`
+(the measures are defined in :mod:`agent_tools.analysis.collapse` and :mod:`agent_tools.analysis.metrics`);
+:class:`CollapseConsumer` feeds it from the capture. Holds O(layers · heads · keys) numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from agent_tools.analysis.collapse import (
+    CONCENTRATED_MEAN_MAX,
+    CONCENTRATED_SATURATED,
+    ROW_TARGETS,
+    HeadCollapse,
+    centred_logit_norm,
+    centred_score_norm,
+    classify_concentration,
+    collapse_verdict,
+    row_targets,
+    zhai_entropy_bound,
+)
+from agent_tools.analysis.metrics import attention_entropy, normalised_from_entropy
+from agent_tools.analysis.norms import (
+    head_output_grams,
+    head_output_norms,
+    projected_output_norms,
+    transformed_value_norms,
+    value_share_sums,
+)
+from agent_tools.capture import LayerAttention
+from agent_tools.layout import output_weight
+
+
+@dataclass(frozen=True)
+class _ValueSide:
+    """One head's value-side numbers (None without output Grams): see ``HeadCollapse``."""
+
+    dominant_value_norm: float | None = None
+    other_value_norm: float | None = None
+    value_norm_ratio: float | None = None
+    dominant_value_share: float | None = None
+    dominant_contribution: float | None = None
+    contribution_ratio: float | None = None
+
+
+class HeadAccumulator:
+    """Running sums for ``h`` heads of one layer over query chunks; :meth:`finish` gives :class:`HeadCollapse`."""
+
+    def __init__(self, layer: int, heads: Sequence[int], keys: int, *, threshold: float) -> None:
+        n = len(heads)
+        self.layer, self.heads, self.threshold = layer, list(heads), threshold
+        self.rows = 0
+        self.entropy = torch.zeros(n, dtype=torch.float64)
+        self.normalised = torch.zeros(n, dtype=torch.float64)
+        self.max_weight = torch.zeros(n, dtype=torch.float64)
+        self.saturated = torch.zeros(n, dtype=torch.float64)
+        self.column = torch.zeros(n, keys, dtype=torch.float64)  # Σ rows of weight per key
+        self.argmax = torch.zeros(n, keys, dtype=torch.float64)  # rows whose argmax is the key
+        self.targets = torch.zeros(n, len(ROW_TARGETS), dtype=torch.float64)
+        self.radius = torch.zeros(n, dtype=torch.float64)
+        self.bound = torch.zeros(n, dtype=torch.float64)
+        self.slack = torch.full((n,), math.inf, dtype=torch.float64)
+        self.violations = torch.zeros(n, dtype=torch.long)
+        self.value_norms: Tensor | None = None  # (h, k) ‖v_j W_O^h‖
+        self.value_share: Tensor | None = None  # (h, k) Σ rows of each key's share of Σ‖α v W_O‖
+        self.output_norm: Tensor | None = None  # (h,) Σ rows of ‖head output‖
+
+    def add(
+        self,
+        weights: Tensor,
+        scores: Tensor | None,
+        allowed: Tensor,
+        query_positions: Tensor,
+        sink_mask: Tensor,
+        *,
+        value_norms: Tensor | None = None,
+        output_norms: Tensor | None = None,
+        entropy: Tensor | None = None,
+        peak: tuple[Tensor, Tensor] | None = None,
+        radius: Tensor | None = None,
+    ) -> None:
+        """Add rows: weights/scores (h, q, k) over key columns [0, k), allowed (q, k), positions (q,),
+        sink_mask (keys,), value_norms (h, keys) ‖v_j W_O^h‖, output_norms (h, q) ‖Σ_j α_ij v_j W_O^h‖.
+
+        ``entropy`` (h, q), ``peak`` ((h, q) max, (h, q) argmax) and ``radius`` (h, q) centred score norm may be
+        given when the caller already has them (the capture computes them once for every consumer); ``scores``
+        is then not read. Rows that see a single key are left out: they cannot choose.
+        """
+        visible = allowed.sum(-1)  # (q,)
+        keep = visible > 1  # rows that can choose between keys
+        if not bool(keep.any()):
+            return
+        if entropy is None:
+            entropy = attention_entropy(weights if weights.dtype == torch.float64 else weights.float())
+        top, argmax = peak if peak is not None else weights.max(-1)  # (h, q)
+        if radius is None:
+            assert scores is not None, "scores are needed when the centred score norm is not given"
+            radius = centred_score_norm(scores, allowed)
+        if not bool(keep.all()):  # only the first rows of a causal map see a single key
+            weights, allowed, visible = weights[:, keep], allowed[keep], visible[keep]
+            query_positions = query_positions[keep]
+            entropy, top, argmax, radius = entropy[:, keep], top[:, keep], argmax[:, keep], radius[:, keep]
+            output_norms = output_norms[:, keep] if output_norms is not None else None
+        entropy, top, radius = entropy.double(), top.double(), radius.double()
+        self.rows += int(keep.sum())
+        self.entropy += entropy.sum(-1)
+        self.normalised += normalised_from_entropy(entropy, visible).sum(-1)
+        self.max_weight += top.sum(-1)
+        self.saturated += (top >= self.threshold).double().sum(-1)
+        self.column[:, : weights.shape[-1]] += weights.sum(1).double()
+        self.argmax.scatter_add_(1, argmax, torch.ones_like(top))
+        codes = row_targets(argmax, query_positions, sink_mask)  # (h, q)
+        self.targets.scatter_add_(1, codes, torch.ones_like(top))
+        self._add_bound(entropy, radius, visible)
+        self._add_value_side(weights, value_norms, output_norms)
+
+    def _add_bound(self, entropy: Tensor, radius: Tensor, visible: Tensor) -> None:
+        """The Zhai et al. bound of the kept rows: (h, q) entropy, centred score norm; (q,) visible keys."""
+        bound = zhai_entropy_bound(radius, visible.expand_as(radius))
+        slack = entropy - bound
+        self.radius += radius.sum(-1)
+        self.bound += bound.sum(-1)
+        self.slack = torch.minimum(self.slack, slack.min(-1).values)
+        self.violations += (slack < -1e-5).sum(-1)
+
+    def _add_value_side(self, weights: Tensor, value_norms: Tensor | None, output_norms: Tensor | None) -> None:
+        """Each key's share of ``Σ_j ‖α_ij v_j W_O^h‖`` and ‖head output‖, summed over the kept rows."""
+        width = weights.shape[-1]
+        if value_norms is not None:
+            if self.value_norms is None or self.value_share is None:
+                self.value_norms = value_norms.double().clone()
+                self.value_share = torch.zeros_like(self.column)
+            self.value_share[:, :width] += value_share_sums(weights, value_norms[:, :width]).double()
+        if output_norms is not None:
+            sums = output_norms.double().sum(-1)
+            self.output_norm = sums if self.output_norm is None else self.output_norm + sums
+
+    def finish(self, sink_mask: Tensor) -> list[HeadCollapse]:
+        if self.rows == 0:
+            return []
+        return [self._head(i, head, sink_mask) for i, head in enumerate(self.heads)]
+
+    def _head(self, i: int, head: int, sink_mask: Tensor) -> HeadCollapse:
+        """The summary of head slot ``i`` (model head ``head``) from the sums."""
+        n = float(self.rows)
+        column = self.column[i] / n
+        dominant = int(column.argmax())
+        targets = self.targets[i] / n
+        counts = self.argmax[i].masked_fill(sink_mask, -1.0)
+        top_other = int(counts.argmax()) if bool((counts > 0).any()) else None
+        top_other_fraction = float(counts[top_other] / n) if top_other is not None else 0.0
+        mean_max = float(self.max_weight[i] / n)
+        saturated = float(self.saturated[i] / n)
+        concentrated = mean_max >= CONCENTRATED_MEAN_MAX or saturated >= CONCENTRATED_SATURATED
+        sink, self_, previous = (float(targets[ROW_TARGETS.index(t)]) for t in ("sink", "self", "previous_token"))
+        concentration = classify_concentration(sink, self_, previous, top_other_fraction)
+        value = self._value_side(i, dominant, float(column[dominant]))
+        return HeadCollapse(
+            layer=self.layer,
+            head=head,
+            rows=self.rows,
+            mean_entropy=float(self.entropy[i] / n),
+            mean_normalised_entropy=float(self.normalised[i] / n),
+            mean_max_weight=mean_max,
+            saturated_fraction=saturated,
+            dominant_position=dominant,
+            dominant_share=float(column[dominant]),
+            dominant_argmax_fraction=float(self.argmax[i, dominant] / n),
+            sink_fraction=sink,
+            self_fraction=self_,
+            previous_fraction=previous,
+            top_other_position=top_other,
+            top_other_fraction=top_other_fraction,
+            concentration=concentration,
+            concentrated=concentrated,
+            dominant_value_norm=value.dominant_value_norm,
+            other_value_norm=value.other_value_norm,
+            value_norm_ratio=value.value_norm_ratio,
+            dominant_value_share=value.dominant_value_share,
+            dominant_contribution=value.dominant_contribution,
+            contribution_ratio=value.contribution_ratio,
+            mean_output_norm=float(self.output_norm[i] / n) if self.output_norm is not None else None,
+            mean_centred_score_norm=float(self.radius[i] / n),
+            mean_entropy_bound=float(self.bound[i] / n),
+            min_bound_slack=float(self.slack[i]),
+            bound_violations=int(self.violations[i]),
+            verdict=collapse_verdict(concentration, concentrated, value.contribution_ratio),
+        )
+
+    def _value_side(self, i: int, dominant: int, dominant_share: float) -> _ValueSide:
+        """What the dominant key writes against an ordinary key (Kobayashi et al.), for head slot ``i``."""
+        if self.value_norms is None or self.value_share is None:
+            return _ValueSide()
+        norms = self.value_norms[i]
+        dominant_norm = float(norms[dominant])
+        others = torch.cat([norms[:dominant], norms[dominant + 1 :]])
+        other_norm = float(others.mean()) if others.numel() else 0.0
+        contribution = dominant_share * dominant_norm  # mean_i α_ij* ‖v_j* W_O‖
+        return _ValueSide(
+            dominant_value_norm=dominant_norm,
+            other_value_norm=other_norm,
+            value_norm_ratio=dominant_norm / other_norm if other_norm > 0 else math.inf,
+            dominant_value_share=float(self.value_share[i, dominant] / self.rows),
+            dominant_contribution=contribution,
+            contribution_ratio=contribution / other_norm if other_norm > 0 else math.inf,
+        )
+
+
+def collapse_statistics(
+    weights: Tensor,
+    scores: Tensor,
+    allowed: Tensor,
+    sink_mask: Tensor,
+    *,
+    layer: int = 0,
+    heads: Sequence[int] | None = None,
+    threshold: float = 0.99,
+    value_norms: Tensor | None = None,
+    output_norms: Tensor | None = None,
+) -> list[HeadCollapse]:
+    """Whole-map entry point: weights/scores (h, q, k) with query i at key column i, allowed (q, k)."""
+    heads = list(range(weights.shape[0])) if heads is None else list(heads)
+    accumulator = HeadAccumulator(layer, heads, weights.shape[-1], threshold=threshold)
+    positions = torch.arange(weights.shape[-1] - weights.shape[-2], weights.shape[-1])
+    accumulator.add(weights, scores, allowed, positions, sink_mask, value_norms=value_norms, output_norms=output_norms)
+    return accumulator.finish(sink_mask)
+
+
+class CollapseConsumer:
+    """Per layer and query chunk, turns the captured maps into running sums and drops them.
+
+    Reads per-row tensors only up to ``key_width`` (later columns carry no weight), so causal chunks are
+    computed over their visible keys only.
+
+    Holds O(layers · heads · keys) numbers, never a map. With ``output_grams`` (per layer, (H, D, D)) it
+    also measures the value side from the captured values: ‖v_j W_O^h‖ per key and ‖head output‖ per row.
+    """
+
+    accepts_key_prefix: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        sink_mask: Tensor,
+        *,
+        heads: Sequence[int] | None = None,
+        threshold: float = 0.99,
+        output_grams: dict[int, Tensor] | None = None,
+        batch_index: int = 0,
+    ) -> None:
+        self.sink_mask = sink_mask
+        self.heads = list(heads) if heads is not None else None
+        self.threshold = threshold
+        self.output_grams = output_grams or {}
+        self.batch_index = batch_index
+        self.layers: dict[int, HeadAccumulator] = {}
+
+    def on_layer(self, captured: LayerAttention) -> None:
+        b = self.batch_index
+        heads = self.heads if self.heads is not None else list(range(captured.weights.shape[1]))
+        accumulator = self.layers.get(captured.layer)
+        if accumulator is None:
+            accumulator = HeadAccumulator(captured.layer, heads, captured.key_length, threshold=self.threshold)
+            self.layers[captured.layer] = accumulator
+        pick = _Picker(heads, captured.weights.shape[1])
+        allowed = captured.allowed()[b, 0]  # (q, k)
+        if captured.logits is not None:  # scores = logits where a key may be read: no second q·kᵀ
+            radius = centred_logit_norm(pick(captured.logits[b]), allowed)  # (h, q)
+        else:
+            radius = centred_score_norm(pick(captured.scores[b]), allowed)
+        top, argmax = captured.row_max()
+        start = captured.key_index_offset
+        positions = torch.arange(start, start + captured.weights.shape[2])
+        value_norms, output_norms = self._value_norms(captured, accumulator, pick)
+        accumulator.add(
+            pick(captured.weights[b]),
+            None,
+            allowed,
+            positions,
+            self.sink_mask.to(captured.weights.device),
+            value_norms=value_norms,
+            output_norms=output_norms,
+            entropy=pick(captured.row_entropy()[b]),
+            peak=(pick(top[b]), pick(argmax[b])),
+            radius=radius,
+        )
+
+    def _value_norms(
+        self, captured: LayerAttention, accumulator: HeadAccumulator, pick: _Picker
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """(h, Tk) ‖v_j W_O^h‖ and (h, q) ‖head output‖ of this chunk, or (None, None) without Grams."""
+        grams = self.output_grams.get(captured.layer)
+        if grams is None:
+            return None, None
+        b = self.batch_index
+        if accumulator.value_norms is not None:  # keys are the same for every query chunk
+            value_norms = accumulator.value_norms
+        else:
+            value = captured.value[b : b + 1]  # (1, Hkv, Tk, D)
+            value_norms = pick(transformed_value_norms(value, grams, kv_groups=captured.kv_groups)[0])  # (h, Tk)
+        if captured.output is not None:
+            outputs = projected_output_norms(captured.output[b : b + 1], grams)  # (1, H, q)
+        else:
+            outputs = head_output_norms(
+                captured.weights[b : b + 1], captured.value[b : b + 1], grams, kv_groups=captured.kv_groups
+            )
+        return value_norms, pick(outputs[0])
+
+    def results(self) -> list[HeadCollapse]:
+        found: list[HeadCollapse] = []
+        for layer in sorted(self.layers):
+            found.extend(self.layers[layer].finish(self.sink_mask))
+        return found
+
+
+class _Picker:
+    """Selects the kept heads along the first axis: (H, ...) -> (h, ...); the identity when every head is kept."""
+
+    def __init__(self, heads: Sequence[int], num_heads: int) -> None:
+        self.every_head = list(heads) == list(range(num_heads))
+        self.index = torch.tensor(list(heads))
+
+    def __call__(self, tensor: Tensor) -> Tensor:
+        return tensor if self.every_head else tensor.index_select(0, self.index)
+
+
+def output_grams_for(model: torch.nn.Module, layers: Sequence[int], num_heads: int) -> dict[int, Tensor]:
+    """(H, D, D) Gram matrices of each requested layer's output projection, for :class:`CollapseConsumer`."""
+    return {layer: head_output_grams(output_weight(model, layer), num_heads) for layer in layers}

@@ -1,0 +1,52 @@
+"""The ``analyze`` grid: every head's map quantised, and per-head statistics, from one capture.
+
+Maps are kept as uint8 (weight × 255, rounded) — one byte per entry — so a 60-token text over 30 × 9 heads is
+about 1 MB, and the interactive HTML view can show any head without a second forward pass. The statistics are
+the glossary's (:mod:`agent_tools.analysis.metrics`), averaged over every query row of sequence 0:
+
+* ``entropy``: ``attention_entropy`` (nats; the capture's two-pass form from the softmax input);
+* ``normalised_entropy``: ``normalised_from_entropy`` (entropy / ln visible keys, 0 for one key);
+* ``first_token_share``: ``first_token_share`` — mean weight on key 0 over every row, row 0 included (the
+  report's "sink share"; not ``profile_heads``' ``first_token`` role, which leaves out the early rows);
+* ``max_weight``: ``max_weight`` — mean over rows of each row's largest weight.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from agent_tools.analysis.metrics import first_token_share, normalised_from_entropy
+from agent_tools.capture import LayerAttention
+
+
+class QuantisedMaps:
+    """Per-head entropy, first-token share and max weight of sequence 0, and (optionally) every map as uint8."""
+
+    accepts_key_prefix: ClassVar[bool] = (
+        True  # columns past key_width have weight 0: the zero-initialised maps already say so
+    )
+
+    def __init__(self, num_layers: int, num_heads: int, length: int, *, keep_maps: bool = True) -> None:
+        self.maps = (
+            torch.zeros(num_layers, num_heads, length, length, dtype=torch.uint8) if keep_maps else None
+        )  # (L, H, T, T)
+        self.entropy = torch.zeros(num_layers, num_heads)  # mean nats per head
+        self.normalised_entropy = torch.zeros(num_layers, num_heads)
+        self.first_token_share = torch.zeros(num_layers, num_heads)  # mean weight on position 0, every row
+        self.max_weight = torch.zeros(num_layers, num_heads)
+        self.length = length
+
+    def on_layer(self, layer: LayerAttention) -> None:
+        weights = layer.weights[0]  # (H, q, T)
+        rows = slice(layer.query_start, layer.query_start + weights.shape[1])
+        if self.maps is not None:
+            self.maps[layer.layer, :, rows, : layer.key_width] = (weights * 255).round_().clamp_(0, 255).to(torch.uint8)
+        entropy = layer.row_entropy()[0]  # (H, q) nats
+        normalised = normalised_from_entropy(entropy, layer.visible_keys()[0].float())  # (H, q)
+        share = weights.shape[1] / self.length  # running means over query chunks
+        self.entropy[layer.layer] += entropy.mean(-1) * share
+        self.normalised_entropy[layer.layer] += normalised.mean(-1) * share
+        self.first_token_share[layer.layer] += first_token_share(weights) * share
+        self.max_weight[layer.layer] += layer.row_peak()[0].mean(-1) * share

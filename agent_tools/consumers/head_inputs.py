@@ -1,0 +1,185 @@
+"""One head's inputs from one forward pass, and the check that the weights read from the model reproduce it.
+
+Shared by ``reconstruct_attention`` and ``inspect_projections``: the pass keeps the layer's input, the rotary
+(cos, sin), the mask rows and the maps of the heads asked for; :meth:`HeadInputsConsumer.inputs` then rebuilds
+the head from its own W_Q/W_K (:mod:`agent_tools.layout`) and refuses when that misses what the model computed:
+a weight layout we got wrong must not produce plausible-looking numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from agent_tools.analysis.metrics import allowed_from_additive_mask
+from agent_tools.analysis.reconstruct import StageMap, positional_scores, reconstruction_stages
+from agent_tools.capture import LayerAttention
+from agent_tools.errors import UnsupportedModelError
+from agent_tools.families import ModelFacts
+from agent_tools.layout import HeadProjections, head_projections
+
+REFUSE_ABOVE = 1e-3  # weights read from the model that miss the model's map by more are a layout we got wrong
+STAGE_MAP_COPIES = 32  # (T, T) float32 maps a reconstruction holds besides the captured ones (stages, float64 temps)
+
+
+@dataclass
+class HeadInputs:
+    """What one forward pass gave us about one head (tensors stay inside the service layer)."""
+
+    x: torch.Tensor  # (T, C) input of the attention module
+    rotary: tuple[torch.Tensor, torch.Tensor] | None  # (T, d_rot) each
+    mask: torch.Tensor | None  # (T, T) additive
+    weights: dict[int, torch.Tensor]  # head -> (T, T) the model's map
+    scores: torch.Tensor  # (T, T) the model's pre-mask scores (soft-capped) of the main head
+    key: torch.Tensor  # (T, D) the KV head's keys after positions
+    value: torch.Tensor  # (T, D)
+    scaling: float  # the factor the attention function used
+    softcap: float | None
+    projections: HeadProjections
+    errors: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def effective_scale(self) -> float:
+        """The factor q·kᵀ is really multiplied by (OPT folds it into the query projection)."""
+        return self.scaling * self.projections.query_prescale
+
+    def allowed(self) -> torch.Tensor:
+        length = self.x.shape[0]
+        if self.mask is None:
+            return torch.ones(length, length, dtype=torch.bool)
+        return allowed_from_additive_mask(self.mask)
+
+
+class HeadInputsConsumer:
+    """Keeps, for one layer: the attention input, rotary (cos, sin), mask rows, the maps of ``heads``, the
+    pre-mask scores of ``heads[0]`` and its KV head's keys and values. Nothing else survives the forward.
+
+    Build it with :meth:`for_heads` (which reads ``heads[0]``'s weights, refusing unsupported layouts before
+    any pass); the pass must record the layer's input (``record_inputs=True``).
+    """
+
+    accepts_key_prefix: ClassVar[bool] = False
+
+    def __init__(self, layer: int, heads: list[int], projections: HeadProjections) -> None:
+        self.layer, self.heads, self.projections = layer, heads, projections
+        self.kv_head = projections.kv_head
+        self.layer_input: torch.Tensor | None = None
+        self.rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.mask_rows: list[torch.Tensor] = []
+        self.weight_rows: list[torch.Tensor] = []
+        self.score_rows: list[torch.Tensor] = []
+        self.key: torch.Tensor | None = None
+        self.value: torch.Tensor | None = None
+        self.scaling = 1.0
+        self.softcap: float | None = None
+
+    @classmethod
+    def for_heads(cls, model: torch.nn.Module, facts: ModelFacts, layer: int, heads: list[int]) -> HeadInputsConsumer:
+        """The consumer for ``heads`` of ``layer`` (``heads[0]`` is the one rebuilt and checked)."""
+        return cls(layer, heads, head_projections(model, layer, heads[0], facts=facts))
+
+    def held_bytes(self, length: int) -> int:
+        """What the pass and the reconstruction hold for a text of ``length`` tokens (for the memory budget)."""
+        return (len(self.heads) + STAGE_MAP_COPIES) * length * length * 4
+
+    def on_layer(self, captured: LayerAttention) -> None:
+        if captured.layer != self.layer:
+            return
+        if captured.query_start == 0:
+            self._keep_layer(captured)
+        if captured.mask is not None:
+            self.mask_rows.append(captured.mask[0, 0].float().clone())  # (q, Tk)
+        self.weight_rows.append(captured.weights[0, self.heads].float().clone())  # (len(heads), q, Tk)
+        self.score_rows.append(captured.scores[0, self.heads[0]].float().clone())  # (q, Tk)
+
+    def _keep_layer(self, captured: LayerAttention) -> None:
+        """What the first chunk carries for the whole layer: its input, positions, keys and values."""
+        if captured.layer_input is None:
+            msg = f"layer {self.layer}'s attention input could not be recorded for this family"
+            raise UnsupportedModelError(msg)
+        self.layer_input = captured.layer_input[0].detach().float().clone()  # (T, C)
+        if captured.position_embeddings is not None:
+            cos, sin = captured.position_embeddings
+            self.rotary = (cos[0].float().clone(), sin[0].float().clone())  # (T, d_rot) each
+        self.key = captured.key[0, self.kv_head].float().clone()  # (Tk, D)
+        self.value = captured.value[0, self.kv_head].float().clone()  # (Tk, D)
+        self.scaling, self.softcap = captured.scaling, captured.softcap
+
+    def inputs(self) -> HeadInputs:
+        """After the pass: the head's inputs, checked against the model (:func:`check_parity`)."""
+        if self.layer_input is None or self.key is None or self.value is None:
+            raise UnsupportedModelError(f"layer {self.layer} was not captured for this model")
+        weights = torch.cat(self.weight_rows, dim=1)  # (len(heads), T, T)
+        inputs = HeadInputs(
+            x=self.layer_input,
+            rotary=self.rotary,
+            mask=torch.cat(self.mask_rows) if self.mask_rows else None,
+            weights={h: weights[i] for i, h in enumerate(self.heads)},
+            scores=torch.cat(self.score_rows),
+            key=self.key,
+            value=self.value,
+            scaling=self.scaling,
+            softcap=self.softcap,
+            projections=self.projections,
+        )
+        check_parity(inputs, reconstruct(inputs))
+        return inputs
+
+
+def reconstruct(inputs: HeadInputs, *, mask_every_stage: bool = False) -> list[StageMap]:
+    """The five stages for the captured head, from its own weights and the layer's recorded input."""
+    p = inputs.projections
+    return reconstruction_stages(
+        inputs.x,
+        w_q=p.w_q,
+        b_q=p.b_q,
+        w_k=p.w_k,
+        b_k=p.b_k,
+        scaling=inputs.scaling,
+        query_prescale=p.query_prescale,
+        rotary=inputs.rotary,
+        mask=inputs.mask,
+        softcap=inputs.softcap,
+        mask_every_stage=mask_every_stage,
+    )
+
+
+def check_parity(inputs: HeadInputs, stages: list[StageMap]) -> None:
+    """Measure stage-4 scores, stage-5 weights and the values against what the model computed; refuse on a miss."""
+    p = inputs.projections
+    model_map = inputs.weights[p.head]
+    errors = {
+        "positional_scores": float((positional_scores(stages, inputs.softcap) - inputs.scores).abs().max()),
+        "model_weights": float((stages[-1].weights - model_map).abs().max()),
+        "values": float((p.values(inputs.x) - inputs.value).abs().max()),
+    }
+    inputs.errors.update(errors)
+    value_scale = max(1.0, float(inputs.value.abs().max()))
+    if errors["model_weights"] > REFUSE_ABOVE or errors["values"] > REFUSE_ABOVE * value_scale:
+        msg = (
+            f"the {p.family} weights read for layer {p.layer} head {p.head} do not reproduce the model's attention "
+            f"(weight error {errors['model_weights']:.2e}, value error {errors['values']:.2e}); refusing rather than "
+            "reporting wrong numbers"
+        )
+        raise UnsupportedModelError(msg, field="model")
+
+
+def describe_mask(allowed: torch.Tensor) -> str:
+    """Name what the mask does from the mask itself: none, causal, sliding window, padding."""
+    length = allowed.shape[0]
+    lower = torch.ones(length, length, dtype=torch.bool).tril()
+    if bool(allowed.all()):
+        return "none (every query reads every key)"
+    if bool((allowed & ~lower).any()):
+        return "padding (bidirectional otherwise)"
+    if bool(allowed.equal(lower)):
+        return "causal"
+    window = int(allowed.sum(-1).max())
+    return f"causal with a sliding window of {window} keys"
+
+
+def mask_phrase(mask_text: str) -> str:
+    """'the causal mask', 'no mask (every query reads every key)', ... for sentences."""
+    return "no mask (every query reads every key)" if mask_text.startswith("none") else f"the {mask_text} mask"

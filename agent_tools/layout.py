@@ -1,0 +1,314 @@
+"""Where each family keeps its attention weights: W_Q, W_K, W_V, W_O and the output projection module.
+
+This is the one adapter per weight layout; nothing else looks up projection attributes. Every family stores
+the same four maps differently (separate ``q_proj``/``k_proj``/``v_proj``, BERT's ``query``/``key``/``value``,
+GPT-2's fused ``c_attn`` Conv1D laid out ``(in, out)``, GPT-NeoX's fused ``query_key_value`` interleaved per
+head, Phi-3's fused ``qkv_proj``); :data:`LAYOUTS` says which, :data:`PROJECTION_FAMILIES` which family uses
+which. Head counts and the query pre-scale come from :class:`~agent_tools.families.ModelFacts`, the only reader
+of the config.
+
+Two conventions (TransformerLens'): :func:`head_projections` gives ``q = x @ w_q + b_q`` with ``w_q`` of shape
+``(d_model, d_head)`` and the head's write into the residual stream ``z @ w_o`` with ``w_o`` ``(d_head, d_model)``;
+:func:`output_weight` gives the whole output projection as nn.Linear stores it, ``(C, H·D)``.
+
+The output projection (what ablation hooks and value norms read) is found for every family the same way: the
+first of :data:`OUTPUT_PROJECTION_NAMES` on the attention module, else BERT's sibling ``output.dense``. Per-head
+W_Q/W_K/W_V slices are read only for the families in :data:`PROJECTION_FAMILIES`; others are refused with
+:class:`UnsupportedModelError`: a wrong slice gives plausible-looking but wrong numbers, so we never guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, TypeGuard, get_args
+
+import torch
+from torch import Tensor, nn
+
+from agent_tools.errors import UnsupportedModelError
+from agent_tools.families import ModelFacts, find_attention_modules, read_facts
+
+ProjectionLayout = Literal["separate", "bert", "gpt2_conv1d", "neox_fused", "phi3_fused"]
+PROJECTION_LAYOUTS: tuple[str, ...] = get_args(ProjectionLayout)
+QKVStorage = Literal["separate", "fused_blocks", "fused_per_head"]
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """How one layout stores W_Q, W_K, W_V on the attention module.
+
+    ``separate``: three modules named by ``modules`` (query, key, value), head ``h`` owning output features
+    ``h·D .. (h+1)·D − 1`` of each. ``fused_blocks``: one module whose output features are
+    ``[all query heads | all key heads | all value heads]``. ``fused_per_head``: one module viewed as
+    ``(H, 3·D)``, head ``h`` owning ``h·3·D + [q | k | v]``. Whether a module is stored ``(out, in)``
+    (nn.Linear) or ``(in, out)`` (GPT-2's Conv1D) is read from the module itself.
+    """
+
+    name: ProjectionLayout
+    storage: QKVStorage
+    modules: tuple[str, ...]
+
+
+LAYOUTS: dict[ProjectionLayout, WeightLayout] = {
+    "separate": WeightLayout("separate", "separate", ("q_proj", "k_proj", "v_proj")),
+    "bert": WeightLayout("bert", "separate", ("query", "key", "value")),
+    "gpt2_conv1d": WeightLayout("gpt2_conv1d", "fused_blocks", ("c_attn",)),
+    "neox_fused": WeightLayout("neox_fused", "fused_per_head", ("query_key_value",)),
+    "phi3_fused": WeightLayout("phi3_fused", "fused_blocks", ("qkv_proj",)),
+}
+
+# model_type -> how its attention stores W_Q, W_K, W_V. Each is covered by a tiny-model parity test.
+PROJECTION_FAMILIES: dict[str, ProjectionLayout] = {
+    "llama": "separate",
+    "mistral": "separate",
+    "qwen2": "separate",
+    "gemma2": "separate",
+    "opt": "separate",
+    "bert": "bert",
+    "gpt2": "gpt2_conv1d",
+    "gpt_neox": "neox_fused",
+    "phi3": "phi3_fused",
+}
+SUPPORTED_PROJECTION_FAMILIES: tuple[str, ...] = tuple(PROJECTION_FAMILIES)
+
+# The output projection's name on a self-attention module: Llama-like and Phi-3 ``o_proj``, OPT ``out_proj``,
+# GPT-2 ``c_proj``, GPT-NeoX ``dense``, T5 ``o``. BERT-like encoders keep it beside the self-attention, on the
+# parent block: ``<parent>.output.dense`` (:data:`SIBLING_OUTPUT_PATH`).
+OUTPUT_PROJECTION_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "o")
+SIBLING_OUTPUT_PATH = ("output", "dense")
+
+
+# --- typed access to a projection module -----------------------------------------------------------------
+def _is_conv1d(module: nn.Module) -> bool:
+    """GPT-2's ``transformers.pytorch_utils.Conv1D`` (matched by name: importing transformers here costs ~1 s)."""
+    return type(module).__name__ == "Conv1D"
+
+
+def _is_projection(module: object) -> TypeGuard[nn.Module]:
+    """An nn.Linear, or a Conv1D holding a 2-D weight: the modules whose features we know how to slice."""
+    if isinstance(module, nn.Linear):
+        return True
+    if not isinstance(module, nn.Module) or not _is_conv1d(module):
+        return False
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, Tensor) and weight.dim() == 2
+
+
+def _stored_weight(module: nn.Module) -> Tensor:
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, Tensor):
+        msg = f"{type(module).__name__} has no weight tensor; cannot read a projection from it"
+        raise UnsupportedModelError(msg)
+    return weight
+
+
+def _stored_bias(module: nn.Module) -> Tensor | None:
+    bias = getattr(module, "bias", None)
+    return bias if isinstance(bias, Tensor) else None
+
+
+def _out_in(module: nn.Module) -> Tensor:
+    """The projection's weight as nn.Linear stores it, ``(out, in)`` (a view: Conv1D stores ``(in, out)``)."""
+    weight = _stored_weight(module)
+    return weight.t() if _is_conv1d(module) else weight
+
+
+def projection_in_features(module: nn.Module) -> int:
+    """How many input features a projection module takes (nn.Linear or Conv1D)."""
+    return int(_out_in(module).shape[1])
+
+
+def _child(module: nn.Module, name: str) -> nn.Module:
+    """A named projection submodule, or UnsupportedModelError naming what is missing."""
+    child = getattr(module, name, None)
+    if not _is_projection(child):
+        msg = f"{type(module).__name__} has no projection {name!r} where its family's weight layout keeps one"
+        raise UnsupportedModelError(msg, field="model")
+    return child
+
+
+def _features(module: nn.Module, start: int, size: int) -> tuple[Tensor, Tensor | None]:
+    """Output features ``start .. start+size`` as ``(in, size)`` float weight plus their bias."""
+    weight = _out_in(module).detach()[start : start + size].T.float()  # (d_model, size)
+    bias = _stored_bias(module)
+    return weight, bias.detach()[start : start + size].float() if bias is not None else None
+
+
+# --- the output projection (every family) ----------------------------------------------------------------
+def _own_output(attention: nn.Module) -> nn.Module | None:
+    """The first of :data:`OUTPUT_PROJECTION_NAMES` the attention module holds as a projection."""
+    for name in OUTPUT_PROJECTION_NAMES:
+        child = getattr(attention, name, None)
+        if _is_projection(child):
+            return child
+    return None
+
+
+def _sibling_output(model: nn.Module, attention: nn.Module) -> nn.Module | None:
+    """BERT keeps W_O outside the self-attention module: ``<parent>.output.dense``."""
+    path = next((name for name, module in model.named_modules() if module is attention), "")
+    found: object = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
+    for name in SIBLING_OUTPUT_PATH:
+        found = getattr(found, name, None)
+    return found if _is_projection(found) else None
+
+
+def output_projection(model: nn.Module, layer: int, *, in_features: int | None = None) -> nn.Module:
+    """The module that maps layer ``layer``'s concatenated head outputs (…, H·D) into the residual stream.
+
+    Args:
+        model: any model :func:`~agent_tools.families.find_attention_modules` handles.
+        layer: attention layer index (already validated by the caller).
+        in_features: when given (``heads × head_dim``), a projection taking another number of features is
+            refused: per-head slices of it (ablation, W_O^h) would be wrong.
+    """
+    attention = find_attention_modules(model)[layer]
+    projection = _own_output(attention)
+    if projection is None:
+        projection = _sibling_output(model, attention)
+    if projection is None:
+        msg = (
+            f"cannot find the output projection (W_O) of layer {layer} ({type(attention).__name__}); head ablation, "
+            "value-side norms and per-head projections need it"
+        )
+        raise UnsupportedModelError(msg)
+    width = projection_in_features(projection)
+    if in_features is not None and width != in_features:
+        msg = (
+            f"layer {layer}'s output projection takes {width} features, not heads × head_dim = {in_features}; "
+            "per-head slices of it would be wrong, so it is refused"
+        )
+        raise UnsupportedModelError(msg)
+    return projection
+
+
+def output_weight(model: nn.Module, layer: int) -> Tensor:
+    """Layer ``layer``'s output projection weight as ``(C, H·D)``, columns grouped by head (detached, as stored)."""
+    return _out_in(output_projection(model, layer)).detach()
+
+
+# --- per-head W_Q, W_K, W_V, W_O (the families of PROJECTION_FAMILIES) -----------------------------------
+@dataclass(frozen=True)
+class HeadProjections:
+    """One query head's projection slices (and those of the KV head it reads), detached float tensors.
+
+    ``q = x @ w_q + b_q`` (then RoPE where the family uses it); ``k``, ``v`` likewise for the KV head;
+    the head's output ``z`` (d_head,) writes ``z @ w_o`` into the residual stream (before ``b_o``, shared by
+    all heads). ``query_prescale`` is the factor some families (OPT) fold into the query projection instead
+    of passing it to the attention function; 1.0 elsewhere.
+    """
+
+    family: str
+    layout: ProjectionLayout
+    layer: int
+    head: int
+    kv_head: int
+    w_q: Tensor  # (d_model, d_head)
+    b_q: Tensor | None  # (d_head,)
+    w_k: Tensor  # (d_model, d_head)
+    b_k: Tensor | None
+    w_v: Tensor  # (d_model, d_head)
+    b_v: Tensor | None
+    w_o: Tensor  # (d_head, d_model)
+    query_prescale: float = 1.0
+
+    @property
+    def d_model(self) -> int:
+        return self.w_q.shape[0]
+
+    @property
+    def d_head(self) -> int:
+        return self.w_q.shape[1]
+
+    def queries(self, x: Tensor) -> Tensor:
+        """(..., T, d_model) -> (..., T, d_head) before positions, without ``query_prescale``."""
+        return _affine(x, self.w_q, self.b_q)
+
+    def keys(self, x: Tensor) -> Tensor:
+        return _affine(x, self.w_k, self.b_k)
+
+    def values(self, x: Tensor) -> Tensor:
+        return _affine(x, self.w_v, self.b_v)
+
+
+def _affine(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    out = x.to(weight.dtype) @ weight
+    return out + bias if bias is not None else out
+
+
+def weight_layout(facts: ModelFacts) -> WeightLayout:
+    """The weight layout of a supported family, or UnsupportedModelError naming the supported ones."""
+    layout = PROJECTION_FAMILIES.get(facts.family)
+    if layout is None:
+        msg = (
+            f"reading per-head W_Q/W_K/W_V/W_O is not supported for family {facts.family!r}; "
+            f"supported families: {', '.join(SUPPORTED_PROJECTION_FAMILIES)}"
+        )
+        raise UnsupportedModelError(msg, field="model")
+    return LAYOUTS[layout]
+
+
+def _qkv_starts(layout: WeightLayout, facts: ModelFacts, head: int, kv_head: int) -> tuple[int, int, int]:
+    """The first output feature of the head's query, key and value slices in its layout's module(s)."""
+    d_head = facts.head_dim
+    if layout.storage == "separate":
+        return head * d_head, kv_head * d_head, kv_head * d_head
+    if layout.storage == "fused_per_head":  # view(B, T, H, 3·d_head) then chunk(3)
+        base = head * 3 * d_head
+        return base, base + d_head, base + 2 * d_head
+    q_size, kv_size = facts.num_heads * d_head, facts.num_kv_heads * d_head  # [all Q | all K | all V]
+    return head * d_head, q_size + kv_head * d_head, q_size + kv_size + kv_head * d_head
+
+
+def head_projections(model: nn.Module, layer: int, head: int, *, facts: ModelFacts | None = None) -> HeadProjections:
+    """One head's W_Q, W_K, W_V, W_O slices and biases, in the ``x @ W`` convention.
+
+    Args:
+        model: a loaded transformers model of a family in :data:`PROJECTION_FAMILIES`.
+        layer: attention layer index (already validated by the caller).
+        head: query head index (already validated); it reads KV head ``facts.kv_head_of(head)``.
+        facts: the model's facts (``LoadedModel.facts``); read from the model when not given.
+    """
+    facts = facts if facts is not None else read_facts(model)
+    layout = weight_layout(facts)
+    attention = find_attention_modules(model)[layer]
+    d_head, kv_head = facts.head_dim, facts.kv_head_of(head)
+    modules = [_child(attention, name) for name in layout.modules]
+    q_module, k_module, v_module = modules if len(modules) == 3 else modules * 3
+    q_start, k_start, v_start = _qkv_starts(layout, facts, head, kv_head)
+    w_q, b_q = _features(q_module, q_start, d_head)
+    w_k, b_k = _features(k_module, k_start, d_head)
+    w_v, b_v = _features(v_module, v_start, d_head)
+    output = _out_in(output_projection(model, layer, in_features=facts.num_heads * d_head))
+    w_o = output.detach()[:, head * d_head : (head + 1) * d_head].T.float()  # (d_head, d_model)
+    prescale = getattr(attention, "scaling", 1.0) if facts.query_prescaled else 1.0
+    return HeadProjections(
+        family=facts.family,
+        layout=layout.name,
+        layer=layer,
+        head=head,
+        kv_head=kv_head,
+        w_q=w_q.clone(),
+        b_q=b_q.clone() if b_q is not None else None,
+        w_k=w_k.clone(),
+        b_k=b_k.clone() if b_k is not None else None,
+        w_v=w_v.clone(),
+        b_v=b_v.clone() if b_v is not None else None,
+        w_o=w_o.clone(),
+        query_prescale=float(prescale),
+    )
+
+
+# --- positions ------------------------------------------------------------------------------------------
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """transformers' ``apply_rotary_pos_emb`` for one tensor: (..., T, d_head) with cos/sin (..., T, d_rot).
+
+    The first ``d_rot = cos.shape[-1]`` dims are rotated in the "rotate_half" layout (Llama, Mistral, Qwen2,
+    Gemma2 with ``d_rot = d_head``; GPT-NeoX and Phi with partial rotary ``d_rot < d_head``); the rest pass.
+    It lives beside the weight layouts because which dims rotate, and how they pair, is a family's layout of q, k.
+    """
+    rotary = cos.shape[-1]
+    x_rot, x_pass = x[..., :rotary], x[..., rotary:]
+    half = rotary // 2
+    rotated_half = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    return torch.cat((x_rot * cos + rotated_half * sin, x_pass), dim=-1)

@@ -1,0 +1,40 @@
+"""ablate_heads: does a head matter? The change in the model's output when the named heads are removed.
+
+``models`` holds the arguments, the report and the "L.H" head grammar (:func:`parse_heads`), ``plan`` the
+clean and ablated forwards (through :meth:`Inspector.ablate`) and the effect sizes, ``narrative`` the summary
+and findings.
+"""
+
+from __future__ import annotations
+
+from agent_tools.tools.ablate_heads.models import (
+    DESCRIPTION,
+    HEADS_DESCRIPTION,
+    AblateHeadsInput,
+    AblationReport,
+    HeadRef,
+    PositionEffect,
+    parse_heads,
+)
+from agent_tools.tools.ablate_heads.plan import ablate_heads
+from agent_tools.tools.registry import ToolSpec
+
+__all__ = [
+    "HEADS_DESCRIPTION",
+    "SPEC",
+    "AblateHeadsInput",
+    "AblationReport",
+    "HeadRef",
+    "PositionEffect",
+    "ablate_heads",
+    "parse_heads",
+]
+
+SPEC = ToolSpec(
+    name="ablate_heads",
+    description=DESCRIPTION,
+    input_model=AblateHeadsInput,
+    output_model=AblationReport,
+    run=ablate_heads,
+    example={"text": "The cat sat on the mat because it was tired.", "heads": ["3.0", "3.1"]},
+)

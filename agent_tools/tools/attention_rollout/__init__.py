@@ -1,0 +1,30 @@
+"""attention_rollout: how much does each input token flow into one position through all the layers?
+
+``models`` holds the arguments and report, ``plan`` the pass (a :class:`~agent_tools.inspector.PassPlan`
+streaming :class:`~agent_tools.consumers.rollout.RolloutConsumer` and
+:class:`~agent_tools.consumers.target_row.TargetRowConsumer`), ``narrative`` the summary and findings.
+"""
+
+from __future__ import annotations
+
+from agent_tools.tools.attention_rollout.models import DESCRIPTION, AttentionRolloutInput, RolloutReport, SourceShare
+from agent_tools.tools.attention_rollout.plan import attention_rollout, plan_attention_rollout
+from agent_tools.tools.registry import ToolSpec
+
+__all__ = [
+    "SPEC",
+    "AttentionRolloutInput",
+    "RolloutReport",
+    "SourceShare",
+    "attention_rollout",
+    "plan_attention_rollout",
+]
+
+SPEC = ToolSpec(
+    name="attention_rollout",
+    description=DESCRIPTION,
+    input_model=AttentionRolloutInput,
+    output_model=RolloutReport,
+    run=attention_rollout,
+    example={"text": "The cat sat on the mat because it was tired."},
+)

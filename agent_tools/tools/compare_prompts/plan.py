@@ -1,0 +1,133 @@
+"""compare_prompts' pass: trace both variants with the shared prompt trace, then match their segments by name."""
+
+from __future__ import annotations
+
+from agent_tools.analysis.metrics import kl_divergence
+from agent_tools.analysis.segments import share_changes
+from agent_tools.inspector import Inspector
+from agent_tools.loading import LoadedModel
+from agent_tools.prompt_segments import SegmentSpec, segment_prompt
+from agent_tools.prompt_trace import PromptTrace, TokenProbability, TraceRun, check_traceable, trace
+from agent_tools.schemas import ChatMessage, rounded
+from agent_tools.tools.compare_prompts.models import ComparePromptsInput, PromptComparison, SegmentComparison
+from agent_tools.tools.compare_prompts.narrative import Comparison, narrate
+
+COMPARED_COLUMNS = ("share_without_sink", "last_layer_share", "rollout_share_without_sink")
+
+
+def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptComparison:
+    """Compare two prompt variants: segment shares side by side, the largest shifts, and the change in output.
+
+    Segments are matched by name (system#1, user#2, template, sink, generated, or the names you give). The
+    output change is the KL divergence between the two next-token distributions at the answer position and
+    their top tokens, plus the generated texts for target 'generate'.
+    """
+    loaded = inspector.model(args.model)
+    variants = (("prompt_a", args.prompt_a, args.segments_a), ("prompt_b", args.prompt_b, args.segments_b))
+    for field, prompt, named in variants:  # both variants valid (text, segments, length) before either runs
+        check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field)
+    run_a = _trace(inspector, loaded, args, args.prompt_a, args.segments_a)
+    run_b = _trace(inspector, loaded, args, args.prompt_b, args.segments_b)
+    comparison = compare(run_a, run_b, generated=args.target == "generate")
+    summary, findings = narrate(comparison)
+    a, b = comparison.a, comparison.b
+    return PromptComparison(
+        model=loaded.name,
+        summary=summary,
+        findings=findings,
+        target=args.target,
+        segments=comparison.rows,
+        read_most_a=a.read_most,
+        read_most_b=b.read_most,
+        next_token_kl=rounded(comparison.kl) if comparison.kl is not None else None,
+        next_tokens_a=a.next_tokens,
+        next_tokens_b=b.next_tokens,
+        same_top_token=comparison.same_top_token,
+        generated_text_a=a.generated_text,
+        generated_text_b=b.generated_text,
+        first_difference=comparison.first_difference,
+        trace_a=a,
+        trace_b=b,
+    )
+
+
+def _trace(
+    inspector: Inspector,
+    loaded: LoadedModel,
+    args: ComparePromptsInput,
+    prompt: str | list[ChatMessage],
+    named: list[SegmentSpec] | None,
+) -> TraceRun:
+    """One variant through the shared traced pass, with the comparison's target and sink threshold."""
+    return trace(
+        inspector,
+        loaded,
+        prompt,
+        named,
+        target=args.target,
+        max_new_tokens=args.max_new_tokens,
+        sink_threshold=args.sink_threshold,
+    )
+
+
+def compare(run_a: TraceRun, run_b: TraceRun, *, generated: bool) -> Comparison:
+    """Match the two traces' segments by name and measure how the output changed."""
+    a, b = run_a.report, run_b.report
+    kl: float | None = None
+    top_tokens: tuple[TokenProbability, TokenProbability] | None = None
+    same_top: bool | None = None
+    logits_a, logits_b = run_a.answer_logits, run_b.answer_logits
+    if logits_a is not None and logits_b is not None and a.next_tokens and b.next_tokens:
+        kl = float(kl_divergence(logits_a, logits_b))  # (V,) logits -> nats
+        same_top = int(logits_a.argmax()) == int(logits_b.argmax())
+        top_tokens = (a.next_tokens[0], b.next_tokens[0])
+    return Comparison(
+        a=a,
+        b=b,
+        rows=segment_rows(a, b),
+        kl=kl,
+        top_tokens=top_tokens,
+        same_top_token=same_top,
+        generated=generated,
+        first_difference=_first_difference(a, b) if generated else None,
+    )
+
+
+def _by_name(report: PromptTrace, field: str) -> dict[str, float | None]:
+    return {s.name: getattr(s, field) for s in report.segments}
+
+
+def segment_rows(a: PromptTrace, b: PromptTrace) -> list[SegmentComparison]:
+    """Every segment of either trace, matched by name, largest |share change| first."""
+    kinds = {s.name: s.kind for s in [*b.segments, *a.segments]}
+    counts_a = {s.name: s.token_count for s in a.segments}
+    counts_b = {s.name: s.token_count for s in b.segments}
+    columns = {f: (_by_name(a, f), _by_name(b, f)) for f in COMPARED_COLUMNS}
+    return [
+        SegmentComparison(
+            name=name,
+            kind=kinds[name],
+            share_a=share_a,
+            share_b=share_b,
+            change=rounded(change),
+            share_without_sink_a=columns["share_without_sink"][0].get(name),
+            share_without_sink_b=columns["share_without_sink"][1].get(name),
+            last_layer_a=columns["last_layer_share"][0].get(name),
+            last_layer_b=columns["last_layer_share"][1].get(name),
+            rollout_without_sink_a=columns["rollout_share_without_sink"][0].get(name),
+            rollout_without_sink_b=columns["rollout_share_without_sink"][1].get(name),
+            token_count_a=counts_a.get(name, 0),
+            token_count_b=counts_b.get(name, 0),
+        )
+        for name, share_a, share_b, change in share_changes(_by_name(a, "share"), _by_name(b, "share"))
+    ]
+
+
+def _first_difference(a: PromptTrace, b: PromptTrace) -> int | None:
+    """First generated step where the variants chose different tokens; a shorter answer differs where it ends."""
+    ids_a = [g.token_id for g in a.generated or []]
+    ids_b = [g.token_id for g in b.generated or []]
+    first = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b, strict=False)) if x != y), None)
+    if first is None and len(ids_a) != len(ids_b):
+        first = min(len(ids_a), len(ids_b))
+    return first

@@ -1,0 +1,40 @@
+"""describe_model's arguments and report."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from agent_tools.schemas import ModelInput, Report
+
+DESCRIPTION = (
+    "Describe a transformer's attention: family, number of layers and heads, KV heads (grouped-query), "
+    "head_dim, the score scale and how it compares with 1/sqrt(d_k), positional scheme, causal or "
+    "bidirectional mask, maximum positions and parameter count. Call this first to learn valid layer/head ranges."
+)
+
+
+class DescribeModelInput(ModelInput):
+    """Arguments of describe_model."""
+
+
+class ModelDescription(Report):
+    family: str = Field(description="transformers model_type, e.g. llama, bert")
+    architecture: str
+    num_layers: int
+    num_heads: int = Field(description="query heads per layer")
+    num_kv_heads: int = Field(description="key/value heads per layer (fewer than num_heads = grouped-query attention)")
+    kv_groups: int = Field(description="query heads sharing each KV head")
+    head_dim: int = Field(description="d_k: dimensions per head")
+    hidden_size: int
+    scaling: float = Field(description="the factor the model multiplies q·k by")
+    inverse_sqrt_head_dim: float = Field(description="1/sqrt(head_dim) for comparison")
+    scaling_ratio: float = Field(description="scaling · sqrt(head_dim): 1.0 means the standard 1/sqrt(d_k)")
+    query_prescaled: bool = Field(description="the scale is folded into the query projection (e.g. OPT)")
+    positional: str = Field(description="how positions enter attention")
+    causal: bool = Field(description="True: each token reads only earlier tokens (decoder); False: bidirectional")
+    mask: str
+    max_positions: int | None
+    sliding_window: int | None
+    softcap: float | None = Field(description="attention logit soft-capping: scores = c·tanh(scores/c)")
+    num_parameters: int
+    language_model: bool = Field(description="has a next-token head (ablation reports KL of the next token)")

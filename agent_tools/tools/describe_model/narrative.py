@@ -1,0 +1,73 @@
+"""describe_model's words: the mask, the findings and the summary, from the model's facts and its score scale."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent_tools.families import ModelFacts
+from agent_tools.schemas import Finding, rounded
+
+SCALE_TOLERANCE = 1e-3  # |ratio − 1| within this counts as the standard 1/sqrt(d_k)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The factor the model multiplies q·k by, against the standard 1/sqrt(head_dim)."""
+
+    scaling: float
+    inverse_sqrt_head_dim: float
+    ratio: float  # scaling · sqrt(head_dim); 1.0 = standard
+
+    @property
+    def standard(self) -> bool:
+        return abs(self.ratio - 1) <= SCALE_TOLERANCE
+
+
+def mask_text(facts: ModelFacts) -> str:
+    """Which keys a query reads: causal or bidirectional, a sliding window, padding."""
+    mask = (
+        "causal (each query reads itself and earlier tokens)"
+        if facts.is_causal
+        else "bidirectional (every token reads every token)"
+    )
+    if facts.sliding_window:
+        mask += f", sliding window of {facts.sliding_window} tokens on the layers that use it"
+    return mask + "; padding keys masked"
+
+
+def findings(facts: ModelFacts, scale: Scale) -> list[Finding]:
+    """What is unusual about the attention: a non-standard scale, grouped-query attention, soft-capping."""
+    found = []
+    if not scale.standard:
+        found.append(
+            Finding(
+                kind="nonstandard_scale",
+                value=rounded(scale.ratio),
+                detail=f"scale {facts.scaling:.4g} is {scale.ratio:.3g}× the standard 1/sqrt({facts.head_dim}) = "
+                f"{scale.inverse_sqrt_head_dim:.4g}",
+            )
+        )
+    if facts.num_kv_heads < facts.num_heads:
+        found.append(
+            Finding(
+                kind="grouped_query_attention",
+                value=float(facts.kv_groups),
+                detail=f"{facts.num_heads} query heads share {facts.num_kv_heads} KV heads ({facts.kv_groups} query "
+                "heads per KV head)",
+            )
+        )
+    if facts.softcap:
+        found.append(Finding(kind="softcap", value=facts.softcap, detail=f"scores are soft-capped at ±{facts.softcap}"))
+    return found
+
+
+def summary(name: str, facts: ModelFacts, scale: Scale) -> str:
+    """One paragraph: kind, size, scale, positions, mask."""
+    scale_note = "= 1/sqrt(d_k)" if scale.standard else f"{scale.ratio:.3g}× 1/sqrt(d_k)"
+    return (
+        f"{name} is a {facts.family} {'decoder' if facts.is_causal else 'encoder'} with {facts.num_layers} layers × "
+        f"{facts.num_heads} heads (head_dim {facts.head_dim}, {facts.num_kv_heads} KV heads), "
+        f"{facts.num_parameters / 1e6:.0f}M parameters. "
+        f"Scores are q·k × {facts.scaling:.4g} ({scale_note}); "
+        f"positions: {facts.positional}; mask: {'causal' if facts.is_causal else 'bidirectional'}."
+    )

@@ -1,0 +1,52 @@
+"""describe_model's work: no forward pass, only the model's facts and its score scale."""
+
+from __future__ import annotations
+
+import math
+
+from agent_tools.families import ModelFacts
+from agent_tools.inspector import Inspector
+from agent_tools.schemas import rounded
+from agent_tools.tools.describe_model.models import DescribeModelInput, ModelDescription
+from agent_tools.tools.describe_model.narrative import Scale, findings, mask_text, summary
+
+
+def attention_scale(facts: ModelFacts) -> Scale:
+    """The model's q·k factor against 1/sqrt(head_dim)."""
+    return Scale(
+        scaling=facts.scaling,
+        inverse_sqrt_head_dim=1 / math.sqrt(facts.head_dim),
+        ratio=facts.scaling * math.sqrt(facts.head_dim),
+    )
+
+
+def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescription:
+    """Describe the model's attention: family, layers, heads, KV heads, head_dim, scale, positions, mask."""
+    loaded = inspector.model(args.model)
+    f = loaded.facts
+    scale = attention_scale(f)
+    return ModelDescription(
+        model=loaded.name,
+        summary=summary(loaded.name, f, scale),
+        findings=findings(f, scale),
+        family=f.family,
+        architecture=f.architecture,
+        num_layers=f.num_layers,
+        num_heads=f.num_heads,
+        num_kv_heads=f.num_kv_heads,
+        kv_groups=f.kv_groups,
+        head_dim=f.head_dim,
+        hidden_size=f.hidden_size,
+        scaling=rounded(f.scaling, 6),
+        inverse_sqrt_head_dim=rounded(scale.inverse_sqrt_head_dim, 6),
+        scaling_ratio=rounded(scale.ratio),
+        query_prescaled=f.query_prescaled,
+        positional=f.positional,
+        causal=f.is_causal,
+        mask=mask_text(f),
+        max_positions=f.max_positions,
+        sliding_window=f.sliding_window,
+        softcap=f.softcap,
+        num_parameters=f.num_parameters,
+        language_model=f.is_language_model,
+    )

@@ -1,0 +1,35 @@
+"""diagnose_collapse: which heads collapse, onto which token, and is it a harmless sink?
+
+``models`` holds the arguments and report, ``plan`` the pass (shared with other tools in ``analyze``) and
+``narrative`` the summary and findings text.
+"""
+
+from __future__ import annotations
+
+from agent_tools.tools.diagnose_collapse.models import (
+    DESCRIPTION,
+    CollapseReport,
+    DiagnoseCollapseInput,
+    HeadCollapseRow,
+)
+from agent_tools.tools.diagnose_collapse.plan import diagnose_collapse, plan_diagnose_collapse
+from agent_tools.tools.registry import ToolSpec
+
+__all__ = [
+    "SPEC",
+    "CollapseReport",
+    "DiagnoseCollapseInput",
+    "HeadCollapseRow",
+    "diagnose_collapse",
+    "plan_diagnose_collapse",
+]
+
+SPEC = ToolSpec(
+    name="diagnose_collapse",
+    description=DESCRIPTION,
+    input_model=DiagnoseCollapseInput,
+    output_model=CollapseReport,
+    run=diagnose_collapse,
+    plan=plan_diagnose_collapse,
+    example={"text": "The cat sat on the mat because it was tired.", "top_k": 5},
+)

@@ -1,0 +1,158 @@
+"""diagnose_collapse's pass: one :class:`CollapseConsumer` over the requested layers, then the report built from it.
+
+The pass is declared as a :class:`PassPlan` so the ``analyze`` job can stream it together with other tools'
+consumers from one forward pass; run alone, :func:`diagnose_collapse` hands the same plan to
+``inspector.execute``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from agent_tools.analysis.collapse import HeadCollapse, rank_heads
+from agent_tools.analysis.metrics import sink_key_mask
+from agent_tools.consumers.collapse import CollapseConsumer, output_grams_for
+from agent_tools.errors import InvalidInputError
+from agent_tools.inspector import Encoded, Inspector, PassPlan, check_indices, text_digest
+from agent_tools.loading import LoadedModel
+from agent_tools.render import grid_heatmap
+from agent_tools.schemas import Token, rounded
+from agent_tools.tools.diagnose_collapse import narrative
+from agent_tools.tools.diagnose_collapse.models import CollapseReport, DiagnoseCollapseInput, HeadCollapseRow
+from agent_tools.tools.diagnose_collapse.narrative import CollapseNumbers
+
+
+def diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> CollapseReport:
+    """Find collapsed heads (low entropy, max weight near 1), what they collapse onto, and whether it matters.
+
+    One forward pass over the requested layers; per-head statistics are accumulated per layer and query
+    chunk and the maps are dropped.
+    """
+    return inspector.execute(plan_diagnose_collapse(inspector, args))
+
+
+def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> PassPlan[CollapseReport]:
+    """The pass (a :class:`CollapseConsumer` over the requested layers) and the report built from it."""
+    loaded = inspector.model(args.model)
+    facts = loaded.facts
+    layers = check_indices(args.layers, facts.num_layers, "layers")
+    heads = check_indices(args.heads, facts.num_heads, "heads")
+    encoded = inspector.encode(loaded, args.text)
+    if facts.is_causal and encoded.length < 2:
+        msg = f"text is {encoded.length} token; collapse needs at least 2 tokens so a query can choose between keys"
+        raise InvalidInputError(msg, field="text")
+    sinks = sink_key_mask([t.special for t in encoded.tokens])  # (keys,): position 0 and the special tokens
+    grams = output_grams_for(loaded.model, layers, facts.num_heads)
+    consumer = CollapseConsumer(sinks, heads=heads, threshold=args.threshold, output_grams=grams)
+
+    def finish(_output: object) -> CollapseReport:
+        return _report(inspector, args, loaded=loaded, encoded=encoded, layers=layers, sinks=sinks, consumer=consumer)
+
+    return PassPlan(loaded, encoded, [consumer], finish, layers=layers)
+
+
+def head_row(stats: HeadCollapse, tokens: Sequence[Token], kv_head: int) -> HeadCollapseRow:
+    """One head's statistics as the report states them: rounded, positions named by their token."""
+
+    def opt(value: float | None) -> float | None:
+        return None if value is None else rounded(value)
+
+    return HeadCollapseRow(
+        layer=stats.layer,
+        head=stats.head,
+        kv_head=kv_head,
+        verdict=stats.verdict,
+        concentration=stats.concentration,
+        mean_entropy=rounded(stats.mean_entropy),
+        mean_normalised_entropy=rounded(stats.mean_normalised_entropy),
+        mean_max_weight=rounded(stats.mean_max_weight),
+        saturated_fraction=rounded(stats.saturated_fraction),
+        dominant_position=stats.dominant_position,
+        dominant_token=tokens[stats.dominant_position].text,
+        dominant_share=rounded(stats.dominant_share),
+        dominant_argmax_fraction=rounded(stats.dominant_argmax_fraction),
+        sink_fraction=rounded(stats.sink_fraction),
+        self_fraction=rounded(stats.self_fraction),
+        previous_fraction=rounded(stats.previous_fraction),
+        top_other_position=stats.top_other_position,
+        top_other_token=tokens[stats.top_other_position].text if stats.top_other_position is not None else None,
+        top_other_fraction=rounded(stats.top_other_fraction),
+        dominant_value_norm=opt(stats.dominant_value_norm),
+        other_value_norm=opt(stats.other_value_norm),
+        value_norm_ratio=opt(stats.value_norm_ratio),
+        dominant_value_share=opt(stats.dominant_value_share),
+        dominant_contribution=opt(stats.dominant_contribution),
+        contribution_ratio=opt(stats.contribution_ratio),
+        mean_output_norm=opt(stats.mean_output_norm),
+        mean_centred_score_norm=rounded(stats.mean_centred_score_norm),
+        mean_entropy_bound=rounded(stats.mean_entropy_bound),
+        min_bound_slack=rounded(stats.min_bound_slack, 6),
+        rows=stats.rows,
+    )
+
+
+def _measure(stats: Sequence[HeadCollapse], encoded: Encoded, loaded: LoadedModel) -> CollapseNumbers:
+    """Every examined head's row, most collapsed first, with the verdict counts and the bound's row totals."""
+    rows = [head_row(s, encoded.tokens, loaded.facts.kv_head_of(s.head)) for s in rank_heads(stats)]
+    counts: dict[str, int] = {v: sum(1 for r in rows if r.verdict == v) for v in sorted({r.verdict for r in rows})}
+    return CollapseNumbers(
+        num_tokens=encoded.length,
+        rows=rows,
+        verdict_counts=counts,
+        bound_violations=sum(s.bound_violations for s in stats),
+        rows_counted=sum(s.rows for s in stats),
+    )
+
+
+def _write_png(
+    inspector: Inspector, args: DiagnoseCollapseInput, loaded: LoadedModel, layers: list[int], stats: list[HeadCollapse]
+) -> str:
+    """The layer × head grid of (unrounded) mean max weight; heads not examined are blank."""
+    facts = loaded.facts
+    grid = [[math.nan] * facts.num_heads for _ in range(facts.num_layers)]
+    for s in stats:
+        grid[s.layer][s.head] = s.mean_max_weight
+    path = inspector.artifact_path(f"collapse-{loaded.name}-{text_digest(args.text)}", ".png")
+    written = grid_heatmap(
+        [grid[layer] for layer in layers],
+        f"{loaded.name} — mean max attention weight (1 = collapsed)",
+        path,
+        colorbar_label="mean max weight",
+        cmap="magma",
+        vmin=0.0,
+        vmax=1.0,
+    )
+    return str(written)
+
+
+def _report(
+    inspector: Inspector,
+    args: DiagnoseCollapseInput,
+    *,
+    loaded: LoadedModel,
+    encoded: Encoded,
+    layers: list[int],
+    sinks: torch.Tensor,
+    consumer: CollapseConsumer,
+) -> CollapseReport:
+    stats = consumer.results()
+    numbers = _measure(stats, encoded, loaded)
+    findings = narrative.findings(numbers, top_k=args.top_k)
+    png_path = _write_png(inspector, args, loaded, layers, stats) if args.png else None
+    return CollapseReport(
+        model=loaded.name,
+        summary=narrative.summary(numbers),
+        findings=findings,
+        num_tokens=encoded.length,
+        threshold=args.threshold,
+        heads_examined=len(numbers.rows),
+        concentrated_heads=len(numbers.concentrated),
+        verdict_counts=numbers.verdict_counts,
+        sink_positions=[int(i) for i in sinks.nonzero().flatten().tolist()],
+        bound_violations=numbers.bound_violations,
+        heads=numbers.rows[: args.top_k],
+        png_path=png_path,
+    )

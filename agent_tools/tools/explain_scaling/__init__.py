@@ -1,0 +1,47 @@
+"""explain_scaling: what does 1/sqrt(d_k) do in this model, on this text?
+
+``models`` holds the arguments and report, ``plan`` the pass (shared with other tools in ``analyze``) and
+``narrative`` the summary and findings text.
+"""
+
+from __future__ import annotations
+
+from agent_tools.tools.explain_scaling.models import (
+    DEFAULT_TEMPERATURES,
+    DESCRIPTION,
+    NULL_TEMPERATURE,
+    ExplainScalingInput,
+    HeadScoreVariance,
+    ScaleSetting,
+    ScalingReport,
+    SoftmaxSummary,
+    SyntheticRow,
+    Temperature,
+)
+from agent_tools.tools.explain_scaling.plan import explain_scaling, plan_explain_scaling
+from agent_tools.tools.registry import ToolSpec
+
+__all__ = [
+    "DEFAULT_TEMPERATURES",
+    "NULL_TEMPERATURE",
+    "SPEC",
+    "ExplainScalingInput",
+    "HeadScoreVariance",
+    "ScaleSetting",
+    "ScalingReport",
+    "SoftmaxSummary",
+    "SyntheticRow",
+    "Temperature",
+    "explain_scaling",
+    "plan_explain_scaling",
+]
+
+SPEC = ToolSpec(
+    name="explain_scaling",
+    description=DESCRIPTION,
+    input_model=ExplainScalingInput,
+    output_model=ScalingReport,
+    run=explain_scaling,
+    plan=plan_explain_scaling,
+    example={"text": "The cat sat on the mat because it was tired.", "layer": 3},
+)

@@ -1,0 +1,117 @@
+"""explain_scaling's arguments and report: the pydantic models an agent reads, with their descriptions."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, Field
+from pydantic_core import PydanticCustomError
+
+from agent_tools.analysis.scaling import SATURATION, SYNTHETIC_HEAD_DIMS, SettingKind
+from agent_tools.schemas import Report, TextInput
+
+DESCRIPTION = (
+    "Explain what the 1/sqrt(d_k) score scale does in one layer (or head) on a text: d_k and the model's "
+    "actual scale, the measured variance of raw q·k and of the scaled scores next to var(q)·var(k)·d_k, and "
+    "for the model's scale, no scaling and a temperature sweep: entropy, mean max weight, fraction of "
+    "saturated rows and the softmax Jacobian's trace and norm (how much gradient flows back). Checks that "
+    "entropy never rises as the scale grows, and adds a model-free demonstration for d_k = 16..1024."
+)
+DEFAULT_TEMPERATURES = (0.25, 0.5, 2.0, 4.0)
+NULL_TEMPERATURE = "Input should be a finite number > 0 (NaN and ±infinity have no JSON form: they arrive as null)"
+
+
+def _not_null(value: object) -> object:
+    """JSON writes NaN and ±infinity as null: say what is valid instead of "a valid number (got None)"."""
+    if value is None:
+        raise PydanticCustomError("finite_number", NULL_TEMPERATURE)
+    return value
+
+
+Temperature = Annotated[float, Field(gt=0.0, allow_inf_nan=False), BeforeValidator(_not_null)]
+
+
+class ExplainScalingInput(TextInput):
+    layer: int = Field(description="layer index, 0-based (describe_model gives the range)")
+    head: int | None = Field(default=None, description="one query head; omitted = every head of the layer")
+    temperatures: list[Temperature] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description=(
+            "temperatures τ > 0 (finite) dividing the model's own logits; τ = 1 is the model and is always "
+            f"included; omitted = {list(DEFAULT_TEMPERATURES)}"
+        ),
+    )
+    synthetic: bool = Field(
+        default=True, description=f"add the model-free demonstration with random q, k for d_k in {SYNTHETIC_HEAD_DIMS}"
+    )
+
+
+class SoftmaxSummary(BaseModel):
+    entropy: float = Field(description="mean row entropy, nats")
+    normalised_entropy: float = Field(description="mean entropy / log(visible keys): 0 one key, 1 uniform")
+    mean_max_weight: float
+    saturated_fraction: float = Field(description=f"fraction of rows with max weight ≥ {SATURATION}")
+    jacobian_trace: float = Field(description="mean trace of the softmax Jacobian diag(p) − ppᵀ = 1 − Σp²")
+    jacobian_frobenius: float = Field(description="mean ‖diag(p) − ppᵀ‖_F: how much gradient the softmax passes back")
+
+
+class ScaleSetting(SoftmaxSummary):
+    kind: SettingKind
+    temperature: float | None = Field(description="τ dividing the model's logits (None for no scaling)")
+    beta: float = Field(description="the factor multiplying raw q·k (model scale / τ, or 1 with no scaling)")
+    entropy_derivative: float | None = Field(
+        description="mean dH/dβ for logits β·z_model at this β, closed form −β·Var_p(z) (≤ 0)"
+    )
+
+
+class HeadScoreVariance(BaseModel):
+    head: int
+    kv_head: int
+    raw_variance: float = Field(description="measured Var(q·k) over the (query, visible key) pairs")
+    scaled_variance: float = Field(description="measured Var(q·k · scale)")
+    predicted_isotropic: float = Field(description="mean_d Var(q_d) · mean_d Var(k_d) · d_k (textbook)")
+    predicted_independent: float = Field(
+        description="Σ_d Var(q_d)Var(k_d) + Var(q_d)E[k_d]² + E[q_d]²Var(k_d): independent components, means kept"
+    )
+    ratio_isotropic: float = Field(description="measured / predicted_isotropic")
+    ratio_independent: float = Field(description="measured / predicted_independent")
+    q_variance: float = Field(description="mean per-component variance of q over tokens")
+    k_variance: float = Field(description="mean per-component variance of k over tokens")
+    q_mean_square: float = Field(description="mean squared per-component mean of q (non-zero means break isotropy)")
+    k_mean_square: float
+
+
+class SyntheticRow(BaseModel):
+    head_dim: int
+    dot_variance: float = Field(description="Var(q·k) for unit-variance random q, k: ≈ d_k")
+    scaled_variance: float = Field(description="Var(q·k / sqrt(d_k)): ≈ 1")
+    unscaled: SoftmaxSummary
+    scaled: SoftmaxSummary
+
+
+class ScalingReport(Report):
+    layer: int
+    head: int | None
+    heads: list[int]
+    num_tokens: int
+    head_dim: int = Field(description="d_k")
+    scaling: float = Field(description="the factor the model multiplies q·k by")
+    inverse_sqrt_head_dim: float
+    scaling_ratio: float = Field(description="scaling · sqrt(d_k): 1 = the standard 1/sqrt(d_k)")
+    standard_scale: bool
+    softcap: float | None
+    query_prescaled: bool
+    raw_score_variance: float = Field(description="measured Var(q·k), mean over the heads")
+    scaled_score_variance: float = Field(description="measured Var of the scaled scores, mean over the heads")
+    predicted_variance: float = Field(
+        description="var(q)·var(k)·d_k from measured component variances, mean over heads"
+    )
+    variance_ratio: float = Field(description="raw_score_variance / predicted_variance")
+    head_variances: list[HeadScoreVariance]
+    settings: list[ScaleSetting] = Field(description="model scale, no scaling and the temperature sweep (pooled rows)")
+    entropy_monotone: bool = Field(description="every row's entropy is non-increasing as β grows along the sweep")
+    monotonicity_violations: int
+    rows_checked: int
+    synthetic: list[SyntheticRow]

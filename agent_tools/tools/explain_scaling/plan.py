@@ -1,0 +1,177 @@
+"""explain_scaling's pass: one :class:`ScalingConsumer` over the layer, then the report built from its sums.
+
+The pass is declared as a :class:`PassPlan` so the ``analyze`` job can stream it together with other tools'
+consumers from one forward pass; run alone, :func:`explain_scaling` hands the same plan to ``inspector.execute``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor
+
+from agent_tools.analysis.scaling import SyntheticScaling, synthetic_scaling_demo
+from agent_tools.consumers.scaling import ScalingConsumer, SettingSums
+from agent_tools.errors import InvalidInputError
+from agent_tools.families import ModelFacts
+from agent_tools.inspector import Inspector, PassPlan
+from agent_tools.loading import LoadedModel
+from agent_tools.schemas import rounded
+from agent_tools.tools.explain_scaling import narrative
+from agent_tools.tools.explain_scaling.models import (
+    DEFAULT_TEMPERATURES,
+    ExplainScalingInput,
+    HeadScoreVariance,
+    ScaleSetting,
+    ScalingReport,
+    SoftmaxSummary,
+    SyntheticRow,
+)
+from agent_tools.tools.explain_scaling.narrative import ScalingNumbers
+
+
+def explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> ScalingReport:
+    """Explain the score scale of one layer: variance of q·k and of the scaled scores against the variance
+    predicted from q and k, and what the softmax looks like (entropy, saturation, Jacobian) at the model's
+    scale, with no scaling and over a temperature sweep. One forward pass; rows are streamed."""
+    return inspector.execute(plan_explain_scaling(inspector, args))
+
+
+def plan_explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> PassPlan[ScalingReport]:
+    """The pass over the layer (a :class:`ScalingConsumer`) and the report built from it."""
+    loaded = inspector.model(args.model)
+    facts = loaded.facts
+    layer = inspector.check_layer(loaded, args.layer)
+    heads = [inspector.check_head(loaded, args.head)] if args.head is not None else list(range(facts.num_heads))
+    temperatures = list(args.temperatures) if args.temperatures is not None else list(DEFAULT_TEMPERATURES)
+    encoded = inspector.encode(loaded, args.text)
+    if facts.is_causal and encoded.length < 2:
+        msg = f"text is {encoded.length} token; the scale sweep needs at least 2 tokens so a query sees 2 keys"
+        raise InvalidInputError(msg, field="text")
+    consumer = ScalingConsumer(
+        layer, heads, temperatures, model_scale=facts.scaling, query_prescaled=facts.query_prescaled
+    )
+
+    def finish(_output: object) -> ScalingReport:
+        return _report(args, loaded, layer=layer, heads=heads, consumer=consumer, num_tokens=encoded.length)
+
+    return PassPlan(loaded, encoded, [consumer], finish, layers=[layer])
+
+
+def _head_rows(variances: dict[str, Tensor], heads: list[int], facts: ModelFacts) -> list[HeadScoreVariance]:
+    """Per head: measured Var(q·k) and Var(scaled), the two predictions and the q/k moments, rounded.
+
+    ``variances``: :meth:`ScalingConsumer.variances`, each entry (heads,) in the order of ``heads``.
+    """
+    rows = []
+    for i, head in enumerate(heads):
+        raw = float(variances["raw_variance"][i])
+        iso = float(variances["predicted_isotropic"][i])
+        ind = float(variances["predicted_independent"][i])
+        rows.append(
+            HeadScoreVariance(
+                head=head,
+                kv_head=facts.kv_head_of(head),
+                raw_variance=rounded(raw),
+                scaled_variance=rounded(float(variances["scaled_variance"][i])),
+                predicted_isotropic=rounded(iso),
+                predicted_independent=rounded(ind),
+                ratio_isotropic=rounded(raw / iso if iso > 0 else math.inf),
+                ratio_independent=rounded(raw / ind if ind > 0 else math.inf),
+                q_variance=rounded(float(variances["q_variance"][i])),
+                k_variance=rounded(float(variances["k_variance"][i])),
+                q_mean_square=rounded(float(variances["q_mean_square"][i])),
+                k_mean_square=rounded(float(variances["k_mean_square"][i])),
+            )
+        )
+    return rows
+
+
+def _setting(setting: SettingSums) -> ScaleSetting:
+    """One scale setting's pooled row means; dH/dβ only where the closed form applies (not for raw q·k)."""
+    derivative = setting.derivative / setting.rows if setting.kind != "no_scaling" and setting.rows else None
+    return ScaleSetting(
+        kind=setting.kind,
+        temperature=setting.temperature,
+        beta=rounded(setting.beta, 6),
+        entropy_derivative=None if derivative is None else rounded(derivative),
+        **{name: rounded(value) for name, value in setting.means().items()},
+    )
+
+
+def _summary_of(means: dict[str, float]) -> SoftmaxSummary:
+    return SoftmaxSummary(**{name: rounded(value) for name, value in means.items()})
+
+
+def _synthetic_row(demo: SyntheticScaling) -> SyntheticRow:
+    return SyntheticRow(
+        head_dim=demo.head_dim,
+        dot_variance=rounded(demo.dot_variance),
+        scaled_variance=rounded(demo.scaled_variance),
+        unscaled=_summary_of(demo.unscaled),
+        scaled=_summary_of(demo.scaled),
+    )
+
+
+def _measure(
+    args: ExplainScalingInput, facts: ModelFacts, *, layer: int, heads: list[int], consumer: ScalingConsumer
+) -> ScalingNumbers:
+    """Everything the report states, from the consumer's sums (and the synthetic demonstration when asked for)."""
+    variances = consumer.variances()
+    settings = sorted((_setting(s) for s in consumer.settings), key=lambda s: s.beta)
+    return ScalingNumbers(
+        layer=layer,
+        head=args.head,
+        head_count=len(heads),
+        head_dim=facts.head_dim,
+        scaling=facts.scaling,
+        raw_mean=float(variances["raw_variance"].mean()),
+        scaled_mean=float(variances["scaled_variance"].mean()),
+        predicted=float(variances["predicted_isotropic"].mean()),
+        head_rows=_head_rows(variances, heads, facts),
+        model_setting=next(s for s in settings if s.kind == "model_scale"),
+        unscaled=next(s for s in settings if s.kind == "no_scaling"),
+        settings=settings,
+        monotone_rows=consumer.monotone_rows,
+        monotone_violations=consumer.monotone_violations,
+        synthetic=[_synthetic_row(d) for d in synthetic_scaling_demo()] if args.synthetic else [],
+    )
+
+
+def _report(
+    args: ExplainScalingInput,
+    loaded: LoadedModel,
+    *,
+    layer: int,
+    heads: list[int],
+    consumer: ScalingConsumer,
+    num_tokens: int,
+) -> ScalingReport:
+    facts = loaded.facts
+    n = _measure(args, facts, layer=layer, heads=heads, consumer=consumer)
+    return ScalingReport(
+        model=loaded.name,
+        summary=narrative.summary(n),
+        findings=narrative.findings(n),
+        layer=layer,
+        head=args.head,
+        heads=heads,
+        num_tokens=num_tokens,
+        head_dim=facts.head_dim,
+        scaling=rounded(facts.scaling, 6),
+        inverse_sqrt_head_dim=rounded(1 / math.sqrt(facts.head_dim), 6),
+        scaling_ratio=rounded(n.ratio),
+        standard_scale=n.standard_scale,
+        softcap=facts.softcap,
+        query_prescaled=facts.query_prescaled,
+        raw_score_variance=rounded(n.raw_mean),
+        scaled_score_variance=rounded(n.scaled_mean),
+        predicted_variance=rounded(n.predicted),
+        variance_ratio=rounded(n.variance_ratio),
+        head_variances=n.head_rows,
+        settings=n.settings,
+        entropy_monotone=n.monotone_violations == 0,
+        monotonicity_violations=n.monotone_violations,
+        rows_checked=n.monotone_rows,
+        synthetic=n.synthetic,
+    )

@@ -1,0 +1,155 @@
+"""inspect_projections' words: the findings and the summary, written from numbers the plan has already computed.
+
+One function per finding kind; the summary is built from the same numbers. :class:`Measured` carries what
+the words need: the rounded report parts, and the W_Q·W_Kᵀ shares and the scale unrounded, as the text reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent_tools.consumers.head_inputs import mask_phrase
+from agent_tools.schemas import Finding
+from agent_tools.tools.inspect_projections.models import (
+    MatrixSpectrumReport,
+    NoProjectionCounterfactual,
+    SharedKVHead,
+    SubspaceAngles,
+)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One head's measured projections: spectra, subspaces, the heads sharing its KV head, the counterfactual."""
+
+    layer: int
+    head: int
+    kv_head: int
+    family: str
+    head_dim: int
+    matrices: list[MatrixSpectrumReport]  # W_Q, W_K, W_V, W_O, QK circuit, OV circuit
+    angles: SubspaceAngles  # between W_Q and W_K
+    symmetric: float  # share of W_Q W_Kᵀ in its symmetric part, unrounded
+    identity: float  # cosine of W_Q W_Kᵀ with the identity, unrounded
+    scale: float  # the model's effective scale, unrounded
+    counterfactual: NoProjectionCounterfactual
+    shared: list[SharedKVHead]
+
+
+def spectra_finding(m: Measured) -> Finding:
+    """Effective ranks of the projections and circuits, and the projections' spectral norms."""
+    w_q, w_k, w_v, _, qk, ov = m.matrices
+    return Finding(
+        kind="projection_spectra",
+        layer=m.layer,
+        head=m.head,
+        value=w_q.effective_rank,
+        detail=(
+            f"effective rank of {m.head_dim} possible: W_Q {w_q.effective_rank:.1f}, W_K {w_k.effective_rank:.1f}, "
+            f"W_V {w_v.effective_rank:.1f}, QK circuit {qk.effective_rank:.1f}, "
+            f"OV circuit {ov.effective_rank:.1f}; spectral norms W_Q {w_q.spectral_norm:.3g}, "
+            f"W_K {w_k.spectral_norm:.3g}, W_V {w_v.spectral_norm:.3g}"
+        ),
+    )
+
+
+def subspaces_finding(m: Measured) -> Finding:
+    """How much the input subspaces W_Q and W_K read overlap, against random subspaces."""
+    angles = m.angles
+    return Finding(
+        kind="query_key_subspaces",
+        layer=m.layer,
+        head=m.head,
+        value=angles.mean_cos2,
+        detail=(
+            f"W_Q and W_K read input subspaces with mean cos² {angles.mean_cos2:.3f} (random: "
+            f"{angles.random_mean_cos2:.3f}); principal angles {angles.smallest_deg:.1f}° to "
+            f"{angles.largest_deg:.1f}° (median {angles.median_deg:.1f}°); W_Q·W_Kᵀ is {m.symmetric:.0%} "
+            f"symmetric, identity alignment {m.identity:.3f}"
+        ),
+    )
+
+
+def counterfactual_finding(m: Measured) -> Finding:
+    """What attention would be with Q = K = V = x, against the model's."""
+    cf = m.counterfactual
+    return Finding(
+        kind="no_projection_counterfactual",
+        layer=m.layer,
+        head=m.head,
+        value=cf.self_argmax_fraction,
+        detail=(
+            f"with Q = K = V = x (scale {m.scale:.4g}, {mask_phrase(cf.mask)}) "
+            f"{cf.self_argmax_fraction:.0%} of queries attend mostly to themselves "
+            f"(model: {cf.model_self_argmax_fraction:.0%}); entropy "
+            f"{cf.mean_entropy:.3f} vs the model's {cf.model_mean_entropy:.3f} nats; mean JS divergence "
+            f"{cf.mean_js_divergence:.3f} nats"
+        ),
+    )
+
+
+def largest_effect_finding(m: Measured) -> Finding:
+    """The query whose attention the projections change most."""
+    cf = m.counterfactual
+    worst = cf.max_js_position
+    row = cf.rows[worst]
+    return Finding(
+        kind="largest_projection_effect",
+        layer=m.layer,
+        head=m.head,
+        position=worst,
+        token=row.token,
+        value=cf.max_js_divergence,
+        detail=(
+            f"the projections change query {worst} {row.token!r} most "
+            f"(JS {cf.max_js_divergence:.3f} nats): "
+            f"it reads {row.model_top_token!r} (pos {row.model_top_key}) instead of "
+            f"{row.counterfactual_top_token!r} (pos {row.counterfactual_top_key})"
+        ),
+    )
+
+
+def shared_kv_finding(shared: SharedKVHead, layer: int, kv_head: int) -> Finding:
+    """How alike another query head reading the same K and V is."""
+    return Finding(
+        kind="shared_kv_head",
+        layer=layer,
+        head=shared.head,
+        value=shared.map_js_divergence,
+        detail=(
+            f"head {shared.head} shares KV head {kv_head}: W_Q cosine {shared.w_q_cosine:.3f}, "
+            f"W_Q subspace mean cos² {shared.w_q_mean_cos2:.3f}, map JS divergence "
+            f"{shared.map_js_divergence:.3f} nats, same top key for {shared.top_key_agreement:.0%} of queries"
+        ),
+    )
+
+
+def findings(m: Measured) -> list[Finding]:
+    """Spectra, subspaces, the counterfactual, its largest effect, then one finding per head sharing the KV head."""
+    shared = [shared_kv_finding(s, m.layer, m.kv_head) for s in m.shared]
+    return [spectra_finding(m), subspaces_finding(m), counterfactual_finding(m), largest_effect_finding(m), *shared]
+
+
+def _sharing_text(m: Measured) -> str:
+    if not m.shared:
+        return f"It has its own K and V (no grouped-query attention in {m.family})."
+    closest = min(m.shared, key=lambda s: s.map_js_divergence)
+    return (
+        f"It shares KV head {m.kv_head} with heads {', '.join(str(s.head) for s in m.shared)}; the most "
+        f"similar is head {closest.head} (map JS {closest.map_js_divergence:.3f} nats, W_Q cosine "
+        f"{closest.w_q_cosine:.3f})."
+    )
+
+
+def summary(m: Measured) -> str:
+    """Ranks, the W_Q/W_K overlap, the counterfactual and the KV sharing, in one paragraph."""
+    w_q, w_k, w_v = m.matrices[0], m.matrices[1], m.matrices[2]
+    cf, angles = m.counterfactual, m.angles
+    return (
+        f"Layer {m.layer} head {m.head}: W_Q/W_K/W_V effective ranks {w_q.effective_rank:.1f}/"
+        f"{w_k.effective_rank:.1f}/{w_v.effective_rank:.1f} of {m.head_dim}; W_Q and W_K read subspaces with mean "
+        f"cos² {angles.mean_cos2:.3f} (random {angles.random_mean_cos2:.3f}). Without projections (Q = K = V = x, "
+        f"same scale and mask) {cf.self_argmax_fraction:.0%} of queries would attend mostly to themselves (model: "
+        f"{cf.model_self_argmax_fraction:.0%}), entropy {cf.mean_entropy:.3f} vs {cf.model_mean_entropy:.3f} nats, "
+        f"mean JS divergence {cf.mean_js_divergence:.3f} nats. {_sharing_text(m)}"
+    )

@@ -1,0 +1,258 @@
+"""inspect_projections' pass and numbers: the head's layer with its input recorded, then the projections measured.
+
+The pass is :func:`agent_tools.head_inputs_pass.plan_head_inputs` over the head and the query heads sharing its
+KV head (their maps are compared); ``finish`` measures the spectra and subspaces of the head's W_Q, W_K, W_V,
+W_O (:mod:`agent_tools.layout`), the other heads' W_Q, and the counterfactual with no projections. The words
+come from :mod:`.narrative`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from agent_tools.analysis.metrics import js_divergence, normalised_entropy
+from agent_tools.analysis.projections import (
+    Spectrum,
+    matrix_cosine,
+    matrix_spectrum,
+    mean_entropy,
+    no_projection_attention,
+    principal_angles,
+    product_spectrum,
+    qk_identity_alignment,
+    qk_symmetric_share,
+    random_subspace_cos2,
+    self_argmax_fraction,
+    self_copy_cosine,
+    self_share,
+    top_key_agreement,
+)
+from agent_tools.consumers.head_inputs import HeadInputs, describe_mask
+from agent_tools.head_inputs_pass import plan_head_inputs
+from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
+from agent_tools.layout import HeadProjections, head_projections
+from agent_tools.loading import LoadedModel
+from agent_tools.render import attention_heatmap
+from agent_tools.schemas import rounded
+from agent_tools.tools.inspect_projections.models import (
+    EFFECTIVE_RANK_DEFINITION,
+    CounterfactualRow,
+    InspectProjectionsInput,
+    MatrixSpectrumReport,
+    NoProjectionCounterfactual,
+    ProjectionReport,
+    SharedKVHead,
+    SubspaceAngles,
+)
+from agent_tools.tools.inspect_projections.narrative import Measured, findings, summary
+
+
+@dataclass(frozen=True)
+class _Head:
+    """The head inspected, the text it was run on, and the other query heads reading its KV head."""
+
+    loaded: LoadedModel
+    encoded: Encoded
+    layer: int
+    head: int
+    others: list[int]
+
+
+def inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> ProjectionReport:
+    """Compare one head's W_Q, W_K, W_V, W_O (norms, singular values, effective rank, principal angles), the
+    query heads sharing its KV head, and the attention it would have with Q = K = V = the layer's input."""
+    return inspector.execute(plan_inspect_projections(inspector, args))
+
+
+def plan_inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> PassPlan[ProjectionReport]:
+    """The pass over the head's layer (its input recorded) and the report built from it."""
+    loaded = inspector.model(args.model)
+    layer = inspector.check_layer(loaded, args.layer)
+    head = inspector.check_head(loaded, args.head)
+    encoded = inspector.encode(loaded, args.text)
+    others = [h for h in loaded.facts.heads_sharing_kv(loaded.facts.kv_head_of(head)) if h != head]
+    capture = plan_head_inputs(inspector, loaded, encoded, layer, [head, *others])
+    target = _Head(loaded, encoded, layer, head, others)
+
+    def finish(output: object) -> ProjectionReport:
+        return _report(inspector, args, target, capture.finish(output))
+
+    return PassPlan(loaded, encoded, capture.consumers, finish, layers=[layer], record_inputs=True)
+
+
+def _report(inspector: Inspector, args: InspectProjectionsInput, target: _Head, inputs: HeadInputs) -> ProjectionReport:
+    facts, p = target.loaded.facts, inputs.projections
+    kv_head = facts.kv_head_of(target.head)
+    matrices = _matrices(p)
+    shared = _shared_kv_heads(target, inputs)
+    counterfactual = no_projection_attention(inputs.x, inputs.effective_scale, inputs.mask)  # (T, T)
+    png_path = None
+    if args.png:
+        png_path = _counterfactual_png(
+            inspector, target, counterfactual, inputs.effective_scale, text_digest(args.text)
+        )
+    measured = Measured(
+        layer=target.layer,
+        head=target.head,
+        kv_head=kv_head,
+        family=p.family,
+        head_dim=p.d_head,
+        matrices=matrices,
+        angles=_angles("W_Q", "W_K", p.w_q, p.w_k),
+        symmetric=qk_symmetric_share(p.w_q, p.w_k),
+        identity=qk_identity_alignment(p.w_q, p.w_k),
+        scale=inputs.effective_scale,
+        counterfactual=_counterfactual(target, inputs, counterfactual, png_path),
+        shared=shared,
+    )
+    return ProjectionReport(
+        model=target.loaded.name,
+        summary=summary(measured),
+        findings=findings(measured),
+        layer=target.layer,
+        head=target.head,
+        kv_head=kv_head,
+        family=p.family,
+        hidden_size=p.d_model,
+        head_dim=p.d_head,
+        tokens=target.encoded.tokens,
+        effective_rank_definition=EFFECTIVE_RANK_DEFINITION,
+        matrices=matrices,
+        query_key_angles=measured.angles,
+        qk_symmetric_share=rounded(measured.symmetric),
+        qk_identity_alignment=rounded(measured.identity),
+        heads_sharing_kv=facts.heads_sharing_kv(kv_head),
+        shared_kv_heads=shared,
+        counterfactual=measured.counterfactual,
+        model_weight_error=inputs.errors["model_weights"],
+    )
+
+
+def _spectrum_report(
+    name: str, spectrum: Spectrum, shape: list[int], bias: torch.Tensor | None
+) -> MatrixSpectrumReport:
+    return MatrixSpectrumReport(
+        name=name,
+        shape=shape,
+        frobenius_norm=rounded(spectrum.frobenius_norm),
+        spectral_norm=rounded(spectrum.spectral_norm),
+        effective_rank=rounded(spectrum.effective_rank),
+        stable_rank=rounded(spectrum.stable_rank),
+        bias_norm=rounded(float(bias.norm())) if bias is not None else None,
+        singular_values=[rounded(v) for v in spectrum.singular_values.tolist()],
+    )
+
+
+def _matrices(p: HeadProjections) -> list[MatrixSpectrumReport]:
+    """Spectra of W_Q, W_K, W_V, W_O and of the QK and OV circuits, in that order."""
+    d_model, d_head = p.d_model, p.d_head
+    return [
+        _spectrum_report("W_Q", matrix_spectrum(p.w_q), [d_model, d_head], p.b_q),
+        _spectrum_report("W_K", matrix_spectrum(p.w_k), [d_model, d_head], p.b_k),
+        _spectrum_report("W_V", matrix_spectrum(p.w_v), [d_model, d_head], p.b_v),
+        _spectrum_report("W_O", matrix_spectrum(p.w_o), [d_head, d_model], None),
+        _spectrum_report("W_Q·W_Kᵀ (QK circuit)", product_spectrum(p.w_q, p.w_k), [d_model, d_model], None),
+        _spectrum_report("W_V·W_O (OV circuit)", product_spectrum(p.w_v, p.w_o.T), [d_model, d_model], None),
+    ]
+
+
+def _angles(first: str, second: str, a: torch.Tensor, b: torch.Tensor) -> SubspaceAngles:
+    angles = torch.rad2deg(principal_angles(a, b))  # (r,) ascending
+    cos2 = torch.cos(torch.deg2rad(angles)).square()
+    return SubspaceAngles(
+        first=first,
+        second=second,
+        angles_deg=[rounded(v, 2) for v in angles.tolist()],
+        smallest_deg=rounded(float(angles.min()), 2),
+        median_deg=rounded(float(angles.median()), 2),
+        largest_deg=rounded(float(angles.max()), 2),
+        mean_cos2=rounded(float(cos2.mean())),
+        random_mean_cos2=rounded(random_subspace_cos2(a.shape[1], b.shape[1], a.shape[0])),
+    )
+
+
+def _shared_kv_heads(target: _Head, inputs: HeadInputs) -> list[SharedKVHead]:
+    """How each other query head reading the same K and V compares: its W_Q and its map."""
+    w_q = inputs.projections.w_q
+    model_map = inputs.weights[target.head]  # (T, T)
+    reports = []
+    for other in target.others:
+        other_w_q = head_projections(target.loaded.model, target.layer, other, facts=target.loaded.facts).w_q
+        other_map = inputs.weights[other]
+        other_angles = principal_angles(w_q, other_w_q)
+        reports.append(
+            SharedKVHead(
+                head=other,
+                w_q_cosine=rounded(matrix_cosine(w_q, other_w_q)),
+                w_q_mean_cos2=rounded(float(torch.cos(other_angles).square().mean())),
+                w_q_smallest_angle_deg=rounded(math.degrees(float(other_angles.min())), 2),
+                map_js_divergence=rounded(float(js_divergence(model_map, other_map).mean())),
+                top_key_agreement=rounded(top_key_agreement(model_map, other_map)),
+                mean_entropy=rounded(mean_entropy(other_map)),
+            )
+        )
+    return reports
+
+
+def _counterfactual_png(
+    inspector: Inspector, target: _Head, counterfactual: torch.Tensor, scale: float, digest: str
+) -> str:
+    """Draw the (T, T) no-projection map into the artifact folder; its path (``digest``: the text's)."""
+    name, layer, head = target.loaded.name, target.layer, target.head
+    path = inspector.artifact_path(f"no-projection-{name}-L{layer}H{head}-{digest}", ".png")
+    labels = target.encoded.labels()
+    title = f"{name} L{layer}H{head}: Q = K = V = x (no projections), scale {scale:.4g}"
+    attention_heatmap(counterfactual.tolist(), labels, labels, title, path)
+    return str(path)
+
+
+def _counterfactual(
+    target: _Head, inputs: HeadInputs, counterfactual: torch.Tensor, png_path: str | None
+) -> NoProjectionCounterfactual:
+    """The (T, T) map with Q = K = V = x (the model's scale and mask) against the model's, per query and overall."""
+    model_map = inputs.weights[target.head]  # (T, T)
+    allowed = inputs.allowed()
+    js_rows = js_divergence(model_map, counterfactual)  # (T,)
+    return NoProjectionCounterfactual(
+        scale=rounded(inputs.effective_scale, 6),
+        mask=describe_mask(allowed),
+        mean_entropy=rounded(mean_entropy(counterfactual)),
+        mean_normalised_entropy=rounded(float(normalised_entropy(counterfactual.double(), allowed).mean())),
+        self_argmax_fraction=rounded(self_argmax_fraction(counterfactual, allowed)),
+        self_share=rounded(self_share(counterfactual)),
+        self_copy_cosine=rounded(self_copy_cosine(counterfactual, inputs.x)),
+        model_mean_entropy=rounded(mean_entropy(model_map)),
+        model_mean_normalised_entropy=rounded(float(normalised_entropy(model_map.double(), allowed).mean())),
+        model_self_argmax_fraction=rounded(self_argmax_fraction(model_map, allowed)),
+        model_self_share=rounded(self_share(model_map)),
+        mean_js_divergence=rounded(float(js_rows.mean())),
+        max_js_divergence=rounded(float(js_rows.max())),
+        max_js_position=int(js_rows.argmax()),
+        top_key_agreement=rounded(top_key_agreement(model_map, counterfactual)),
+        rows=_counterfactual_rows(target, model_map, counterfactual, js_rows),
+        png_path=png_path,
+    )
+
+
+def _counterfactual_rows(
+    target: _Head, model_map: torch.Tensor, counterfactual: torch.Tensor, js_rows: torch.Tensor
+) -> list[CounterfactualRow]:
+    """Per query: its divergence and top key with and without the projections."""
+    tokens = target.encoded.tokens
+    model_top, cf_top = model_map.argmax(-1), counterfactual.argmax(-1)  # (T,) each
+    return [
+        CounterfactualRow(
+            position=q,
+            token=tokens[q].text,
+            js_divergence=rounded(float(js_rows[q])),
+            model_top_key=int(model_top[q]),
+            model_top_token=tokens[int(model_top[q])].text,
+            counterfactual_top_key=int(cf_top[q]),
+            counterfactual_top_token=tokens[int(cf_top[q])].text,
+            counterfactual_self_weight=rounded(float(counterfactual[q, q])),
+        )
+        for q in range(target.encoded.length)
+    ]

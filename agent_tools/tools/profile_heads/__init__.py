@@ -1,0 +1,52 @@
+"""profile_heads: what does each head do? Role scores for every head, a primary role, and the evidence.
+
+Two forward passes with streaming capture, whatever the number of heads: one over the text (text roles) and one
+over a probe of random tokens repeated twice (induction, duplicate-token; :mod:`agent_tools.probes`). Each layer's
+maps are reduced to a few sums per head as they stream past
+(:class:`~agent_tools.analysis.heads.RoleScoreConsumer`) and dropped.
+
+``models`` holds the arguments and report, ``plan`` the passes (the text pass is a :class:`PassPlan` the
+``analyze`` job shares), ``narrative`` the summary and findings.
+"""
+
+from __future__ import annotations
+
+from agent_tools.tools.profile_heads.models import (
+    DESCRIPTION,
+    SAMPLE_TEXT,
+    AblationEvidence,
+    HeadProfile,
+    HeadProfiles,
+    InductionCheck,
+    ProbeInfo,
+    ProfileHeadsInput,
+    RoleReport,
+    TopHead,
+)
+from agent_tools.tools.profile_heads.plan import plan_profile_heads, profile_heads
+from agent_tools.tools.registry import ToolSpec
+
+__all__ = [
+    "SAMPLE_TEXT",
+    "SPEC",
+    "AblationEvidence",
+    "HeadProfile",
+    "HeadProfiles",
+    "InductionCheck",
+    "ProbeInfo",
+    "ProfileHeadsInput",
+    "RoleReport",
+    "TopHead",
+    "plan_profile_heads",
+    "profile_heads",
+]
+
+SPEC = ToolSpec(
+    name="profile_heads",
+    description=DESCRIPTION,
+    input_model=ProfileHeadsInput,
+    output_model=HeadProfiles,
+    run=profile_heads,
+    plan=plan_profile_heads,
+    example={"text": "The cat sat on the mat because it was tired.", "layers": [0, 1, 2]},
+)

@@ -1,0 +1,38 @@
+"""reconstruct_attention: one head's attention rebuilt step by step from the layer's input, ending at the model's map.
+
+``models`` holds the arguments and report, ``plan`` the pass and the stage measures, ``narrative`` what each
+stage adds, the findings and the summary. The pass and the parity check are shared with inspect_projections
+(:mod:`agent_tools.consumers.head_inputs`, :mod:`agent_tools.head_inputs_pass`).
+"""
+
+from __future__ import annotations
+
+from agent_tools.tools.reconstruct_attention.models import (
+    DESCRIPTION,
+    PARITY_TOLERANCE,
+    AttentionReconstruction,
+    QueryTopKey,
+    ReconstructAttentionInput,
+    StageReport,
+)
+from agent_tools.tools.reconstruct_attention.plan import reconstruct_attention
+from agent_tools.tools.registry import ToolSpec
+
+__all__ = [
+    "PARITY_TOLERANCE",
+    "SPEC",
+    "AttentionReconstruction",
+    "QueryTopKey",
+    "ReconstructAttentionInput",
+    "StageReport",
+    "reconstruct_attention",
+]
+
+SPEC = ToolSpec(
+    name="reconstruct_attention",
+    description=DESCRIPTION,
+    input_model=ReconstructAttentionInput,
+    output_model=AttentionReconstruction,
+    run=reconstruct_attention,
+    example={"text": "The cat sat on the mat because it was tired.", "layer": 3, "head": 0},
+)

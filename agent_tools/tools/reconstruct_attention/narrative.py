@@ -1,0 +1,138 @@
+"""reconstruct_attention's words: what each stage adds, the findings and the summary.
+
+Pure functions of numbers the plan has already computed (a :class:`Recipe` read from the pass, the rounded
+:class:`~.models.StageReport` per stage, a :class:`Rebuilt` of the errors and the decisive stage); one
+function per finding kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent_tools.consumers.head_inputs import mask_phrase
+from agent_tools.schemas import Finding, rounded
+from agent_tools.tools.reconstruct_attention.models import StageReport
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What the head's recipe is made of, read from the pass: the ingredients each stage adds."""
+
+    family: str
+    hidden_size: int  # d of the raw input x
+    head_dim: int
+    has_bias: bool  # the family adds b_Q or b_K
+    query_prescale: float  # != 1.0 where the family folds the scale into W_Q (OPT)
+    effective_scale: float  # the factor q·kᵀ is really multiplied by
+    rotary_dims: int | None  # dims RoPE rotates; None without RoPE
+    positional: str  # ModelFacts.positional
+    softcap: float | None
+    mask: str  # describe_mask's text
+    mask_every_stage: bool
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """The measured outcome: the stage reports, the parity errors and the stage that moves the map most."""
+
+    layer: int
+    head: int
+    length: int  # tokens
+    stages: list[StageReport]
+    weight_error: float  # max |stage-5 weights − the model's|
+    score_error: float  # max |stage-4 scores − the model's pre-mask scores|
+    decisive: int  # index into ``stages``: the largest drop in masked JS from the stage before
+    drop: float  # that drop, nats
+
+
+def _positions_text(recipe: Recipe) -> str:
+    if recipe.rotary_dims is None:
+        return f"nothing new: {recipe.positional} — positions are already in x, so this equals stage 3"
+    if recipe.rotary_dims < recipe.head_dim:
+        return f"RoPE applied to q and k ({recipe.rotary_dims} of {recipe.head_dim} dims rotated)"
+    return "RoPE applied to q and k (all dims rotated)"
+
+
+def stage_descriptions(recipe: Recipe) -> list[str]:
+    """What each of the five stages adds to the previous one."""
+    d = recipe.hidden_size
+    bias = " with biases b_Q, b_K" if recipe.has_bias else ""
+    prescale = f" (folded into W_Q by {recipe.family})" if recipe.query_prescale != 1.0 else ""
+    early = f"; {mask_phrase(recipe.mask)} applied already" if recipe.mask_every_stage else ", every key visible"
+    softcap = f"scores soft-capped to c·tanh(s/c) with c = {recipe.softcap}, then " if recipe.softcap else ""
+    return [
+        f"raw dot products x_i·x_j of the layer's input (d = {d}){early}",
+        f"divided by sqrt(d) = sqrt({d}) (d = hidden size, the length of raw x)",
+        f"q = x W_Q, k = x W_K{bias} ({recipe.head_dim}-dim head), "
+        f"scaled by the model's {recipe.effective_scale:.4g}{prescale}",
+        _positions_text(recipe),
+        f"{softcap}{mask_phrase(recipe.mask)}, then softmax: the model's own attention",
+    ]
+
+
+def stage_finding(report: StageReport, layer: int, head: int) -> Finding:
+    """One stage's entropy, peak, self-share and distance to the model's map."""
+    return Finding(
+        kind=f"stage_{report.stage}_{report.name}",
+        layer=layer,
+        head=head,
+        value=report.mean_entropy,
+        detail=(
+            f"stage {report.stage} ({report.name}): entropy {report.mean_entropy:.3f} nats, mean max weight "
+            f"{report.mean_max_weight:.3f}, self-share {report.self_share:.3f}, JS to the model "
+            f"{report.mean_js_to_model:.3f}"
+        ),
+    )
+
+
+def decisive_finding(rebuilt: Rebuilt) -> Finding:
+    """The ingredient that moves the map most towards the model's, the mask held fixed."""
+    before, after = rebuilt.stages[rebuilt.decisive - 1], rebuilt.stages[rebuilt.decisive]
+    return Finding(
+        kind="decisive_stage",
+        layer=rebuilt.layer,
+        head=rebuilt.head,
+        value=rounded(rebuilt.drop),
+        detail=(
+            f"with the mask held fixed, stage {rebuilt.decisive + 1} ({after.name}) moves the map most towards "
+            f"the model's: JS divergence {before.masked_js_to_model:.3f} → {after.masked_js_to_model:.3f} nats"
+        ),
+    )
+
+
+def error_finding(rebuilt: Rebuilt) -> Finding:
+    """How exactly stage 5 equals the model's own weights."""
+    return Finding(
+        kind="reconstruction_error",
+        layer=rebuilt.layer,
+        head=rebuilt.head,
+        value=rebuilt.weight_error,
+        detail=(
+            f"stage 5 equals the model's weights to {rebuilt.weight_error:.1e} "
+            f"(stage-4 scores to {rebuilt.score_error:.1e})"
+        ),
+    )
+
+
+def findings(rebuilt: Rebuilt) -> list[Finding]:
+    """The decisive stage first, then one finding per stage, then the reconstruction error."""
+    stages = [stage_finding(report, rebuilt.layer, rebuilt.head) for report in rebuilt.stages]
+    return [decisive_finding(rebuilt), *stages, error_finding(rebuilt)]
+
+
+def summary(recipe: Recipe, rebuilt: Rebuilt) -> str:
+    """The entropy at every stage, the parity error and the decisive stage, in one paragraph."""
+    stages = rebuilt.stages
+    first, last = stages[0], stages[-1]
+    before, after = stages[rebuilt.decisive - 1], stages[rebuilt.decisive]
+    positions = "RoPE" if recipe.rotary_dims is not None else "positions (already in x)"
+    softcap = " and soft-cap" if recipe.softcap else ""
+    return (
+        f"Layer {rebuilt.layer} head {rebuilt.head} rebuilt from its input on {rebuilt.length} tokens; mean entropy "
+        f"per stage: raw x·xᵀ {first.mean_entropy:.3f} nats (self-share {first.self_share:.2f}) → "
+        f"÷sqrt({recipe.hidden_size}) {stages[1].mean_entropy:.3f} → W_Q/W_K {stages[2].mean_entropy:.3f} → "
+        f"{positions} {stages[3].mean_entropy:.3f} → {mask_phrase(recipe.mask)}{softcap}, softmax "
+        f"{last.mean_entropy:.3f} = the model's map (max error {rebuilt.weight_error:.1e}). With the mask held "
+        f"fixed, stage {rebuilt.decisive + 1} ({after.name}) moves it most towards the model's map "
+        f"(JS {before.masked_js_to_model:.3f} → {after.masked_js_to_model:.3f} nats)."
+    )

@@ -1,0 +1,184 @@
+"""reconstruct_attention's pass and numbers: one forward keeping the head's inputs, five stages, their measures.
+
+The pass is :func:`agent_tools.head_inputs_pass.capture_head_inputs` (it refuses when the weights read from the
+model do not reproduce its map); each stage is then measured (:func:`~agent_tools.analysis.reconstruct.stage_measures`,
+divergence from the model's map) and optionally drawn. The words come from :mod:`.narrative`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agent_tools.analysis.metrics import js_divergence, masked_softmax
+from agent_tools.analysis.projections import top_key_agreement
+from agent_tools.analysis.reconstruct import StageMap, stage_measures
+from agent_tools.consumers.head_inputs import HeadInputs, describe_mask, reconstruct
+from agent_tools.head_inputs_pass import capture_head_inputs
+from agent_tools.inspector import Encoded, Inspector, text_digest
+from agent_tools.loading import LoadedModel
+from agent_tools.render import attention_heatmap
+from agent_tools.schemas import rounded
+from agent_tools.tools.reconstruct_attention.models import (
+    PARITY_TOLERANCE,
+    AttentionReconstruction,
+    QueryTopKey,
+    ReconstructAttentionInput,
+    StageReport,
+)
+from agent_tools.tools.reconstruct_attention.narrative import (
+    Rebuilt,
+    Recipe,
+    findings,
+    stage_descriptions,
+    summary,
+)
+
+
+@dataclass(frozen=True)
+class _Head:
+    """The head being rebuilt, the text it was run on and what the pass kept of it."""
+
+    loaded: LoadedModel
+    encoded: Encoded
+    layer: int
+    head: int
+    inputs: HeadInputs
+
+
+def reconstruct_attention(inspector: Inspector, args: ReconstructAttentionInput) -> AttentionReconstruction:
+    """Rebuild one head's attention in five stages and measure each: raw x·xᵀ, scaled by 1/sqrt(d),
+    projected with W_Q/W_K, with positions (RoPE), with the mask (and soft-capping) → the model's map."""
+    loaded = inspector.model(args.model)
+    layer = inspector.check_layer(loaded, args.layer)
+    head = inspector.check_head(loaded, args.head)
+    encoded = inspector.encode(loaded, args.text)
+    rebuilt = _Head(loaded, encoded, layer, head, capture_head_inputs(inspector, loaded, encoded, layer, [head]))
+    stages = reconstruct(rebuilt.inputs, mask_every_stage=args.mask_every_stage)
+    recipe = _recipe(rebuilt, describe_mask(rebuilt.inputs.allowed()), mask_every_stage=args.mask_every_stage)
+    reports = [
+        _stage_report(
+            rebuilt,
+            number,
+            stage,
+            added,
+            masked=stage.stage == "model" or args.mask_every_stage,
+            png_path=_stage_png(inspector, rebuilt, number, stage, text_digest(args.text)) if args.png else None,
+        )
+        for number, (stage, added) in enumerate(zip(stages, stage_descriptions(recipe), strict=True), start=1)
+    ]
+    return _report(rebuilt, recipe, reports)
+
+
+def _recipe(rebuilt: _Head, mask_text: str, *, mask_every_stage: bool) -> Recipe:
+    """The ingredients the stages add, read from the pass and the model's facts."""
+    inputs, p = rebuilt.inputs, rebuilt.inputs.projections
+    return Recipe(
+        family=p.family,
+        hidden_size=inputs.x.shape[-1],
+        head_dim=p.d_head,
+        has_bias=p.b_q is not None or p.b_k is not None,
+        query_prescale=p.query_prescale,
+        effective_scale=inputs.effective_scale,
+        rotary_dims=inputs.rotary[0].shape[-1] if inputs.rotary is not None else None,
+        positional=rebuilt.loaded.facts.positional,
+        softcap=inputs.softcap,
+        mask=mask_text,
+        mask_every_stage=mask_every_stage,
+    )
+
+
+def _masked_map(stage: StageMap, inputs: HeadInputs) -> torch.Tensor:
+    """(T, T) this stage's scores under the model's mask (stage 5 is already the model's map)."""
+    if stage.stage == "model":
+        return stage.weights
+    return masked_softmax(stage.scores.float(), inputs.allowed() if inputs.mask is not None else None)
+
+
+def _stage_report(
+    rebuilt: _Head, number: int, stage: StageMap, added: str, *, masked: bool, png_path: str | None
+) -> StageReport:
+    """One stage's measures and its distance to the model's map (with and without the model's mask)."""
+    measures = stage_measures(stage)
+    model_map = rebuilt.inputs.weights[rebuilt.head]
+    tokens = rebuilt.encoded.tokens
+    top_keys = [
+        QueryTopKey(
+            position=q,
+            token=tokens[q].text,
+            key_position=int(key),
+            key_token=tokens[int(key)].text,
+            weight=rounded(weight),
+        )
+        for q, (key, weight) in enumerate(zip(measures.top_key.tolist(), measures.top_weight.tolist(), strict=True))
+    ]
+    return StageReport(
+        stage=number,
+        name=stage.stage,
+        added=added,
+        scale=rounded(stage.scale, 6),
+        masked=masked,
+        mean_entropy=rounded(measures.mean_entropy),
+        mean_normalised_entropy=rounded(measures.mean_normalised_entropy),
+        mean_max_weight=rounded(measures.mean_max_weight),
+        self_share=rounded(measures.self_share),
+        logit_std=rounded(measures.logit_std),
+        mean_js_to_model=rounded(float(js_divergence(stage.weights, model_map).mean())),
+        masked_js_to_model=rounded(float(js_divergence(_masked_map(stage, rebuilt.inputs), model_map).mean())),
+        top_key_agreement=rounded(top_key_agreement(stage.weights, model_map)),
+        top_keys=top_keys,
+        png_path=png_path,
+    )
+
+
+def _stage_png(inspector: Inspector, rebuilt: _Head, number: int, stage: StageMap, digest: str) -> str:
+    """Draw one stage's map into the artifact folder; its path (``digest``: the text's, for the file name)."""
+    name, layer, head = rebuilt.loaded.name, rebuilt.layer, rebuilt.head
+    path = inspector.artifact_path(f"reconstruct-{name}-L{layer}H{head}-{number}-{stage.stage}-{digest}", ".png")
+    labels = rebuilt.encoded.labels()
+    attention_heatmap(
+        stage.weights.tolist(), labels, labels, f"{name} L{layer}H{head} stage {number}: {stage.stage}", path
+    )
+    return str(path)
+
+
+def _decisive_stage(stages: list[StageReport]) -> tuple[float, int]:
+    """(drop, index): which ingredient moves the map most towards the model's own, the mask held fixed."""
+    drops = [(stages[i - 1].masked_js_to_model - stages[i].masked_js_to_model, i) for i in range(1, len(stages))]
+    return max(drops)
+
+
+def _report(rebuilt: _Head, recipe: Recipe, reports: list[StageReport]) -> AttentionReconstruction:
+    inputs, facts = rebuilt.inputs, rebuilt.loaded.facts
+    drop, decisive = _decisive_stage(reports)
+    numbers = Rebuilt(
+        layer=rebuilt.layer,
+        head=rebuilt.head,
+        length=rebuilt.encoded.length,
+        stages=reports,
+        weight_error=inputs.errors["model_weights"],
+        score_error=inputs.errors["positional_scores"],
+        decisive=decisive,
+        drop=drop,
+    )
+    return AttentionReconstruction(
+        model=rebuilt.loaded.name,
+        summary=summary(recipe, numbers),
+        findings=findings(numbers),
+        layer=rebuilt.layer,
+        head=rebuilt.head,
+        kv_head=inputs.projections.kv_head,
+        family=facts.family,
+        hidden_size=recipe.hidden_size,
+        head_dim=recipe.head_dim,
+        scaling=rounded(inputs.effective_scale, 6),
+        positional=facts.positional,
+        mask=recipe.mask,
+        softcap=inputs.softcap,
+        tokens=rebuilt.encoded.tokens,
+        stages=reports,
+        positional_score_error=numbers.score_error,
+        model_weight_error=numbers.weight_error,
+        matches_model=numbers.weight_error <= PARITY_TOLERANCE,
+    )

@@ -1,0 +1,37 @@
+"""scaling_experiment: "my model refused to converge", reproduced on a tiny head with and without 1/sqrt(d_k).
+
+``models`` holds the arguments and report, ``plan`` the four training runs (no pretrained model, so no shared
+pass) and ``narrative`` the summary, findings and task text.
+"""
+
+from __future__ import annotations
+
+from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.scaling_experiment.models import (
+    CURVE_POINTS,
+    DESCRIPTION,
+    VANISHED,
+    ExperimentCurve,
+    ScalingExperimentInput,
+    ScalingExperimentReport,
+)
+from agent_tools.tools.scaling_experiment.plan import scaling_experiment
+
+__all__ = [
+    "CURVE_POINTS",
+    "SPEC",
+    "VANISHED",
+    "ExperimentCurve",
+    "ScalingExperimentInput",
+    "ScalingExperimentReport",
+    "scaling_experiment",
+]
+
+SPEC = ToolSpec(
+    name="scaling_experiment",
+    description=DESCRIPTION,
+    input_model=ScalingExperimentInput,
+    output_model=ScalingExperimentReport,
+    run=scaling_experiment,
+    example={"steps": 60},
+)

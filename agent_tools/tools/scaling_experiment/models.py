@@ -1,0 +1,66 @@
+"""scaling_experiment's arguments and report: the pydantic models an agent reads, with their descriptions."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from agent_tools.analysis.scaling import SATURATION
+from agent_tools.schemas import Report, ToolInput
+
+DESCRIPTION = (
+    "Reproduce 'my attention model refused to converge': train a tiny single-head attention model on a "
+    "synthetic retrieval task (CPU, seconds) with and without the 1/sqrt(d_k) factor at a small and a large "
+    "d_k, and return loss and accuracy curves, gradient norms of W_q and W_k, attention entropy and "
+    "saturation over steps. Deterministic for a seed; needs no pretrained model."
+)
+VANISHED = 1e-6  # a W_q gradient norm below this counts as vanished
+CURVE_POINTS = 30  # logged points per run when log_every is omitted
+
+
+class ScalingExperimentInput(ToolInput):
+    small_head_dim: int = Field(default=16, ge=1, le=512, description="the small d_k")
+    large_head_dim: int = Field(default=1024, ge=2, le=4096, description="the large d_k")
+    steps: int = Field(default=300, ge=1, le=3000, description="SGD steps per run")
+    learning_rate: float = Field(default=1.0, gt=0.0, le=100.0, allow_inf_nan=False, description="SGD learning rate")
+    items: int = Field(default=16, ge=2, le=128, description="(key, label) items per example the query must search")
+    batch: int = Field(default=64, ge=1, le=512, description="examples per step")
+    seed: int = Field(
+        default=0, ge=0, le=2**31 - 1, description="fixes data and initialisation: same seed, same numbers"
+    )
+    log_every: int | None = Field(
+        default=None, ge=1, le=3000, description=f"log every N steps; omitted = about {CURVE_POINTS} points per run"
+    )
+
+
+class ExperimentCurve(BaseModel):
+    head_dim: int
+    scaled: bool = Field(description="scores divided by sqrt(d_k)")
+    steps: list[int]
+    loss: list[float]
+    accuracy: list[float]
+    grad_norm_q: list[float] = Field(description="‖∂loss/∂W_q‖ at each logged step (3 significant digits)")
+    grad_norm_k: list[float]
+    attention_entropy: list[float] = Field(description="mean attention entropy, nats (max log(items))")
+    saturated_fraction: list[float] = Field(description=f"fraction of queries with max weight ≥ {SATURATION}")
+    target_weight: list[float] = Field(description="mean weight on the item the query asks for")
+    initial_entropy: float
+    initial_saturated_fraction: float
+    initial_grad_norm_q: float
+    final_loss: float = Field(description="mean loss over the last 20% of logged points")
+    final_accuracy: float = Field(description="mean accuracy over the last 20% of logged points")
+    vanished_gradient_fraction: float = Field(description=f"logged steps with ‖∂loss/∂W_q‖ < {VANISHED}")
+    median_grad_norm_q: float
+
+
+class ScalingExperimentReport(Report):
+    task: str
+    d_model: int
+    items: int
+    labels: int
+    batch: int
+    steps: int
+    learning_rate: float
+    seed: int
+    max_entropy: float = Field(description="log(items): entropy of uniform attention")
+    chance_loss: float = Field(description="cross-entropy of a uniform guess, log(labels)")
+    runs: list[ExperimentCurve]

@@ -1,0 +1,79 @@
+"""scaling_experiment's words: the summary, findings and task text, written from the finished training curves.
+
+Pure functions of :class:`ExperimentNumbers` (and single curves), so the text can be read (and changed) without
+training anything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from agent_tools.analysis.scaling import SATURATION
+from agent_tools.schemas import Finding
+from agent_tools.tools.scaling_experiment.models import VANISHED, ExperimentCurve
+
+
+@dataclass(frozen=True)
+class ExperimentNumbers:
+    """The experiment's settings and its four runs (small/large d_k, with/without 1/sqrt(d_k))."""
+
+    items: int
+    labels: int
+    steps: int
+    learning_rate: float
+    seed: int
+    small_head_dim: int
+    large_head_dim: int
+    curves: list[ExperimentCurve]
+
+    def curve(self, head_dim: int, *, scaled: bool) -> ExperimentCurve:
+        """The run at ``head_dim``, with or without the scale."""
+        return next(c for c in self.curves if c.head_dim == head_dim and c.scaled == scaled)
+
+
+def task(d_model: int, labels: int) -> str:
+    """What the model is trained on, in one paragraph."""
+    return (
+        f"items are random {d_model}-d vectors with one of {labels} labels; the query is a noisy copy of one item; "
+        "logits = 8 · Σ_j α_j onehot(label_j) with α = softmax(x_q W_q (c_j W_k)ᵀ · s); only W_q, W_k learn; "
+        "weights start N(0, 1/d_model) so q and k components have unit variance"
+    )
+
+
+def run_finding(c: ExperimentCurve) -> Finding:
+    """One run: where its attention and W_q gradient start, how often the gradient vanished, where it ends."""
+    return Finding(
+        kind="scaled_run" if c.scaled else "unscaled_run",
+        value=c.final_loss,
+        detail=(
+            f"d_k={c.head_dim} {'with' if c.scaled else 'without'} 1/sqrt(d_k): initial attention entropy "
+            f"{c.initial_entropy:.3f} nats ({c.initial_saturated_fraction:.0%} of queries saturated), "
+            f"‖∂L/∂W_q‖ starts at {c.initial_grad_norm_q:.3g} (median {c.median_grad_norm_q:.3g}, below "
+            f"{VANISHED:g} on {c.vanished_gradient_fraction:.0%} of logged steps); final loss {c.final_loss:.3f}, "
+            f"accuracy {c.final_accuracy:.0%}"
+        ),
+    )
+
+
+def findings(n: ExperimentNumbers) -> list[Finding]:
+    """One finding per run, in the order the runs were trained."""
+    return [run_finding(c) for c in n.curves]
+
+
+def summary(n: ExperimentNumbers) -> str:
+    """The set-up, the four final losses, and how the unscaled large-d_k run starts saturated and stalls."""
+    small, large = n.small_head_dim, n.large_head_dim
+    small_scaled, large_scaled = n.curve(small, scaled=True), n.curve(large, scaled=True)
+    small_raw, large_raw = n.curve(small, scaled=False), n.curve(large, scaled=False)
+    return (
+        f"One attention head retrieving the label of 1 of {n.items} items ({n.steps} SGD steps, lr "
+        f"{n.learning_rate:g}, seed {n.seed}; chance loss {math.log(n.labels):.2f}). With 1/sqrt(d_k) the final "
+        f"loss is {small_scaled.final_loss:.3f} at d_k={small} and {large_scaled.final_loss:.3f} at "
+        f"d_k={large}; without it {small_raw.final_loss:.3f} and {large_raw.final_loss:.3f} "
+        f"(accuracy {small_raw.final_accuracy:.0%} and {large_raw.final_accuracy:.0%}). Unscaled at "
+        f"d_k={large} the attention starts saturated (entropy {large_raw.initial_entropy:.3f} of "
+        f"{math.log(n.items):.2f} nats, {large_raw.initial_saturated_fraction:.0%} of queries ≥ "
+        f"{SATURATION}) "
+        f"and ‖∂L/∂W_q‖ vanishes (< {VANISHED:g}) on {large_raw.vanished_gradient_fraction:.0%} of logged steps."
+    )

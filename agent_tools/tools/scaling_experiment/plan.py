@@ -1,0 +1,113 @@
+"""scaling_experiment's runs: four trainings of a tiny retrieval head (small/large d_k, with/without 1/sqrt(d_k)).
+
+No pretrained model and no forward pass to share, so there is no :class:`PassPlan`: the "pass" is
+:func:`agent_tools.analysis.scaling.train_retrieval`, called once per run, and the report is built from its curves.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from agent_tools.analysis.scaling import ExperimentRun, train_retrieval
+from agent_tools.errors import InvalidInputError
+from agent_tools.inspector import Inspector
+from agent_tools.schemas import rounded
+from agent_tools.tools.scaling_experiment import narrative
+from agent_tools.tools.scaling_experiment.models import (
+    CURVE_POINTS,
+    VANISHED,
+    ExperimentCurve,
+    ScalingExperimentInput,
+    ScalingExperimentReport,
+)
+from agent_tools.tools.scaling_experiment.narrative import ExperimentNumbers
+
+D_MODEL = 32  # width of the items and the query
+LABELS = 16  # classes an item can carry
+
+
+def _significant(value: float, digits: int = 3) -> float:
+    return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+
+
+def _curve(run: ExperimentRun) -> ExperimentCurve:
+    """One run's logged curves as the report states them, with its start, end and gradient summary."""
+    tail = max(1, len(run.loss) // 5)
+    return ExperimentCurve(
+        head_dim=run.head_dim,
+        scaled=run.scaled,
+        steps=run.steps,
+        loss=[rounded(v) for v in run.loss],
+        accuracy=[rounded(v) for v in run.accuracy],
+        grad_norm_q=[_significant(v) for v in run.grad_norm_q],
+        grad_norm_k=[_significant(v) for v in run.grad_norm_k],
+        attention_entropy=[rounded(v) for v in run.attention_entropy],
+        saturated_fraction=[rounded(v) for v in run.saturated_fraction],
+        target_weight=[rounded(v) for v in run.target_weight],
+        initial_entropy=rounded(run.attention_entropy[0]),
+        initial_saturated_fraction=rounded(run.saturated_fraction[0]),
+        initial_grad_norm_q=_significant(run.grad_norm_q[0]),
+        final_loss=rounded(statistics.fmean(run.loss[-tail:])),
+        final_accuracy=rounded(statistics.fmean(run.accuracy[-tail:])),
+        vanished_gradient_fraction=rounded(sum(g < VANISHED for g in run.grad_norm_q) / len(run.grad_norm_q)),
+        median_grad_norm_q=_significant(statistics.median(run.grad_norm_q)),
+    )
+
+
+def _train_runs(args: ScalingExperimentInput) -> list[ExperimentRun]:
+    """Small then large d_k, each with then without the scale; same seed, so same data and initialisation."""
+    log_every = args.log_every or max(1, args.steps // CURVE_POINTS)
+    return [
+        train_retrieval(
+            head_dim,
+            scaled=scaled,
+            steps=args.steps,
+            batch=args.batch,
+            items=args.items,
+            d_model=D_MODEL,
+            labels=LABELS,
+            learning_rate=args.learning_rate,
+            log_every=log_every,
+            seed=args.seed,
+        )
+        for head_dim in (args.small_head_dim, args.large_head_dim)
+        for scaled in (True, False)
+    ]
+
+
+def scaling_experiment(inspector: Inspector, args: ScalingExperimentInput) -> ScalingExperimentReport:
+    """Train a one-head attention model on a synthetic retrieval task, with and without the 1/sqrt(d_k) factor,
+    at a small and a large d_k; return loss curves, W_q/W_k gradient norms and attention entropy over steps.
+
+    CPU, seconds; deterministic for a seed. No pretrained model is involved.
+    """
+    if args.small_head_dim >= args.large_head_dim:
+        msg = f"small_head_dim {args.small_head_dim} must be below large_head_dim {args.large_head_dim}"
+        raise InvalidInputError(msg, field="small_head_dim")
+    numbers = ExperimentNumbers(
+        items=args.items,
+        labels=LABELS,
+        steps=args.steps,
+        learning_rate=args.learning_rate,
+        seed=args.seed,
+        small_head_dim=args.small_head_dim,
+        large_head_dim=args.large_head_dim,
+        curves=[_curve(run) for run in _train_runs(args)],
+    )
+    return ScalingExperimentReport(
+        model="synthetic single-head retrieval model (no pretrained model)",
+        summary=narrative.summary(numbers),
+        findings=narrative.findings(numbers),
+        task=narrative.task(D_MODEL, LABELS),
+        d_model=D_MODEL,
+        items=args.items,
+        labels=LABELS,
+        batch=args.batch,
+        steps=args.steps,
+        learning_rate=args.learning_rate,
+        seed=args.seed,
+        max_entropy=rounded(math.log(args.items)),
+        chance_loss=rounded(math.log(LABELS)),
+        runs=numbers.curves,
+    )

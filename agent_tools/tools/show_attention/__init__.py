@@ -1,0 +1,22 @@
+"""show_attention: what does layer L / head H attend to on this text?
+
+``models`` holds the arguments and report, ``plan`` the pass (one head's map, kept by
+:class:`~agent_tools.consumers.head_map.HeadMapConsumer`) and the numbers, ``narrative`` the finding and summary.
+"""
+
+from __future__ import annotations
+
+from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.show_attention.models import DESCRIPTION, AttentionView, QueryRow, ShowAttentionInput
+from agent_tools.tools.show_attention.plan import held_bytes, show_attention
+
+__all__ = ["SPEC", "AttentionView", "QueryRow", "ShowAttentionInput", "held_bytes", "show_attention"]
+
+SPEC = ToolSpec(
+    name="show_attention",
+    description=DESCRIPTION,
+    input_model=ShowAttentionInput,
+    output_model=AttentionView,
+    run=show_attention,
+    example={"text": "The cat sat on the mat because it was tired.", "layer": 3, "head": 0},
+)

@@ -1,0 +1,99 @@
+"""show_attention's pass and numbers: one forward keeping one head's map, then per-query top keys and entropies.
+
+The pass streams into a :class:`~agent_tools.consumers.head_map.HeadMapConsumer` through the inspector and stops
+after the head's layer; the words come from :mod:`.narrative`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agent_tools.analysis.maps import top_keys
+from agent_tools.analysis.metrics import attention_entropy, normalised_entropy
+from agent_tools.consumers.head_map import HeadMapConsumer
+from agent_tools.inspector import Encoded, Inspector, text_digest
+from agent_tools.loading import LoadedModel
+from agent_tools.render import attention_heatmap
+from agent_tools.schemas import KeyWeight, Token, rounded
+from agent_tools.tools.show_attention.models import AttentionView, QueryRow, ShowAttentionInput
+from agent_tools.tools.show_attention.narrative import HeadView, most_read_finding, summary
+
+# Bytes held per query×key entry: the float32 map (chunks + their concatenation) and the bool visibility mask;
+# with include_map the map as Python floats in the report and its JSON; with png a Python copy for matplotlib.
+HELD_BYTES_PER_ENTRY = 2 * 4 + 1
+INCLUDED_MAP_BYTES_PER_ENTRY = 48
+PNG_BYTES_PER_ENTRY = 32
+
+
+def held_bytes(length: int, *, include_map: bool, png: bool) -> int:
+    """Estimate of what one head's map costs to hold: T² entries at the bytes each form takes."""
+    per_entry = HELD_BYTES_PER_ENTRY + include_map * INCLUDED_MAP_BYTES_PER_ENTRY + png * PNG_BYTES_PER_ENTRY
+    return length * length * per_entry
+
+
+def capture_head_map(
+    inspector: Inspector, loaded: LoadedModel, encoded: Encoded, layer: int, head: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass that keeps only layer/head's map: (T, T) weights and (T, T) allowed."""
+    consumer = HeadMapConsumer(layer, head)
+    inspector.run(loaded, encoded, [consumer], layers=[layer], need_output=False)
+    return consumer.result()
+
+
+def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionView:
+    """For one layer and head: each query's top keys with weights, entropies, and optionally the map."""
+    loaded = inspector.model(args.model)
+    layer = inspector.check_layer(loaded, args.layer)
+    head = inspector.check_head(loaded, args.head)
+    encoded = inspector.encode(loaded, args.text)
+    inspector.check_budget(held_bytes(encoded.length, include_map=args.include_map, png=args.png), "this map")
+    weights, allowed = capture_head_map(inspector, loaded, encoded, layer, head)
+    entropy = attention_entropy(weights)  # (T,)
+    column_share = weights.mean(0)  # (T,) mean weight each key receives
+    top_key = int(column_share.argmax())
+    view = HeadView(
+        layer=layer,
+        head=head,
+        length=encoded.length,
+        mean_entropy=float(entropy.mean()),
+        mean_normalised_entropy=float(normalised_entropy(weights, allowed).mean()),
+        top_key=top_key,
+        top_token=encoded.tokens[top_key].text,
+        top_share=float(column_share[top_key]),
+    )
+    png_path = None
+    if args.png:
+        path = inspector.artifact_path(f"attention-{loaded.name}-L{layer}H{head}-{text_digest(args.text)}", ".png")
+        labels = encoded.labels()
+        attention_heatmap(weights.tolist(), labels, labels, f"{loaded.name} — layer {layer}, head {head}", path)
+        png_path = str(path)
+    return AttentionView(
+        model=loaded.name,
+        summary=summary(view),
+        findings=[most_read_finding(view)],
+        layer=layer,
+        head=head,
+        kv_head=loaded.facts.kv_head_of(head),
+        tokens=encoded.tokens,
+        rows=_rows(weights, allowed, entropy, encoded.tokens, args.top_k),
+        mean_entropy=rounded(view.mean_entropy),
+        mean_normalised_entropy=rounded(view.mean_normalised_entropy),
+        weights=[[rounded(v, 6) for v in row] for row in weights.tolist()] if args.include_map else None,
+        png_path=png_path,
+    )
+
+
+def _rows(
+    weights: torch.Tensor, allowed: torch.Tensor, entropy: torch.Tensor, tokens: list[Token], top_k: int
+) -> list[QueryRow]:
+    """Per query: its entropy and its top keys among those it may read."""
+    values, indices = top_keys(weights, top_k)  # (T, k)
+    rows = []
+    for q in range(len(tokens)):
+        keys = [
+            KeyWeight(position=int(i), token=tokens[int(i)].text, weight=rounded(v))
+            for v, i in zip(values[q].tolist(), indices[q].tolist(), strict=True)
+            if allowed[q, int(i)]
+        ]
+        rows.append(QueryRow(position=q, token=tokens[q].text, entropy=rounded(float(entropy[q])), top_keys=keys))
+    return rows

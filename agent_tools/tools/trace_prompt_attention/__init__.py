@@ -1,0 +1,43 @@
+"""trace_prompt_attention: which parts of my prompt (system, user turns, named spans) does the answer read?
+
+``models`` (arguments; the report is the shared :class:`~agent_tools.prompt_trace.PromptTrace`), ``plan``
+(the traced pass), ``narrative`` (where the summary and findings are written: the shared prompt trace).
+"""
+
+from __future__ import annotations
+
+from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.trace_prompt_attention.models import (
+    DESCRIPTION,
+    GeneratedToken,
+    PromptTrace,
+    SegmentShare,
+    TokenProbability,
+    TracePromptInput,
+)
+from agent_tools.tools.trace_prompt_attention.plan import trace_prompt_attention
+
+__all__ = [
+    "SPEC",
+    "GeneratedToken",
+    "PromptTrace",
+    "SegmentShare",
+    "TokenProbability",
+    "TracePromptInput",
+    "trace_prompt_attention",
+]
+
+SPEC = ToolSpec(
+    name="trace_prompt_attention",
+    description=DESCRIPTION,
+    input_model=TracePromptInput,
+    output_model=PromptTrace,
+    run=trace_prompt_attention,
+    example={
+        "prompt": [
+            {"role": "system", "content": "The secret code is 4721."},
+            {"role": "user", "content": "What is the secret code?"},
+        ],
+        "target": "last",
+    },
+)

@@ -1,0 +1,367 @@
+"""Head roles: exact scores on constructed maps and on hand-crafted models, streaming = whole, the tool end to end."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from crafted import crafted_bert, crafted_gpt2
+from families import FAMILIES, build_family, tiny_tokenizer
+
+from agent_tools.analysis.heads import (
+    DEFAULT_THRESHOLDS,
+    HEAD_ROLES,
+    SequenceLayout,
+    classify_head,
+    copy_losses,
+    is_punctuation,
+    top_heads,
+)
+from agent_tools.capture import capture_attention
+from agent_tools.consumers.roles import RoleScoreConsumer, role_scores
+from agent_tools.errors import InvalidInputError, ResourceLimitError
+from agent_tools.inspector import Inspector
+from agent_tools.loading import register_model
+from agent_tools.tools import get_tool
+from agent_tools.tools.profile_heads import HeadProfiles, ProfileHeadsInput
+
+EXACT = 1e-6
+CAUSAL_TEXT = "the cat sat on the mat , because it was tired ."  # 13 tokens with <bos>; "," at 7, "." at 12
+GPT2_PATTERNS = {0: -1, 1: "sink", 2: 0, 4: -4, 5: -5, 6: -2}  # heads 3 and 7 uniform
+BERT_PATTERNS = {0: -1, 1: 1, 2: 0, 3: "sink"}  # heads 4..7 uniform
+
+
+def one_hot_rows(targets: list[int], length: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.tensor(targets), length).float()  # (T, T)
+
+
+def uniform_causal(length: int) -> torch.Tensor:
+    causal = torch.ones(length, length).tril()
+    return causal / causal.sum(-1, keepdim=True)
+
+
+# --- pure scorers on constructed maps -----------------------------------------------------------------------------
+
+
+def test_scores_on_constructed_causal_maps_are_exact() -> None:
+    tokens = ["<bos>", "the", "cat", ",", "sat", "."]
+    layout = SequenceLayout.for_text(tokens, [True] + [False] * 5, causal=True)  # skip_queries = 2
+    previous = one_hot_rows([0, 0, 1, 2, 3, 4], 6)
+    sink = one_hot_rows([0] * 6, 6)
+    diagonal = torch.eye(6)
+    uniform = uniform_causal(6)
+    scores = role_scores(torch.stack([previous, sink, diagonal, uniform]), layout)
+    assert set(scores) == {"previous_token", "first_token", "self", "local", "broad", "punctuation"}
+    expected = {
+        "previous_token": [1, 0, 0, (1 / 3 + 1 / 4 + 1 / 5 + 1 / 6) / 4],
+        "first_token": [0, 1, 0, 57 / 240],
+        "self": [0, 0, 1, 57 / 240],
+        # keys 2..4 back, not key 0: row 2 none, row 3 {1}, row 4 {1, 2}, row 5 {1, 2, 3}
+        "local": [0, 0, 0, (0 + 1 / 4 + 2 / 5 + 3 / 6) / 4],
+        "broad": [0, 0, 0, 1],
+        # rows that can see a punctuation key other than themselves: 4 (sees 3) and 5 (sees 3)
+        "punctuation": [(1 + 0) / 2, 0, 0, (1 / 5 + 1 / 6) / 2],
+    }
+    for role, values in expected.items():
+        assert scores[role].tolist() == pytest.approx(values, abs=EXACT), role
+    verdicts = [classify_head({r: float(v[h]) for r, v in scores.items()}, DEFAULT_THRESHOLDS) for h in range(4)]
+    assert [v.primary for v in verdicts] == ["previous_token", "first_token", "self", "broad"]
+    assert [v.confidence for v in verdicts] == pytest.approx([1, 1, 1, 1], abs=EXACT)
+
+
+def test_probe_roles_on_constructed_maps() -> None:
+    # [bos] a b c a b c: N = 3, first copy at 1..3, second at 4..6
+    layout = SequenceLayout.for_probe(7, start=1, repeat_length=3, causal=True)
+    induction = one_hot_rows([0, 0, 0, 0, 2, 3, 4], 7)  # second copy reads i - N + 1
+    duplicate = one_hot_rows([0, 0, 0, 0, 1, 2, 3], 7)  # second copy reads i - N
+    half = (induction + duplicate) / 2
+    scores = role_scores(torch.stack([induction, duplicate, half]), layout, ["induction", "duplicate_token"])
+    assert scores["induction"].tolist() == pytest.approx([1, 0, 0.5], abs=EXACT)
+    assert scores["duplicate_token"].tolist() == pytest.approx([0, 1, 0.5], abs=EXACT)
+
+
+def test_bidirectional_next_token_and_special_keys() -> None:
+    tokens = ["[CLS]", "a", "b", "[SEP]", "c", "d"]
+    layout = SequenceLayout.for_text(tokens, [True, False, False, True, False, False], causal=False)
+    assert layout.skip_queries == 0
+    uniform = torch.full((6, 6), 1 / 6)
+    following = one_hot_rows([1, 2, 3, 4, 5, 5], 6)
+    scores = role_scores(torch.stack([uniform, following]), layout)
+    assert scores["next_token"].tolist() == pytest.approx([1 / 6, 1], abs=EXACT)  # rows 0..4
+    # every row but 3 itself can read the [SEP] at 3; the first token is first_token's, not special_token's
+    assert scores["special_token"].tolist() == pytest.approx([1 / 6, 1 / 5], abs=EXACT)
+    assert scores["broad"][0] == pytest.approx(1, abs=EXACT)
+    assert scores["first_token"][0] == pytest.approx(1 / 6, abs=EXACT)
+
+
+def test_classification_prefers_a_specific_role_over_the_sink_and_reports_runner_up() -> None:
+    scores = {"induction": 0.9, "first_token": 0.97, "previous_token": 0.01, "broad": 0.2}
+    verdict = classify_head(scores, DEFAULT_THRESHOLDS)
+    assert verdict.primary == "induction" and verdict.runner_up == "first_token"
+    assert verdict.confidence == pytest.approx((0.9 - 0.3) / 0.7)
+    assert verdict.runner_up_score == pytest.approx(0.97)
+    nothing = classify_head({"previous_token": 0.2, "self": 0.1}, DEFAULT_THRESHOLDS)
+    assert nothing.primary is None and nothing.confidence == 0 and nothing.best == "self"  # 0.1 vs 0.3 beats 0.2 vs 0.4
+
+
+def test_punctuation_detection() -> None:
+    assert is_punctuation(",") and is_punctuation(" .") and is_punctuation("?!") and is_punctuation("Ġ,")
+    assert not is_punctuation("a,") and not is_punctuation(" ") and not is_punctuation("")
+
+
+def test_copy_losses_hand_computed() -> None:
+    ids = torch.tensor([[0, 5, 6, 7, 5, 6, 7]])
+    logits = torch.zeros(1, 7, 10)
+    logits[0, 4, 6] = logits[0, 5, 7] = 100.0  # the second copy's 6 and 7 are predicted with certainty
+    first, second = copy_losses(logits, ids, start=1, repeat_length=3)
+    assert first == pytest.approx(math.log(10))
+    assert second == pytest.approx(0.0, abs=1e-12)
+
+
+def test_streaming_chunks_equal_whole_map() -> None:
+    model = build_family("llama")
+    ids = torch.arange(6, 19)[None]
+    tokens = [str(t) for t in ids[0].tolist()]
+    layout = SequenceLayout.for_text(tokens, [False] * 13, causal=True, local_window=3)
+    whole, chunked = RoleScoreConsumer(layout, HEAD_ROLES, 4), RoleScoreConsumer(layout, HEAD_ROLES, 4)
+    maps: list[torch.Tensor] = []
+
+    class Keep:
+        accepts_key_prefix = False
+
+        def on_layer(self, layer) -> None:
+            maps.append(layer.weights[0].clone())
+
+    with torch.inference_mode():
+        with capture_attention(model, [whole, Keep()]):
+            model(input_ids=ids)
+        with capture_attention(model, [chunked], query_chunk=4):
+            model(input_ids=ids)
+    for layer, per_role in whole.scores().items():
+        direct = role_scores(maps[layer], layout)
+        assert set(per_role) == set(direct) == set(chunked.scores()[layer])
+        for role, values in per_role.items():
+            assert torch.allclose(values, direct[role], atol=1e-6)
+            assert torch.allclose(values, chunked.scores()[layer][role], atol=1e-6)
+    best = top_heads(whole.scores(), "self", 2)
+    assert len(best) == 2 and best[0][2] >= best[1][2]
+
+
+# --- hand-crafted models through the tool ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crafted() -> dict[str, str]:
+    tokenizer = tiny_tokenizer()
+    register_model("crafted-gpt2", crafted_gpt2(GPT2_PATTERNS), tokenizer)
+    register_model("crafted-bert", crafted_bert(BERT_PATTERNS), tokenizer)
+    return {"causal": "crafted-gpt2", "encoder": "crafted-bert"}
+
+
+def _scores(report: HeadProfiles, head: int) -> dict[str, float]:
+    return next(h.scores for h in report.heads if h.head == head)
+
+
+def test_crafted_decoder_heads_are_classified_with_exact_scores(crafted, inspector: Inspector) -> None:
+    report = get_tool("profile_heads")(
+        inspector, {"model": crafted["causal"], "text": CAUSAL_TEXT, "probe_length": 5, "top_k": 2}
+    )
+    primaries = {h.head: h.primary_role for h in report.heads}
+    assert primaries == {
+        0: "previous_token",
+        1: "first_token",
+        2: "self",
+        3: "broad",
+        4: "induction",
+        5: "duplicate_token",
+        6: "local",
+        7: "broad",
+    }
+    rows = range(2, 13)  # skip_queries = 2 for a causal model; 11 scored rows
+    uniform_previous = sum(1 / (i + 1) for i in rows) / 11
+    uniform_local = (0 + 1 / 4 + 2 / 5 + sum(3 / (i + 1) for i in range(5, 13))) / 11
+    expected = {
+        0: {"previous_token": 1, "first_token": 0, "self": 0, "local": 0, "broad": 0, "punctuation": 1 / 5},
+        1: {"first_token": 1, "previous_token": 0, "broad": 0},
+        2: {"self": 1, "previous_token": 0},
+        3: {"broad": 1, "previous_token": uniform_previous, "self": uniform_previous, "local": uniform_local},
+        4: {"induction": 1, "duplicate_token": 0, "first_token": 3 / 11, "local": 8 / 11},
+        5: {"duplicate_token": 1, "induction": 0, "first_token": 4 / 11, "local": 0},
+        6: {"local": 10 / 11, "first_token": 1 / 11},
+    }
+    for head, values in expected.items():
+        got = _scores(report, head)
+        for role, value in values.items():
+            assert got[role] == pytest.approx(value, abs=1e-4), (head, role)  # reports round to 4 digits
+    punctuation_uniform = (1 / 9 + 1 / 10 + 1 / 11 + 1 / 12 + 1 / 13) / 5  # rows 8..12 see the "," at 7
+    assert _scores(report, 3)["punctuation"] == pytest.approx(punctuation_uniform, abs=1e-4)
+    assert report.unmeasured.keys() == {"next_token", "special_token"}
+    roles = {r.role: r for r in report.roles}
+    assert [(t.layer, t.head, t.score) for t in roles["previous_token"].top[:1]] == [(0, 0, 1.0)]
+    assert roles["induction"].top[0].head == 4 and roles["induction"].measured_on == "probe"
+    assert roles["duplicate_token"].top[0].head == 5
+    assert report.probe is not None and report.probe.length == 11 and report.probe.first_copy_start == 1
+    # the LM head is tied to the zeroed embeddings: every token has probability 1/96 on both copies
+    check = report.induction_check
+    assert check is not None and check.loss_first_copy == pytest.approx(math.log(96), abs=1e-4)
+    assert check.loss_second_copy == pytest.approx(math.log(96), abs=1e-4)
+    assert "L0H0" in report.summary and "previous_token" in report.summary
+
+
+def test_crafted_encoder_heads_are_classified_with_exact_scores(crafted, inspector: Inspector) -> None:
+    text = "the cat <eos> sat on the mat ."  # 9 tokens; <eos> (special) at 3, "." at 8
+    report = get_tool("profile_heads")(inspector, {"model": crafted["encoder"], "text": text, "probe_length": 5})
+    primaries = {h.head: h.primary_role for h in report.heads}
+    assert primaries == {0: "previous_token", 1: "next_token", 2: "self", 3: "first_token"} | dict.fromkeys(
+        range(4, 8), "broad"
+    )
+    assert _scores(report, 0)["previous_token"] == pytest.approx(1, abs=1e-4)
+    assert _scores(report, 1)["next_token"] == pytest.approx(1, abs=1e-4)
+    assert _scores(report, 2)["self"] == pytest.approx(1, abs=1e-4)
+    assert _scores(report, 3)["first_token"] == pytest.approx(1, abs=1e-4)
+    uniform = _scores(report, 5)
+    assert uniform["broad"] == pytest.approx(1, abs=1e-4)
+    assert uniform["special_token"] == pytest.approx(1 / 9, abs=1e-4)  # every row but 3 sees the <eos> at 3
+    assert uniform["punctuation"] == pytest.approx(1 / 9, abs=1e-4)
+    assert uniform["next_token"] == pytest.approx(1 / 9, abs=1e-4)
+    assert report.induction_check is None  # an encoder has no next-token loss
+    assert report.unmeasured == {}
+
+
+def test_one_forward_per_input_and_deterministic_probe(crafted, inspector: Inspector) -> None:
+    loaded = inspector.model(crafted["causal"])
+    calls = []
+    # the base model runs in every pass (the text pass skips the LM head: no ablation asks for its output)
+    handle = loaded.model.base_model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        args = {"model": crafted["causal"], "text": CAUSAL_TEXT, "probe_length": 6, "induction_check": False}
+        first = get_tool("profile_heads")(inspector, {**args, "seed": 3})
+        assert len(calls) == 2  # one pass over the text, one over the probe, for all 8 heads
+        again = get_tool("profile_heads")(inspector, {**args, "seed": 3})
+        other = get_tool("profile_heads")(inspector, {**args, "seed": 4})
+    finally:
+        handle.remove()
+    assert first.probe == again.probe and first.heads == again.heads
+    assert other.probe is not None and first.probe is not None and other.probe.preview != first.probe.preview
+
+
+def test_ablation_evidence_and_roles_subset(crafted, inspector: Inspector) -> None:
+    report = get_tool("profile_heads")(
+        inspector,
+        {"model": crafted["causal"], "roles": ["self", "induction"], "probe_length": 5, "ablate_top": 1, "top_k": 1},
+    )
+    assert report.text_source == "sample" and [r.role for r in report.roles] == ["induction", "self"]
+    for role in report.roles:
+        evidence = role.top[0].ablation
+        assert evidence is not None
+        # all logits are 0 whatever the heads do (zeroed, tied embeddings): ablation changes nothing
+        assert evidence.value == pytest.approx(0, abs=1e-9)
+    assert {r.metric for r in (role.top[0].ablation for role in report.roles) if r} == {
+        "second_copy_loss_change",
+        "mean_next_token_kl",
+    }
+
+
+def test_bad_arguments_name_the_valid_range(tiny_models, inspector: Inspector) -> None:
+    tool = get_tool("profile_heads")
+    with pytest.raises(InvalidInputError, match=r"layer 2 out of range 0\.\.1"):
+        tool(inspector, {"model": "tiny-llama", "layers": [2]})
+    with pytest.raises(InvalidInputError, match="more than once"):
+        tool(inspector, {"model": "tiny-llama", "roles": ["self", "self"]})
+    with pytest.raises(InvalidInputError, match="roles"):
+        tool(inspector, {"model": "tiny-llama", "roles": ["haunted"]})
+    with pytest.raises(InvalidInputError, match="thresholds"):
+        tool(inspector, {"model": "tiny-llama", "thresholds": {"self": 1.5}})
+    with pytest.raises(ResourceLimitError, match=r"use 4\.\.31"):
+        tool(inspector, {"model": "tiny-llama", "probe_length": 40})
+    fitted = tool(inspector, {"model": "tiny-llama", "roles": ["induction"], "induction_check": False})
+    assert fitted.probe is not None and fitted.probe.repeat_length == 31  # the default 32 shrunk to 64 positions
+    schema = ProfileHeadsInput.model_json_schema()
+    assert "enum" in str(schema["properties"]["roles"])  # the agent sees the role names
+
+
+@pytest.mark.real_model
+def test_default_model_has_induction_heads_that_matter(smol, inspector: Inspector) -> None:
+    report = get_tool("profile_heads")(inspector, {"ablate_top": 1, "roles": ["induction", "previous_token"]})
+    assert len(report.heads) == 270
+    induction = next(r for r in report.roles if r.role == "induction")
+    assert induction.top[0].score > 0.5 and induction.heads_with_role >= 3
+    assert induction.top[0].ablation is not None and induction.top[0].ablation.value > 0  # loss rises
+    check = report.induction_check
+    assert check is not None and check.loss_second_copy < check.loss_first_copy - 5
+    assert check.loss_second_copy_ablated is not None and check.loss_second_copy_ablated > check.loss_second_copy + 1
+
+
+@pytest.mark.real_model
+def test_encoder_model_profile(minilm, inspector: Inspector) -> None:
+    report = get_tool("profile_heads")(inspector, {"model": "minilm-l6", "text": "The cat sat on the mat, and slept."})
+    assert len(report.heads) == 72 and report.induction_check is None
+    assert {"next_token", "special_token", "punctuation"} <= {r.role for r in report.roles}
+    for head in report.heads:
+        assert all(0 <= v <= 1 for v in head.scores.values())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_profiles_and_ablates(tiny_models, inspector: Inspector, family: str) -> None:
+    report = get_tool("profile_heads")(
+        inspector, {"model": f"tiny-{family}", "text": CAUSAL_TEXT, "probe_length": 8, "ablate_top": 1, "top_k": 1}
+    )
+    assert len(report.heads) == 8
+    for head in report.heads:
+        assert head.scores and all(0 <= v <= 1 for v in head.scores.values())
+    assert all(r.top[0].ablation is not None for r in report.roles)
+    ablation = get_tool("ablate_heads")(inspector, {"model": f"tiny-{family}", "text": CAUSAL_TEXT, "heads": ["1.3"]})
+    assert (ablation.kl_mean if ablation.measure == "next_token" else ablation.pooled_cosine_change) is not None
+
+
+def _dense_reference(weights, layout, roles, allowed):
+    """The role formulas with dense (R, q, k) kernels, as role_kernels states them."""
+    from agent_tools.analysis.heads import role_kernels
+
+    rows = torch.arange(weights.shape[-2])
+    kernels, masks = role_kernels(layout, rows, weights.shape[-1], roles)
+    visible = allowed[:, 0].expand(weights.shape[0], -1, -1)
+    out = {}
+    for index, role in enumerate(roles):
+        row_mask = masks[index][None].expand(weights.shape[0], -1).clone()
+        if role in ("special_token", "punctuation"):
+            row_mask &= (kernels[index].bool()[None] & visible).any(-1)
+        shares = (weights * kernels[index]).sum(-1)  # (B, H, q)
+        out[role] = (shares * row_mask[:, None]).sum(dim=(0, 2)) / row_mask.sum()
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fast_role_sums_equal_the_dense_kernel_formulas(causal: bool) -> None:
+    from agent_tools.analysis.heads import SequenceLayout
+    from agent_tools.consumers.roles import RoleAccumulator
+
+    torch.manual_seed(3)
+    length, heads = 13, 3
+    tokens = [f"w{i}" if i % 4 else "." for i in range(length)]
+    special = [i in (0, 6) for i in range(length)]
+    layout = SequenceLayout.for_text(tokens, special, causal=causal)
+    probe = SequenceLayout.for_probe(length, start=1, repeat_length=5, causal=causal)
+    allowed = torch.ones(length, length, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril()
+    allowed = allowed[None, None]
+    logits = torch.randn(2, heads, length, length).masked_fill(~allowed, float("-inf"))
+    weights = logits.softmax(-1)
+    for lay in (layout, probe):
+        roles = [r for r in lay_roles(lay) if r != "broad"]
+        expected = _dense_reference(weights, lay, roles, allowed)
+        accumulator = RoleAccumulator(lay, roles, heads)
+        for start in range(0, length, 5):  # query chunks
+            stop = min(start + 5, length)
+            accumulator.add(weights[:, :, start:stop], torch.arange(start, stop), allowed[:, :, start:stop])
+        got = accumulator.scores()
+        for role in roles:
+            assert torch.allclose(got[role], expected[role].float(), atol=1e-6), role
+
+
+def lay_roles(layout):
+    from agent_tools.analysis.heads import HEAD_ROLES
+
+    return [r for r in HEAD_ROLES if layout.measurable(r)]
