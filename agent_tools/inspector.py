@@ -166,13 +166,20 @@ class Inspector:
     ) -> None:
         self.policy = policy or ModelPolicy()
         self.placement = (placement or Placement()).validate()  # the operator's choice; no tool argument changes it
+        self._served: dict[str, LoadedModel] = {}  # name -> the model this session handed out under that name
         self.token_limit = token_limit
         self.memory_budget = memory_budget
         self.artifact_dir = Path(artifact_dir).resolve() if artifact_dir else None
 
     # --- models -------------------------------------------------------------------------------------
     def model(self, reference: str | None = None) -> LoadedModel:
-        return load_model(self.policy.check(reference), self.placement)
+        loaded = load_model(self.policy.check(reference), self.placement)
+        self._served[loaded.name] = loaded
+        return loaded
+
+    def served(self, name: str) -> LoadedModel | None:
+        """The model this session handed out as ``name`` (None if it never did): reports state its dtype/device."""
+        return self._served.get(name)
 
     def limit_for(self, loaded: LoadedModel) -> int:
         limits = [v for v in (loaded.facts.max_positions, self.token_limit) if v]
@@ -240,7 +247,11 @@ class Inspector:
         return check_index(head, loaded.facts.num_heads, "head")
 
     def check_budget(self, held_bytes: int, what: str) -> None:
-        """Refuse, before the run, a call whose estimate of what it will hold (maps, copies) is over the budget."""
+        """Refuse, before the run, a call whose estimate of what it will hold (maps, copies) is over the budget.
+
+        The budget applies per device: what a call keeps stays on the device of the layer that made it (one
+        layer's maps for show/reconstruct, CPU-side grids for the report), so each estimate is for one device.
+        """
         if held_bytes > self.memory_budget:
             msg = (
                 f"{what} would hold about {readable_size(held_bytes)} of attention maps, over the budget of "

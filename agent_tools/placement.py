@@ -124,7 +124,7 @@ def make_placement(
     offload_folder: str | os.PathLike[str] | None = None,
     quantization: str | None = None,
 ) -> Placement:
-    """Build and validate a :class:`Placement` from the operator's strings (flags, tool arguments)."""
+    """Build and validate a :class:`Placement` from the operator's strings (command-line flags, surface options)."""
     placement = Placement(
         dtype=dtype.strip().lower(),  # type: ignore[arg-type]  # checked by validate()
         device=device.strip().lower(),
@@ -361,7 +361,16 @@ def estimate_load_bytes(
     ``folder``, when it holds safetensors files, cross-checks the count against their headers (no weights are
     read) and the larger of the two wins, so a config that undercounts cannot let an oversize load through.
     """
-    model = meta_model(config, causal=causal)
+    estimate = weights_bytes(meta_model(config, causal=causal), dtype, quantization=quantization)
+    on_disk = checkpoint_bytes(folder, dtype, checkpoint_dtype(config)) if folder and not quantization else None
+    if on_disk is not None and abs(on_disk - estimate) > 0.1 * max(estimate, 1):
+        logger.warning("config estimate %d bytes, checkpoint headers %d bytes; using the larger", estimate, on_disk)
+    return max(estimate, on_disk or 0)
+
+
+def weights_bytes(model: nn.Module, dtype: torch.dtype, *, quantization: str | None = None) -> int:
+    """Bytes ``model``'s weights take in ``dtype``: parameters × dtype size (quantized linears at their packed
+    size), plus buffers as they are. Works on a meta-device model (nothing allocated) and on a loaded one."""
     itemsize = _itemsize(dtype)
     quantized = _quantized_linear_weights(model) if quantization else set()
     total = 0.0
@@ -369,11 +378,7 @@ def estimate_load_bytes(
         per = _QUANTIZED_BYTES[quantization] if quantization and name in quantized else itemsize
         total += param.numel() * per
     total += sum(b.numel() * b.element_size() for b in model.buffers())
-    estimate = int(total)
-    on_disk = checkpoint_bytes(folder, dtype, checkpoint_dtype(config)) if folder and not quantization else None
-    if on_disk is not None and abs(on_disk - estimate) > 0.1 * max(estimate, 1):
-        logger.warning("config estimate %d bytes, checkpoint headers %d bytes; using the larger", estimate, on_disk)
-    return max(estimate, on_disk or 0)
+    return int(total)
 
 
 def _itemsize(dtype: torch.dtype) -> int:

@@ -119,6 +119,10 @@ class Report(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(description="the model reference the tool ran on")
+    dtype: str | None = Field(default=None, description="the precision the model ran in, e.g. float32, bfloat16")
+    device: str | None = Field(
+        default=None, description="where it ran (cpu, cuda:0, ...; a sharded model's input device)"
+    )
     summary: str = Field(description="two or three sentences an agent can say, citing layer, head, token, value")
     findings: list[Finding] = Field(default_factory=list)
 

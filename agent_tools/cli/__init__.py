@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agent_tools.cli import analyze, call, describe, mcp, show, tools
+from agent_tools.cli.placement_options import add_placement_options, placement_from_args
 from agent_tools.errors import AttentionToolError, InvalidInputError
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, default_artifact_dir
 
@@ -38,7 +39,7 @@ SUBCOMMANDS = (describe, show, call, tools, analyze, mcp)  # the order ``--help`
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The global options (artifact folder, token limit, memory budget) and every subcommand's parser."""
+    """The global options (artifact folder, token limit, memory budget, placement) and every subcommand's parser."""
     parser = argparse.ArgumentParser(prog="attention-explainer", description="Look inside a transformer's attention.")
     parser.add_argument("--artifacts", default=None, help="folder for PNG/HTML artifacts the tools write")
     parser.add_argument("--token-limit", type=int, default=None, help="refuse texts longer than this many tokens")
@@ -47,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="MIB",
-        help="refuse calls estimated to hold more than this many MiB of attention maps (default: 2048)",
+        help="refuse calls estimated to hold more than this many MiB of attention maps on one device (default: 2048)",
     )
+    add_placement_options(parser)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for command in SUBCOMMANDS:
         command.register(subparsers)
@@ -56,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def session_from_args(args: argparse.Namespace) -> Inspector:
-    """The inspector the global options describe: artifact folder, token limit, memory budget."""
+    """The inspector the global options describe: artifact folder, token limit, memory budget, placement."""
     if args.token_limit is not None and args.token_limit < 1:
         raise InvalidInputError(f"--token-limit must be at least 1, got {args.token_limit}", field="token_limit")
     budget = DEFAULT_MEMORY_BUDGET
@@ -67,7 +69,10 @@ def session_from_args(args: argparse.Namespace) -> Inspector:
     from agent_tools.inspector import Inspector
 
     return Inspector(
-        artifact_dir=args.artifacts or default_artifact_dir(), token_limit=args.token_limit, memory_budget=budget
+        artifact_dir=args.artifacts or default_artifact_dir(),
+        token_limit=args.token_limit,
+        memory_budget=budget,
+        placement=placement_from_args(args),
     )
 
 

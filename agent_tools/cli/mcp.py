@@ -4,6 +4,7 @@
     attention-explainer mcp --model minilm-l6 --allow-model ./my-model --artifacts ~/attention-artifacts
     attention-explainer mcp --transport streamable-http --port 8765   # http://127.0.0.1:8765/mcp
     attention-explainer mcp --token-limit 2048 --memory-budget 512    # tokens per text, MiB of maps per call
+    attention-explainer mcp --dtype bfloat16 --device cuda            # or --device-map auto --max-memory ...
 
 Which models the server may load, where it may write files and how long a text may be are fixed here, by
 the person who starts it; an agent's arguments cannot change them.
@@ -20,6 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent_tools.cli.placement_options import add_placement_options
 from agent_tools.errors import InvalidInputError
 from agent_tools.settings import ARTIFACTS_ENV, DEFAULT_MODEL, cache_dir, readable_size
 
@@ -76,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--host", default="127.0.0.1", help="HTTP only; default 127.0.0.1 (this machine only)")
     p.add_argument("--port", type=int, default=8765, help="HTTP only (default: %(default)s)")
     p.add_argument("--no-preload", action="store_true", help="load the default model on first use, not at start-up")
+    add_placement_options(p, suppress=True)
     p.set_defaults(func=run)
 
 
@@ -91,8 +94,8 @@ def artifact_folder(args: argparse.Namespace) -> Path | None:
 
 
 def session_inspector(args: argparse.Namespace, base: Inspector) -> Inspector:
-    """The server's inspector: an allow-list policy, the artifact folder (or none), the CLI's token limit and
-    memory budget."""
+    """The server's inspector: an allow-list policy, the artifact folder (or none), the CLI's token limit,
+    memory budget and placement (the placement flags after ``mcp`` override the global ones)."""
     from agent_tools.inspector import Inspector
     from agent_tools.loading import ModelPolicy
 
@@ -102,6 +105,7 @@ def session_inspector(args: argparse.Namespace, base: Inspector) -> Inspector:
         token_limit=base.token_limit,
         memory_budget=base.memory_budget,
         artifact_dir=artifact_folder(args),
+        placement=base.placement,
     )
 
 

@@ -38,6 +38,8 @@ class AnalysisReport(BaseModel):
     """Every report of one ``analyze`` run, as plain JSON."""
 
     model: str
+    dtype: str = Field(description="the precision the model ran in")
+    device: str = Field(description="where it ran (a sharded model's input device)")
     text: str
     tokens: list[Token]
     reports: dict[str, dict[str, Any]] = Field(description="tool name -> that tool's report")
@@ -54,6 +56,8 @@ class AnalysisResult:
     """One ``analyze`` run in memory: the reports as models and the maps as tensors, for every output."""
 
     model: str
+    dtype: str
+    device: str
     text: str
     tokens: list[Token]
     reports: dict[str, Report]
@@ -67,6 +71,8 @@ class AnalysisResult:
 
         return AnalysisReport(
             model=self.model,
+            dtype=self.dtype,
+            device=self.device,
             text=self.text,
             tokens=self.tokens,
             reports={name: r.model_dump(mode="json") for name, r in self.reports.items()},
@@ -239,6 +245,8 @@ def run_analysis(
             outcomes.skipped[name] = "tool not available in this build"
     return AnalysisResult(
         model=loaded.name,
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        device=str(loaded.device),
         text=text,
         tokens=encoded.tokens,
         reports=outcomes.reports,

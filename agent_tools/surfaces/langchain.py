@@ -25,6 +25,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_vali
 from agent_tools.errors import AttentionToolError, InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, ModelPolicy
+from agent_tools.placement import make_placement
 from agent_tools.schemas import Report
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, DEFAULT_MODEL
 from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
@@ -81,6 +82,9 @@ class AttentionToolkit(BaseToolkit):
         artifact_dir: folder where tools may write PNG files; none = artifact files are refused.
         token_limit: refuse texts longer than this many tokens (default: the model's own limit).
         memory_budget: refuse calls estimated to hold more than this many bytes of attention maps.
+        dtype, device, device_map, max_memory, offload_folder, quantization: where and in what precision the
+            models load (see :func:`agent_tools.placement.make_placement`; e.g. ``dtype="bfloat16"``,
+            ``device_map="auto"``). The operator's choice: no tool argument changes it.
         inspector: an existing inspector to share (its policy then wins over the options above).
     """
 
@@ -92,6 +96,12 @@ class AttentionToolkit(BaseToolkit):
     artifact_dir: Path | None = None
     token_limit: int | None = Field(default=None, ge=1)
     memory_budget: int = Field(default=DEFAULT_MEMORY_BUDGET, ge=1)
+    dtype: str = "auto"
+    device: str = "auto"
+    device_map: str | None = None
+    max_memory: str | dict[str | int, str] | None = None
+    offload_folder: str | None = None
+    quantization: str | None = None
     inspector: Inspector | None = None
 
     _inspector: Inspector = PrivateAttr()
@@ -118,6 +128,14 @@ class AttentionToolkit(BaseToolkit):
             token_limit=self.token_limit,
             memory_budget=self.memory_budget,
             artifact_dir=self.artifact_dir,
+            placement=make_placement(
+                dtype=self.dtype,
+                device=self.device,
+                device_map=self.device_map,
+                max_memory=self.max_memory,
+                offload_folder=self.offload_folder,
+                quantization=self.quantization,
+            ),
         )
 
     @property

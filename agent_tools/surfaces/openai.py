@@ -21,6 +21,7 @@ from typing import Any
 from agent_tools.errors import AttentionToolError, InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy
+from agent_tools.placement import make_placement
 from agent_tools.surfaces import agent_input_model, error_text, select_tools
 
 
@@ -66,8 +67,21 @@ def openai_tools(*, tools: Iterable[str] | None = None, policy: ModelPolicy | No
 class ToolDispatcher:
     """Executes tool calls by name with JSON arguments, through one inspector (its policy is the allow-list)."""
 
-    def __init__(self, inspector: Inspector | None = None, *, tools: Iterable[str] | None = None) -> None:
-        self.inspector = inspector or Inspector(policy=ModelPolicy.bundled_only())
+    def __init__(
+        self,
+        inspector: Inspector | None = None,
+        *,
+        tools: Iterable[str] | None = None,
+        **placement: Any,
+    ) -> None:
+        """``placement`` keywords (``dtype``, ``device``, ``device_map``, ``max_memory``, ``offload_folder``,
+        ``quantization``) set where the models load when no ``inspector`` is given; see
+        :func:`agent_tools.placement.make_placement`."""
+        if inspector is not None and placement:
+            raise ValueError("give either an inspector or placement options, not both (the inspector has its own)")
+        self.inspector = inspector or Inspector(
+            policy=ModelPolicy.bundled_only(), placement=make_placement(**placement)
+        )
         self.specs = {spec.name: spec for spec in select_tools(tools)}
 
     def tools(self) -> list[dict[str, Any]]:

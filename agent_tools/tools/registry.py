@@ -42,7 +42,7 @@ class ToolSpec(Generic[In, Out]):
             raise InvalidInputError(message, field=_first_field(exc)) from exc
 
     def __call__(self, inspector: Inspector, arguments: dict[str, Any] | In) -> Out:
-        return self.check(self.run(inspector, self.parse(arguments)))
+        return self.check(self.run(inspector, self.parse(arguments)), inspector)
 
     def prepare(self, inspector: Inspector, arguments: dict[str, Any] | In) -> PassPlan[Out] | None:
         """The tool's forward pass as a shareable plan whose ``finish`` returns the checked report (None when
@@ -51,15 +51,31 @@ class ToolSpec(Generic[In, Out]):
             return None
         plan = self.plan(inspector, self.parse(arguments))
         finish = plan.finish
-        plan.finish = lambda output: self.check(finish(output))
+        plan.finish = lambda output: self.check(finish(output), inspector)
         return plan
 
-    def check(self, report: Out) -> Out:
-        """Re-validate from plain data: a half-built report object is a bug, not a result."""
+    def check(self, report: Out, inspector: Inspector | None = None) -> Out:
+        """Re-validate from plain data: a half-built report object is a bug, not a result. With the session's
+        inspector, the report (and every report inside it) states the dtype and device its model ran in."""
+        if inspector is not None and isinstance(report, BaseModel):
+            _state_placement(report, inspector)
         data = report.model_dump() if isinstance(report, BaseModel) else report
         checked = self.output_model.model_validate(data)
         _require_finite(checked.model_dump(), self.name)
         return checked
+
+
+def _state_placement(report: BaseModel, inspector: Inspector) -> None:
+    """Fill ``dtype``/``device`` of ``report`` and of the reports it holds, from the model it names."""
+    if isinstance(report, Report) and report.dtype is None:
+        loaded = inspector.served(report.model)
+        if loaded is not None:
+            report.dtype = str(loaded.dtype).removeprefix("torch.")
+            report.device = str(loaded.device)
+    for name in type(report).model_fields:
+        value = getattr(report, name)
+        if isinstance(value, BaseModel):
+            _state_placement(value, inspector)
 
 
 def _require_finite(value: Any, tool: str, path: str = "") -> None:

@@ -38,3 +38,8 @@ class ModelDescription(Report):
     softcap: float | None = Field(description="attention logit soft-capping: scores = c·tanh(scores/c)")
     num_parameters: int
     language_model: bool = Field(description="has a next-token head (ablation reports KL of the next token)")
+    placement: str = Field(description="how the operator loads models: dtype@device, device map, offload")
+    weights_bytes: dict[str, int] = Field(
+        description="bytes the weights need in each precision (parameters × dtype size + buffers); the loaded "
+        "dtype is the report's dtype"
+    )

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from agent_tools.families import ModelFacts
 from agent_tools.inspector import Inspector
+from agent_tools.placement import cache_key, weights_bytes
 from agent_tools.schemas import rounded
 from agent_tools.tools.describe_model.models import DescribeModelInput, ModelDescription
 from agent_tools.tools.describe_model.narrative import Scale, findings, mask_text, summary
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def attention_scale(facts: ModelFacts) -> Scale:
@@ -49,4 +54,6 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
         softcap=f.softcap,
         num_parameters=f.num_parameters,
         language_model=f.is_language_model,
+        placement=cache_key(loaded.placement),
+        weights_bytes={name: weights_bytes(loaded.model, getattr(torch, name)) for name in FLOAT_DTYPES},
     )
