@@ -1,0 +1,25 @@
+"""Every forward pass of the model: captured passes, greedy generation, head-ablated passes (a module each).
+
+Only this package calls a model's ``forward``; the :class:`~agent_tools.inspector.Inspector` validates the
+request (token limits, budgets, indices) and calls these functions, and tools call the inspector. Each
+function holds the model's lock for the whole pass and runs under ``torch.inference_mode``; hooks live only
+inside the context managers of :mod:`agent_tools.capture` and :mod:`agent_tools.intervene`, removed in
+``finally``.
+"""
+
+from agent_tools.runner.ablation import AblationEffect, ablated_forward
+from agent_tools.runner.forward import answer_logits, captured_forward, model_output, on_device
+from agent_tools.runner.generation import Generation, StopReason, greedy_generate, stop_token_ids
+
+__all__ = [
+    "AblationEffect",
+    "Generation",
+    "StopReason",
+    "ablated_forward",
+    "answer_logits",
+    "captured_forward",
+    "greedy_generate",
+    "model_output",
+    "on_device",
+    "stop_token_ids",
+]

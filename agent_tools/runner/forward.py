@@ -1,0 +1,85 @@
+"""Captured forward passes: the prompt through the model with capture on, inputs on the model's device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agent_tools.capture import AttentionConsumer, StopCapture, capture_attention
+from agent_tools.loading import LoadedModel
+
+
+def on_device(loaded: LoadedModel, tensor: Tensor) -> Tensor:
+    """A tokenised input moved to the model's input device (with a device map, accelerate moves the rest)."""
+    return tensor if tensor.device == loaded.device else tensor.to(loaded.device)
+
+
+def _mask_on_device(loaded: LoadedModel, mask: Tensor | None) -> Tensor | None:
+    return None if mask is None else on_device(loaded, mask)
+
+
+def captured_forward(
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    consumers: Sequence[AttentionConsumer],
+    *,
+    layers: Sequence[int] | None = None,
+    query_chunk: int | None = None,
+    record_inputs: bool = False,
+    need_output: bool = True,
+) -> Any:
+    """One forward pass with capture; returns the model's output (None when ``need_output`` is False).
+
+    With ``need_output=False`` (the caller only wants what its consumers collect) the pass skips the
+    language-model head and stops right after the last captured layer.
+    """
+    input_ids, attention_mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
+    model = loaded.model
+    if not need_output:
+        base = getattr(model, "base_model", None)
+        model = base if isinstance(base, torch.nn.Module) else model
+    with (
+        loaded.lock,
+        torch.inference_mode(),
+        capture_attention(
+            loaded.model,
+            consumers,
+            layers=layers,
+            query_chunk=query_chunk,
+            record_inputs=record_inputs,
+            stop_after_last=not need_output,
+        ),
+    ):
+        try:
+            output = model(input_ids=input_ids, attention_mask=attention_mask)
+        except StopCapture:
+            return None
+        return output if need_output else None
+
+
+def answer_logits(
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    consumers: Sequence[AttentionConsumer],
+    *,
+    query_chunk: int | None = None,
+) -> Tensor | None:
+    """One captured forward of a prompt; returns the (V,) next-token logits at its last position (None for a
+    model without a next-token head). Only the last position's logits are computed (``logits_to_keep=1``)."""
+    extra = {"logits_to_keep": 1} if loaded.facts.is_language_model else {}
+    input_ids, attention_mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
+    with loaded.lock, torch.inference_mode(), capture_attention(loaded.model, consumers, query_chunk=query_chunk):
+        output = loaded.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+    logits = getattr(output, "logits", None)
+    return logits[0, -1].float().clone() if extra and logits is not None else None
+
+
+def model_output(output: Any) -> tuple[Tensor, bool]:
+    """The logits of a language model, else the last hidden states; and which of the two it is."""
+    logits = getattr(output, "logits", None)
+    return (logits, True) if logits is not None else (output.last_hidden_state, False)

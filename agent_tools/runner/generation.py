@@ -1,0 +1,125 @@
+"""Greedy generation with the KV cache under capture, one step at a time."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from agent_tools.capture import AttentionConsumer, capture_attention
+from agent_tools.loading import LoadedModel
+from agent_tools.runner.forward import on_device
+
+StopReason = Literal["eos", "max_new_tokens"]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a greedy run produced: the new token ids, why it stopped, the first-step logits and timings."""
+
+    prompt_length: int
+    token_ids: list[int]
+    stopped: StopReason
+    first_logits: Tensor  # (V,) next-token logits at the last prompt position
+    prompt_seconds: float
+    step_seconds: list[float]  # one per KV-cache step (tokens after the first)
+
+    @property
+    def seconds_per_token(self) -> float | None:
+        return sum(self.step_seconds) / len(self.step_seconds) if self.step_seconds else None
+
+
+def stop_token_ids(loaded: LoadedModel) -> set[int]:
+    """The EOS ids of the tokenizer and of the model's generation config."""
+    ids: set[int] = set()
+    candidates = [getattr(loaded.tokenizer, "eos_token_id", None)]
+    config = getattr(loaded.model, "generation_config", None)
+    candidates.append(getattr(config, "eos_token_id", None) if config is not None else None)
+    for value in candidates:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _cache_argument(model: torch.nn.Module) -> str:
+    """transformers 5 calls the KV cache ``cache``; older families ``past_key_values``."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _returned_cache(output: object) -> object:
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
+def greedy_generate(
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    *,
+    max_new_tokens: int,
+    query_chunk: int | None = None,
+    prompt_consumers: Sequence[AttentionConsumer] = (),
+    step_consumers: Sequence[AttentionConsumer] = (),
+    on_step: Callable[[int, int], None] | None = None,
+) -> Generation:
+    """Generate greedily (argmax) with the KV cache, capturing attention on the prompt and on every step.
+
+    The prompt goes through the model once (query-chunked like any captured forward); then each new token is
+    fed alone with the cache, so every step's layer call has one query row and ``past + 1`` keys. Generation
+    stops after ``max_new_tokens`` or an EOS token (which is kept). The caller validated the limits.
+
+    Args:
+        loaded: a language model (it must have a next-token head).
+        input_ids: (1, T) the prompt, no padding.
+        prompt_consumers: see every layer of the prompt forward (all rows).
+        step_consumers: see every layer of the prompt forward and of every KV-cache step.
+        on_step: called as ``on_step(step, token_id)`` after the forward that chose token ``step`` (step 0 is
+            chosen at the last prompt position, step n at position prompt_length - 1 + n, reading that many
+            + 1 keys), while the step consumers still hold that forward's rows.
+    """
+    input_ids = on_device(loaded, input_ids)
+    model = loaded.model
+    stops = stop_token_ids(loaded)
+    cache_name = _cache_argument(model)
+    token_ids: list[int] = []
+    step_seconds: list[float] = []
+    stopped: StopReason = "max_new_tokens"
+    with loaded.lock, torch.inference_mode():
+        start = time.perf_counter()
+        with capture_attention(model, [*prompt_consumers, *step_consumers], query_chunk=query_chunk):
+            output = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
+        prompt_seconds = time.perf_counter() - start
+        first_logits = output.logits[0, -1].float().clone()  # (V,)
+        token = int(first_logits.argmax())
+        token_ids.append(token)
+        if on_step is not None:
+            on_step(0, token)
+        cache = _returned_cache(output)
+        with capture_attention(model, list(step_consumers)):
+            while token not in stops and len(token_ids) < max_new_tokens:
+                start = time.perf_counter()
+                step_input = torch.tensor([[token]], dtype=input_ids.dtype, device=input_ids.device)  # (1, 1)
+                output = model(input_ids=step_input, use_cache=True, logits_to_keep=1, **{cache_name: cache})
+                cache = _returned_cache(output)
+                token = int(output.logits[0, -1].argmax())
+                step_seconds.append(time.perf_counter() - start)
+                token_ids.append(token)
+                if on_step is not None:
+                    on_step(len(token_ids) - 1, token)
+        if token in stops:
+            stopped = "eos"
+    return Generation(
+        prompt_length=int(input_ids.shape[-1]),
+        token_ids=token_ids,
+        stopped=stopped,
+        first_logits=first_logits,
+        prompt_seconds=prompt_seconds,
+        step_seconds=step_seconds,
+    )
