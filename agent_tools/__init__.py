@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from agent_tools.inspector import Inspector
     from agent_tools.loading import ModelPolicy, load_model
     from agent_tools.settings import DEFAULT_MODEL
+    from agent_tools.surfaces.notebook import Explainer
 
     __version__: str
 
@@ -25,11 +26,20 @@ UNKNOWN_VERSION = "0+unknown"  # a source checkout used without installing it: n
 _EXPORTS = {
     "AttentionToolError": "agent_tools.errors",
     "DEFAULT_MODEL": "agent_tools.settings",
+    "Explainer": "agent_tools.surfaces.notebook",
     "Inspector": "agent_tools.inspector",
     "ModelPolicy": "agent_tools.loading",
     "load_model": "agent_tools.loading",
 }
-__all__ = ["DEFAULT_MODEL", "AttentionToolError", "Inspector", "ModelPolicy", "__version__", "load_model"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "AttentionToolError",
+    "Explainer",
+    "Inspector",
+    "ModelPolicy",
+    "__version__",
+    "load_model",
+]
 
 
 def _installed_version() -> str:

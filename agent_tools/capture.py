@@ -134,7 +134,9 @@ class LayerAttention:
         float32 error is about 1e-6 · max|z| nats.
         """
         if "entropy" not in self._cache:
-            if self.logits is None:  # no softmax input at hand: the direct formula
+            if self.logits is None or self.weights.dtype not in (torch.float32, torch.float64):
+                # the direct formula, in float32: without the softmax input, or when the weights were rounded to
+                # a half-precision dtype (their rows no longer sum to 1, which the two-pass formula assumes)
                 entropy = torch.special.entr(self.weights.float()).sum(-1)
             else:
                 top = self.logits.amax(-1)  # (B, H, q)
@@ -185,6 +187,7 @@ class _CaptureState:
     key_prefix: bool = False  # every consumer reads per-row tensors only up to key_width
     stop_after: int | None = None  # raise StopCapture once this layer has been handed to the consumers
     calls: int = 0
+    checkpoint: Callable[[], None] | None = None  # raises to stop the pass (cancelled call, deadline)
 
     def wants(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
@@ -269,6 +272,8 @@ def capture_attention_forward(
     softcap = kwargs.get("softcap")
     state = _ACTIVE.get()
     layer = state.modules.get(id(module)) if state is not None else None
+    if state is not None and layer is not None and state.checkpoint is not None:
+        state.checkpoint()  # between layers: a cancelled or overdue call stops here, before this layer's work
     if state is None or layer is None:
         # No capture in this context (e.g. another thread) or a module capture does not know: plain eager math.
         groups = query.shape[1] // key.shape[1]
@@ -329,6 +334,8 @@ def _captured_rows(
     outputs = []
     weights = query.new_empty(0)
     for start in range(0, length, chunk):
+        if start and state.checkpoint is not None:
+            state.checkpoint()  # between query chunks: one layer of a long text can take seconds
         stop = min(start + chunk, length)
         rows = query[:, :, start:stop]
         per_row_mask = attention_mask is not None and attention_mask.shape[2] > 1
@@ -400,6 +407,7 @@ def capture_attention(
     query_chunk: int | None = None,
     record_inputs: bool = False,
     stop_after_last: bool = False,
+    checkpoint: Callable[[], None] | None = None,
 ) -> Iterator[_CaptureState]:
     """Run forwards inside this block and every wanted layer streams to ``consumers``.
 
@@ -412,6 +420,10 @@ def capture_attention(
             rotary (cos, sin), via a forward pre-hook removed in ``finally``.
         stop_after_last: raise :class:`StopCapture` right after the last wanted layer, for callers that need
             only what the consumers collect (the caller catches it).
+        checkpoint: called before every layer's attention and between query chunks; it raises (e.g.
+            :class:`~agent_tools.errors.CallCancelledError`) to stop the pass. The exception unwinds through this
+            block's ``finally`` (configs and hooks restored) and the caller's lock, so a stopped call leaves the
+            model as it found it.
     """
     modules = find_attention_modules(model)
     state = _CaptureState(
@@ -420,6 +432,7 @@ def capture_attention(
         layers=frozenset(layers) if layers is not None else None,
         query_chunk=query_chunk,
         key_prefix=bool(consumers) and all(c.accepts_key_prefix for c in consumers),
+        checkpoint=checkpoint,
     )
     if stop_after_last:
         state.stop_after = max(state.layers) if state.layers else len(modules) - 1
@@ -436,6 +449,30 @@ def capture_attention(
         for handle in handles:
             handle.remove()
         _ACTIVE.reset(token)
+
+
+@contextmanager
+def layer_checkpoints(model: nn.Module, checkpoint: Callable[[], None] | None) -> Iterator[None]:
+    """Call ``checkpoint`` before every attention module's forward, for passes that run without capture.
+
+    Ablated passes use the model's own attention implementation, so :func:`capture_attention` never sees their
+    layers; a forward pre-hook on each attention module gives them the same between-layer stop. The hooks are
+    removed in ``finally``; with ``checkpoint=None`` nothing is registered.
+    """
+    if checkpoint is None:
+        yield
+        return
+    check = checkpoint
+
+    def hook(module: nn.Module, args: tuple) -> None:
+        check()
+
+    handles = [module.register_forward_pre_hook(hook) for module in find_attention_modules(model)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _input_recorder(state: _CaptureState, layer: int) -> Callable[[nn.Module, tuple, dict], None]:

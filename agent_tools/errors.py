@@ -15,6 +15,8 @@ ErrorKind = Literal[
     "model_refused",
     "unsupported_model",
     "resource_limit",
+    "cancelled",
+    "deadline_exceeded",
 ]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 
@@ -55,3 +57,19 @@ class UnsupportedModelError(AttentionToolError):
 
 class ResourceLimitError(AttentionToolError):
     kind: ErrorKind = "resource_limit"
+
+
+class CallCancelledError(AttentionToolError):
+    """The call was stopped before it finished because its client cancelled it (MCP ``notifications/cancelled``).
+
+    Raised from the checkpoints of a running pass (between layers, query chunks, generation steps, and while
+    waiting for the model's lock), so the pass unwinds through its ``finally`` blocks and the lock is released.
+    """
+
+    kind: ErrorKind = "cancelled"
+
+
+class DeadlineExceededError(CallCancelledError):
+    """The call ran past the operator's time limit (``mcp --call-timeout``) and was stopped the same way."""
+
+    kind: ErrorKind = "deadline_exceeded"

@@ -8,22 +8,29 @@ budget for what a call will hold, and where artifact files may be written.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import torch
 
 from agent_tools import runner
-from agent_tools.capture import AttentionConsumer
-from agent_tools.errors import InvalidInputError, ResourceLimitError
+from agent_tools.capture import AttentionConsumer, layer_checkpoints
+from agent_tools.errors import CallCancelledError, DeadlineExceededError, InvalidInputError, ResourceLimitError
 from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
 from agent_tools.placement import Placement
+from agent_tools.runner import attribution as evidence
+from agent_tools.runner import patching
+from agent_tools.runner.forward import locked
 from agent_tools.schemas import ChatMessage, Token
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
 
@@ -32,6 +39,10 @@ from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
 WORKING_SET_BUDGET = 64 * 1024**2
 CHARS_PER_TOKEN_CEILING = 64  # a text longer than limit·64 characters cannot fit, whatever the tokenizer
 MAX_NEW_TOKENS = 256
+# Items any one list argument may hold. Every list a tool takes is bounded by the model (layers, heads: the largest
+# models have a few thousand heads) or by sense (messages, segments, temperatures); the cap keeps a hostile request
+# of 100,000 items from costing seconds of validation before the model's own bound is checked.
+MAX_LIST_ITEMS = 4096
 
 
 @dataclass(frozen=True)
@@ -115,7 +126,11 @@ def check_index(value: int, count: int, name: str) -> int:
 
 
 def check_indices(values: Sequence[int] | None, count: int, name: str) -> list[int]:
-    """A list of indices (None = all); duplicates and out-of-range values are refused."""
+    """A list of indices (None = all); duplicates and out-of-range values are refused.
+
+    Linear, and bounded by ``count`` first: a list longer than the range must repeat or overrun, so it is refused
+    before any item is looked at (100,000 layers took 73 s with the old pairwise duplicate count).
+    """
     if values is None:
         return list(range(count))
     items = list(values)
@@ -123,14 +138,112 @@ def check_indices(values: Sequence[int] | None, count: int, name: str) -> list[i
         raise InvalidInputError(
             f"{name} is an empty list; give indices in 0..{count - 1} or omit it for all", field=name
         )
+    if len(items) > count:
+        msg = f"{name} lists {len(items):,} items but there are only {count}; give each index in 0..{count - 1} once"
+        raise InvalidInputError(msg, field=name)
+    seen: set[int] = set()
+    duplicates: set[int] = set()
     for value in items:
         check_index(value, count, name)
-    if len(set(items)) != len(items):
-        duplicates = sorted({v for v in items if items.count(v) > 1})
+        (duplicates if value in seen else seen).add(value)
+    if duplicates:
         raise InvalidInputError(
-            f"{name} lists duplicates {duplicates}; give each index in 0..{count - 1} once", field=name
+            f"{name} lists duplicates {sorted(duplicates)}; give each index in 0..{count - 1} once", field=name
         )
     return items
+
+
+def check_list_lengths(arguments: Any, *, limit: int = MAX_LIST_ITEMS) -> None:
+    """Refuse any list inside raw arguments (at any depth) holding more than ``limit`` items, before validation.
+
+    Surfaces that take requests from outside (the MCP server, ``call --json``) run this first: validation and the
+    tools' own checks then only ever see lists of a sane size. Iterative, so deeply nested input costs no recursion.
+    """
+    pending: list[tuple[str, Any]] = [("arguments", arguments)]
+    while pending:
+        path, value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend((key if path == "arguments" else f"{path}.{key}", item) for key, item in value.items())
+        elif isinstance(value, list):
+            if len(value) > limit:
+                top = path.split(".")[0].split("[")[0]
+                msg = f"{path} lists {len(value):,} items; at most {limit:,} are accepted in one list"
+                raise InvalidInputError(msg, field=None if top == "arguments" else top)
+            pending.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
+
+
+@dataclass
+class CallContext:
+    """One tool call's stop conditions: a cancel flag its surface may set, and an optional time limit.
+
+    A worker thread cannot be killed safely (it may hold the model's lock, half-way through a capture), so the
+    runner checks the context instead — before every layer, between query chunks and generation steps, and while
+    waiting for the lock — and :meth:`check` raises there. The exception unwinds every ``finally`` (capture
+    configs, hooks, the lock): the next call finds the model free and unchanged. The surface creates the context,
+    runs the tool inside :func:`call_scope` in the worker thread, and calls :meth:`cancel` from its own thread.
+    """
+
+    timeout: float | None = None  # seconds from ``started``; None = no limit
+    started: float = field(default_factory=time.monotonic)
+    reason: str = ""
+    # Called from the worker with the elapsed seconds at the first check and then at most every
+    # ``progress_every`` seconds: a server tells its client the call is alive (and how close to the limit).
+    progress: Callable[[float], None] | None = None
+    progress_every: float = 2.0
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _reported: float | None = field(default=None, repr=False)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def cancelled(self) -> bool:
+        return self._stop.is_set()
+
+    def cancel(self, reason: str = "the client cancelled it") -> None:
+        """Ask the call to stop at its next checkpoint (thread-safe; the first reason is kept)."""
+        if not self._stop.is_set():
+            self.reason = reason
+            self._stop.set()
+
+    def check(self) -> None:
+        """Raise :class:`CallCancelledError` once cancelled, :class:`DeadlineExceededError` once past the limit."""
+        if self._stop.is_set():
+            raise CallCancelledError(f"the call was stopped after {self.elapsed:.1f} s because {self.reason}")
+        elapsed = self.elapsed
+        if self.timeout is not None and elapsed > self.timeout:
+            msg = (
+                f"the call ran past this server's time limit of {self.timeout:g} s and was stopped; ask for less "
+                "(fewer layers or heads, a shorter text), or ask the operator for a longer --call-timeout"
+            )
+            raise DeadlineExceededError(msg)
+        if self.progress is not None and (self._reported is None or elapsed - self._reported >= self.progress_every):
+            self._reported = elapsed
+            self.progress(elapsed)
+
+
+_CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("attention_explainer_call", default=None)
+
+
+@contextmanager
+def call_scope(context: CallContext) -> Iterator[CallContext]:
+    """Run the block as the call ``context`` describes: every pass the inspector starts in it checks ``context``."""
+    token = _CALL.set(context)
+    try:
+        yield context
+    finally:
+        _CALL.reset(token)
+
+
+def current_call() -> CallContext | None:
+    """The context of the call running in this thread (None outside :func:`call_scope`)."""
+    return _CALL.get()
+
+
+def _checkpoint() -> Callable[[], None] | None:
+    context = _CALL.get()
+    return None if context is None else context.check
 
 
 def check_new_tokens(value: int) -> int:
@@ -163,6 +276,7 @@ class Inspector:
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         artifact_dir: str | Path | None = None,
         placement: Placement | None = None,
+        allowed_data: Sequence[str | Path] = (),
     ) -> None:
         self.policy = policy or ModelPolicy()
         self.placement = (placement or Placement()).validate()  # the operator's choice; no tool argument changes it
@@ -170,6 +284,8 @@ class Inspector:
         self.token_limit = token_limit
         self.memory_budget = memory_budget
         self.artifact_dir = Path(artifact_dir).resolve() if artifact_dir else None
+        # data files (or corpus output folders) the operator allows tools to read; an agent only names one
+        self.allowed_data: tuple[Path, ...] = tuple(Path(p).expanduser().resolve() for p in allowed_data)
 
     # --- models -------------------------------------------------------------------------------------
     def model(self, reference: str | None = None) -> LoadedModel:
@@ -290,6 +406,7 @@ class Inspector:
             query_chunk=self.query_chunk(loaded, encoded.length),
             record_inputs=record_inputs,
             need_output=need_output,
+            checkpoint=_checkpoint(),
         )
 
     def answer_logits(
@@ -302,6 +419,7 @@ class Inspector:
             encoded.attention_mask,
             consumers,
             query_chunk=self.query_chunk(loaded, encoded.length),
+            checkpoint=_checkpoint(),
         )
 
     def generate(
@@ -335,6 +453,7 @@ class Inspector:
             prompt_consumers=prompt_consumers,
             step_consumers=step_consumers,
             on_step=on_step,
+            checkpoint=_checkpoint(),
         )
 
     def ablate(
@@ -347,8 +466,14 @@ class Inspector:
         method: AblationMethod = "zero",
         clean: torch.Tensor | None = None,
     ) -> runner.AblationEffect:
-        """Clean (unless given) and head-ablated forwards (see :func:`agent_tools.runner.ablated_forward`)."""
-        return runner.ablated_forward(loaded, input_ids, attention_mask, heads, method=method, clean=clean)
+        """Clean (unless given) and head-ablated forwards (see :func:`agent_tools.runner.ablated_forward`).
+
+        The passes run the model's own attention, so the call's checkpoint goes in as pre-hooks on the attention
+        modules, registered only while this call holds the model's lock.
+        """
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return runner.ablated_forward(loaded, input_ids, attention_mask, heads, method=method, clean=clean)
 
     def execute(self, plan: PassPlan[Result]) -> Result:
         """Run one plan on its own: its forward pass (if any), then its finish."""
@@ -372,6 +497,22 @@ class Inspector:
             need_output=any(plan.need_output for plan in plans),
         )
 
+    # --- data files ---------------------------------------------------------------------------------
+    def data_file(self, name: str) -> Path:
+        """The allowed data file (or corpus output folder) called ``name``: its file name, or its path as allowed.
+
+        Only the operator's ``allowed_data`` can be read; ``name`` is compared as a string and never resolved, so
+        no path an agent makes up (``../``, absolute paths, links) reaches the filesystem.
+        """
+        for path in self.allowed_data:
+            if name in (path.name, str(path)):
+                return path
+        if not self.allowed_data:
+            msg = "no data files are allowed in this session (the operator allows them with --allow-data PATH)"
+        else:
+            msg = f"data {name!r} is not allowed here; allowed: {', '.join(sorted(p.name for p in self.allowed_data))}"
+        raise InvalidInputError(msg, field="data")
+
     # --- artifacts ------------------------------------------------------------------------------------
     def artifact_path(self, stem: str, suffix: str) -> Path:
         """A file inside the configured artifact folder; refused when the session has none."""
@@ -390,6 +531,77 @@ class Inspector:
             msg = f"the artifact folder {self.artifact_dir} is not writable; configure a writable one"
             raise InvalidInputError(msg, field="png")
         return self.artifact_dir / f"{safe}{suffix}"
+
+    # --- evidence -------------------------------------------------------------------------------------
+    # Causal and gradient checks beside attention (issue 16). Each method adds the call's checkpoint (cancel,
+    # deadline) and delegates to agent_tools.runner.attribution / agent_tools.runner.patching.
+    def segment_ablations(
+        self,
+        loaded: LoadedModel,
+        prompt: list[int],
+        answer: list[int],
+        variants: Sequence[evidence.SegmentVariant],
+        *,
+        traced: evidence.TracedAnswer | None = None,
+    ) -> evidence.AblationLogprobs:
+        """The answer's log-probabilities clean and with each segment removed / replaced by neutral tokens
+        (``traced``: the traced pass's logits and KV cache, so the clean prompt does not run again)."""
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return evidence.segment_ablations(loaded, prompt, answer, variants, traced=traced)
+
+    def traced_answer(
+        self, loaded: LoadedModel, encoded: Encoded, consumers: Sequence[AttentionConsumer] = ()
+    ) -> evidence.TracedAnswer:
+        """:meth:`answer_logits` that also keeps the prompt's KV cache for the causal checks."""
+        return evidence.traced_answer(
+            loaded,
+            encoded.input_ids,
+            consumers,
+            query_chunk=self.query_chunk(loaded, encoded.length),
+            checkpoint=_checkpoint(),
+        )
+
+    def input_gradients(
+        self, loaded: LoadedModel, ids: list[int], baseline: list[int], answer: list[int], *, steps: int
+    ) -> evidence.InputGradients:
+        """Integrated gradients and gradient × input, rows per forward chosen so activations fit the budget."""
+        per_row = evidence.gradient_bytes(loaded, len(ids))
+        self.check_budget(per_row, f"a gradient pass over {len(ids)} tokens")
+        rows = max(1, min(steps, self.memory_budget // per_row))
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return evidence.input_gradients(loaded, ids, baseline, answer, steps=steps, batch_rows=rows)
+
+    def direct_logits(self, loaded: LoadedModel, encoded: Encoded, token: int) -> evidence.DirectLogits:
+        """Every head's direct write into ``token``'s logit at the last position (final norm scale frozen)."""
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return evidence.direct_logits(loaded, encoded.input_ids, token)
+
+    def recorded_run(self, loaded: LoadedModel, encoded: Encoded, *, keep_last: bool = True) -> patching.RecordedRun:
+        """A forward recording every head's output before W_O (what patching copies from a clean run)."""
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return patching.recorded_run(loaded, encoded.input_ids, keep_last=keep_last)
+
+    def patched_outputs(
+        self,
+        loaded: LoadedModel,
+        encoded: Encoded,
+        patches: Sequence[patching.HeadPatch],
+        *,
+        sources: dict[int, torch.Tensor] | None = None,
+        keep_last: bool = True,
+        prefix: int = 0,
+    ) -> torch.Tensor:
+        """(R, K, V) outputs of R patched variants of one input, batched (see :mod:`agent_tools.runner.patching`)."""
+        rows = min(patching.rows_per_batch(loaded, encoded.length, self.memory_budget), patching.BATCH_ROWS)
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return patching.patched_outputs(
+                loaded, encoded.input_ids, patches, sources=sources, keep_last=keep_last, max_rows=rows, prefix=prefix
+            )
 
 
 def text_digest(text: str) -> str:

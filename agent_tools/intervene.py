@@ -9,10 +9,11 @@ model keeps its own implementation (sdpa). The projection's bias is shared by al
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Literal, get_args
 
+import torch
 from torch import Tensor, nn
 
 from agent_tools.analysis.ablation import masked_mean, replace_head_slices
@@ -109,3 +110,145 @@ def group_heads(heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
     for layer, head in heads:
         grouped.setdefault(layer, []).append(head)
     return dict(sorted(grouped.items()))
+
+
+# --- evidence: per-row patches, gathered positions, head writes (activation patching, causal checks, DLA) -------
+@contextmanager
+def heads_patched_per_row(
+    model: nn.Module,
+    masks: Mapping[int, Tensor],
+    *,
+    num_heads: int,
+    head_dim: int,
+    sources: Mapping[int, Tensor] | None = None,
+) -> Iterator[None]:
+    """Inside the block, row ``r`` of the batch has its heads' outputs replaced where ``masks[layer][r]`` says.
+
+    A forward of one sequence becomes a batch of ``R`` patched variants of it: at the first patched layer's output
+    projection the (1, T, H·D) input is expanded to ``R`` rows, each row then runs on its own. Layers before it run
+    once for all rows (their activations are the same), which is what makes patching every head of a deep model
+    affordable: rows patching layer ``l`` cost the layers ``l..L-1`` only.
+
+    Args:
+        masks: layer -> (R, T, H) bool, True where row r's head h at position t is replaced.
+        sources: layer -> (T, H, D) what replaces it (another run's head outputs: activation patching);
+            None replaces with zeros (zero ablation).
+    """
+    rows = {int(mask.shape[0]) for mask in masks.values()}
+    if len(rows) > 1:
+        raise ValueError(f"every layer's mask needs the same number of rows, got {sorted(rows)}")
+    projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in masks}
+
+    def hook_for(layer: int):
+        mask = masks[layer]
+        source = sources[layer] if sources is not None else None
+
+        def hook(module: nn.Module, args: tuple) -> tuple:
+            hidden = args[0]  # (B, T, H·D), B = 1 before the first patched layer, R after it
+            count, length = mask.shape[0], hidden.shape[1]
+            if hidden.shape[0] == 1 and count > 1:
+                hidden = hidden.expand(count, *hidden.shape[1:])
+            per_head = hidden.reshape(count, length, num_heads, head_dim)  # (R, T, H, D)
+            chosen = mask.to(hidden.device)[..., None]  # (R, T, H, 1)
+            replacement = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
+            if source is not None:
+                replacement = source.to(device=hidden.device, dtype=hidden.dtype)[None]  # (1, T, H, D)
+            patched = torch.where(chosen, replacement, per_head)
+            return (patched.reshape(count, length, num_heads * head_dim), *args[1:])
+
+        return hook
+
+    handles = []
+    try:
+        for layer, projection in projections.items():
+            handles.append(projection.register_forward_pre_hook(hook_for(layer)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def recorded_head_inputs(model: nn.Module, layers: Sequence[int], *, num_heads: int, head_dim: int) -> Iterator[dict]:
+    """Inside the block, each forward records every head's output before W_O: layer -> (T, H, D) of batch row 0.
+
+    What activation patching copies from the clean run into the corrupted one.
+    """
+    projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in layers}
+    recorded: dict[int, Tensor] = {}
+    handles = []
+
+    def hook_for(layer: int):
+        def hook(module: nn.Module, args: tuple) -> None:
+            hidden = args[0]  # (B, T, H·D)
+            recorded[layer] = hidden[0].reshape(hidden.shape[1], num_heads, head_dim).detach().clone()  # (T, H, D)
+
+        return hook
+
+    try:
+        for layer, projection in projections.items():
+            handles.append(projection.register_forward_pre_hook(hook_for(layer)))
+        yield recorded
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def positions_gathered(head: nn.Module, index: Tensor) -> Iterator[None]:
+    """Inside the block, the output head (the unembedding) sees only the positions ``index`` (B, A) of each row.
+
+    Logits are needed only where an answer token is predicted; gathering there keeps a batch of long variants from
+    materialising (B, T, V) logits. Anything the model applies after the head (soft-capping) still applies.
+    """
+
+    def hook(module: nn.Module, args: tuple) -> tuple:
+        hidden = args[0]  # (B, T, C)
+        gather = index.to(hidden.device)[..., None].expand(-1, -1, hidden.shape[-1])  # (B, A, C)
+        return (hidden.gather(1, gather), *args[1:])
+
+    handle = head.register_forward_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def appended_rows(
+    module: nn.Module, extra: Callable[[Tensor], Tensor | None], keep: dict[str, Tensor]
+) -> Iterator[None]:
+    """Inside the block, ``module`` also runs on the rows ``extra()`` returns, appended to its input's sequence.
+
+    The module computes its own output on them (so its weights are never read: with a device map or disk offload
+    they exist only inside its forward); the appended part of the output is kept in ``keep["output"]``, its input
+    in ``keep["input"]``, and the caller's output is exactly what it was. ``extra(hidden)`` gets the module's
+    (1, T, F) input and returns (K, F) rows, or None to leave that call alone. The module must act on each position
+    separately (a norm, a projection, the unembedding); the first call of the block is the one kept.
+    """
+
+    def pre_hook(module: nn.Module, args: tuple) -> tuple | None:
+        hidden = args[0]  # (1, T, F)
+        if "length" in keep:
+            return None
+        rows = extra(hidden)
+        if rows is None:
+            return None
+        keep["length"] = torch.tensor(hidden.shape[1])
+        keep["input"] = rows.detach()
+        appended = torch.cat([hidden, rows.to(device=hidden.device, dtype=hidden.dtype)[None]], dim=1)
+        return (appended, *args[1:])
+
+    def hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
+        if "length" not in keep or "output" in keep:
+            return None
+        length = int(keep["length"])
+        keep["output"] = output[0, length:].detach().clone()  # (K, F')
+        return output[:, :length]
+
+    handles = [module.register_forward_pre_hook(pre_hook), module.register_forward_hook(hook)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

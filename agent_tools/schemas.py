@@ -134,6 +134,18 @@ class Report(BaseModel):
         text = "\n".join(lines)
         return text if len(text) <= limit else text[: limit - 1] + "…"
 
+    def _repr_html_(self) -> str:
+        """Jupyter: the summary, the key figure and the findings (drawn by :mod:`agent_tools.report.notebook_view`)."""
+        from agent_tools.report.notebook_view import report_html
+
+        return report_html(self)
+
+    def _repr_markdown_(self) -> str:
+        """Text front-ends: the summary, the key figure's numbers and the findings, as Markdown."""
+        from agent_tools.report.notebook_view import report_markdown
+
+        return report_markdown(self)
+
 
 def jsonable(report: BaseModel) -> dict[str, Any]:
     return report.model_dump(mode="json")

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from crafted import circuit_tokenizer, induction_circuit
 from families import build_family, tiny_tokenizer
 
 from agent_tools.analysis.ablation import cosine_change, masked_mean, replace_head_slices
@@ -198,3 +199,34 @@ def test_default_model_ablation(smol, inspector: Inspector) -> None:
     assert report.kl_mean is not None and report.kl_mean > 0 and report.loss_change is not None
     assert torch.equal(before, _output(smol.model, torch.tensor([[1, 2, 3]])))
     assert smol.model.config._attn_implementation == "sdpa"
+
+
+# --- direct logit attribution ------------------------------------------------------------------------------------
+
+
+def test_direct_logit_attribution_on_the_known_circuit(inspector: Inspector) -> None:
+    register_model("circuit-dla", induction_circuit(), circuit_tokenizer())
+    report = get_tool("ablate_heads")(
+        inspector, {"model": "circuit-dla", "text": "cat dog sun moon cat", "heads": ["1.0"]}
+    )
+    dla = report.direct_logit_attribution
+    assert dla is not None and dla.token == "dog" and dla.final_norm == "layer_norm"
+    # only the induction head writes into the subspace the unembedding reads: it alone is the logit
+    assert dla.top_heads[0].layer == 1 and dla.top_heads[0].head == 0
+    assert dla.top_heads[0].logit == pytest.approx(dla.logit, abs=1e-4)
+    assert all(h.logit == pytest.approx(0.0, abs=1e-6) for h in dla.top_heads[1:])
+    assert dla.heads_total == pytest.approx(dla.logit, abs=1e-4) and dla.layers[0] == pytest.approx(0.0, abs=1e-6)
+    assert [(h.layer, h.head) for h in dla.ablated] == [(1, 0)] and "frozen" in report.summary
+    # removing it breaks the copy: the clean answer is no longer the top token
+    assert report.top_token_clean == "dog" and report.top_token_changed
+    assert [c.tool for c in report.next_calls] == ["profile_heads"]
+
+
+def test_direct_logit_attribution_target_and_bad_target(tiny_models, inspector: Inspector) -> None:
+    args = {"model": "tiny-llama", "text": TEXT, "heads": ["0.1"], "target_token": "mat"}
+    dla = get_tool("ablate_heads")(inspector, args).direct_logit_attribution
+    assert dla is not None and dla.token == "mat" and dla.final_norm == "rms_norm"
+    with pytest.raises(InvalidInputError, match=r"target_token 'the cat' is 2 tokens \(\['the', 'cat'\]\)"):
+        get_tool("ablate_heads")(inspector, {**args, "target_token": "the cat"})
+    encoder = get_tool("ablate_heads")(inspector, {"model": "tiny-bert", "text": TEXT, "heads": ["0.1"]})
+    assert encoder.direct_logit_attribution is None

@@ -220,6 +220,16 @@ CATALOGUE = [
         {"text": TEXT, "layers": "1,2"},
         error(INVALID, "layers: Input should be a valid list"),
     ),
+    Case(  # the duplicate check was quadratic (73 s); now the length is refused first, on every surface
+        "layers_100k_items",
+        "diagnose_collapse",
+        {"text": TEXT, "layers": list(range(30)) * 3334},
+        error(INVALID, "layers lists 100,020 items"),
+        by_surface={
+            surface: error(INVALID, "layers lists 100,020 items; at most 4,096 are accepted")
+            for surface in ("mcp", "cli")
+        },
+    ),
     Case(
         "ablate_same_head_twice",
         "ablate_heads",

@@ -227,6 +227,24 @@ def test_mcp_command_defaults() -> None:
     assert build_parser().parse_args(["mcp", "--artifacts", "b"]).artifacts == "b"
 
 
+def test_mcp_server_limits_have_defaults_and_are_checked(capsys) -> None:
+    from agent_tools.cli import main
+
+    args = build_parser().parse_args(["mcp"])
+    assert (args.call_timeout, args.max_sessions, args.session_idle) == (120.0, 64, 600.0)  # on for servers
+    args = build_parser().parse_args(["mcp", "--call-timeout", "0", "--max-sessions", "3", "--session-idle", "5"])
+    assert (args.call_timeout, args.max_sessions, args.session_idle) == (0.0, 3, 5.0)  # 0: no time limit
+    for bad, message in (
+        (["--call-timeout", "-1"], "--call-timeout must be a number of seconds >= 0"),
+        (["--call-timeout", "nan"], "--call-timeout must be a number of seconds >= 0"),
+        (["--max-sessions", "0"], "--max-sessions must be at least 1"),
+        (["--session-idle", "0"], "--session-idle must be a positive number of seconds"),
+    ):
+        assert main(["mcp", *bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("error: ") and message in err[-1] and "Traceback" not in "\n".join(err)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

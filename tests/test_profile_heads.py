@@ -6,7 +6,15 @@ import math
 
 import pytest
 import torch
-from crafted import crafted_bert, crafted_gpt2
+from crafted import (
+    INDUCTION_HEAD,
+    PREVIOUS_HEAD,
+    SINK_HEAD,
+    circuit_tokenizer,
+    crafted_bert,
+    crafted_gpt2,
+    induction_circuit,
+)
 from families import FAMILIES, build_family, tiny_tokenizer
 
 from agent_tools.analysis.heads import (
@@ -236,10 +244,14 @@ def test_one_forward_per_input_and_deterministic_probe(crafted, inspector: Inspe
     handle = loaded.model.base_model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         args = {"model": crafted["causal"], "text": CAUSAL_TEXT, "probe_length": 6, "induction_check": False}
-        first = get_tool("profile_heads")(inspector, {**args, "seed": 3})
+        first = get_tool("profile_heads")(inspector, {**args, "seed": 3, "seeds": 1, "ablate_top": 0})
         assert len(calls) == 2  # one pass over the text, one over the probe, for all 8 heads
-        again = get_tool("profile_heads")(inspector, {**args, "seed": 3})
-        other = get_tool("profile_heads")(inspector, {**args, "seed": 4})
+        calls.clear()
+        get_tool("profile_heads")(inspector, {**args, "seed": 3})
+        # the default: three probes (seeds 3, 4, 5) and one batched forward ablating the probe roles' top heads
+        assert len(calls) == 1 + 3 + 1
+        again = get_tool("profile_heads")(inspector, {**args, "seed": 3, "seeds": 1, "ablate_top": 0})
+        other = get_tool("profile_heads")(inspector, {**args, "seed": 4, "seeds": 1, "ablate_top": 0})
     finally:
         handle.remove()
     assert first.probe == again.probe and first.heads == again.heads
@@ -365,3 +377,65 @@ def lay_roles(layout):
     from agent_tools.analysis.heads import HEAD_ROLES
 
     return [r for r in HEAD_ROLES if layout.measurable(r)]
+
+
+# --- the known circuit: previous-token → induction (K-composition), and a sink that writes nothing ----------------
+CIRCUIT_TEXT = "the cat sat on the mat red blue green one two three"  # 12 words + <bos>: 13 tokens
+
+
+@pytest.fixture(scope="module")
+def circuit() -> str:
+    return register_model("circuit-profile", induction_circuit(), circuit_tokenizer()).name
+
+
+def test_profile_names_exactly_the_circuits_heads_with_evidence_and_baselines(circuit, inspector: Inspector) -> None:
+    report = get_tool("profile_heads")(inspector, {"model": circuit, "text": CIRCUIT_TEXT})
+    primaries = {(h.layer, h.head): h.primary_role for h in report.heads}
+    assert {k: v for k, v in primaries.items() if v != "broad"} == {
+        PREVIOUS_HEAD: "previous_token",
+        INDUCTION_HEAD: "induction",
+        SINK_HEAD: "first_token",
+    }
+    roles = {r.role: r for r in report.roles}
+    assert (roles["previous_token"].top[0].layer, roles["previous_token"].top[0].head) == PREVIOUS_HEAD
+    assert (roles["induction"].top[0].layer, roles["induction"].top[0].head) == INDUCTION_HEAD
+    assert (roles["first_token"].top[0].layer, roles["first_token"].top[0].head) == SINK_HEAD
+    for role in ("previous_token", "induction", "first_token"):
+        assert roles[role].top[0].score == pytest.approx(1.0, abs=1e-4)
+    # uniform baselines by hand: rows 2..12 of the text put 1/(i+1) on any one key; the probe's second copy
+    # (rows 29..56 of [bos] + 2×28) likewise on the token after the earlier copy
+    text_uniform = sum(1 / (i + 1) for i in range(2, 13)) / 11
+    assert roles["previous_token"].uniform_baseline == pytest.approx(text_uniform, abs=1e-4)
+    assert roles["first_token"].uniform_baseline == pytest.approx(text_uniform, abs=1e-4)
+    assert roles["induction"].uniform_baseline == pytest.approx(sum(1 / (i + 1) for i in range(29, 57)) / 28, abs=1e-4)
+    # three probes, the same circuit on each: no spread; evidence by default on the probe roles only
+    assert report.probe is not None and report.probe.seeds == [0, 1, 2]
+    assert roles["induction"].top[0].spread == pytest.approx(0.0, abs=1e-6)
+    evidence = [t.ablation for t in roles["induction"].top]
+    assert evidence[0] is not None and evidence[0].metric == "second_copy_loss_change" and evidence[0].value > 3
+    assert all(e is not None and e.value == pytest.approx(0.0, abs=1e-4) for e in evidence[1:])  # write nothing
+    assert all(t.ablation is None for t in roles["previous_token"].top)  # text roles: not by default
+    assert "vs uniform" in report.summary and "3 probes (seeds 0–2)" in report.summary
+    assert report.next_calls and report.next_calls[0].tool == "ablate_heads"
+
+
+def test_probe_scores_are_the_mean_over_seeds_with_their_spread(crafted, inspector: Inspector) -> None:
+    args = {"model": crafted["causal"], "roles": ["induction", "duplicate_token"], "probe_length": 6, "top_k": 8}
+    single = [
+        get_tool("profile_heads")(inspector, {**args, "seed": seed, "seeds": 1, "ablate_top": 0}) for seed in (5, 6)
+    ]
+    both = get_tool("profile_heads")(inspector, {**args, "seed": 5, "seeds": 2, "ablate_top": 0})
+    for index, head in enumerate(both.heads):
+        for role in ("induction", "duplicate_token"):
+            values = [report.heads[index].scores[role] for report in single]
+            assert head.scores[role] == pytest.approx(sum(values) / 2, abs=2e-4)
+            assert head.score_spread[role] == pytest.approx(abs(values[0] - values[1]) / 2, abs=2e-4)
+
+
+def test_diagnose_collapse_names_the_positional_head_and_the_no_op_sink(circuit, inspector: Inspector) -> None:
+    report = get_tool("diagnose_collapse")(inspector, {"model": circuit, "text": CIRCUIT_TEXT, "top_k": 8})
+    verdicts = {(h.layer, h.head): h.verdict for h in report.heads}
+    assert {k: v for k, v in verdicts.items() if v != "not_collapsed"} == {
+        PREVIOUS_HEAD: "positional",
+        SINK_HEAD: "no_op_sink",
+    }

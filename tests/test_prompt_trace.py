@@ -279,3 +279,59 @@ def test_default_model_compare(smol, inspector: Inspector) -> None:
         positions = sorted(p for segment in trace.segments for p in segment.positions)
         assert positions == list(range(trace.num_tokens)) and trace.sink_positions[0] == 0
     assert report.trace_a.prompt_format == report.trace_b.prompt_format == "text"
+
+
+# --- evidence beside attention ------------------------------------------------------------------------------------
+class ValueRows:
+    """Every layer's last query row and its values (the reference for value-weighted shares)."""
+
+    accepts_key_prefix = False
+
+    def __init__(self) -> None:
+        self.rows: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    def on_layer(self, layer) -> None:
+        self.rows[layer.layer] = layer.weights[0, :, -1].float().clone()  # (H, T)
+        self.values[layer.layer] = layer.head_key(layer.value)[0].float().clone()  # (H, T, D)
+
+
+def test_value_shares_equal_a_hand_reduction_and_uniform_shares_count_tokens(tiny_models, inspector: Inspector) -> None:
+    loaded = tiny_models["llama"]
+    segments = [{"name": "dog", "text": "the dog sat"}]
+    report = get_tool("trace_prompt_attention")(
+        inspector, {"model": "tiny-llama", "prompt": TINY_TEXT, "segments": segments}
+    )
+    encoded = inspector.encode(loaded, TINY_TEXT)
+    reference = ValueRows()
+    with torch.inference_mode(), capture_attention(loaded.model, [reference]):
+        loaded.model(input_ids=encoded.input_ids)
+    facts = loaded.facts
+    shares = []
+    for layer in range(facts.num_layers):
+        o_weight = loaded.model.model.layers[layer].self_attn.o_proj.weight.float()  # (C, H·D)
+        per_head = o_weight.reshape(o_weight.shape[0], facts.num_heads, facts.head_dim)  # (C, H, D)
+        written = torch.einsum("htd,chd->htc", reference.values[layer], per_head).norm(dim=-1)  # (H, T) ‖v W_O^h‖
+        weighted = reference.rows[layer] * written
+        shares.append(weighted / weighted.sum(-1, keepdim=True))
+    tokens = torch.stack(shares).mean((0, 1))  # (T,)
+    for segment in report.segments:
+        assert segment.value_share == pytest.approx(float(tokens[list(segment.positions)].sum()), abs=1e-4)
+        assert segment.uniform_share == pytest.approx(segment.token_count / encoded.length, abs=1e-4)
+        assert all(t.value_share == pytest.approx(float(tokens[t.position]), abs=1e-4) for t in segment.token_shares)
+    assert report.checks == ["causal", "value"] and {s.name for s in report.segments if s.causal} == {"dog", "text"}
+    assert {v.view for v in report.views} >= {"share", "last_layer", "rollout", "value", "causal"}
+
+
+def test_chat_trace_next_calls_drop_the_segment_it_depends_on(tiny_chat, inspector: Inspector) -> None:
+    arguments = {"model": "tiny-chat-llama", "prompt": CHAT}
+    report = get_tool("trace_prompt_attention")(inspector, arguments)
+    lead = report.depends_on_most
+    assert lead is not None and lead in {"system#1", "user#1", "assistant#1", "user#2"}
+    compare = next(c for c in report.next_calls if c.tool == "compare_prompts")
+    role, turn = lead.split("#")
+    index = [i for i, m in enumerate(CHAT) if m["role"] == role][int(turn) - 1]
+    assert compare.arguments["prompt_b"] == [m for i, m in enumerate(CHAT) if i != index]
+    assert {c.tool for c in report.next_calls} == {"compare_prompts", "trace_prompt_attention", "ablate_heads"}
+    follow = get_tool("compare_prompts")(inspector, compare.arguments)  # the suggested call is valid as written
+    assert follow.next_token_kl is not None

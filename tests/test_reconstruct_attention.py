@@ -47,7 +47,7 @@ def test_stages_by_hand() -> None:
     assert [s.stage for s in stages] == list(RECONSTRUCTION_STAGES)
     raw = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 2.0]])
     assert torch.allclose(stages[0].scores, raw)
-    assert torch.allclose(stages[1].scores, raw / math.sqrt(2))  # d = hidden size 2
+    assert torch.allclose(stages[1].scores, raw / math.sqrt(2))  # d_k = 2 (W_Q's columns)
     assert torch.allclose(stages[2].scores, raw * 0.5)  # identity projections, the model's scale ½
     # RoPE: q_0 = (1, 0), q_1 = R(90°)(0, 1) = (−1, 0), q_2 = R(180°)(1, 1) = (−1, −1)
     rotated = torch.tensor([[1.0, -1.0, -1.0], [-1.0, 1.0, 1.0], [-1.0, 1.0, 2.0]])
@@ -98,6 +98,16 @@ def test_softcap_and_mask_every_stage() -> None:
         assert stage.allowed.equal(torch.ones(3, 3, dtype=torch.bool).tril())
 
 
+def test_stage_two_divides_by_sqrt_head_dim_not_the_width_of_x() -> None:
+    x = torch.tensor([[1.0, 0.0, 2.0, 0.0], [0.0, 1.0, 1.0, 3.0]])  # d_model = 4
+    w = torch.zeros(4, 1)  # d_k = 1 (the projections do not enter stage 2)
+    stages = reconstruction_stages(x, w_q=w, w_k=w, scaling=1.0)
+    assert torch.allclose(stages[1].scores, x @ x.T)  # ÷ sqrt(1), not ÷ sqrt(4)
+    assert [s.divisor for s in stages[:2]] == [1.0, 1.0]
+    wide = reconstruction_stages(x, w_q=torch.zeros(4, 9), w_k=torch.zeros(4, 9), scaling=1 / 3)
+    assert torch.allclose(wide[1].scores, x @ x.T / 3) and wide[1].divisor == pytest.approx(3.0)
+
+
 def test_biases_and_prescale_enter_stage_three() -> None:
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     stages = reconstruction_stages(
@@ -139,7 +149,8 @@ def test_reconstruct_tool_on_tiny_families(name: str, tiny_models, inspector: In
     last = report.stages[-1]
     assert last.mean_js_to_model == 0.0 and last.top_key_agreement == 1.0 and last.masked
     assert all(len(s.top_keys) == len(report.tokens) for s in report.stages)
-    assert "sqrt(32)" in report.stages[1].added
+    assert f"sqrt({report.head_dim})" in report.stages[1].added  # d_k, not the hidden size 32
+    assert report.stages[1].divisor == pytest.approx(math.sqrt(report.head_dim), abs=1e-5)
     if name in {"gpt2", "bert", "opt"}:
         assert "already in x" in report.stages[3].added
         assert report.stages[2].mean_entropy == report.stages[3].mean_entropy
@@ -215,4 +226,4 @@ def test_reconstruct_real_models(model: str, layer: int, head: int, smol, minilm
     assert (stages[-1].weights - reference.attentions[layer][0, head]).abs().max().item() <= ATOL
     assert (positional_scores(stages) - inputs.scores).abs().max().item() <= ATOL
     assert report.hidden_size == loaded.facts.hidden_size
-    assert f"sqrt({loaded.facts.hidden_size})" in report.stages[1].added
+    assert f"sqrt({loaded.facts.head_dim})" in report.stages[1].added

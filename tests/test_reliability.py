@@ -24,8 +24,21 @@ from hypothesis import strategies as st
 from agent_tools import cli
 from agent_tools.capture import _ACTIVE, CAPTURE_IMPLEMENTATION, _configs
 from agent_tools.cli.mcp import session_inspector
-from agent_tools.errors import ERROR_KINDS, AttentionToolError, ResourceLimitError
-from agent_tools.inspector import DEFAULT_MEMORY_BUDGET, Inspector, readable_size
+from agent_tools.errors import (
+    ERROR_KINDS,
+    AttentionToolError,
+    CallCancelledError,
+    DeadlineExceededError,
+    ResourceLimitError,
+)
+from agent_tools.inspector import (
+    DEFAULT_MEMORY_BUDGET,
+    CallContext,
+    Inspector,
+    call_scope,
+    check_indices,
+    readable_size,
+)
 from agent_tools.loading import LoadedModel
 from agent_tools.schemas import Report
 from agent_tools.surfaces.langchain import AttentionToolkit
@@ -153,6 +166,137 @@ def test_concurrent_calls_equal_sequential_and_restore_everything(tiny_models, i
     with torch.inference_mode():
         assert torch.equal(fresh(input_ids=ids).logits, loaded.model(input_ids=ids).logits)
     assert fresh.config.to_dict() == loaded.model.config.to_dict()
+
+
+# --- cancellation and deadlines ---------------------------------------------------------------------------------
+def lock_is_free(loaded: LoadedModel) -> bool:
+    """Whether another thread could take the model's lock now (an RLock held here would re-enter)."""
+    free: list[bool] = []
+
+    def probe() -> None:
+        taken = loaded.lock.acquire(timeout=5)
+        if taken:
+            loaded.lock.release()
+        free.append(taken)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return free == [True]
+
+
+class CancelAfter:
+    """A consumer that cancels the call after seeing ``layers`` layer calls: a client cancelling mid-pass."""
+
+    accepts_key_prefix = False
+
+    def __init__(self, context: CallContext, layers: int) -> None:
+        self.context, self.layers, self.seen = context, layers, []
+
+    def on_layer(self, layer: Any) -> None:
+        self.seen.append(layer.layer)
+        if len(self.seen) == self.layers:
+            self.context.cancel("the test cancelled it")
+
+
+def test_a_cancelled_pass_stops_between_layers_and_leaves_nothing_behind(tiny_models, inspector: Inspector) -> None:
+    loaded = tiny_models["llama"]
+    encoded = inspector.encode(loaded, TINY_TEXT)
+    before, settings_before, hooks = state_hash(loaded.model), settings_of(loaded.model), hook_counts(loaded.model)
+    reference = inspector.answer_logits(loaded, encoded)
+    context = CallContext()
+    consumer = CancelAfter(context, layers=1)
+    with call_scope(context), pytest.raises(CallCancelledError, match="because the test cancelled it"):
+        inspector.run(loaded, encoded, [consumer])
+    assert consumer.seen == [0]  # layer 1 never ran
+    assert lock_is_free(loaded) and _ACTIVE.get() is None
+    assert state_hash(loaded.model) == before and settings_of(loaded.model) == settings_before
+    assert hook_counts(loaded.model) == hooks
+    assert torch.equal(inspector.answer_logits(loaded, encoded), reference)  # the next call: same numbers
+
+
+@pytest.mark.parametrize("name", TINY_TOOLS)
+def test_every_pass_stops_at_its_deadline(name: str, tiny_models, inspector: Inspector, monkeypatch) -> None:
+    loaded = tiny_models["llama"]
+    hooks = hook_counts(loaded.model)
+    forwards: list[int] = []
+    embeddings = loaded.model.get_input_embeddings()  # every pass starts here (full model or base model)
+    forward = embeddings.forward
+    monkeypatch.setattr(embeddings, "forward", lambda *a, **k: forwards.append(1) or forward(*a, **k))
+    with call_scope(CallContext(timeout=0.0)):
+        try:
+            TOOLS[name](inspector, tiny_arguments(name, loaded))
+        except DeadlineExceededError as exc:
+            assert "time limit of 0 s and was stopped" in exc.message and exc.kind == "deadline_exceeded"
+    assert forwards == []  # a tool that runs the model is stopped before its first forward; others just answer
+    assert lock_is_free(loaded) and hook_counts(loaded.model) == hooks
+    assert loaded.model.config._attn_implementation != CAPTURE_IMPLEMENTATION
+
+
+def test_ablation_and_generation_stop_between_layers_and_steps(tiny_models, inspector: Inspector) -> None:
+    loaded = tiny_models["llama"]
+    encoded = inspector.encode(loaded, TINY_TEXT)
+    hooks = hook_counts(loaded.model)
+    context = CallContext(progress_every=0.0)  # progress at every passed check: it counts the checkpoints
+    checks: list[float] = []
+
+    def cancel_at_third(elapsed: float) -> None:  # checks: the lock taken, clean layer 0, clean layer 1
+        checks.append(elapsed)
+        if len(checks) == 3:
+            context.cancel("the test cancelled it")
+
+    context.progress = cancel_at_third
+    with call_scope(context), pytest.raises(CallCancelledError, match="because the test cancelled it"):
+        inspector.ablate(loaded, encoded.input_ids, encoded.attention_mask, [(0, 0)])
+    assert len(checks) == 3  # stopped at the ablated pass's first layer
+    assert hook_counts(loaded.model) == hooks and lock_is_free(loaded)
+    steps: list[int] = []
+    context = CallContext()
+
+    def cancel_after_first(step: int, token: int) -> None:
+        steps.append(step)
+        context.cancel()
+
+    with call_scope(context), pytest.raises(CallCancelledError):
+        inspector.generate(loaded, encoded, max_new_tokens=5, on_step=cancel_after_first)
+    assert steps == [0] and lock_is_free(loaded)  # the second token was never computed
+
+
+def test_a_call_waiting_for_the_model_leaves_the_queue_when_cancelled(tiny_models, inspector: Inspector) -> None:
+    loaded = tiny_models["llama"]
+    encoded = inspector.encode(loaded, TINY_TEXT)
+    context = CallContext()
+    outcome: list[BaseException] = []
+
+    def waiting_call() -> None:
+        with call_scope(context):
+            try:
+                inspector.run(loaded, encoded, [])
+            except CallCancelledError as exc:
+                outcome.append(exc)
+
+    with loaded.lock:  # another call holds the model
+        worker = threading.Thread(target=waiting_call)
+        worker.start()
+        time.sleep(0.3)
+        context.cancel("the client went away")
+        worker.join(timeout=10)
+        assert not worker.is_alive() and len(outcome) == 1  # it left while the lock was still held
+    assert "because the client went away" in str(outcome[0])
+
+
+def test_index_checks_are_linear_and_capped_by_the_model(monkeypatch) -> None:
+    from agent_tools import inspector as inspector_module
+
+    calls: list[int] = []
+    real = inspector_module.check_index
+    monkeypatch.setattr(inspector_module, "check_index", lambda v, n, name: calls.append(v) or real(v, n, name))
+    with pytest.raises(AttentionToolError, match="layers lists 100,000 items but there are only 30; give each"):
+        check_indices(list(range(30)) * 3333 + [0] * 10, 30, "layers")
+    assert calls == []  # refused on its length, before looking at any item
+    with pytest.raises(AttentionToolError, match=r"layers lists duplicates \[3, 7\]; give each index in 0..29 once"):
+        check_indices([3, 7, 1, 3, 7, 9], 30, "layers")
+    assert len(calls) == 6  # one look per item
 
 
 @pytest.mark.real_model

@@ -29,7 +29,7 @@ def replace_head_slices(hidden: Tensor, heads: Sequence[int], head_dim: int, mea
     shape = hidden.shape
     num_heads = shape[-1] // head_dim
     per_head = hidden.reshape(*shape[:-1], num_heads, head_dim).clone()  # (..., H, D)
-    index = torch.tensor(list(heads), dtype=torch.long)
+    index = torch.tensor(list(heads), dtype=torch.long, device=hidden.device)
     if means is None:
         per_head[..., index, :] = 0
     else:

@@ -32,6 +32,8 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
+from agent_tools.analysis.metrics import upcast
+
 RowTarget = Literal["sink", "self", "previous_token", "other"]
 ROW_TARGETS: tuple[str, ...] = get_args(RowTarget)
 Concentration = Literal["sink", "self", "previous_token", "fixed_token", "mixed"]
@@ -61,8 +63,9 @@ def centred_score_norm(scores: Tensor, allowed: Tensor) -> Tensor:
 def centred_logit_norm(logits: Tensor, allowed: Tensor) -> Tensor:
     """(..., q, k) softmax input (scores + additive mask), bool visibility -> (..., q): ‖z − mean z‖₂ over
     each row's visible keys. Equals :func:`centred_score_norm` on the scores (the mask adds 0 where a key may be
-    read) without recomputing them; two passes and one temporary.
+    read) without recomputing them; two passes and one temporary. Half-precision logits are upcast to float32.
     """
+    logits = upcast(logits)
     count = allowed.sum(-1, keepdim=True, dtype=logits.dtype).clamp_min(1)  # before broadcasting: cheap
     z = torch.where(allowed, logits, 0.0)  # (..., q, k)
     z.sub_(z.sum(-1, keepdim=True) / count).masked_fill_(~allowed, 0.0)
@@ -96,7 +99,7 @@ def row_targets(argmax: Tensor, query_positions: Tensor, sink_mask: Tensor) -> T
     Args:
         argmax: (..., q) key index of each row's largest weight.
         query_positions: (q,) key column of each query (its own position).
-        sink_mask: (k,) bool, True for the first token and special tokens.
+        sink_mask: (k,) bool, True for the first token and special tokens (on the device of ``argmax``).
     """
     sink = sink_mask[argmax]
     self_ = argmax == query_positions

@@ -175,7 +175,7 @@ def role_kernels(
         kernels (R, q, k) float: 1 where key j counts for role r at row i; row_masks (R, q) bool: rows scored.
     """
     i = rows[:, None]  # (q, 1)
-    j = torch.arange(key_count)[None, :]  # (1, k)
+    j = torch.arange(key_count, device=rows.device)[None, :]  # (1, k)
     distance = j - i  # (q, k)
     first_row = torch.full_like(rows, layout.skip_queries)
     scored = rows >= first_row  # (q,)
@@ -193,7 +193,8 @@ def role_kernels(
             kernel = (distance.abs() >= 2) & (distance.abs() <= layout.local_window) & (j >= 1)
             mask = scored
         elif role in ("special_token", "punctuation"):
-            flags = torch.tensor(layout.special if role == "special_token" else layout.punctuation)[:key_count]
+            flags = torch.tensor(layout.special if role == "special_token" else layout.punctuation, device=rows.device)
+            flags = flags[:key_count]
             kernel = flags[None, :] & (j >= 1) & (distance != 0)
             mask = scored
         elif role in PROBE_ROLES:
@@ -281,7 +282,7 @@ def copy_losses(logits: Tensor, input_ids: Tensor, *, start: int, repeat_length:
     n = repeat_length
 
     def mean_loss(first_target: int) -> float:
-        targets = torch.arange(first_target, first_target + n - 1)  # (N-1,)
+        targets = torch.arange(first_target, first_target + n - 1, device=losses.device)  # (N-1,)
         return float(losses[:, targets - 1].mean())
 
     return mean_loss(start + 1), mean_loss(start + n + 1)

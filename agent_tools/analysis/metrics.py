@@ -73,14 +73,25 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+# --- precision ------------------------------------------------------------------------------------------------
+
+
+def upcast(tensor: Tensor) -> Tensor:
+    """float16 / bfloat16 -> float32, for the reductions where precision matters (entropy, logs, variance,
+    Jacobian); float32, float64 and integer tensors are returned as they are (the same tensor)."""
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
 # --- entropy --------------------------------------------------------------------------------------------------
 
 
 def attention_entropy(weights: Tensor) -> Tensor:
     """(..., q, k) probability rows -> (..., q): Shannon entropy ``H = −Σ_j p_j ln p_j`` in nats, 0·ln 0 = 0.
 
-    Range [0, ln k]: 0 for a one-hot row, ln k for a uniform row over k keys.
+    Range [0, ln k]: 0 for a one-hot row, ln k for a uniform row over k keys. Half-precision rows are upcast to
+    float32 first.
     """
+    weights = upcast(weights)
     if weights.requires_grad:  # entr's gradient at p = 0 is −log 0: keep the where-form, whose gradient is 0 there
         logs = torch.where(weights > 0, weights.clamp_min(1e-30).log(), torch.zeros_like(weights))
         return (-(weights * logs).sum(-1)).clamp_min(0.0)
@@ -260,6 +271,10 @@ class Received:
     count: Tensor
     uniform: Tensor
     readers: Tensor
+
+    def to(self, device: torch.device | str) -> Received:
+        """The same sums on ``device`` (four (Tk,) vectors)."""
+        return Received(self.total.to(device), self.count.to(device), self.uniform.to(device), self.readers.to(device))
 
     def __add__(self, other: Received) -> Received:
         return Received(

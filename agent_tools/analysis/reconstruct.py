@@ -3,6 +3,14 @@
 Pure tensor functions. ``x`` is the (T, d_model) hidden state entering the attention module (the normalised
 input for pre-norm families). The five stages follow the recipe "start with a plain dot product and add the
 pieces one by one"; the last one is exactly transformers' eager attention and must equal the model's map.
+
+What each stage divides the dot products by (``StageMap.divisor`` = 1 / ``StageMap.scale``):
+
+1. ``x·xᵀ``: nothing (÷ 1);
+2. ``x·xᵀ / sqrt(d_k)``: the textbook factor, d_k = the head's dimension (``w_q``'s columns), *not* the width of
+   ``x`` — so stage 2 is attention with no projections and the scale every head uses;
+3. to 5. ``q·kᵀ`` times the model's own factor (``scaling · query_prescale``), which is 1/sqrt(d_k) for the
+   standard scale: where a family uses another (Gemma's ``query_pre_attn_scalar``), stage 3 says so.
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ from agent_tools.analysis.metrics import (
     allowed_from_additive_mask,
     attention_entropy,
     masked_softmax,
-    normalised_entropy,
+    normalised_from_entropy,
+    visible_keys,
 )
 from agent_tools.layout import apply_rotary
 
@@ -36,6 +45,39 @@ class StageMap:
     weights: Tensor  # (T, T) softmax of the logits
     allowed: Tensor  # (T, T) bool: keys this stage lets a query read
     scale: float  # the factor the dot products were multiplied by
+
+    @property
+    def divisor(self) -> float:
+        """What the dot products are divided by at this stage (1 / ``scale``): 1, then sqrt(d_k)."""
+        return 1.0 / self.scale
+
+
+def project_queries_keys(
+    x: Tensor,
+    *,
+    w_q: Tensor,
+    w_k: Tensor,
+    b_q: Tensor | None = None,
+    b_k: Tensor | None = None,
+    query_prescale: float = 1.0,
+    rotary: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(T, d_model) input -> the head's (q, k), each (T, d_head): ``x W + b``, the query prescaled, then RoPE.
+
+    These are the vectors whose dot product, times the model's scale, is the head's score (stage 4).
+    """
+    x32 = x.float()
+    q = (x32 @ w_q.float() + (b_q.float() if b_q is not None else 0.0)) * query_prescale  # (T, d_head)
+    k = x32 @ w_k.float() + (b_k.float() if b_k is not None else 0.0)  # (T, d_head)
+    return _rotated(q, k, rotary)
+
+
+def _rotated(q: Tensor, k: Tensor, rotary: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+    """RoPE applied to (T, d_head) q and k with (cos, sin) each (T, d_rot); unchanged without rotary."""
+    if rotary is None:
+        return q, k
+    cos, sin = rotary
+    return apply_rotary(q, cos.float(), sin.float()), apply_rotary(k, cos.float(), sin.float())
 
 
 def reconstruction_stages(
@@ -65,12 +107,12 @@ def reconstruction_stages(
         softcap: logit soft-capping c (scores = c·tanh(scores / c)) where the family uses it.
         mask_every_stage: also apply the mask to stages 1–4 (isolates the other pieces on causal models).
 
-    Stages: (1) x·xᵀ; (2) x·xᵀ / sqrt(d_model); (3) (x W_Q + b_Q)(x W_K + b_K)ᵀ · scale, before positions;
-    (4) the same after RoPE (= stage 3 where positions are added to x); (5) soft-capped, masked, softmaxed:
-    the model's attention.
+    Stages: (1) x·xᵀ; (2) x·xᵀ / sqrt(d_k), d_k = ``w_q``'s columns (the head's dimension); (3)
+    (x W_Q + b_Q)(x W_K + b_K)ᵀ · scale, before positions; (4) the same after RoPE (= stage 3 where positions are
+    added to x); (5) soft-capped, masked, softmaxed: the model's attention.
     """
     x32 = x.float()
-    length, d_model = x32.shape
+    length = x32.shape[0]
     every = torch.ones(length, length, dtype=torch.bool, device=x.device)
     allowed = every if mask is None else allowed_from_additive_mask(mask)
     early_mask = mask if mask_every_stage else None
@@ -82,22 +124,18 @@ def reconstruction_stages(
         return StageMap(name, scores, logits, weights, early_allowed, scale)
 
     raw = x32 @ x32.T  # (T, T)
-    hidden_scale = 1 / math.sqrt(d_model)
-    q = x32 @ w_q.float() + (b_q.float() if b_q is not None else 0.0)  # (T, d_head)
-    k = x32 @ w_k.float() + (b_k.float() if b_k is not None else 0.0)  # (T, d_head)
-    q = q * query_prescale
+    head_scale = 1 / math.sqrt(w_q.shape[-1])  # 1/sqrt(d_k)
     effective = scaling * query_prescale
-    projected = (q @ k.T) * scaling  # (T, T)
-    if rotary is not None:
-        cos, sin = rotary
-        q, k = apply_rotary(q, cos.float(), sin.float()), apply_rotary(k, cos.float(), sin.float())
+    q, k = project_queries_keys(x32, w_q=w_q, w_k=w_k, b_q=b_q, b_k=b_k, query_prescale=query_prescale)
+    projected = (q @ k.T) * scaling  # (T, T) before positions
+    q, k = _rotated(q, k, rotary)  # (T, d_head) each
     positional = (q @ k.T) * scaling  # (T, T)
     capped = soft_capped(positional, softcap)
     final = masked_softmax(capped.float(), allowed if mask is not None else None)
     final_logits = capped + mask if mask is not None else capped
     return [
         stage("raw_dot_product", raw, 1.0),
-        stage("scaled_dot_product", raw * hidden_scale, hidden_scale),
+        stage("scaled_dot_product", raw * head_scale, head_scale),
         stage("projected", projected, effective),
         stage("positional", positional, effective),
         StageMap("model", positional, final_logits, final, allowed, effective),
@@ -129,13 +167,14 @@ def stage_measures(stage: StageMap) -> StageMeasures:
     """Entropy, concentration, self-share and logit spread of one stage's map."""
     weights = stage.weights.double()
     allowed = stage.allowed
+    hidden = ~allowed
     entropy = attention_entropy(weights)  # (T,)
-    normalised = normalised_entropy(weights, allowed)  # (T,)
+    normalised = normalised_from_entropy(entropy, visible_keys(allowed).double())  # (T,) the same entropy, once
     top_weight, top_key = weights.max(-1)
-    logits = torch.where(allowed, stage.logits.double(), torch.zeros_like(weights))
+    logits = stage.logits.to(torch.float64, copy=True).masked_fill_(hidden, 0.0)  # (T, T) a copy: input untouched
     count = allowed.sum(-1).clamp_min(1).double()  # (T,)
     mean = logits.sum(-1) / count
-    variance = (torch.where(allowed, logits - mean[:, None], torch.zeros_like(weights)).square().sum(-1)) / count
+    variance = (logits - mean[:, None]).masked_fill_(hidden, 0.0).square_().sum(-1) / count  # two-pass: exact
     return StageMeasures(
         mean_entropy=float(entropy.mean()),
         mean_normalised_entropy=float(normalised.mean()),

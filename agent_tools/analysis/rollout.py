@@ -16,7 +16,7 @@ from torch import Tensor
 def residual_mix(head_mean: Tensor, residual: float = 0.5) -> Tensor:
     """(T, T) head-averaged map -> (T, T) Â = r·I + (1 − r)·Ā with rows summing to 1."""
     length = head_mean.shape[-1]
-    mixed = residual * torch.eye(length, dtype=head_mean.dtype) + (1 - residual) * head_mean
+    mixed = residual * torch.eye(length, dtype=head_mean.dtype, device=head_mean.device) + (1 - residual) * head_mean
     return mixed / mixed.sum(-1, keepdim=True)
 
 

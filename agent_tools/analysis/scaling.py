@@ -26,7 +26,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor, nn
 
-from agent_tools.analysis.metrics import attention_entropy, masked_softmax, normalised_from_entropy
+from agent_tools.analysis.metrics import attention_entropy, masked_softmax, normalised_from_entropy, upcast
 
 SATURATION = 0.99  # a row is saturated when its largest weight is at least this
 SYNTHETIC_HEAD_DIMS = (16, 64, 256, 1024)
@@ -48,7 +48,10 @@ def softmax_jacobian_frobenius(weights: Tensor) -> Tensor:
 
 
 def _jacobian_measures(weights: Tensor) -> tuple[Tensor, Tensor]:
-    """(..., k) -> trace and Frobenius norm of the softmax Jacobian, from Σ p² and Σ p³ (one temporary)."""
+    """(..., k) -> trace and Frobenius norm of the softmax Jacobian, from Σ p² and Σ p³ (one temporary).
+
+    Half-precision weights are upcast to float32."""
+    weights = upcast(weights)
     squared = weights * weights
     sum_squares = squared.sum(-1)  # Σ p²
     sum_cubes = torch.einsum("...k,...k->...", squared, weights)  # Σ p³
@@ -62,7 +65,8 @@ def softmax_jacobian(weights: Tensor) -> Tensor:
 
 
 def weighted_variance(values: Tensor, weights: Tensor, allowed: Tensor | None = None) -> Tensor:
-    """(..., k) values z, (..., k) probabilities p -> (...): Var_p(z) over the visible keys."""
+    """(..., k) values z, (..., k) probabilities p -> (...): Var_p(z) over the visible keys (half precision upcast)."""
+    values, weights = upcast(values), upcast(weights)
     if allowed is not None:
         values = values.masked_fill(~allowed.expand(values.shape), 0.0)
     mean = (weights * values).sum(-1, keepdim=True)
@@ -94,7 +98,10 @@ class RowMeasures:
 
 
 def row_measures(weights: Tensor, allowed: Tensor | None = None, *, saturation: float = SATURATION) -> RowMeasures:
-    """(..., q, k) weights -> entropy (nats), entropy / log(visible keys), max, saturated, Jacobian trace/‖·‖_F."""
+    """(..., q, k) weights -> entropy (nats), entropy / log(visible keys), max, saturated, Jacobian trace/‖·‖_F.
+
+    Half-precision weights are upcast to float32 first."""
+    weights = upcast(weights)
     entropy = attention_entropy(weights)
     count = (
         torch.full_like(entropy, weights.shape[-1])
@@ -237,7 +244,7 @@ def retrieval_batch(
     item_labels = torch.randint(0, labels, (batch, items), generator=generator)
     target = torch.randint(0, items, (batch,), generator=generator)
     noise = 0.1 * torch.randn(batch, d_model, generator=generator)
-    query = contents[torch.arange(batch), target] + noise
+    query = contents[torch.arange(batch, device=contents.device), target] + noise
     return contents, item_labels, query, target
 
 
@@ -302,7 +309,7 @@ def _train(setup: RetrievalSetup) -> ExperimentRun:
     for step in range(steps + 1):
         contents, item_labels, query, target = retrieval_batch(batch, items, d_model, labels, data)
         logits, weights = model(contents, item_labels, query, labels)
-        answer = item_labels[torch.arange(batch), target]
+        answer = item_labels[torch.arange(batch, device=item_labels.device), target]
         loss = nn.functional.cross_entropy(logits, answer)
         optimiser.zero_grad()
         loss.backward()
@@ -315,7 +322,7 @@ def _train(setup: RetrievalSetup) -> ExperimentRun:
                 logged["k"].append(float(model.w_k.grad.norm()))  # type: ignore[union-attr]
                 logged["entropy"].append(float(attention_entropy(weights).mean()))
                 logged["saturated"].append(float((weights.max(-1).values >= SATURATION).float().mean()))
-                logged["target"].append(float(weights[torch.arange(batch), target].mean()))
+                logged["target"].append(float(weights[torch.arange(batch, device=weights.device), target].mean()))
         if step < steps:
             optimiser.step()
     return ExperimentRun(

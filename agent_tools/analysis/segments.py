@@ -49,7 +49,7 @@ def top_positions(token_weights: Tensor, positions: list[int], k: int) -> list[t
     """(Tk,) weights -> the ``k`` positions among ``positions`` with the largest weight, descending."""
     if not positions:
         return []
-    index = torch.tensor(positions, dtype=torch.long)
+    index = torch.tensor(positions, dtype=torch.long, device=token_weights.device)
     values = token_weights[index]
     order = values.argsort(descending=True, stable=True)[:k]
     return [(positions[int(i)], float(values[i])) for i in order]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from agent_tools.cli import analyze, call, describe, mcp, show, tools
+from agent_tools.cli import analyze, call, corpus, describe, mcp, show, tools
 from agent_tools.cli.placement_options import add_placement_options, placement_from_args
 from agent_tools.errors import AttentionToolError, InvalidInputError
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, default_artifact_dir
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # torch and transformers load only when a command runs: --hel
 
 __all__ = ["build_parser", "main", "session_from_args"]
 
-SUBCOMMANDS = (describe, show, call, tools, analyze, mcp)  # the order ``--help`` lists them in
+SUBCOMMANDS = (describe, show, call, tools, analyze, corpus, mcp)  # the order ``--help`` lists them in
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="MIB",
         help="refuse calls estimated to hold more than this many MiB of attention maps on one device (default: 2048)",
+    )
+    parser.add_argument(
+        "--allow-data",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a data file or corpus run folder the corpus_summary tool may read; repeatable (default: none)",
     )
     add_placement_options(parser)
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -73,6 +80,7 @@ def session_from_args(args: argparse.Namespace) -> Inspector:
         token_limit=args.token_limit,
         memory_budget=budget,
         placement=placement_from_args(args),
+        allowed_data=args.allow_data,
     )
 
 
@@ -87,7 +95,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         inspector = session_from_args(args)
         return int(args.func(args, inspector) or 0)
     except AttentionToolError as exc:
-        print("error: " + " ".join(exc.message.splitlines()), file=sys.stderr)  # one line, always
-        return 2
+        return _one_line_error(exc.message)
+    except OSError as exc:  # the machine's answer (read-only folder, full disk, missing path): not a bug
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _one_line_error(f"{where}{exc.strerror or exc}")
+    except RecursionError:  # input nested deeper than Python's parsers go (JSON 10,000 levels deep)
+        return _one_line_error("the input is nested too deeply to read; flatten it (at most a few hundred levels)")
     except KeyboardInterrupt:
         return 130
+
+
+def _one_line_error(message: str) -> int:
+    """Print ``error: MESSAGE`` as one line on stderr; exit code 2 (the input or the machine, not a bug)."""
+    print("error: " + " ".join(message.splitlines()), file=sys.stderr)
+    return 2

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +37,35 @@ def _read_messages(path: str) -> list[ChatMessage]:
         raise InvalidInputError(f"messages file {path}: each message needs role and content ({exc})") from exc
 
 
+def check_out_folder(path: str) -> Path:
+    """The ``--out`` folder, checked before the analysis (which takes seconds to minutes) rather than after it.
+
+    It may exist (and must then be a writable folder) or be created — only it, inside an existing folder: a
+    missing parent is more often a typo than a wish for a tree of new folders. Writability is tried with a
+    temporary file, which also catches read-only file systems that permission bits do not show.
+    """
+    out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise InvalidInputError(
+            f"--out {path} is a file, not a folder; give a folder for the report files", field="out"
+        )
+    folder = out if out.is_dir() else out.parent
+    if not folder.is_dir():
+        msg = f"--out {path}: the folder {folder} does not exist; create it first or give a folder inside one"
+        raise InvalidInputError(msg, field="out")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        msg = f"--out {path}: cannot write in {folder} ({exc.strerror or type(exc).__name__}); give a writable folder"
+        raise InvalidInputError(msg, field="out") from exc
+    if not os.access(folder, os.W_OK):
+        raise InvalidInputError(
+            f"--out {path}: the folder {folder} is not writable; give a writable folder", field="out"
+        )
+    return out
+
+
 def run(args: argparse.Namespace, inspector: Inspector) -> int:
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -43,6 +74,8 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
     from agent_tools.report.outputs import write_outputs
     from agent_tools.report.terminal import print_report
 
+    if args.out:
+        check_out_folder(args.out)
     text = args.text
     if args.messages:
         if text is not None:
@@ -65,6 +98,7 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
             text,
             model=args.model,
             layers=layers,
+            experiment=not args.no_experiment,
             progress=lambda message: progress.update(task, description=message),
         )
         paths: dict[str, Any] = {}
@@ -88,4 +122,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--out", default=None, help="folder for report.json, PNG pictures and report.html")
     p.add_argument("--layers", default=None, help="comma-separated layers for the per-head analyses (default all)")
     p.add_argument("--json", dest="as_json", action="store_true", help="print all reports as one JSON document")
+    p.add_argument(
+        "--no-experiment",
+        action="store_true",
+        help="skip the training experiment (a tiny model trained with and without 1/sqrt(d_k), ~1.5 s)",
+    )
     p.set_defaults(func=run)

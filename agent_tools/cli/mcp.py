@@ -5,9 +5,11 @@
     attention-explainer mcp --transport streamable-http --port 8765   # http://127.0.0.1:8765/mcp
     attention-explainer mcp --token-limit 2048 --memory-budget 512    # tokens per text, MiB of maps per call
     attention-explainer mcp --dtype bfloat16 --device cuda            # or --device-map auto --max-memory ...
+    attention-explainer mcp --call-timeout 300                        # seconds per call (0: no limit)
+    attention-explainer mcp --transport streamable-http --max-sessions 16 --session-idle 300
 
-Which models the server may load, where it may write files and how long a text may be are fixed here, by
-the person who starts it; an agent's arguments cannot change them.
+Which models the server may load, where it may write files, how long a text may be and how long a call may
+run are fixed here, by the person who starts it; an agent's arguments cannot change them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from typing import TYPE_CHECKING, Any
 from agent_tools.cli.placement_options import add_placement_options
 from agent_tools.errors import InvalidInputError
 from agent_tools.settings import ARTIFACTS_ENV, DEFAULT_MODEL, cache_dir, readable_size
+
+# Defaults for a server (the library's own default is no limit): a call past 120 s holds the model from every
+# other client (an 8,031-token diagnose_collapse ran 103 s); sessions as in mcp_server's DEFAULT_* constants,
+# repeated here so that ``--help`` answers without importing the SDK.
+DEFAULT_CALL_TIMEOUT = 120.0
+DEFAULT_MAX_SESSIONS = 64
+DEFAULT_SESSION_IDLE = 600.0
 
 if TYPE_CHECKING:
     from agent_tools.inspector import Inspector
@@ -78,8 +87,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--host", default="127.0.0.1", help="HTTP only; default 127.0.0.1 (this machine only)")
     p.add_argument("--port", type=int, default=8765, help="HTTP only (default: %(default)s)")
     p.add_argument("--no-preload", action="store_true", help="load the default model on first use, not at start-up")
+    add_server_limits(p)
     add_placement_options(p, suppress=True)
     p.set_defaults(func=run)
+
+
+def add_server_limits(p: argparse.ArgumentParser) -> None:
+    """The operator's limits on what one call and one client may hold: time per call, HTTP sessions."""
+    p.add_argument(
+        "--call-timeout",
+        type=float,
+        default=DEFAULT_CALL_TIMEOUT,
+        metavar="SECONDS",
+        help="stop a tool call that runs longer and answer it with a deadline_exceeded error, freeing the model "
+        "for the next call (default: %(default)g; 0: no limit)",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=DEFAULT_MAX_SESSIONS,
+        help="HTTP only: sessions open at once; a client opening one more gets 503 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--session-idle",
+        type=float,
+        default=DEFAULT_SESSION_IDLE,
+        metavar="SECONDS",
+        help="HTTP only: close a session with no request for this long (default: %(default)g)",
+    )
 
 
 def artifact_folder(args: argparse.Namespace) -> Path | None:
@@ -106,6 +141,7 @@ def session_inspector(args: argparse.Namespace, base: Inspector) -> Inspector:
         memory_budget=base.memory_budget,
         artifact_dir=artifact_folder(args),
         placement=base.placement,
+        allowed_data=base.allowed_data,
     )
 
 
@@ -120,24 +156,42 @@ def _protocol_stdout() -> Any:
     return anyio.wrap_file(io.TextIOWrapper(os.fdopen(protocol_fd, "wb"), encoding="utf-8"))
 
 
+def check_server_limits(args: argparse.Namespace) -> float | None:
+    """Refuse limits that make no sense (one line, exit 2); return the call timeout (None: no limit)."""
+    if not 0 < args.port < 65536:
+        raise InvalidInputError(f"--port {args.port} out of range 1..65535", field="port")
+    if not args.call_timeout >= 0 or args.call_timeout == float("inf"):
+        msg = f"--call-timeout must be a number of seconds >= 0 (0: no limit), got {args.call_timeout:g}"
+        raise InvalidInputError(msg, field="call_timeout")
+    if args.max_sessions < 1:
+        raise InvalidInputError(f"--max-sessions must be at least 1, got {args.max_sessions}", field="max_sessions")
+    if not 0 < args.session_idle < float("inf"):
+        msg = f"--session-idle must be a positive number of seconds, got {args.session_idle:g}"
+        raise InvalidInputError(msg, field="session_idle")
+    return args.call_timeout or None
+
+
 def run(args: argparse.Namespace, inspector: Inspector) -> int:
+    call_timeout = check_server_limits(args)  # before the SDK and torch load: a bad option answers at once
+
     import anyio
 
     from agent_tools.surfaces.mcp_server import build_server, serve_http, serve_stdio
 
-    if not 0 < args.port < 65536:
-        raise InvalidInputError(f"--port {args.port} out of range 1..65535", field="port")
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("mcp").setLevel(logging.WARNING)  # not one line per request
     session = session_inspector(args, inspector)
     tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None
-    server = build_server(session, tools=tools, text_content=args.text_content, preload=not args.no_preload)
+    server = build_server(
+        session, tools=tools, text_content=args.text_content, preload=not args.no_preload, call_timeout=call_timeout
+    )
     allowed = ", ".join(sorted(session.policy.allowed or ()))
     limit = session.token_limit or "the model's own"
     print(
         f"attention-explainer MCP server ({args.transport}): default model {session.policy.default}; "
         f"allowed models: {allowed}; artifacts: {session.artifact_dir or 'disabled'}; "
-        f"token limit: {limit}; memory budget: {readable_size(session.memory_budget)}",
+        f"token limit: {limit}; memory budget: {readable_size(session.memory_budget)}; "
+        f"call timeout: {f'{call_timeout:g} s' if call_timeout else 'none'}",
         file=sys.stderr,
         flush=True,
     )
@@ -145,5 +199,13 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
         stdout = _protocol_stdout()
         anyio.run(partial(serve_stdio, server, stdout=stdout))
     else:
-        anyio.run(partial(serve_http, server, host=args.host, port=args.port))
+        serve = partial(
+            serve_http,
+            server,
+            host=args.host,
+            port=args.port,
+            max_sessions=args.max_sessions,
+            session_idle=args.session_idle,
+        )
+        anyio.run(serve)
     return 0

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from agent_tools.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from agent_tools.inspector import Inspector
@@ -23,9 +26,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
+def check_png_path(path: str) -> Path:
+    """The ``--png`` file, refused before the run unless its folder exists and can be written.
+
+    Only what the option names is created: the file. A missing folder is the user's typo as often as not
+    (``/nonexistent/dir/x.png`` used to create ``/nonexistent/dir``), so it is refused, not made.
+    """
+    png = Path(path).expanduser()
+    folder = png.parent
+    if png.is_dir():
+        raise InvalidInputError(f"--png {path} is a folder; give a file name such as {png / 'map.png'}", field="png")
+    if not folder.is_dir():
+        msg = f"--png {path}: the folder {folder} does not exist; create it first or give a path in an existing folder"
+        raise InvalidInputError(msg, field="png")
+    if not os.access(folder, os.W_OK):
+        raise InvalidInputError(f"--png {path}: the folder {folder} is not writable", field="png")
+    return png
+
+
 def run(args: argparse.Namespace, inspector: Inspector) -> int:
     from agent_tools.tools import get_tool
 
+    if args.png:
+        check_png_path(args.png)
     arguments = {
         "model": args.model,
         "text": args.text,

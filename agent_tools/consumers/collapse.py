@@ -3,6 +3,9 @@
 :class:`HeadAccumulator` turns blocks of rows into the sums behind :class:`~agent_tools.analysis.collapse.HeadCollapse`
 (the measures are defined in :mod:`agent_tools.analysis.collapse` and :mod:`agent_tools.analysis.metrics`);
 :class:`CollapseConsumer` feeds it from the capture. Holds O(layers · heads · keys) numbers.
+
+Each block of rows is reduced on its own device (the layer's); the sums live on the CPU, and a block hands them
+two stacked tensors, (n, h) per-head and (m, h, keys) per-key sums (:mod:`agent_tools.consumers.host`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from agent_tools.analysis.collapse import (
     row_targets,
     zhai_entropy_bound,
 )
-from agent_tools.analysis.metrics import attention_entropy, normalised_from_entropy
+from agent_tools.analysis.metrics import attention_entropy, normalised_from_entropy, upcast
 from agent_tools.analysis.norms import (
     head_output_grams,
     head_output_norms,
@@ -36,6 +39,7 @@ from agent_tools.analysis.norms import (
     value_share_sums,
 )
 from agent_tools.capture import LayerAttention
+from agent_tools.consumers.host import to_host
 from agent_tools.layout import output_weight
 
 
@@ -57,7 +61,7 @@ class HeadAccumulator:
     def __init__(self, layer: int, heads: Sequence[int], keys: int, *, threshold: float) -> None:
         n = len(heads)
         self.layer, self.heads, self.threshold = layer, list(heads), threshold
-        self.rows = 0
+        self.rows = 0  # the sums live on the CPU; each block of rows adds its own (agent_tools.consumers.host)
         self.entropy = torch.zeros(n, dtype=torch.float64)
         self.normalised = torch.zeros(n, dtype=torch.float64)
         self.max_weight = torch.zeros(n, dtype=torch.float64)
@@ -92,7 +96,8 @@ class HeadAccumulator:
 
         ``entropy`` (h, q), ``peak`` ((h, q) max, (h, q) argmax) and ``radius`` (h, q) centred score norm may be
         given when the caller already has them (the capture computes them once for every consumer); ``scores``
-        is then not read. Rows that see a single key are left out: they cannot choose.
+        is then not read. Rows that see a single key are left out: they cannot choose. The block is reduced on
+        its own device (positions must be there too) and only its sums cross to the CPU.
         """
         visible = allowed.sum(-1)  # (q,)
         keep = visible > 1  # rows that can choose between keys
@@ -110,38 +115,57 @@ class HeadAccumulator:
             entropy, top, argmax, radius = entropy[:, keep], top[:, keep], argmax[:, keep], radius[:, keep]
             output_norms = output_norms[:, keep] if output_norms is not None else None
         entropy, top, radius = entropy.double(), top.double(), radius.double()
+        weights = upcast(weights)
         self.rows += int(keep.sum())
-        self.entropy += entropy.sum(-1)
-        self.normalised += normalised_from_entropy(entropy, visible).sum(-1)
-        self.max_weight += top.sum(-1)
-        self.saturated += (top >= self.threshold).double().sum(-1)
-        self.column[:, : weights.shape[-1]] += weights.sum(1).double()
-        self.argmax.scatter_add_(1, argmax, torch.ones_like(top))
-        codes = row_targets(argmax, query_positions, sink_mask)  # (h, q)
-        self.targets.scatter_add_(1, codes, torch.ones_like(top))
-        self._add_bound(entropy, radius, visible)
-        self._add_value_side(weights, value_norms, output_norms)
-
-    def _add_bound(self, entropy: Tensor, radius: Tensor, visible: Tensor) -> None:
-        """The Zhai et al. bound of the kept rows: (h, q) entropy, centred score norm; (q,) visible keys."""
-        bound = zhai_entropy_bound(radius, visible.expand_as(radius))
+        ones = torch.ones_like(top)
+        codes = row_targets(argmax, query_positions, sink_mask.to(weights.device))  # (h, q)
+        bound = zhai_entropy_bound(radius, visible.expand_as(radius))  # the Zhai et al. bound of the kept rows
         slack = entropy - bound
-        self.radius += radius.sum(-1)
-        self.bound += bound.sum(-1)
-        self.slack = torch.minimum(self.slack, slack.min(-1).values)
-        self.violations += (slack < -1e-5).sum(-1)
+        per_head = [
+            entropy.sum(-1),
+            normalised_from_entropy(entropy, visible).sum(-1),
+            top.sum(-1),
+            (top >= self.threshold).double().sum(-1),
+            radius.sum(-1),
+            bound.sum(-1),
+            slack.min(-1).values,
+            (slack < -1e-5).double().sum(-1),
+            *top.new_zeros(top.shape[0], len(ROW_TARGETS)).scatter_add_(1, codes, ones).T,
+        ]
+        if output_norms is not None:  # Σ rows of ‖head output‖
+            per_head.append(output_norms.double().sum(-1))
+        sums = to_host(torch.stack(per_head))  # (n, h) float64
+        self.entropy += sums[0]
+        self.normalised += sums[1]
+        self.max_weight += sums[2]
+        self.saturated += sums[3]
+        self.radius += sums[4]
+        self.bound += sums[5]
+        self.slack = torch.minimum(self.slack, sums[6])
+        self.violations += sums[7].long()
+        self.targets += sums[8 : 8 + len(ROW_TARGETS)].T
+        if output_norms is not None:
+            self.output_norm = sums[-1] if self.output_norm is None else self.output_norm + sums[-1]
+        self._add_keys(weights, argmax, ones, value_norms)
 
-    def _add_value_side(self, weights: Tensor, value_norms: Tensor | None, output_norms: Tensor | None) -> None:
-        """Each key's share of ``Σ_j ‖α_ij v_j W_O^h‖`` and ‖head output‖, summed over the kept rows."""
-        width = weights.shape[-1]
+    def _add_keys(self, weights: Tensor, argmax: Tensor, ones: Tensor, value_norms: Tensor | None) -> None:
+        """Per key, over the kept rows: Σ weight, argmax counts and (with value norms) Σ of each key's share of
+        ``Σ_j ‖α_ij v_j W_O^h‖``; (h, q, k) weights over key columns [0, k), (h, q) argmax."""
+        heads, width = weights.shape[0], weights.shape[-1]
+        keys = self.column.shape[-1]
+        per_key = weights.new_zeros(3 if value_norms is not None else 2, heads, keys, dtype=torch.float64)
+        per_key[0, :, :width] = weights.sum(1).double()
+        per_key[1].scatter_add_(1, argmax, ones)
         if value_norms is not None:
             if self.value_norms is None or self.value_share is None:
-                self.value_norms = value_norms.double().clone()
+                self.value_norms = to_host(value_norms.double()).clone()  # (h, keys): the same for every chunk
                 self.value_share = torch.zeros_like(self.column)
-            self.value_share[:, :width] += value_share_sums(weights, value_norms[:, :width]).double()
-        if output_norms is not None:
-            sums = output_norms.double().sum(-1)
-            self.output_norm = sums if self.output_norm is None else self.output_norm + sums
+            per_key[2, :, :width] = value_share_sums(weights, value_norms[:, :width]).double()
+        sums = to_host(per_key)
+        self.column += sums[0]
+        self.argmax += sums[1]
+        if value_norms is not None and self.value_share is not None:
+            self.value_share += sums[2]
 
     def finish(self, sink_mask: Tensor) -> list[HeadCollapse]:
         if self.rows == 0:
@@ -229,7 +253,7 @@ def collapse_statistics(
     """Whole-map entry point: weights/scores (h, q, k) with query i at key column i, allowed (q, k)."""
     heads = list(range(weights.shape[0])) if heads is None else list(heads)
     accumulator = HeadAccumulator(layer, heads, weights.shape[-1], threshold=threshold)
-    positions = torch.arange(weights.shape[-1] - weights.shape[-2], weights.shape[-1])
+    positions = torch.arange(weights.shape[-1] - weights.shape[-2], weights.shape[-1], device=weights.device)
     accumulator.add(weights, scores, allowed, positions, sink_mask, value_norms=value_norms, output_norms=output_norms)
     return accumulator.finish(sink_mask)
 
@@ -261,6 +285,7 @@ class CollapseConsumer:
         self.output_grams = output_grams or {}
         self.batch_index = batch_index
         self.layers: dict[int, HeadAccumulator] = {}
+        self._layer_norms: tuple[int, Tensor] | None = None  # (layer, (h, Tk) on its device), for later chunks
 
     def on_layer(self, captured: LayerAttention) -> None:
         b = self.batch_index
@@ -277,8 +302,8 @@ class CollapseConsumer:
             radius = centred_score_norm(pick(captured.scores[b]), allowed)
         top, argmax = captured.row_max()
         start = captured.key_index_offset
-        positions = torch.arange(start, start + captured.weights.shape[2])
-        value_norms, output_norms = self._value_norms(captured, accumulator, pick)
+        positions = torch.arange(start, start + captured.weights.shape[2], device=captured.weights.device)
+        value_norms, output_norms = self._value_norms(captured, pick)
         accumulator.add(
             pick(captured.weights[b]),
             None,
@@ -292,19 +317,19 @@ class CollapseConsumer:
             radius=radius,
         )
 
-    def _value_norms(
-        self, captured: LayerAttention, accumulator: HeadAccumulator, pick: _Picker
-    ) -> tuple[Tensor | None, Tensor | None]:
+    def _value_norms(self, captured: LayerAttention, pick: _Picker) -> tuple[Tensor | None, Tensor | None]:
         """(h, Tk) ‖v_j W_O^h‖ and (h, q) ‖head output‖ of this chunk, or (None, None) without Grams."""
         grams = self.output_grams.get(captured.layer)
         if grams is None:
             return None, None
         b = self.batch_index
-        if accumulator.value_norms is not None:  # keys are the same for every query chunk
-            value_norms = accumulator.value_norms
+        grams = grams.to(captured.value.device)  # read from the layer's own output projection: already there
+        if self._layer_norms is not None and self._layer_norms[0] == captured.layer:
+            value_norms = self._layer_norms[1]  # keys are the same for every query chunk
         else:
             value = captured.value[b : b + 1]  # (1, Hkv, Tk, D)
             value_norms = pick(transformed_value_norms(value, grams, kv_groups=captured.kv_groups)[0])  # (h, Tk)
+            self._layer_norms = (captured.layer, value_norms)
         if captured.output is not None:
             outputs = projected_output_norms(captured.output[b : b + 1], grams)  # (1, H, q)
         else:
@@ -324,11 +349,16 @@ class _Picker:
     """Selects the kept heads along the first axis: (H, ...) -> (h, ...); the identity when every head is kept."""
 
     def __init__(self, heads: Sequence[int], num_heads: int) -> None:
-        self.every_head = list(heads) == list(range(num_heads))
-        self.index = torch.tensor(list(heads))
+        self.heads = list(heads)
+        self.every_head = self.heads == list(range(num_heads))
+        self.index: Tensor | None = None  # made on the device of the tensors it selects from
 
     def __call__(self, tensor: Tensor) -> Tensor:
-        return tensor if self.every_head else tensor.index_select(0, self.index)
+        if self.every_head:
+            return tensor
+        if self.index is None or self.index.device != tensor.device:
+            self.index = torch.tensor(self.heads, device=tensor.device)
+        return tensor.index_select(0, self.index)
 
 
 def output_grams_for(model: torch.nn.Module, layers: Sequence[int], num_heads: int) -> dict[int, Tensor]:

@@ -9,6 +9,10 @@ the glossary's (:mod:`agent_tools.analysis.metrics`), averaged over every query 
 * ``first_token_share``: ``first_token_share`` — mean weight on key 0 over every row, row 0 included (the
   report's "sink share"; not ``profile_heads``' ``first_token`` role, which leaves out the early rows);
 * ``max_weight``: ``max_weight`` — mean over rows of each row's largest weight.
+
+Statistics are reduced on the layer's device (upcast from half precision) and only the (4, H) block of each
+chunk crosses to the CPU accumulators; the quantised maps, which the interactive view asked for, cross in
+:meth:`QuantisedMaps.on_layer` (one byte an entry). See :mod:`agent_tools.consumers.host`.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from typing import ClassVar
 
 import torch
 
-from agent_tools.analysis.metrics import first_token_share, normalised_from_entropy
+from agent_tools.analysis.metrics import first_token_share, normalised_from_entropy, upcast
 from agent_tools.capture import LayerAttention
+from agent_tools.consumers.host import to_host
 
 
 class QuantisedMaps:
@@ -31,7 +36,7 @@ class QuantisedMaps:
     def __init__(self, num_layers: int, num_heads: int, length: int, *, keep_maps: bool = True) -> None:
         self.maps = (
             torch.zeros(num_layers, num_heads, length, length, dtype=torch.uint8) if keep_maps else None
-        )  # (L, H, T, T)
+        )  # (L, H, T, T) on the CPU, like the statistics below
         self.entropy = torch.zeros(num_layers, num_heads)  # mean nats per head
         self.normalised_entropy = torch.zeros(num_layers, num_heads)
         self.first_token_share = torch.zeros(num_layers, num_heads)  # mean weight on position 0, every row
@@ -39,14 +44,25 @@ class QuantisedMaps:
         self.length = length
 
     def on_layer(self, layer: LayerAttention) -> None:
-        weights = layer.weights[0]  # (H, q, T)
+        weights = layer.weights[0]  # (H, q, T) on the layer's device
         rows = slice(layer.query_start, layer.query_start + weights.shape[1])
         if self.maps is not None:
-            self.maps[layer.layer, :, rows, : layer.key_width] = (weights * 255).round_().clamp_(0, 255).to(torch.uint8)
-        entropy = layer.row_entropy()[0]  # (H, q) nats
+            quantised = (upcast(weights) * 255).round_().clamp_(0, 255).to(torch.uint8)
+            # The one place a map crosses to the CPU: the interactive view asked for every map, as uint8.
+            self.maps[layer.layer, :, rows, : layer.key_width] = quantised.cpu()
+        entropy = upcast(layer.row_entropy()[0])  # (H, q) nats
         normalised = normalised_from_entropy(entropy, layer.visible_keys()[0].float())  # (H, q)
         share = weights.shape[1] / self.length  # running means over query chunks
-        self.entropy[layer.layer] += entropy.mean(-1) * share
-        self.normalised_entropy[layer.layer] += normalised.mean(-1) * share
-        self.first_token_share[layer.layer] += first_token_share(weights) * share
-        self.max_weight[layer.layer] += layer.row_peak()[0].mean(-1) * share
+        means = torch.stack(
+            [
+                entropy.mean(-1),
+                normalised.mean(-1),
+                first_token_share(upcast(weights[..., :1])),
+                upcast(layer.row_peak()[0]).mean(-1),
+            ]
+        )  # (4, H) on the layer's device
+        entropy_part, normalised_part, first_part, peak_part = to_host(means * share)  # this chunk's share
+        self.entropy[layer.layer] += entropy_part
+        self.normalised_entropy[layer.layer] += normalised_part
+        self.first_token_share[layer.layer] += first_part
+        self.max_weight[layer.layer] += peak_part

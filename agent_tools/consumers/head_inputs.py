@@ -3,7 +3,8 @@
 Shared by ``reconstruct_attention`` and ``inspect_projections``: the pass keeps the layer's input, the rotary
 (cos, sin), the mask rows and the maps of the heads asked for; :meth:`HeadInputsConsumer.inputs` then rebuilds
 the head from its own W_Q/W_K (:mod:`agent_tools.layout`) and refuses when that misses what the model computed:
-a weight layout we got wrong must not produce plausible-looking numbers.
+a weight layout we got wrong must not produce plausible-looking numbers. What it keeps stays on the layer's device,
+beside the head's weights, where the reconstruction runs.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class HeadInputs:
     def allowed(self) -> torch.Tensor:
         length = self.x.shape[0]
         if self.mask is None:
-            return torch.ones(length, length, dtype=torch.bool)
+            return torch.ones(length, length, dtype=torch.bool, device=self.x.device)
         return allowed_from_additive_mask(self.mask)
 
 
@@ -169,7 +170,7 @@ def check_parity(inputs: HeadInputs, stages: list[StageMap]) -> None:
 def describe_mask(allowed: torch.Tensor) -> str:
     """Name what the mask does from the mask itself: none, causal, sliding window, padding."""
     length = allowed.shape[0]
-    lower = torch.ones(length, length, dtype=torch.bool).tril()
+    lower = torch.ones(length, length, dtype=torch.bool, device=allowed.device).tril()
     if bool(allowed.all()):
         return "none (every query reads every key)"
     if bool((allowed & ~lower).any()):

@@ -11,13 +11,15 @@ from typing import ClassVar
 from torch import Tensor
 
 from agent_tools.capture import LayerAttention
+from agent_tools.consumers.host import to_host
 
 
 class LastRowConsumer:
     """Keeps, per layer, the attention row of the last query of each layer call: (H, Tk) per layer.
 
     On the prompt forward that row is the last prompt position; on a KV-cache step it is the new token.
-    Call :meth:`take` after each forward to get (L, H, keys) and start afresh. A sliding-window cache holds
+    Call :meth:`take` after each forward to get (L, H, keys) and start afresh. Rows are kept on the CPU (one
+    (H, Tk) row per layer crosses), so layers on different devices stack. A sliding-window cache holds
     only the most recent keys (the row's keys end at the query itself), so rows are aligned on the right and
     the evicted keys — which the model cannot read — get weight 0.
     """
@@ -31,7 +33,7 @@ class LastRowConsumer:
     def on_layer(self, layer: LayerAttention) -> None:
         if layer.query_start + layer.weights.shape[2] != layer.query_length:
             return  # this chunk does not hold the call's last query row
-        self._rows[layer.layer] = layer.weights[self.batch_index, :, -1, :].float().clone()  # (H, Tk)
+        self._rows[layer.layer] = to_host(layer.weights[self.batch_index, :, -1, :].float()).clone()  # (H, Tk)
 
     def take(self, keys: int | None = None) -> Tensor:
         """(L, H, keys): each layer's row right-aligned to ``keys`` columns (default: the longest row)."""

@@ -8,10 +8,14 @@ import torch
 
 from agent_tools.analysis.metrics import Received, received_attention
 from agent_tools.capture import LayerAttention
+from agent_tools.consumers.host import HOST
 
 
 class ReceivedShareConsumer:
-    """What each key receives from the other queries that may read it, summed over heads, rows and layers."""
+    """What each key receives from the other queries that may read it, summed over heads, rows and layers.
+
+    Each layer is reduced on its device; its four (Tk,) sums cross to the CPU, where the layers add up.
+    """
 
     accepts_key_prefix: ClassVar[bool] = False
 
@@ -24,7 +28,7 @@ class ReceivedShareConsumer:
         weights = layer.weights[self.batch_index].float()  # (H, q, Tk)
         allowed = layer.allowed()[self.batch_index, 0]  # (q, Tk)
         positions = torch.arange(weights.shape[1], device=weights.device) + layer.key_index_offset  # (q,)
-        received = received_attention(weights, allowed, positions)
+        received = received_attention(weights, allowed, positions).to(HOST)
         self.sums = received if self.sums is None else self.sums + received
         self.layers.add(layer.layer)
 

@@ -2,6 +2,7 @@
 
 The roles and their formulas are :mod:`agent_tools.analysis.heads`' (``ROLE_FORMULAS``); this module keeps the
 (H, R) running sums per layer, never a map. ``role_scores`` is the whole-map entry point on the same sums.
+Blocks are scored on their own device; one (H + 1, R) block of sums and counts crosses to the CPU per block.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import Tensor
 from agent_tools.analysis.heads import HEAD_ROLES, PROBE_ROLES, HeadRole, SequenceLayout
 from agent_tools.analysis.metrics import attention_entropy, normalised_from_entropy
 from agent_tools.capture import LayerAttention
+from agent_tools.consumers.host import to_host
 
 
 class RoleAccumulator:
@@ -28,7 +30,7 @@ class RoleAccumulator:
         self.layout = layout
         self.roles = tuple(r for r in roles if layout.measurable(r))
         self.kernel_roles = tuple(r for r in self.roles if r != "broad")
-        self.sums = torch.zeros(num_heads, len(self.roles), dtype=torch.float64)
+        self.sums = torch.zeros(num_heads, len(self.roles), dtype=torch.float64)  # on the CPU, whatever the device
         self.counts = torch.zeros(len(self.roles), dtype=torch.float64)
 
     def add(
@@ -39,17 +41,22 @@ class RoleAccumulator:
 
         Each kernel role reads O(B·H·q) entries (diagonals, a column, one matrix-vector product for the flag
         roles) instead of multiplying the maps by dense kernels: the same sums as :func:`role_kernels` gives.
+        The block is scored where ``weights`` are (``rows`` and ``allowed`` must be there too).
         """
-        batch, _, q, keys = weights.shape
+        batch, heads, q, keys = weights.shape
         w = weights if weights.dtype == torch.float32 else weights.float()
-        visible = allowed[:, 0] if allowed is not None else torch.ones(batch, q, keys, dtype=torch.bool)  # (B, q, k)
+        if allowed is not None:
+            visible = allowed[:, 0]  # (B, q, k)
+        else:
+            visible = torch.ones(batch, q, keys, dtype=torch.bool, device=w.device)
         visible = visible.expand(batch, q, keys)
         scored = rows >= self.layout.skip_queries  # (q,)
+        block = w.new_zeros(heads + 1, len(self.roles), dtype=torch.float64)  # rows 0..H-1: sums; row H: counts
         for role in self.kernel_roles:
             share, row_mask = self._role_rows(role, w, rows, visible, scored)  # (B, H, q), (B, q)
             slot = self.roles.index(role)
-            self.sums[:, slot] += torch.einsum("bhq,bq->h", share, row_mask.to(share.dtype)).double()
-            self.counts[slot] += float(row_mask.sum())
+            block[:heads, slot] = torch.einsum("bhq,bq->h", share, row_mask.to(share.dtype)).double()
+            block[heads, slot] = row_mask.sum()
         if "broad" in self.roles:
             count = visible.sum(-1)  # (B, q) keys each row may read
             rows_ok = scored[None] & (count >= 2)  # (B, q)
@@ -57,8 +64,11 @@ class RoleAccumulator:
                 entropy = attention_entropy(w)  # (B, H, q) nats
             normalised = normalised_from_entropy(entropy.float(), count[:, None].float())  # (B, H, q)
             slot = self.roles.index("broad")
-            self.sums[:, slot] += torch.einsum("bhq,bq->h", normalised, rows_ok.float()).double()
-            self.counts[slot] += float(rows_ok.sum())
+            block[:heads, slot] = torch.einsum("bhq,bq->h", normalised, rows_ok.float()).double()
+            block[heads, slot] = rows_ok.sum()
+        sums = to_host(block)
+        self.sums += sums[:heads]
+        self.counts += sums[heads]
 
     def _role_rows(
         self, role: HeadRole, w: Tensor, rows: Tensor, visible: Tensor, scored: Tensor
@@ -83,7 +93,8 @@ class RoleAccumulator:
             share = sum((_diagonal(w, rows, d, min_key=1) for d in offsets), torch.zeros_like(w[..., 0]))
             return share, on_rows(scored)
         if role in ("special_token", "punctuation"):
-            flags = torch.tensor(layout.special if role == "special_token" else layout.punctuation)[:keys].float()
+            flags = torch.tensor(layout.special if role == "special_token" else layout.punctuation, device=w.device)
+            flags = flags[:keys].float()
             flags[0] = 0.0  # the first token is first_token's
             own = flags[rows.clamp(0, keys - 1)] * (rows < keys)  # (q,) the row's own key, excluded (j != i)
             share = w @ flags - _diagonal(w, rows, 0) * own  # (B, H, q)
@@ -124,9 +135,9 @@ def role_scores(
         allowed = allowed[None, None]  # (1, 1, T, T)
     elif allowed is None and layout.causal:
         length = maps.shape[-1]
-        allowed = torch.ones(length, length, dtype=torch.bool).tril()[None, None]
+        allowed = torch.ones(length, length, dtype=torch.bool, device=maps.device).tril()[None, None]
     accumulator = RoleAccumulator(layout, roles, maps.shape[1])
-    accumulator.add(maps, torch.arange(maps.shape[-2]), allowed)
+    accumulator.add(maps, torch.arange(maps.shape[-2], device=maps.device), allowed)
     return accumulator.scores()
 
 
@@ -144,7 +155,8 @@ class RoleScoreConsumer:
     def on_layer(self, layer: LayerAttention) -> None:
         accumulator = self.layers.setdefault(layer.layer, RoleAccumulator(self.layout, self.roles, self.num_heads))
         q = layer.weights.shape[2]
-        rows = torch.arange(q) + layer.key_index_offset  # (q,) absolute positions (no KV cache: = query_start + r)
+        # (q,) absolute positions (no KV cache: = query_start + r), on the layer's device
+        rows = torch.arange(q, device=layer.weights.device) + layer.key_index_offset
         accumulator.add(layer.weights, rows, layer.allowed(), entropy=layer.row_entropy())
 
     def scores(self) -> dict[int, dict[HeadRole, Tensor]]:

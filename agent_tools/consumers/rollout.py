@@ -1,7 +1,9 @@
 """Attention rollout, streamed through the layers of one sequence (Abnar & Zuidema 2020).
 
 The mixing and the product are :mod:`agent_tools.analysis.rollout`'s; this consumer assembles each layer's
-head-averaged rows over query chunks and multiplies the layer in, holding one (T, T) matrix.
+head-averaged rows over query chunks and multiplies the layer in, holding one (T, T) matrix. The product stays
+on the device of the last layer multiplied in (under a device map it follows the layers from GPU to GPU); callers
+move the rows they read.
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ class RolloutConsumer:
     def _flush(self) -> None:
         if not self._rows:
             return
-        mixed = residual_mix(torch.cat(self._rows), self.residual)  # (T, T)
-        self.result = mixed if self.result is None else mixed @ self.result
+        mixed = residual_mix(torch.cat(self._rows), self.residual)  # (T, T) on this layer's device
+        self.result = mixed if self.result is None else mixed @ self.result.to(mixed.device)
         self._rows, self._layer = [], None
 
     def rollout(self) -> Tensor:
+        """(T, T) the rollout, on the device of the last layer captured."""
         self._flush()
         if self.result is None:
             raise RuntimeError("no layer was captured")

@@ -1,7 +1,8 @@
 """The scale sweep, streamed: one layer's q, k and scores by query chunk into variance and row-measure sums.
 
 The measures (entropy, saturation, softmax Jacobian, dH/dβ) are :mod:`agent_tools.analysis.scaling`'s and
-:mod:`agent_tools.analysis.metrics`'; this module keeps their running sums per scale setting.
+:mod:`agent_tools.analysis.metrics`'; this module keeps their running sums per scale setting. Each chunk is reduced
+on the layer's device (the sweep in float32, upcast from half precision); only per-head sums cross to the CPU.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from agent_tools.analysis.metrics import masked_softmax
+from agent_tools.analysis.metrics import masked_softmax, upcast
 from agent_tools.analysis.scaling import (
     SATURATION,
     RowMeasures,
@@ -22,6 +23,7 @@ from agent_tools.analysis.scaling import (
     row_measures,
 )
 from agent_tools.capture import LayerAttention
+from agent_tools.consumers.host import to_host
 
 
 @dataclass
@@ -38,25 +40,42 @@ class SettingSums:
 
     def add(self, measures: RowMeasures, derivative: Tensor | None) -> None:
         self.rows += measures.entropy.numel()
-        for name, value in _sums(measures).items():
+        sums = _sums(measures)
+        if derivative is not None:
+            sums = torch.cat([sums, derivative.sum().double()[None]])
+        values = sums.tolist()  # the chunk's sums, read from the layer's device at once
+        for name, value in zip(_SUMMED, values, strict=False):
             self.sums[name] = self.sums.get(name, 0.0) + value
         if derivative is not None:
-            self.derivative += float(derivative.sum())
+            self.derivative += values[-1]
 
     def means(self) -> dict[str, float]:
         n = max(self.rows, 1)
         return {name: value / n for name, value in self.sums.items()}
 
 
-def _sums(measures: RowMeasures) -> dict[str, float]:
-    return {
-        "entropy": float(measures.entropy.double().sum()),
-        "normalised_entropy": float(measures.normalised_entropy.double().sum()),
-        "mean_max_weight": float(measures.max_weight.double().sum()),
-        "saturated_fraction": float(measures.saturated.double().sum()),
-        "jacobian_trace": float(measures.jacobian_trace.double().sum()),
-        "jacobian_frobenius": float(measures.jacobian_frobenius.double().sum()),
-    }
+_SUMMED = (
+    "entropy",
+    "normalised_entropy",
+    "mean_max_weight",
+    "saturated_fraction",
+    "jacobian_trace",
+    "jacobian_frobenius",
+)
+
+
+def _sums(measures: RowMeasures) -> Tensor:
+    """(6,) float64 sums of the row measures, in the order of ``_SUMMED``, on the measures' device."""
+    return torch.stack(
+        [
+            measures.entropy.double().sum(),
+            measures.normalised_entropy.double().sum(),
+            measures.max_weight.double().sum(),
+            measures.saturated.double().sum(),
+            measures.jacobian_trace.double().sum(),
+            measures.jacobian_frobenius.double().sum(),
+        ]
+    )
 
 
 class ScalingConsumer:
@@ -91,7 +110,7 @@ class ScalingConsumer:
         self.q_rows = 0
         self.k_mean: Tensor | None = None  # (h, D) over keys
         self.k_var: Tensor | None = None
-        self.raw_n = torch.zeros(n, dtype=torch.float64)
+        self.raw_n = torch.zeros(n, dtype=torch.float64)  # sums on the CPU; each chunk adds its per-head sums
         self.raw_sum = torch.zeros(n, dtype=torch.float64)
         self.raw_sq = torch.zeros(n, dtype=torch.float64)
         self.settings: list[SettingSums] = []
@@ -104,7 +123,7 @@ class ScalingConsumer:
         if captured.layer != self.layer:
             return
         b = self.batch_index
-        index = torch.tensor(self.heads)
+        index = torch.tensor(self.heads, device=captured.query.device)
         query = captured.query[b].index_select(0, index).double()  # (h, q, D)
         if self.query_prescaled:
             query = query / self.model_scale
@@ -124,18 +143,18 @@ class ScalingConsumer:
         if not bool(keep.any()):
             return
         # The sweep runs in float32 (the capture's precision; sums are taken in float64): half the memory traffic.
-        self._sweep(raw[:, keep].float(), scores[:, keep], allowed[keep])
+        self._sweep(raw[:, keep].float(), upcast(scores[:, keep]), allowed[keep])
 
     def _add_moments(self, query: Tensor, key: Tensor) -> None:
         """Running q moments over query rows (h, q, D); k moments (h, Tk, D) from the first chunk (same keys)."""
         if self.q_sum is None or self.q_sq is None:
             self.q_sum = torch.zeros(query.shape[0], query.shape[-1], dtype=torch.float64)
             self.q_sq = torch.zeros_like(self.q_sum)
-            self.k_mean = key.mean(1)
-            self.k_var = key.var(1, unbiased=False)
+            self.k_mean, self.k_var = to_host(torch.stack([key.mean(1), key.var(1, unbiased=False)]))
             self._make_settings()
-        self.q_sum = self.q_sum + query.sum(1)
-        self.q_sq = self.q_sq + query.pow(2).sum(1)
+        q_sum, q_sq = to_host(torch.stack([query.sum(1), query.pow(2).sum(1)]))  # (h, D) each
+        self.q_sum = self.q_sum + q_sum
+        self.q_sq = self.q_sq + q_sq
         self.q_rows += query.shape[1]
 
     def _add_raw_variance(self, raw: Tensor, allowed: Tensor) -> None:
@@ -143,8 +162,9 @@ class ScalingConsumer:
         pairs = allowed.expand(raw.shape)
         masked = raw.masked_fill(~pairs, 0.0)  # (h, q, k) q·k of the pairs the model may score
         self.raw_n += float(allowed.sum())
-        self.raw_sum += masked.sum((-2, -1))
-        self.raw_sq += torch.einsum("hqk,hqk->h", masked, masked)
+        raw_sum, raw_sq = to_host(torch.stack([masked.sum((-2, -1)), torch.einsum("hqk,hqk->h", masked, masked)]))
+        self.raw_sum += raw_sum
+        self.raw_sq += raw_sq
 
     def _sweep(self, raw: Tensor, scores: Tensor, allowed: Tensor) -> None:
         """Row measures at every scale setting, on the rows that can choose: (h, q, k) raw q·k, scores; (q, k)."""

@@ -3,7 +3,7 @@
 Not a layer consumer: it is fed one (L, H, Tk) stack of rows per query (from
 :class:`~agent_tools.consumers.last_row.LastRowConsumer`) and keeps only per-segment sums, so a long generation
 never holds its rows. It knows segments only as a token → segment index (no prompt objects), so any pass that
-can label its keys can use it.
+can label its keys can use it. Rows are reduced where they are; the sums (L·H·S and Tk numbers) are kept on the CPU.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from agent_tools.analysis.segments import segment_shares
+from agent_tools.consumers.host import to_host
 
 
 @dataclass
@@ -40,13 +41,13 @@ class SegmentAccumulator:
 
     def add(self, rows: Tensor) -> Tensor:
         """(L, H, Tk) one query's rows -> (S,) its shares (mean over layers and heads); accumulates."""
-        index = self.segment_index
+        index = to_host(self.segment_index)
         extra = rows.shape[-1] - self.prompt_length
         if extra > 0:
             assert self.generated is not None
-            index = torch.cat([index, torch.full((extra,), self.generated, dtype=torch.long)])  # (Tk,)
-        shares = segment_shares(rows, index, self.num_segments)  # (L, H, S)
-        tokens = rows.mean((0, 1))  # (Tk,)
+            index = torch.cat([index, torch.full((extra,), self.generated, dtype=torch.long)])  # (Tk,) on the CPU
+        shares = to_host(segment_shares(rows, index, self.num_segments))  # (L, H, S), reduced where the rows are
+        tokens = to_host(rows.mean((0, 1)))  # (Tk,)
         self.head_shares = shares if self.head_shares is None else self.head_shares + shares
         self._add_token_weights(tokens)
         readable = tokens.clone()
@@ -64,7 +65,7 @@ class SegmentAccumulator:
         if self.token_weights is None:
             self.token_weights = tokens
             return
-        grown = torch.zeros(max(tokens.shape[0], self.token_weights.shape[0]))
+        grown = self.token_weights.new_zeros(max(tokens.shape[0], self.token_weights.shape[0]))
         grown[: self.token_weights.shape[0]] += self.token_weights
         grown[: tokens.shape[0]] += tokens
         self.token_weights = grown

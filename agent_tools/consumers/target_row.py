@@ -7,10 +7,11 @@ from typing import ClassVar
 import torch
 
 from agent_tools.capture import LayerAttention
+from agent_tools.consumers.host import to_host
 
 
 class TargetRowConsumer:
-    """Keeps the target row of one layer's head-averaged attention (chunk-aware); nothing else."""
+    """Keeps the target row of one layer's head-averaged attention (chunk-aware), on the CPU; nothing else."""
 
     accepts_key_prefix: ClassVar[bool] = False  # keeps every key column of the row
 
@@ -23,4 +24,4 @@ class TargetRowConsumer:
             return
         local = self.position - captured.key_index_offset
         if 0 <= local < captured.weights.shape[2]:
-            self.row = captured.weights[0, :, local].float().mean(0).clone()  # (Tk,)
+            self.row = to_host(captured.weights[0, :, local].float().mean(0)).clone()  # (Tk,)

@@ -8,21 +8,36 @@ so that neither tool imports the other:
 * :mod:`.measure` — the traced pass through the inspector (:func:`trace_pass`) and the numbers it yields
   (:func:`measure`);
 * :mod:`.narrative` — the findings and summary, written from those numbers;
-* :mod:`.report` — :func:`trace`: pass, numbers, rows and narrative assembled into a :class:`PromptTrace`.
+* :mod:`.evidence` — the checks beside attention (causal effects, gradient attribution) and how the measures
+  rank the segments; :mod:`.claims` — their words; :mod:`.next_calls` — the calls that would test the lead;
+* :mod:`.report` — :func:`trace`: pass, numbers, checks, rows and narrative assembled into a :class:`PromptTrace`.
 
 Prompts are split into segments by :mod:`agent_tools.prompt_segments`.
 """
 
 from __future__ import annotations
 
+from agent_tools.prompt_trace.evidence import EvidenceRequest
+from agent_tools.prompt_trace.evidence import prepare as prepare_evidence
 from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers, check_traceable, measure, trace_pass
 from agent_tools.prompt_trace.models import (
+    ANSWER_DESCRIPTION,
+    CHECKS,
+    CHECKS_DESCRIPTION,
     DEFAULT_SINK_THRESHOLD,
+    FILLER_DESCRIPTION,
+    IG_STEPS_DESCRIPTION,
+    MAX_IG_STEPS,
+    NEUTRAL_DESCRIPTION,
     PROMPT_DESCRIPTION,
     SINK_DESCRIPTION,
     TARGET_DESCRIPTION,
     TARGETS,
+    CausalEffect,
+    Check,
     GeneratedToken,
+    GradientAttribution,
+    NextCall,
     PromptTrace,
     SegmentShare,
     Target,
@@ -32,12 +47,24 @@ from agent_tools.prompt_trace.models import (
 from agent_tools.prompt_trace.report import TraceRun, build_report, next_token_table, trace
 
 __all__ = [
+    "ANSWER_DESCRIPTION",
+    "CHECKS",
+    "CHECKS_DESCRIPTION",
     "DEFAULT_SINK_THRESHOLD",
+    "FILLER_DESCRIPTION",
+    "IG_STEPS_DESCRIPTION",
+    "MAX_IG_STEPS",
+    "NEUTRAL_DESCRIPTION",
     "PROMPT_DESCRIPTION",
     "SINK_DESCRIPTION",
     "TARGETS",
     "TARGET_DESCRIPTION",
+    "CausalEffect",
+    "Check",
+    "EvidenceRequest",
     "GeneratedToken",
+    "GradientAttribution",
+    "NextCall",
     "PromptTrace",
     "SegmentShare",
     "Target",
@@ -50,6 +77,7 @@ __all__ = [
     "max_new_tokens_in_range",
     "measure",
     "next_token_table",
+    "prepare_evidence",
     "trace",
     "trace_pass",
 ]

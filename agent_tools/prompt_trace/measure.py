@@ -1,8 +1,10 @@
 """The traced-prompt pass and the numbers it yields: segment the prompt, run it (or generate), reduce to shares.
 
 One pass streams three consumers: the last query's rows (per answer step), what every key receives (to find
-the attention sinks) and the rollout. Only the inspector runs the model. :func:`measure` then turns the
-accumulated rows into the per-segment views and leads that the report and its narrative are written from.
+the attention sinks) and the rollout; with value-weighted evidence a fourth, the same rows weighted by what each
+key writes (‖α·v·W_O‖) and every key's value norm. Only the inspector runs the model. :func:`measure` then turns
+the accumulated rows into the per-segment views and leads that the report and its narrative are written from,
+setting apart filler and secondary sinks (read like a sink, writing little) from what the answer "reads most".
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from agent_tools.analysis.metrics import threshold_sinks
+from agent_tools.analysis.attribution import content_shares, filler_positions, relative_value_norms
+from agent_tools.analysis.metrics import Received, threshold_sinks
 from agent_tools.analysis.segments import Lead, leading_segment, segment_shares, without_sink
 from agent_tools.consumers.last_row import LastRowConsumer
 from agent_tools.consumers.received import ReceivedShareConsumer
 from agent_tools.consumers.rollout import RolloutConsumer
 from agent_tools.consumers.segment_shares import SegmentAccumulator
+from agent_tools.consumers.value_rows import ValueRowConsumer
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import CONTENT_KINDS, SegmentedPrompt, SegmentSpec, segment_prompt
 from agent_tools.prompt_trace.models import DEFAULT_SINK_THRESHOLD, Target
 from agent_tools.runner import Generation
+from agent_tools.runner.attribution import TracedAnswer
 from agent_tools.schemas import ChatMessage
 
 
@@ -46,10 +51,14 @@ class TracedPrompt:
     target: Target
     prompt: SegmentedPrompt  # with the sink segment (and, for 'generate', the generated one)
     shares: SegmentAccumulator  # per-step segment shares of the answer's attention
-    rollout_row: Tensor  # (T,) rollout at the last prompt position
+    rollout_row: Tensor  # (T,) rollout at the last prompt position (on the CPU, like every tensor here)
     answer_logits: Tensor | None  # (V,) next-token logits at the last prompt position (None: no LM head)
     generated_ids: list[int]
     generation: Generation | None
+    received: Received | None = None  # what every prompt key received over the prompt forward (sink, filler)
+    value_shares: SegmentAccumulator | None = None  # the same steps, value-weighted (None: not asked / no W_O)
+    key_norms: Tensor | None = None  # (L, T) mean over heads of each prompt key's ‖v_j W_O^h‖
+    answer_pass: TracedAnswer | None = None  # the prompt forward's logits and KV cache, kept for the causal checks
 
 
 @dataclass
@@ -62,9 +71,11 @@ class _TracePass:
     rows: LastRowConsumer = field(default_factory=LastRowConsumer)
     received: ReceivedShareConsumer = field(default_factory=ReceivedShareConsumer)
     rollout: RolloutConsumer = field(default_factory=RolloutConsumer)
+    values: ValueRowConsumer | None = None
     generated_ids: list[int] = field(default_factory=list)
     prompt: SegmentedPrompt | None = None
     accumulator: SegmentAccumulator | None = None
+    value_accumulator: SegmentAccumulator | None = None
 
     @property
     def length(self) -> int:
@@ -77,24 +88,49 @@ class _TracePass:
         if self.target == "generate":
             prompt = prompt.with_generated()
         self.prompt = prompt
-        self.accumulator = SegmentAccumulator(
+        self.accumulator = self._accumulator(prompt)
+        self.value_accumulator = self._accumulator(prompt) if self.values is not None else None
+        return self.accumulator
+
+    @staticmethod
+    def _accumulator(prompt: SegmentedPrompt) -> SegmentAccumulator:
+        return SegmentAccumulator(
             prompt.segment_index(), len(prompt.segments), sink=prompt.index("sink"), generated=prompt.index("generated")
         )
-        return self.accumulator
+
+    def add_step(self, keys: int) -> None:
+        """Reduce the rows of the query that reads ``keys`` keys (and their value-weighted twins)."""
+        assert self.accumulator is not None
+        self.accumulator.add(self.rows.take(keys))
+        if self.values is not None and self.value_accumulator is not None:
+            self.value_accumulator.add(self.values.take(keys))
 
     def on_step(self, step: int, token: int) -> None:
         """Greedy generation's callback: reduce the rows of the query that chose ``token``."""
-        accumulator = self.finish_prompt() if step == 0 else self.accumulator
-        assert accumulator is not None
-        accumulator.add(self.rows.take(self.length + step))  # the query at length - 1 + step reads that many keys
+        if step == 0:
+            self.finish_prompt()
+        self.add_step(self.length + step)  # the query at length - 1 + step reads that many keys
         self.generated_ids.append(token)
 
-    def traced(self, answer_logits: Tensor | None, generation: Generation | None) -> TracedPrompt:
+    def traced(
+        self, answer_logits: Tensor | None, generation: Generation | None, kept: TracedAnswer | None = None
+    ) -> TracedPrompt:
         if self.prompt is None or self.accumulator is None:
             raise RuntimeError("the traced pass captured no answer step")
-        rollout_row = self.rollout.rollout()[self.length - 1]  # (T,)
+        # (T,) the rollout at the last prompt position: the one row of the (T, T) product that crosses to the CPU
+        rollout_row = self.rollout.rollout()[self.length - 1].cpu()
         return TracedPrompt(
-            self.target, self.prompt, self.accumulator, rollout_row, answer_logits, self.generated_ids, generation
+            self.target,
+            self.prompt,
+            self.accumulator,
+            rollout_row,
+            answer_logits,
+            self.generated_ids,
+            generation,
+            received=self.received.received(),
+            value_shares=self.value_accumulator,
+            key_norms=self.values.prompt_norms() if self.values is not None else None,
+            answer_pass=kept,
         )
 
 
@@ -107,26 +143,41 @@ def trace_pass(
     target: Target = "last",
     max_new_tokens: int = 16,
     sink_threshold: float = DEFAULT_SINK_THRESHOLD,
+    value_grams: dict[int, Tensor] | None = None,
+    segmented: SegmentedPrompt | None = None,
+    keep_cache: bool = False,
 ) -> TracedPrompt:
-    """Segment the prompt and run it through the inspector: one captured forward, or greedy generation."""
-    segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
+    """Segment the prompt and run it through the inspector: one captured forward, or greedy generation.
+
+    ``value_grams`` (layer -> (H, D, D) output-projection Grams) adds the value-weighted rows and key norms;
+    ``segmented`` reuses a segmentation already made (the caller validated it); ``keep_cache`` keeps the prompt
+    forward's KV cache (target 'last') so the causal checks need not run the clean prompt again.
+    """
+    segmented = (
+        segmented if segmented is not None else check_traceable(segment_prompt(inspector, loaded, prompt, named))
+    )
     encoded = segmented.encoded
     length = encoded.length
     inspector.check_budget(3 * length * length * 4, "attention rollout over the prompt")
     run = _TracePass(segmented, target, sink_threshold)
+    run.values = ValueRowConsumer(value_grams) if value_grams is not None else None
+    step_consumers = [run.rows] + ([run.values] if run.values is not None else [])
     if target == "generate":
         generation = inspector.generate(
             loaded,
             encoded,
             max_new_tokens=max_new_tokens,
             prompt_consumers=[run.received, run.rollout],
-            step_consumers=[run.rows],
+            step_consumers=step_consumers,
             on_step=run.on_step,
         )
         return run.traced(generation.first_logits, generation)
-    answer_logits = inspector.answer_logits(loaded, encoded, [run.rows, run.received, run.rollout])
-    run.finish_prompt().add(run.rows.take(length))
-    return run.traced(answer_logits, None)
+    consumers = [*step_consumers, run.received, run.rollout]
+    kept = inspector.traced_answer(loaded, encoded, consumers) if keep_cache else None
+    answer_logits = kept.logits if kept is not None else inspector.answer_logits(loaded, encoded, consumers)
+    run.finish_prompt()
+    run.add_step(length)
+    return run.traced(answer_logits, None, kept)
 
 
 @dataclass(frozen=True)
@@ -134,16 +185,24 @@ class TraceNumbers:
     """The per-segment views and leads of a trace: everything its report and narrative are written from.
 
     ``views`` holds one value per segment for ``share`` (mean over layers and heads), ``free`` (share with the
-    sink set aside), ``last`` (last layer), ``rollout`` and ``rollout_free``.
+    sink set aside), ``last`` (last layer), ``rollout``, ``rollout_free``, ``content`` (share with the sink and
+    the filler set aside, renormalised), ``filler`` (the segment's share on its filler tokens), ``uniform`` (what
+    uniform attention over the prompt would give it) and, with value evidence, ``value`` (‖α·v·W_O‖ shares).
     """
 
     head_shares: Tensor  # (L, H, S) mean over the answer steps
     views: dict[str, list[float]]
     eligible: Tensor  # (S,) bool: segments that compete for 'read most'
-    lead: Lead  # by share
+    lead: Lead  # by content share (filler set aside) or by share
     last_lead: Lead  # in the last layer
     rollout_lead: Lead  # by rollout, sink set aside
     top_head: tuple[int, int, float]  # (layer, head, share) of the head that reads the leader hardest
+    token_weights: Tensor = field(default_factory=lambda: torch.zeros(0))  # (Tk,) attention per key
+    value_token_weights: Tensor | None = None  # (Tk,) value-weighted share per key
+    filler: list[int] = field(default_factory=list)  # filler / secondary-sink positions (not the sink segment)
+    filler_ratio: Tensor | None = None  # (T,) received / uniform, per prompt token
+    relative_norms: Tensor | None = None  # (T,) ‖v W_O‖ relative to the text's median token
+    exclude_filler: bool = True
 
     @property
     def num_layers(self) -> int:
@@ -162,8 +221,60 @@ def _eligible(prompt: SegmentedPrompt) -> Tensor:
     return torch.tensor(flags)
 
 
-def measure(traced: TracedPrompt) -> TraceNumbers:
-    """Reduce the accumulated (L, H, S) shares and the rollout row to per-segment views and their leaders."""
+def key_segments(prompt: SegmentedPrompt, keys: int) -> Tensor:
+    """(keys,) segment of every key: the prompt's tokens, then ``generated`` for keys the model wrote."""
+    index = prompt.segment_index()
+    extra = keys - index.shape[0]
+    generated = prompt.index("generated")
+    if extra > 0 and generated is not None:
+        index = torch.cat([index, torch.full((extra,), generated, dtype=torch.long)])
+    return index[:keys]
+
+
+@dataclass(frozen=True)
+class _Filler:
+    positions: list[int]
+    ratio: Tensor | None  # (T,)
+    norms: Tensor | None  # (T,)
+
+
+def find_filler(traced: TracedPrompt) -> _Filler:
+    """Filler and secondary sinks among the content tokens: read like a sink by many queries, writing little."""
+    prompt, received, norms = traced.prompt, traced.received, traced.key_norms
+    if received is None or norms is None:
+        return _Filler([], None, None)
+    length = prompt.encoded.length
+    content = torch.tensor([prompt.segments[s].kind in CONTENT_KINDS for s in prompt.token_segment])  # (T,)
+    sink = prompt.index("sink")
+    not_sink = (
+        torch.tensor([s != sink for s in prompt.token_segment])
+        if sink is not None
+        else torch.ones(length, dtype=torch.bool)
+    )
+    ratio = received.total[:length] / received.uniform[:length].clamp_min(1e-12)
+    relative = relative_value_norms(norms[:, :length], not_sink)
+    found = filler_positions(ratio, received.readers[:length], relative, content & not_sink)
+    return _Filler(found, ratio, relative)
+
+
+def _content_view(prompt: SegmentedPrompt, token_weights: Tensor, filler: list[int]) -> tuple[list[float], list[float]]:
+    """(S,) share renormalised without the sink and the filler; (S,) each segment's raw share on filler tokens."""
+    keys = token_weights.shape[0]
+    index = key_segments(prompt, keys)
+    sink = prompt.index("sink")
+    excluded = index == sink if sink is not None else torch.zeros(keys, dtype=torch.bool)
+    filler_mask = torch.zeros(keys, dtype=torch.bool)
+    filler_mask[torch.tensor(filler, dtype=torch.long)] = True
+    content = content_shares(token_weights, index, len(prompt.segments), excluded | filler_mask)
+    on_filler = segment_shares(torch.where(filler_mask, token_weights, 0.0), index, len(prompt.segments))
+    return content.tolist(), on_filler.tolist()
+
+
+def measure(traced: TracedPrompt, *, exclude_filler: bool = True) -> TraceNumbers:
+    """Reduce the accumulated (L, H, S) shares and the rollout row to per-segment views and their leaders.
+
+    With ``exclude_filler`` the segment read most is the one whose content (not sink, not filler) takes most.
+    """
     prompt = traced.prompt
     sink = prompt.index("sink")
     head_shares = traced.shares.mean_head_shares()  # (L, H, S)
@@ -171,15 +282,25 @@ def measure(traced: TracedPrompt) -> TraceNumbers:
     last_layer = head_shares[-1].mean(0)  # (S,)
     rollout_shares = segment_shares(traced.rollout_row, prompt.segment_index(), len(prompt.segments))  # (S,)
     rollout_free = without_sink(rollout_shares, sink)
+    token_weights = traced.shares.mean_token_weights()
+    filler = find_filler(traced)
+    content, on_filler = _content_view(prompt, token_weights, filler.positions)
     views = {
         "share": shares.tolist(),
         "free": without_sink(shares, sink).tolist(),
         "last": last_layer.tolist(),
         "rollout": rollout_shares.tolist(),
         "rollout_free": rollout_free.tolist(),
+        "content": content,
+        "filler": on_filler,
+        "uniform": [len(s.positions) / prompt.encoded.length for s in prompt.segments],
     }
+    value_weights = traced.value_shares.mean_token_weights() if traced.value_shares is not None else None
+    if traced.value_shares is not None:
+        views["value"] = traced.value_shares.mean_head_shares().mean((0, 1)).tolist()
     eligible = _eligible(prompt)
-    lead = leading_segment(shares, eligible)
+    by_content = exclude_filler and bool(filler.positions)  # without filler both give the same order: keep share's
+    lead = leading_segment(torch.tensor(content) if by_content else shares, eligible)
     rollout_eligible = eligible & torch.tensor([s.kind != "generated" for s in prompt.segments])
     per_head = head_shares[..., lead.best]  # (L, H)
     top_layer, top_head = divmod(int(per_head.argmax()), head_shares.shape[1])
@@ -191,4 +312,10 @@ def measure(traced: TracedPrompt) -> TraceNumbers:
         last_lead=leading_segment(last_layer, eligible),
         rollout_lead=leading_segment(rollout_free, rollout_eligible if rollout_eligible.any() else eligible),
         top_head=(top_layer, top_head, float(per_head[top_layer, top_head])),
+        token_weights=token_weights,
+        value_token_weights=value_weights,
+        filler=filler.positions,
+        filler_ratio=filler.ratio,
+        relative_norms=filler.norms,
+        exclude_filler=exclude_filler,
     )

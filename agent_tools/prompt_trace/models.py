@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
@@ -12,6 +12,10 @@ from agent_tools.schemas import KeyWeight, Report
 Target = Literal["last", "generate"]
 TARGETS: tuple[str, ...] = get_args(Target)
 DEFAULT_SINK_THRESHOLD = 0.1
+Check = Literal["causal", "gradient", "value"]
+CHECKS: tuple[str, ...] = get_args(Check)
+DEFAULT_CHECKS: tuple[Check, ...] = ("causal", "value")
+MAX_IG_STEPS = 256
 
 PROMPT_DESCRIPTION = (
     "plain text, or a list of chat messages [{role, content}] (roles: system, user, assistant) rendered with the "
@@ -28,11 +32,113 @@ SINK_DESCRIPTION = (
 )
 
 
+CHECKS_DESCRIPTION = (
+    "evidence beside attention, per segment: 'causal' — the change in the answer's log-probability when the "
+    "segment is removed and when it is replaced by neutral tokens of the same length (one batch of two per segment); "
+    "'gradient' — integrated gradients (and gradient × input) of the answer's log-probability w.r.t. the segment's "
+    "input embeddings (ig_steps forward+backward passes: slow on long prompts); 'value' — value-weighted shares "
+    "‖α·v·W_O‖ and the filler / secondary-sink tokens set apart. Omitted = causal and value where the model allows"
+)
+ANSWER_DESCRIPTION = (
+    "the answer whose dependence the causal and gradient checks measure, as text that follows the prompt "
+    "(tokenised on its own: include a leading space if the model would write one); omitted = the model's own "
+    "answer (its top next token, or the generated text for target 'generate')"
+)
+NEUTRAL_DESCRIPTION = (
+    "the single token that replaces a segment's tokens in the neutral replacement and the gradient baseline; "
+    "omitted = a space, else '.', else the tokenizer's unknown or padding token"
+)
+IG_STEPS_DESCRIPTION = f"integration steps of integrated gradients with check 'gradient' (2..{MAX_IG_STEPS})"
+FILLER_DESCRIPTION = (
+    "set filler and secondary sinks (tokens read by many queries well above uniform that write little: small "
+    "‖v·W_O‖) apart from 'read most' and from each segment's top tokens"
+)
+
+
 def max_new_tokens_in_range(value: object) -> object:
     """Field validator (mode 'before'): an out-of-range count gets the same message as the inspector's check."""
     if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens {value} out of range 1..{MAX_NEW_TOKENS}")
     return value
+
+
+class NextCall(BaseModel):
+    """A call that would confirm or refute a report's lead: the tool, its arguments, and what it would show."""
+
+    tool: str
+    arguments: dict[str, Any]
+    why: str
+
+
+class TokenShare(BaseModel):
+    position: int
+    token: str
+    share: float = Field(description="share of the answer's attention on this token (mean over layers and heads)")
+    value_share: float | None = Field(default=None, description="its share of ‖α·v·W_O‖ (what it writes)")
+    filler: bool = Field(default=False, description="a filler / secondary-sink token (read like a sink, writes little)")
+
+
+class CausalEffect(BaseModel):
+    """How the answer's log-probability changes when the segment is taken out (nats; negative = it mattered)."""
+
+    first_token_removed: float = Field(description="Δ log p(first answer token), segment removed")
+    first_token_neutral: float = Field(description="Δ log p(first answer token), segment replaced by neutral tokens")
+    answer_removed: float = Field(description="Δ Σ log p(answer tokens), teacher-forced, segment removed")
+    answer_neutral: float = Field(description="Δ Σ log p(answer tokens), segment replaced by neutral tokens")
+    top_token_changed_removed: bool = Field(description="the most likely first answer token differs when removed")
+    top_token_changed_neutral: bool
+    effect: float = Field(
+        description="how much the answer depends on the segment: −(answer_removed + answer_neutral) / 2, nats"
+    )
+
+
+class GradientAttribution(BaseModel):
+    integrated_gradients: float = Field(
+        description="Σ over the segment's tokens of integrated gradients of log p(answer) w.r.t. the input "
+        "embeddings, from the neutral-token baseline (nats; the segments' sum ≈ log p(input) − log p(baseline))"
+    )
+    gradient_x_input: float = Field(description="Σ over the segment's tokens of gradient · embedding")
+
+
+class FillerToken(BaseModel):
+    position: int
+    token: str
+    segment: str
+    received_ratio: float = Field(description="what later queries give it (mean) / what uniform attention would")
+    relative_value_norm: float = Field(description="its ‖v·W_O‖ / the text's median token's (mean over layers)")
+    share: float = Field(description="share of the answer's attention it takes")
+
+
+class RankAgreement(BaseModel):
+    measure_a: str
+    measure_b: str
+    spearman: float | None = Field(description="rank correlation over the segments (1 same order, −1 reversed)")
+    same_top: bool = Field(description="both measures put the same segment first")
+
+
+class ViewLead(BaseModel):
+    view: str
+    measures: str = Field(description="what this view measures")
+    leader: str | None = Field(description="the content segment it puts first")
+    value: float | None
+
+
+class AnswerEvidence(BaseModel):
+    text: str
+    token_ids: list[int]
+    tokens: list[str]
+    source: Literal["model", "given"] = Field(description="the model's own answer, or the one given as 'answer'")
+    logprob: float = Field(description="Σ log p of its tokens after the clean prompt, teacher-forced")
+    first_token_logprob: float
+
+
+class GradientRun(BaseModel):
+    steps: int
+    baseline: str = Field(description="what the integration starts from")
+    value: float = Field(description="log p(answer) at the input")
+    baseline_value: float = Field(description="log p(answer) at the baseline")
+    delta: float = Field(description="convergence delta: Σ attributions − (value − baseline_value)")
+    relative_delta: float = Field(description="|delta| / |value − baseline_value|: raise ig_steps when large")
 
 
 class SegmentShare(BaseModel):
@@ -55,7 +161,25 @@ class SegmentShare(BaseModel):
     rollout_share_without_sink: float | None = Field(
         description="rollout share renormalised without the sink (in a causal model rollout drains into position 0)"
     )
-    top_tokens: list[KeyWeight] = Field(description="most-read tokens inside the segment (mean over layers, heads)")
+    top_tokens: list[KeyWeight] = Field(
+        description="most-read content tokens inside the segment (mean over layers, heads); filler only when the "
+        "segment holds nothing else"
+    )
+    uniform_share: float | None = Field(
+        default=None, description="the share uniform attention over the prompt would give it: token_count / tokens"
+    )
+    content_share: float | None = Field(
+        default=None, description="share with the sink and the filler set aside (renormalised): what 'read most' ranks"
+    )
+    filler_share: float | None = Field(default=None, description="part of share that falls on its filler tokens")
+    value_share: float | None = Field(
+        default=None, description="value-weighted share ‖α·v·W_O‖ (mean over layers and heads): what it writes"
+    )
+    token_shares: list[TokenShare] = Field(
+        default_factory=list, description="the segment's most-read tokens, filler included and flagged (up to 16)"
+    )
+    causal: CausalEffect | None = Field(default=None, description="check 'causal' (content segments)")
+    gradient: GradientAttribution | None = Field(default=None, description="check 'gradient' (content segments)")
 
 
 class TokenProbability(BaseModel):
@@ -84,9 +208,14 @@ class PromptTrace(Report):
     segments: list[SegmentShare]
     sink_positions: list[int]
     sink_threshold: float
-    read_most: str = Field(description="the prompt content segment read most (not sink, template or generated)")
+    read_most: str = Field(
+        description="the prompt content segment read most (not sink, template or generated; by content_share when "
+        "filler is set apart)"
+    )
     runner_up: str | None
-    margin: float = Field(description="read_most share minus runner_up share (mean over layers and heads)")
+    margin: float = Field(
+        description="read_most minus runner_up, on the share read_most is ranked by (mean over layers and heads)"
+    )
     next_tokens: list[TokenProbability] | None = Field(
         default=None, description="the model's top next tokens at the last prompt position"
     )
@@ -94,3 +223,21 @@ class PromptTrace(Report):
     generated: list[GeneratedToken] | None = None
     stopped: Literal["eos", "max_new_tokens"] | None = None
     seconds_per_token: float | None = Field(default=None, description="wall time per KV-cache step, with capture")
+    checks: list[Check] = Field(default_factory=list, description="the evidence checks that ran")
+    answer_evidence: AnswerEvidence | None = Field(default=None, description="the answer the checks measured")
+    neutral_token: str | None = Field(default=None, description="the token segments were replaced with")
+    depends_on_most: str | None = Field(
+        default=None, description="the content segment the answer depends on most (largest causal effect)"
+    )
+    depends_on_runner_up: str | None = None
+    agreement: list[RankAgreement] = Field(
+        default_factory=list, description="rank agreement between attention, value-weighted, causal and gradient"
+    )
+    measures_agree: bool | None = Field(
+        default=None, description="attention and the causal effect put the same segment first"
+    )
+    filler: list[FillerToken] = Field(default_factory=list, description="filler / secondary sinks set apart")
+    gradient_run: GradientRun | None = None
+    views: list[ViewLead] = Field(default_factory=list, description="what each view measures and whom it puts first")
+    evidence_notes: list[str] = Field(default_factory=list, description="checks skipped, and why")
+    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

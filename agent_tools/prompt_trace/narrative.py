@@ -26,10 +26,23 @@ class Answer:
     next_token: TokenProbability | None
 
 
-def narrate(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer) -> tuple[str, list[Finding]]:
-    """The summary and the findings of one trace."""
+def narrate(
+    traced: TracedPrompt,
+    numbers: TraceNumbers,
+    answer: Answer,
+    *,
+    lead: str = "",
+    evidence: list[Finding] | None = None,
+    filler: str = "",
+) -> tuple[str, list[Finding]]:
+    """The summary and the findings of one trace.
+
+    ``lead``: the causal sentences that open the summary (what the answer depends on) when the checks ran;
+    ``evidence``: their findings, listed first; ``filler``: the clause naming the filler set apart.
+    """
     peaks = peak_findings(traced, numbers, answer.generated) if answer.generated is not None else []
-    return _summary(traced, numbers, answer, peaks), _findings(traced, numbers, answer, peaks)
+    summary = lead + _summary(traced, numbers, answer, peaks) + filler
+    return summary, list(evidence or []) + _findings(traced, numbers, answer, peaks)
 
 
 # --- findings ----------------------------------------------------------------------------------------------------
@@ -201,17 +214,19 @@ def _summary(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer, peaks:
 def _opening(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer) -> str:
     share, best = numbers.views["share"][numbers.lead.best], _best(traced, numbers)
     layers, heads = numbers.num_layers, numbers.num_heads
+    uniform = numbers.views["uniform"][numbers.lead.best]
     if answer.generated is not None and traced.generation is not None:
         end = "EOS" if traced.generation.stopped == "eos" else "max_new_tokens"
         return (
             f"Generating {answer.text!r} ({len(answer.generated)} tokens, stopped at {end}), the answer read "
             f"{best!r} most: {share:.1%} of its attention (mean over {layers} layers × {heads} heads, and over the "
-            "generated tokens)"
+            f"generated tokens; uniform attention over the prompt would give {uniform:.1%})"
         )
     position = _answer_position(traced)
     return (
         f"At the last prompt position {position} {traced.prompt.encoded.tokens[position].text!r}, the model reads "
-        f"{best!r} most: {share:.1%} of its attention (mean over {layers} layers × {heads} heads)"
+        f"{best!r} most: {share:.1%} of its attention (mean over {layers} layers × {heads} heads; uniform "
+        f"attention would give {uniform:.1%})"
     )
 
 
@@ -235,10 +250,17 @@ def _sink_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
 
 
 def _views_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
+    """The last layer's and rollout's leaders: not rival headlines but other measures (the report's ``views``)."""
     names, last, rollout = traced.prompt.names, numbers.last_lead.best, numbers.rollout_lead.best
-    return (
+    text = (
         f" Last layer: {names[last]!r} {numbers.views['last'][last]:.1%}; rollout (sink set aside): "
-        f"{names[rollout]!r} {numbers.views['rollout_free'][rollout]:.1%}."
+        f"{names[rollout]!r} {numbers.views['rollout_free'][rollout]:.1%}"
+    )
+    if last == rollout == numbers.lead.best:
+        return text + " — the three attention views agree."
+    return (
+        text
+        + " — other measures of reading (one layer; attention composed through the layers: see views), not influence."
     )
 
 

@@ -1,12 +1,14 @@
 """The prompt trace as a report: run the traced pass, measure it, decode the rows, and write the narrative.
 
 :func:`trace` is what both prompt tools call: ``trace_prompt_attention`` returns its report, and
-``compare_prompts`` traces two variants and compares the reports and their next-token logits.
+``compare_prompts`` traces two variants and compares the reports and their next-token logits. With evidence
+checks (:mod:`.evidence`) the report also says what the answer depends on, per segment, beside what it reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -14,21 +16,32 @@ from torch import Tensor
 from agent_tools.analysis.segments import leading_segment, top_positions
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.prompt_segments import Segment, SegmentSpec
-from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers, measure, trace_pass
+from agent_tools.prompt_segments import Segment, SegmentSpec, segment_prompt
+from agent_tools.prompt_trace.claims import causal_lead, evidence_findings, filler_clause, view_leads
+from agent_tools.prompt_trace.evidence import Evidence, EvidenceRequest, Verdict, gather, prepare, verdict
+from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers, check_traceable, measure, trace_pass
 from agent_tools.prompt_trace.models import (
     DEFAULT_SINK_THRESHOLD,
+    AnswerEvidence,
+    CausalEffect,
+    FillerToken,
     GeneratedToken,
+    GradientAttribution,
+    GradientRun,
     PromptTrace,
+    RankAgreement,
     SegmentShare,
     Target,
     TokenProbability,
+    TokenShare,
 )
 from agent_tools.prompt_trace.narrative import Answer, narrate
+from agent_tools.prompt_trace.next_calls import trace_next_calls
 from agent_tools.schemas import ChatMessage, KeyWeight, rounded
 
 NEXT_TOKENS_SHOWN = 5
 TEXT_SHOWN = 80  # characters of a segment's text in the report
+TOKEN_SHARES_SHOWN = 16  # tokens listed per segment in token_shares
 
 
 @dataclass
@@ -49,17 +62,46 @@ def trace(
     max_new_tokens: int = 16,
     top_k: int = 3,
     sink_threshold: float = DEFAULT_SINK_THRESHOLD,
+    evidence: EvidenceRequest | None = None,
 ) -> TraceRun:
-    """Segment the prompt, run it (and generate, for target 'generate'), and build the report."""
+    """Segment the prompt, check the evidence request, run it (and generate, for target 'generate'), run the
+    checks, and build the report."""
+    request = evidence if evidence is not None else EvidenceRequest()
+    segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
+    prepared = prepare(inspector, loaded, segmented, request)
     traced = trace_pass(
-        inspector, loaded, prompt, named, target=target, max_new_tokens=max_new_tokens, sink_threshold=sink_threshold
+        inspector,
+        loaded,
+        prompt,
+        named,
+        target=target,
+        max_new_tokens=max_new_tokens,
+        sink_threshold=sink_threshold,
+        value_grams=prepared.value_grams,
+        segmented=segmented,
+        keep_cache=prepared.causal and target == "last",
     )
-    return TraceRun(build_report(loaded, traced, top_k=top_k, sink_threshold=sink_threshold), traced.answer_logits)
+    numbers = measure(traced, exclude_filler=request.exclude_filler)
+    found = gather(inspector, loaded, traced, prepared)
+    report = build_report(loaded, traced, numbers, found, top_k=top_k, sink_threshold=sink_threshold)
+    if prepared.neutral_id is not None:
+        report.neutral_token = _decode(loaded, [prepared.neutral_id])
+    report.next_calls = trace_next_calls(report, traced, prompt, named, request=request, target=target)
+    return TraceRun(report, traced.answer_logits)
 
 
-def build_report(loaded: LoadedModel, traced: TracedPrompt, *, top_k: int, sink_threshold: float) -> PromptTrace:
-    """The :class:`PromptTrace` of one traced pass."""
-    numbers = measure(traced)
+def build_report(
+    loaded: LoadedModel,
+    traced: TracedPrompt,
+    numbers: TraceNumbers,
+    evidence: Evidence | None = None,
+    *,
+    top_k: int,
+    sink_threshold: float,
+) -> PromptTrace:
+    """The :class:`PromptTrace` of one traced pass (and of the checks that ran on it)."""
+    evidence = evidence if evidence is not None else Evidence([], "model")
+    checked = verdict(traced, numbers, evidence)
     prompt, names = traced.prompt, traced.prompt.names
     length, logits, generation = traced.prompt.encoded.length, traced.answer_logits, traced.generation
     generated = _generated_rows(loaded, traced, numbers) if traced.target == "generate" else None
@@ -68,8 +110,16 @@ def build_report(loaded: LoadedModel, traced: TracedPrompt, *, top_k: int, sink_
         text=_decode(loaded, traced.generated_ids, skip_special_tokens=True) if generated is not None else None,
         next_token=next_token_table(loaded, logits, 1)[0] if logits is not None else None,
     )
-    summary, findings = narrate(traced, numbers, answer)
+    summary, findings = narrate(
+        traced,
+        numbers,
+        answer,
+        lead=causal_lead(traced, numbers, evidence, checked, _decode(loaded, evidence.answer_ids)),
+        evidence=evidence_findings(traced, numbers, evidence, checked),
+        filler=filler_clause(traced, numbers),
+    )
     sink, lead = prompt.index("sink"), numbers.lead
+    rows = [_segment_row(loaded, traced, numbers, evidence, i, top_k=top_k) for i in range(len(prompt.segments))]
     return PromptTrace(
         model=loaded.name,
         summary=summary,
@@ -79,7 +129,7 @@ def build_report(loaded: LoadedModel, traced: TracedPrompt, *, top_k: int, sink_
         rendered_prompt=prompt.encoded.text,
         num_tokens=length,
         answer_position=length - 1,
-        segments=[_segment_row(loaded, traced, numbers, i, top_k=top_k) for i in range(len(prompt.segments))],
+        segments=rows,
         sink_positions=list(prompt.segments[sink].positions) if sink is not None else [],
         sink_threshold=sink_threshold,
         read_most=names[lead.best],
@@ -90,7 +140,76 @@ def build_report(loaded: LoadedModel, traced: TracedPrompt, *, top_k: int, sink_
         generated=generated,
         stopped=generation.stopped if generation is not None else None,
         seconds_per_token=rounded(s) if generation is not None and (s := generation.seconds_per_token) else None,
+        **_evidence_fields(loaded, traced, numbers, evidence, checked),
     )
+
+
+def _evidence_fields(
+    loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, checked: Verdict
+) -> dict[str, Any]:
+    """The report-level evidence: the answer measured, the verdict, the agreement, the filler, the views."""
+    names = traced.prompt.names
+    depends = checked.depends_on
+    return {
+        "checks": list(evidence.checks),
+        "answer_evidence": _answer_evidence(loaded, evidence),
+        "depends_on_most": names[depends[0]] if depends else None,
+        "depends_on_runner_up": names[depends[1]] if len(depends) > 1 else None,
+        "agreement": [
+            RankAgreement(measure_a=a, measure_b=b, spearman=rounded(rho) if rho is not None else None, same_top=same)
+            for a, b, rho, same in checked.agreement
+        ],
+        "measures_agree": (checked.read_first == depends[0]) if depends and checked.read_first is not None else None,
+        "filler": _filler_rows(traced, numbers),
+        "gradient_run": _gradient_run(evidence),
+        "views": view_leads(traced, numbers, evidence, checked),
+        "evidence_notes": list(evidence.notes),
+    }
+
+
+def _answer_evidence(loaded: LoadedModel, evidence: Evidence) -> AnswerEvidence | None:
+    if not evidence.answer_ids or evidence.clean is None:
+        return None
+    return AnswerEvidence(
+        text=_decode(loaded, evidence.answer_ids),
+        token_ids=list(evidence.answer_ids),
+        tokens=[_decode(loaded, [i]) for i in evidence.answer_ids],
+        source="given" if evidence.source == "given" else "model",
+        logprob=rounded(float(evidence.clean.sum())),
+        first_token_logprob=rounded(float(evidence.clean[0])),
+    )
+
+
+def _gradient_run(evidence: Evidence) -> GradientRun | None:
+    run = evidence.gradient
+    if run is None:
+        return None
+    change = run.value - run.baseline_value
+    return GradientRun(
+        steps=run.steps,
+        baseline="every content token replaced by the neutral token",
+        value=rounded(run.value),
+        baseline_value=rounded(run.baseline_value),
+        delta=rounded(run.delta, 6),
+        relative_delta=rounded(abs(run.delta) / abs(change) if change != 0 else 0.0),
+    )
+
+
+def _filler_rows(traced: TracedPrompt, numbers: TraceNumbers) -> list[FillerToken]:
+    if numbers.filler_ratio is None or numbers.relative_norms is None:
+        return []
+    tokens, names = traced.prompt.encoded.tokens, traced.prompt.names
+    return [
+        FillerToken(
+            position=p,
+            token=tokens[p].text,
+            segment=names[traced.prompt.token_segment[p]],
+            received_ratio=rounded(float(numbers.filler_ratio[p])),
+            relative_value_norm=rounded(float(numbers.relative_norms[p])),
+            share=rounded(float(numbers.token_weights[p])),
+        )
+        for p in numbers.filler
+    ]
 
 
 def next_token_table(loaded: LoadedModel, logits: Tensor, count: int = NEXT_TOKENS_SHOWN) -> list[TokenProbability]:
@@ -129,8 +248,62 @@ def _segment_positions(traced: TracedPrompt, segment: Segment) -> list[int]:
     return list(segment.positions)
 
 
+def _top_tokens(
+    loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNumbers, positions: list[int], top_k: int
+) -> list[KeyWeight]:
+    """The segment's most-read tokens: content tokens (filler set aside) unless the segment holds only filler."""
+    token_weights = numbers.token_weights  # (Tk,)
+    readable = [p for p in positions if p < token_weights.shape[0]]
+    filler = set(numbers.filler) if numbers.exclude_filler else set()
+    content = [p for p in readable if p not in filler] or readable
+    top = top_positions(token_weights, content, top_k)
+    return [KeyWeight(position=p, token=_token_text(loaded, traced, p), weight=rounded(w)) for p, w in top]
+
+
+def _token_shares(
+    loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNumbers, positions: list[int]
+) -> list[TokenShare]:
+    """Up to :data:`TOKEN_SHARES_SHOWN` of the segment's most-read tokens, filler included and flagged."""
+    weights, values = numbers.token_weights, numbers.value_token_weights
+    readable = [p for p in positions if p < weights.shape[0]]
+    filler = set(numbers.filler)
+    return [
+        TokenShare(
+            position=p,
+            token=_token_text(loaded, traced, p),
+            share=rounded(w),
+            value_share=rounded(float(values[p])) if values is not None and p < values.shape[0] else None,
+            filler=p in filler,
+        )
+        for p, w in top_positions(weights, readable, TOKEN_SHARES_SHOWN)
+    ]
+
+
+def _checks_of(evidence: Evidence, index: int) -> dict[str, Any]:
+    """The segment's causal effect and gradient attribution, where the checks measured it."""
+    fields: dict[str, Any] = {}
+    causal = evidence.causal.get(index)
+    if causal is not None:
+        fields["causal"] = CausalEffect(
+            first_token_removed=rounded(causal.first_removed),
+            first_token_neutral=rounded(causal.first_neutral),
+            answer_removed=rounded(causal.answer_removed),
+            answer_neutral=rounded(causal.answer_neutral),
+            top_token_changed_removed=causal.top_changed_removed,
+            top_token_changed_neutral=causal.top_changed_neutral,
+            effect=rounded(causal.effect),
+        )
+    gradient = evidence.gradient
+    if gradient is not None and index in gradient.integrated:
+        fields["gradient"] = GradientAttribution(
+            integrated_gradients=rounded(gradient.integrated[index]),
+            gradient_x_input=rounded(gradient.times_input[index]),
+        )
+    return fields
+
+
 def _segment_row(
-    loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNumbers, index: int, *, top_k: int
+    loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, index: int, *, top_k: int
 ) -> SegmentShare:
     segment, views, sink = traced.prompt.segments[index], numbers.views, traced.prompt.index("sink")
     positions = _segment_positions(traced, segment)
@@ -138,10 +311,9 @@ def _segment_row(
         text = traced.prompt.encoded.text[segment.char_start : segment.char_end]
     else:
         text = "".join(_token_text(loaded, traced, p) for p in positions)
-    token_weights = traced.shares.mean_token_weights()  # (Tk,)
-    top = top_positions(token_weights, [p for p in positions if p < token_weights.shape[0]], top_k)
     share = views["share"][index]
     no_rollout = segment.kind == "generated"
+    value = views.get("value")
     return SegmentShare(
         name=segment.name,
         kind=segment.kind,
@@ -155,7 +327,13 @@ def _segment_row(
         last_layer_share=rounded(views["last"][index]),
         rollout_share=None if no_rollout else rounded(views["rollout"][index]),
         rollout_share_without_sink=None if no_rollout or index == sink else rounded(views["rollout_free"][index]),
-        top_tokens=[KeyWeight(position=p, token=_token_text(loaded, traced, p), weight=rounded(w)) for p, w in top],
+        top_tokens=_top_tokens(loaded, traced, numbers, positions, top_k),
+        uniform_share=rounded(views["uniform"][index]),
+        content_share=None if index == sink else rounded(views["content"][index]),
+        filler_share=rounded(views["filler"][index]),
+        value_share=rounded(value[index]) if value is not None else None,
+        token_shares=_token_shares(loaded, traced, numbers, positions),
+        **_checks_of(evidence, index),
     )
 
 

@@ -1,6 +1,9 @@
-"""One self-contained HTML file: summaries, layer × head grids, an interactive attention view, pictures.
+"""One self-contained HTML file: the story with its pictures, a model view (every head's map as a thumbnail),
+the attention view, a neuron view (q, k, q·k, scaled, masked, softmaxed for a chosen query), the findings, the
+layer × head grid and the glossary.
 
-No network, no CDN: data, script, style and images are inlined, so the file opens from a USB stick.
+No network, no CDN: data, script, style and images are inlined, so the file opens from a USB stick. The
+pictures are the ones :mod:`agent_tools.report.figures` drew once for the run.
 """
 
 from __future__ import annotations
@@ -14,7 +17,22 @@ from typing import Any
 
 import torch
 
+from agent_tools.report.content import (
+    SECTION_QUESTIONS,
+    SECTION_TITLES,
+    focus_head,
+    head_descriptions,
+    html_grids,
+    model_card,
+)
+from agent_tools.report.figures import Picture, draw_pictures, story_pictures
+from agent_tools.report.glossary import glossary
+from agent_tools.report.job import AnalysisResult
+from agent_tools.report.story import build_story, read_first
+from agent_tools.report.views import NeuronData
 from agent_tools.schemas import Report
+
+CARD_TERMS = {"head_dim": "dk", "scaling": "scale", "scaling_ratio": "scale"}  # card key -> glossary key
 
 
 @dataclass
@@ -29,21 +47,98 @@ class HtmlReport:
     grids: dict[str, dict[str, Any]]  # name -> {values: L×H floats, description, min?, max?, labels?}
     head_info: list[list[str]]  # L × H one-line description of each head
     sections: list[tuple[str, Report]] = field(default_factory=list)
-    plots: list[tuple[str, Path]] = field(default_factory=list)
+    plots: list[tuple[str, Path]] = field(default_factory=list)  # extra pictures given as files
     initial: tuple[int, int] = (0, 0)
+    model_summary: str = ""
+    read_first: str = ""
+    story: list[dict[str, Any]] = field(default_factory=list)  # steps, pictures as {name, caption}
+    pictures: dict[str, Picture] = field(default_factory=dict)  # every drawn picture, by name
+    more_pictures: list[str] = field(default_factory=list)  # names of the pictures outside the story
+    neuron: NeuronData | None = None
+    questions: dict[str, str] = field(default_factory=dict)  # section title -> what its numbers mean
+    notes: list[str] = field(default_factory=list)  # skipped steps and timings
 
 
-def _data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+def _png_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def page_for(result: AnalysisResult) -> HtmlReport:
+    """The page of one ``analyze`` run: every picture drawn once (or reused) and embedded."""
+    pictures = draw_pictures(result)
+    in_story = story_pictures(result)
+    description = result.reports.get("describe_model")
+    sections = [(SECTION_TITLES.get(n, n), r) for n, r in result.reports.items() if n != "describe_model"]
+    timing = ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items())
+    return HtmlReport(
+        model=result.model,
+        subtitle=f"{len(result.tokens)} tokens: {result.text[:160]}{'…' if len(result.text) > 160 else ''}",
+        card=model_card(result),
+        tokens=[t.text for t in result.tokens],
+        maps=result.maps.maps,
+        grids=html_grids(result),
+        head_info=head_descriptions(result),
+        sections=sections,
+        initial=focus_head(result),
+        model_summary=description.summary if description is not None else "",
+        read_first=read_first(result),
+        story=[step.as_json() for step in build_story(result)],
+        pictures=pictures,
+        more_pictures=[name for name in pictures if name not in in_story],
+        neuron=result.neuron,
+        questions={SECTION_TITLES.get(n, n): q for n, q in SECTION_QUESTIONS.items()},
+        notes=[f"skipped {name}: {why}" for name, why in result.skipped.items()] + [f"timings: {timing}"],
+    )
+
+
+def _neuron_json(neuron: NeuronData | None) -> dict[str, Any] | None:
+    if neuron is None:
+        return None
+    return {
+        "layer": neuron.layer,
+        "head": neuron.head,
+        "length": neuron.length,
+        "head_dim": neuron.head_dim,
+        "scale": neuron.scale,
+        "softcap": neuron.softcap,
+        "q": neuron.q_b64,
+        "k": neuron.k_b64,
+        "allowed": neuron.allowed_b64,
+    }
+
+
+def _sections_json(report: HtmlReport) -> list[dict[str, Any]]:
+    return [
+        {
+            "title": title,
+            "question": report.questions.get(title, ""),
+            "summary": section.summary,
+            "findings": [f.model_dump(mode="json") for f in section.findings[:12]],
+        }
+        for title, section in report.sections
+    ]
+
+
+def _pictures_json(report: HtmlReport) -> dict[str, dict[str, str]]:
+    shown = {p["name"] for step in report.story for p in step["pictures"]} | set(report.more_pictures)
+    found = {
+        name: {"src": _png_uri(p.png), "caption": p.caption} for name, p in report.pictures.items() if name in shown
+    }
+    for title, path in report.plots:
+        found[path.stem] = {"src": _png_uri(path.read_bytes()), "caption": title}
+    return found
 
 
 def render_html(report: HtmlReport) -> str:
+    """The page as one string: the template with the data inlined (``</`` escaped so no script ends early)."""
     num_layers, num_heads = len(report.head_info), len(report.head_info[0])
     maps = report.maps
     data = {
         "model": report.model,
         "subtitle": report.subtitle,
-        "card": [[k, v] for k, v in report.card],
+        "card": [[k, v, CARD_TERMS.get(k)] for k, v in report.card],
+        "model_summary": report.model_summary,
+        "read_first": report.read_first,
         "num_layers": num_layers,
         "num_heads": num_heads,
         "tokens": [{"text": t} for t in report.tokens],
@@ -51,15 +146,13 @@ def render_html(report: HtmlReport) -> str:
         "grids": report.grids,
         "head_info": report.head_info,
         "initial": {"layer": report.initial[0], "head": report.initial[1]},
-        "sections": [
-            {
-                "title": title,
-                "summary": section.summary,
-                "findings": [f.model_dump(mode="json") for f in section.findings[:12]],
-            }
-            for title, section in report.sections
-        ],
-        "plots": [{"title": title, "src": _data_uri(path)} for title, path in report.plots],
+        "story": report.story,
+        "pictures": _pictures_json(report),
+        "more_pictures": report.more_pictures + [path.stem for _, path in report.plots],
+        "sections": _sections_json(report),
+        "neuron": _neuron_json(report.neuron),
+        "glossary": [t.as_json() for t in glossary()],
+        "notes": report.notes,
     }
     payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
     template = files("agent_tools.report").joinpath("template.html").read_text(encoding="utf-8")

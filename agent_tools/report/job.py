@@ -1,10 +1,13 @@
-"""The ``analyze`` job's orchestration: run describe, collapse, scaling, head profile and projections on one
-text, and collect everything the terminal, JSON, PNG and HTML outputs need (the CLI's ``analyze`` command, in
-:mod:`agent_tools.cli.analyze`, only parses options and prints).
+"""The ``analyze`` job's orchestration: run describe, collapse, roles, scaling, projections, the reconstruction
+and the training experiment on one text, and collect everything the terminal, JSON, PNG, HTML and notebook
+outputs need (the CLI's ``analyze`` command, in :mod:`agent_tools.cli.analyze`, only parses options and prints).
 
 Each step calls a tool through its declaration (the same path every surface uses). Steps whose tools declare
-their pass as a plan (diagnose_collapse, profile_heads' text roles) share one forward pass with the capture that
-keeps every head's map (quantised) for the grids and the interactive view.
+their pass as a plan share passes: diagnose_collapse and profile_heads' text roles stream from the capture that
+keeps every head's map (quantised) for the grids and the interactive views; explain_scaling, inspect_projections
+and reconstruct_attention, on the most collapsed head, from a second pass that stops at its layer. Two small
+extras feed the story's pictures (:mod:`agent_tools.report.views`): the top induction head on the probe it was
+measured on (one pass over ~65 tokens), and every head's collapse row (read from the shared pass's consumer).
 """
 
 from __future__ import annotations
@@ -13,25 +16,46 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from pydantic import BaseModel, Field
 
+from agent_tools.analysis.collapse import rank_heads
+from agent_tools.consumers.collapse import CollapseConsumer
 from agent_tools.consumers.grid import QuantisedMaps
 from agent_tools.errors import AttentionToolError
 from agent_tools.inspector import Encoded, Inspector, PassPlan, check_indices
 from agent_tools.loading import LoadedModel
+from agent_tools.report.views import (
+    NeuronData,
+    ProbeHead,
+    ProbeView,
+    StageViews,
+    neuron_data,
+    probe_view,
+    stage_views,
+)
 from agent_tools.schemas import Report, Token
 from agent_tools.tools import TOOLS
+from agent_tools.tools.diagnose_collapse.models import HeadCollapseRow
+from agent_tools.tools.diagnose_collapse.plan import head_row
+from agent_tools.tools.reconstruct_attention import Reconstruction, plan_reconstruction
+
+if TYPE_CHECKING:
+    from agent_tools.report.notebook_view import InteractivePage, StepView
 
 DEFAULT_TEXT = (
     "When Mary and John went to the store, John gave a drink to Mary. "
     "The store was closed on Sunday, so they walked back home along the river and talked about the weather."
 )
 MAX_INTERACTIVE_TOKENS = 384
+# The report's training experiment: the tool's defaults (four runs of 300 SGD steps, about 1.5 s on one core).
+EXPERIMENT_ARGUMENTS: dict[str, Any] = {}
 
 Progress = Callable[[str], None]
+R = TypeVar("R", bound=Report)
 
 
 class AnalysisReport(BaseModel):
@@ -48,6 +72,9 @@ class AnalysisReport(BaseModel):
     head_normalised_entropy: list[list[float]]
     head_sink_share: list[list[float]] = Field(description="layer × head mean weight on position 0")
     head_max_weight: list[list[float]]
+    story: list[dict[str, Any]] = Field(
+        default_factory=list, description="the story's steps in order: key, title, question, sentences, pictures"
+    )
     timings: dict[str, float] = Field(description="seconds per step")
 
 
@@ -64,8 +91,46 @@ class AnalysisResult:
     maps: QuantisedMaps
     timings: dict[str, float]
     skipped: dict[str, str] = field(default_factory=dict)
+    collapse_rows: list[HeadCollapseRow] = field(default_factory=list)  # every head, most collapsed first
+    stages: StageViews | None = None  # the focus head's reconstruction, for the story's pictures
+    neuron: NeuronData | None = None  # the focus head's q and k, for the page's neuron view
+    probe: ProbeView | None = None  # the top induction head on its probe
+    pictures: dict[str, Any] = field(default_factory=dict, repr=False)  # drawn once: name -> Picture
+    written_to: Path | None = None  # the folder the files went to (the terminal names the pictures there)
+
+    def report(self, name: str, kind: type[R]) -> R | None:
+        """The report of step ``name`` when it ran and is a ``kind`` (None otherwise)."""
+        found = self.reports.get(name)
+        return found if isinstance(found, kind) else None
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the story with its pictures, the findings and the glossary (:mod:`.notebook_view`)."""
+        from agent_tools.report.notebook_view import analysis_html
+
+        return analysis_html(self)
+
+    def _repr_markdown_(self) -> str:
+        """Text front-ends: the story's sentences, the findings and the glossary."""
+        from agent_tools.report.notebook_view import analysis_markdown
+
+        return analysis_markdown(self)
+
+    def step(self, key: str) -> StepView:
+        """One step of the story for a notebook cell (raw, scale, stages, no_projections, collapse, roles,
+        training): its sentences and pictures."""
+        from agent_tools.report.notebook_view import step_view
+
+        return step_view(self, key)
+
+    def page(self, *, height: int = 900) -> InteractivePage:
+        """The interactive page (model view, attention view, neuron view) for a notebook cell (an iframe)."""
+        from agent_tools.report.notebook_view import interactive_page
+
+        return interactive_page(self, height=height)
 
     def to_report(self) -> AnalysisReport:
+        from agent_tools.report.story import build_story  # the story reads this result: imported on use
+
         def grid(tensor: torch.Tensor) -> list[list[float]]:
             return [[round(float(v), 4) for v in row] for row in tensor.tolist()]
 
@@ -81,6 +146,7 @@ class AnalysisResult:
             head_normalised_entropy=grid(self.maps.normalised_entropy),
             head_sink_share=grid(self.maps.first_token_share),
             head_max_weight=grid(self.maps.max_weight),
+            story=[step.as_json() for step in build_story(self)],
             timings={k: round(v, 3) for k, v in self.timings.items()},
         )
 
@@ -102,12 +168,14 @@ def _whole_model_steps(text: str, model: str | None, layers: list[int] | None) -
 
 
 def _focus_steps(text: str, model: str | None, focus: tuple[int, int]) -> list[tuple[str, dict]]:
-    """Steps on the most collapsed head, chosen from the capture."""
+    """Steps on the most collapsed head, chosen from the capture. The reconstruction applies the mask at every
+    stage, so each stage's picture of the first tokens shows exactly what those queries may read."""
     layer, head = focus
     base: dict[str, Any] = {"text": text} | ({"model": model} if model else {})
     steps = [
         ("explain_scaling", base | {"layer": layer}),
         ("inspect_projections", base | {"layer": layer, "head": head}),
+        ("reconstruct_attention", base | {"layer": layer, "head": head, "mask_every_stage": True}),
     ]
     return [(name, args) for name, args in steps if name in TOOLS]
 
@@ -120,6 +188,7 @@ class StepOutcomes:
     reports: dict[str, Report] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    reconstruction: Reconstruction | None = None  # kept by the reconstruction's plan for the pictures
 
     def attempt(self, name: str, call: Callable[[], Report | None]) -> None:
         """Run one step, timed; an expected failure of its input skips it with the error's message."""
@@ -134,6 +203,20 @@ class StepOutcomes:
         self.timings[name] = time.perf_counter() - start
 
 
+def _reconstruction_plan(inspector: Inspector, arguments: dict, outcomes: StepOutcomes) -> PassPlan[Report]:
+    """reconstruct_attention's plan, finishing with its checked report and keeping the stage tensors."""
+    spec = TOOLS["reconstruct_attention"]
+    plan = plan_reconstruction(inspector, spec.parse(arguments))
+    finish = plan.finish
+
+    def keep(output: object) -> Report:
+        rebuilt = finish(output)
+        outcomes.reconstruction = rebuilt
+        return spec.check(rebuilt.report, inspector)
+
+    return PassPlan(plan.loaded, plan.encoded, plan.consumers, keep, layers=plan.layers, record_inputs=True)
+
+
 def _prepare_plans(
     inspector: Inspector, steps: list[tuple[str, dict]], outcomes: StepOutcomes
 ) -> dict[str, PassPlan[Report]]:
@@ -144,7 +227,10 @@ def _prepare_plans(
         if spec.plan is None:
             continue
         try:
-            plan = spec.prepare(inspector, arguments)
+            if name == "reconstruct_attention":
+                plan: PassPlan[Report] | None = _reconstruction_plan(inspector, arguments, outcomes)
+            else:
+                plan = spec.prepare(inspector, arguments)
         except AttentionToolError as exc:
             outcomes.skipped[name] = exc.message
             continue
@@ -188,14 +274,16 @@ def _run_steps(
     *,
     pass_name: str,
     lead: PassPlan[Any] | None = None,
-) -> None:
+) -> dict[str, PassPlan[Report]]:
     """Run ``steps``; those whose tools declare a plan sharing one pass (with ``lead`` when given) stream from a
-    single forward pass, timed as ``pass_name``. The rest, or all if the shared pass fails, run one by one."""
+    single forward pass, timed as ``pass_name``. The rest, or all if the shared pass fails, run one by one.
+    Returns the plans that shared the pass (their consumers hold what the pass gave them)."""
     plans = _prepare_plans(inspector, steps, outcomes)
     done = _run_shared_pass(inspector, plans, outcomes, pass_name=pass_name, lead=lead)
     for name, arguments in steps:
         if name not in done and name not in outcomes.skipped:
             outcomes.attempt(name, partial(TOOLS[name], inspector, arguments))
+    return {name: plans[name] for name in done}
 
 
 def _head_maps(inspector: Inspector, loaded: LoadedModel, encoded: Encoded) -> QuantisedMaps:
@@ -208,15 +296,46 @@ def _head_maps(inspector: Inspector, loaded: LoadedModel, encoded: Encoded) -> Q
     return QuantisedMaps(facts.num_layers, facts.num_heads, encoded.length, keep_maps=keep_maps)
 
 
+def _collapse_rows(plans: dict[str, PassPlan[Report]], loaded: LoadedModel, encoded: Encoded) -> list[HeadCollapseRow]:
+    """Every examined head's collapse row, most collapsed first, from the shared pass's consumer (the report lists
+    only the top few; the story names every harmful head wherever it ranks). Empty when collapse ran alone."""
+    plan = plans.get("diagnose_collapse")
+    consumers = [c for c in (plan.consumers if plan is not None else []) if isinstance(c, CollapseConsumer)]
+    if not consumers:
+        return []
+    stats = rank_heads(consumers[0].results())
+    return [head_row(s, encoded.tokens, loaded.facts.kv_head_of(s.head)) for s in stats]
+
+
+def _induction_probe(inspector: Inspector, loaded: LoadedModel, outcomes: StepOutcomes) -> ProbeView | None:
+    """The top induction head's map on the probe profile_heads measured it on (None without one)."""
+    profile = outcomes.reports.get("profile_heads")
+    probe = getattr(profile, "probe", None)
+    role = next((r for r in getattr(profile, "roles", []) if r.role == "induction" and r.top), None)
+    if probe is None or role is None:
+        return None
+    top = role.top[0]
+    start = time.perf_counter()
+    outcomes.say("drawing the induction head on its probe")
+    chosen = ProbeHead(top.layer, top.head, top.score, top.qualifies, role.threshold)
+    view = probe_view(inspector, loaded, chosen, seed=probe.seed, repeat_length=probe.repeat_length)
+    outcomes.timings["induction_probe"] = time.perf_counter() - start
+    return view
+
+
 def run_analysis(
     inspector: Inspector,
     text: str | None = None,
     *,
     model: str | None = None,
     layers: list[int] | None = None,
+    experiment: bool = True,
     progress: Progress | None = None,
 ) -> AnalysisResult:
-    """Run every analysis on ``text`` (a built-in text when None); expected failures of the input raise."""
+    """Run every analysis on ``text`` (a built-in text when None); expected failures of the input raise.
+
+    ``experiment=False`` skips the training experiment (a fixed ~1.5 s, independent of the text).
+    """
     outcomes = StepOutcomes(say=progress or (lambda _message: None))
     text = text if text is not None else DEFAULT_TEXT
     start = time.perf_counter()
@@ -230,27 +349,57 @@ def run_analysis(
     every_layer = layers if layers is not None else list(range(loaded.facts.num_layers))
     lead = PassPlan(loaded, encoded, [maps], lambda _output: maps, layers=every_layer)
 
-    # The maps, diagnose_collapse and profile_heads' text roles stream from one forward pass; explain_scaling and
-    # inspect_projections, on the most collapsed head's layer, from a second one that stops after that layer.
+    # The maps, diagnose_collapse and profile_heads' text roles stream from one forward pass; explain_scaling,
+    # inspect_projections and reconstruct_attention, on the most collapsed head, from a second one that stops
+    # after that head's layer.
     outcomes.say("capturing every head's attention")
-    _run_steps(inspector, _whole_model_steps(text, model, layers), outcomes, pass_name="capture", lead=lead)
+    shared = _run_steps(inspector, _whole_model_steps(text, model, layers), outcomes, pass_name="capture", lead=lead)
     outcomes.say("examining the most collapsed head")
     _run_steps(inspector, _focus_steps(text, model, _most_collapsed_head(maps)), outcomes, pass_name="focus_pass")
+    probe = _induction_probe(inspector, loaded, outcomes)
+    if experiment and "scaling_experiment" in TOOLS:
+        outcomes.attempt("scaling_experiment", partial(TOOLS["scaling_experiment"], inspector, EXPERIMENT_ARGUMENTS))
+    elif not experiment:
+        outcomes.skipped["scaling_experiment"] = "not asked for (--no-experiment)"
+    return _result(loaded, encoded, maps, outcomes, shared=shared, probe=probe)
+
+
+def _result(
+    loaded: LoadedModel,
+    encoded: Encoded,
+    maps: QuantisedMaps,
+    outcomes: StepOutcomes,
+    *,
+    shared: dict[str, PassPlan[Report]],
+    probe: ProbeView | None,
+) -> AnalysisResult:
+    """Everything the outputs need, with what did not run (and why) in ``skipped``."""
     if maps.maps is None:
         outcomes.skipped["interactive view"] = (
             f"text has {encoded.length} tokens; maps are kept up to {MAX_INTERACTIVE_TOKENS}"
         )
-    for name in ("diagnose_collapse", "explain_scaling", "profile_heads", "inspect_projections"):
+    for name in (
+        "diagnose_collapse",
+        "explain_scaling",
+        "profile_heads",
+        "inspect_projections",
+        "reconstruct_attention",
+    ):
         if name not in TOOLS:
             outcomes.skipped[name] = "tool not available in this build"
+    rebuilt = outcomes.reconstruction
     return AnalysisResult(
         model=loaded.name,
         dtype=str(loaded.dtype).removeprefix("torch."),
         device=str(loaded.device),
-        text=text,
+        text=encoded.text,
         tokens=encoded.tokens,
         reports=outcomes.reports,
         maps=maps,
         timings=outcomes.timings,
         skipped=outcomes.skipped,
+        collapse_rows=_collapse_rows(shared, loaded, encoded),
+        stages=stage_views(rebuilt, encoded.tokens) if rebuilt is not None else None,
+        neuron=neuron_data(rebuilt) if rebuilt is not None else None,
+        probe=probe,
     )

@@ -1,17 +1,23 @@
-"""The analysis as a readable terminal report (rich): model card, findings per analysis, a layer × head grid."""
+"""The analysis as a readable terminal report (rich): the model card once, the story step by step (its pictures
+named by the files they were written to), the findings of each analysis under the question it answers, a layer
+× head grid and the glossary of the terms used."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from agent_tools.report.content import SECTION_QUESTIONS, SECTION_TITLES, model_card, role_grid_values
+from agent_tools.report.glossary import terms_in
 from agent_tools.report.job import AnalysisResult
-from agent_tools.report.outputs import SECTION_TITLES, role_grid_values
+from agent_tools.report.story import StoryStep, build_story, read_first
 
 SHADES = " ░▒▓█"
-# One mark per primary role (keys are outputs.ROLE_ABBREVIATIONS values).
+# One mark per primary role (keys are content.ROLE_ABBREVIATIONS values).
 ROLE_MARKS = {
     "prev": "←",
     "next": "→",
@@ -26,14 +32,22 @@ ROLE_MARKS = {
 }
 
 
-def _card(result: AnalysisResult) -> Table:
+def _card(result: AnalysisResult) -> Group:
     table = Table(show_header=False, box=None, pad_edge=False)
+    for key, value in model_card(result):
+        table.add_row(Text(key, style="dim"), str(value))
     description = result.reports.get("describe_model")
-    if description is not None:
-        for key in ("family", "num_layers", "num_heads", "num_kv_heads", "head_dim", "scaling", "positional", "mask"):
-            table.add_row(Text(key, style="dim"), str(getattr(description, key)))
-    table.add_row(Text("tokens", style="dim"), str(len(result.tokens)))
-    return table
+    parts: list[Text | Table] = [Text(description.summary)] if description is not None else []
+    return Group(*parts, table, Text(read_first(result, where="terminal"), style="italic"))
+
+
+def _story_step(step: StoryStep, out: Path | None) -> Panel:
+    """One step: the question, the sentences, and the files its pictures were written to."""
+    lines: list[Text] = [Text(step.question, style="italic dim"), Text(" ".join(step.sentences))]
+    for picture in step.pictures:
+        where = f"{out / (picture.name + '.png')}" if out is not None else f"{picture.name}.png (with --out)"
+        lines.append(Text(f"picture: {picture.caption} — {where}", style="dim"))
+    return Panel(Group(*lines), title=f"{step.number}. {step.title}", title_align="left", border_style="blue")
 
 
 def _section(name: str, result: AnalysisResult) -> Panel:
@@ -48,8 +62,13 @@ def _section(name: str, result: AnalysisResult) -> Panel:
             "" if finding.head is None else str(finding.head),
             finding.detail,
         )
-    content = Group(Text(report.summary), body) if report.findings else Text(report.summary)
-    return Panel(content, title=SECTION_TITLES.get(name, name), title_align="left")
+    parts: list[Text | Table] = []
+    if name in SECTION_QUESTIONS:
+        parts.append(Text(SECTION_QUESTIONS[name], style="italic dim"))
+    parts.append(Text(report.summary))
+    if report.findings:
+        parts.append(body)
+    return Panel(Group(*parts), title=SECTION_TITLES.get(name, name), title_align="left")
 
 
 def _grid(result: AnalysisResult) -> Panel:
@@ -74,13 +93,30 @@ def _grid(result: AnalysisResult) -> Panel:
     return Panel(Group(*lines), title="Layer × head grid", title_align="left")
 
 
-def print_report(result: AnalysisResult, console: Console | None = None) -> None:
+def _glossary(result: AnalysisResult, steps: list[StoryStep]) -> Panel:
+    """The glossary lines of the terms this report uses."""
+    used = " ".join(" ".join(s.sentences) for s in steps)
+    used += " ".join(result.reports[n].summary for n in result.reports)
+    table = Table(show_header=False, box=None, pad_edge=False)
+    for term in terms_in(used):
+        table.add_row(Text(term.name, style="bold"), f"{term.formula} — {term.meaning}")
+    return Panel(table, title="Glossary", title_align="left")
+
+
+def print_report(result: AnalysisResult, console: Console | None = None, *, out: Path | None = None) -> None:
+    """The whole report; ``out``: the folder the pictures were written to (default: where ``write_outputs`` put
+    them), named next to each step."""
     console = console or Console()
+    out = out if out is not None else result.written_to
     console.print(Panel(_card(result), title=f"Attention of {result.model}", title_align="left"))
+    steps = build_story(result)
+    for step in steps:
+        console.print(_story_step(step, out))
     for name in result.reports:
         if name != "describe_model":
             console.print(_section(name, result))
     console.print(_grid(result))
+    console.print(_glossary(result, steps))
     for name, why in result.skipped.items():
         console.print(Text(f"skipped {name}: {why}", style="dim"))
     timing = ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items())

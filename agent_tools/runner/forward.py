@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -21,6 +22,31 @@ def _mask_on_device(loaded: LoadedModel, mask: Tensor | None) -> Tensor | None:
     return None if mask is None else on_device(loaded, mask)
 
 
+LOCK_POLL_SECONDS = 0.1  # how often a call waiting for the model's lock looks at its checkpoint
+
+
+@contextmanager
+def locked(loaded: LoadedModel, checkpoint: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold the model's lock for the block; while waiting for it, call ``checkpoint`` every 0.1 s.
+
+    In a server every call queues on one model: a call cancelled (or past its deadline) while it waits must leave
+    the queue at once instead of running after the client has gone. ``checkpoint`` runs once more after the lock
+    is taken, so a call stopped while waiting never starts its pass. The lock is re-entrant: a runner function
+    called inside this block takes it again without waiting.
+    """
+    if checkpoint is None:
+        with loaded.lock:
+            yield
+        return
+    while not loaded.lock.acquire(timeout=LOCK_POLL_SECONDS):
+        checkpoint()
+    try:
+        checkpoint()
+        yield
+    finally:
+        loaded.lock.release()
+
+
 def captured_forward(
     loaded: LoadedModel,
     input_ids: Tensor,
@@ -31,11 +57,13 @@ def captured_forward(
     query_chunk: int | None = None,
     record_inputs: bool = False,
     need_output: bool = True,
+    checkpoint: Callable[[], None] | None = None,
 ) -> Any:
     """One forward pass with capture; returns the model's output (None when ``need_output`` is False).
 
     With ``need_output=False`` (the caller only wants what its consumers collect) the pass skips the
-    language-model head and stops right after the last captured layer.
+    language-model head and stops right after the last captured layer. ``checkpoint`` (the call's cancel and
+    deadline check) runs while waiting for the lock, before every layer and between query chunks.
     """
     input_ids, attention_mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
     model = loaded.model
@@ -43,7 +71,7 @@ def captured_forward(
         base = getattr(model, "base_model", None)
         model = base if isinstance(base, torch.nn.Module) else model
     with (
-        loaded.lock,
+        locked(loaded, checkpoint),
         torch.inference_mode(),
         capture_attention(
             loaded.model,
@@ -52,6 +80,7 @@ def captured_forward(
             query_chunk=query_chunk,
             record_inputs=record_inputs,
             stop_after_last=not need_output,
+            checkpoint=checkpoint,
         ),
     ):
         try:
@@ -68,12 +97,14 @@ def answer_logits(
     consumers: Sequence[AttentionConsumer],
     *,
     query_chunk: int | None = None,
+    checkpoint: Callable[[], None] | None = None,
 ) -> Tensor | None:
     """One captured forward of a prompt; returns the (V,) next-token logits at its last position (None for a
     model without a next-token head). Only the last position's logits are computed (``logits_to_keep=1``)."""
     extra = {"logits_to_keep": 1} if loaded.facts.is_language_model else {}
     input_ids, attention_mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
-    with loaded.lock, torch.inference_mode(), capture_attention(loaded.model, consumers, query_chunk=query_chunk):
+    capture = capture_attention(loaded.model, consumers, query_chunk=query_chunk, checkpoint=checkpoint)
+    with locked(loaded, checkpoint), torch.inference_mode(), capture:
         output = loaded.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
     logits = getattr(output, "logits", None)
     return logits[0, -1].float().clone() if extra and logits is not None else None

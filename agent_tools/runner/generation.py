@@ -13,7 +13,7 @@ from torch import Tensor
 
 from agent_tools.capture import AttentionConsumer, capture_attention
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import on_device
+from agent_tools.runner.forward import locked, on_device
 
 StopReason = Literal["eos", "max_new_tokens"]
 
@@ -68,6 +68,7 @@ def greedy_generate(
     prompt_consumers: Sequence[AttentionConsumer] = (),
     step_consumers: Sequence[AttentionConsumer] = (),
     on_step: Callable[[int, int], None] | None = None,
+    checkpoint: Callable[[], None] | None = None,
 ) -> Generation:
     """Generate greedily (argmax) with the KV cache, capturing attention on the prompt and on every step.
 
@@ -83,6 +84,8 @@ def greedy_generate(
         on_step: called as ``on_step(step, token_id)`` after the forward that chose token ``step`` (step 0 is
             chosen at the last prompt position, step n at position prompt_length - 1 + n, reading that many
             + 1 keys), while the step consumers still hold that forward's rows.
+        checkpoint: the call's cancel and deadline check; it runs while waiting for the lock, before every layer
+            (prompt and steps) and between steps, and raises to stop the generation.
     """
     input_ids = on_device(loaded, input_ids)
     model = loaded.model
@@ -91,9 +94,10 @@ def greedy_generate(
     token_ids: list[int] = []
     step_seconds: list[float] = []
     stopped: StopReason = "max_new_tokens"
-    with loaded.lock, torch.inference_mode():
+    with locked(loaded, checkpoint), torch.inference_mode():
         start = time.perf_counter()
-        with capture_attention(model, [*prompt_consumers, *step_consumers], query_chunk=query_chunk):
+        consumers = [*prompt_consumers, *step_consumers]
+        with capture_attention(model, consumers, query_chunk=query_chunk, checkpoint=checkpoint):
             output = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
         prompt_seconds = time.perf_counter() - start
         first_logits = output.logits[0, -1].float().clone()  # (V,)
@@ -102,8 +106,10 @@ def greedy_generate(
         if on_step is not None:
             on_step(0, token)
         cache = _returned_cache(output)
-        with capture_attention(model, list(step_consumers)):
+        with capture_attention(model, list(step_consumers), checkpoint=checkpoint):
             while token not in stops and len(token_ids) < max_new_tokens:
+                if checkpoint is not None:
+                    checkpoint()  # between steps, before the next token's forward
                 start = time.perf_counter()
                 step_input = torch.tensor([[token]], dtype=input_ids.dtype, device=input_ids.device)  # (1, 1)
                 output = model(input_ids=step_input, use_cache=True, logits_to_keep=1, **{cache_name: cache})

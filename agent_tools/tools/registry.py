@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector, PassPlan
+from agent_tools.inspector import Inspector, PassPlan, check_list_lengths
 from agent_tools.schemas import Report
 
 In = TypeVar("In", bound=BaseModel)
@@ -35,6 +35,7 @@ class ToolSpec(Generic[In, Out]):
             return arguments
         if not isinstance(arguments, dict):
             raise InvalidInputError(f"{self.name} takes a JSON object of arguments, got {type(arguments).__name__}")
+        check_list_lengths(arguments)  # every surface: huge lists are refused before any (per-item) check
         try:
             return self.input_model.model_validate(arguments)
         except ValidationError as exc:

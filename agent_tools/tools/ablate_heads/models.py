@@ -10,13 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import check_index
 from agent_tools.intervene import AblationMethod
+from agent_tools.prompt_trace import NextCall
 from agent_tools.schemas import Report, TextInput, head_label
 
 DESCRIPTION = (
     "Check whether attention heads matter: remove their contribution (zero or mean-ablate their output before "
     "the output projection) and report, for a causal LM, the KL of the next-token distribution at the last "
     "position and on average, the change in loss on the text and whether the top next token changes; for an "
-    "encoder, how far the pooled embedding turns. The model is restored exactly afterwards."
+    "encoder, how far the pooled embedding turns. For a causal LM it also gives every head's direct logit "
+    "attribution to a target token (its output through W_O, the final norm with its scale frozen, and the "
+    "unembedding). The model is restored exactly afterwards."
 )
 
 _HEAD_STRING = re.compile(r"^\s*[Ll]?\s*(-?\d+)\s*(?:\.|:|[Hh]|\.[Hh])\s*(-?\d+|\*)\s*$")
@@ -47,12 +50,37 @@ class AblateHeadsInput(TextInput):
         ),
     )
     top_k: int = Field(default=5, ge=1, le=50, description="positions with the largest effect listed")
+    target_token: str | None = Field(
+        default=None,
+        min_length=1,
+        description="causal LM: the one token whose logit after the text direct logit attribution explains (mind "
+        "a leading space); omitted = the clean model's top next token",
+    )
 
 
 class PositionEffect(BaseModel):
     position: int = Field(description="the position whose output changed (for a causal LM: predicting position+1)")
     token: str
     value: float = Field(description="KL(clean ‖ ablated) of the next-token distribution (nats), or 1 − cos")
+
+
+class HeadLogit(BaseModel):
+    layer: int
+    head: int
+    logit: float = Field(description="what the head writes into the target's logit at the last position")
+
+
+class DirectLogitAttribution(BaseModel):
+    token: str
+    token_id: int
+    logit: float = Field(description="the target's logit after the text (clean model)")
+    heads_total: float = Field(description="Σ over every head's direct logit attribution")
+    final_norm: str = Field(description="the final norm whose scale was frozen: layer_norm or rms_norm")
+    frozen_scale: float = Field(description="σ of the final residual at the last position, held fixed")
+    method: str = Field(description="how the numbers are computed, and what they do not say")
+    ablated: list[HeadLogit] = Field(description="the ablated heads' direct logit attribution")
+    top_heads: list[HeadLogit] = Field(description="the heads with the largest |direct logit attribution|")
+    layers: list[float] = Field(description="per layer, Σ over its heads")
 
 
 class AblationReport(Report):
@@ -77,6 +105,11 @@ class AblationReport(Report):
     )
     mean_token_cosine_change: float | None = Field(default=None, description="encoder: mean over tokens of 1 − cos")
     largest_effects: list[PositionEffect] = Field(default_factory=list)
+    direct_logit_attribution: DirectLogitAttribution | None = Field(
+        default=None, description="causal LM: every head's direct write into the target token's logit"
+    )
+    notes: list[str] = Field(default_factory=list, description="what could not be measured, and why")
+    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")
 
 
 def parse_heads(heads: Sequence[str | HeadRef | dict], num_layers: int, num_heads: int) -> list[tuple[int, int]]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent_tools.schemas import Finding
-from agent_tools.tools.ablate_heads.models import PositionEffect
+from agent_tools.tools.ablate_heads.models import DirectLogitAttribution, PositionEffect
 
 
 @dataclass(frozen=True)
@@ -113,4 +113,28 @@ def embedding_summary(ablated: Ablated, effect: EmbeddingEffect) -> str:
         f"Ablating {heads_shown(ablated.heads)} ({ablated.method}) on {ablated.tokens} tokens turns the mean-pooled "
         f"embedding by 1 − cos = {effect.pooled:.4g}; per token {effect.mean:.4g} on average, most at position "
         f"{effect.peak_position} {effect.peak_token!r} ({effect.peak:.4g})."
+    )
+
+
+def dla_summary(dla: DirectLogitAttribution) -> str:
+    """The ablated heads' direct write into the target logit and the head that writes most (norm scale frozen)."""
+    ablated = sum(h.logit for h in dla.ablated)
+    each = ", ".join(f"{h.layer}.{h.head} {h.logit:+.3f}" for h in dla.ablated[:4])
+    top = dla.top_heads[0]
+    return (
+        f" Direct logit attribution to {dla.token!r} (logit {dla.logit:.3f}; final {dla.final_norm} scale frozen): "
+        f"the ablated heads write {ablated:+.3f} into it ({each}); the largest writer is L{top.layer}H{top.head} "
+        f"{top.logit:+.3f}."
+    )
+
+
+def dla_finding(dla: DirectLogitAttribution) -> Finding:
+    top = dla.top_heads[0]
+    return Finding(
+        kind="direct_logit_attribution",
+        layer=top.layer,
+        head=top.head,
+        value=top.logit,
+        detail=f"L{top.layer}H{top.head} writes {top.logit:+.3f} directly into the logit of {dla.token!r} (final "
+        f"{dla.final_norm} scale frozen); all heads together {dla.heads_total:+.3f} of {dla.logit:.3f}",
     )

@@ -6,19 +6,38 @@ import torch
 
 from agent_tools.analysis.ablation import cosine_change
 from agent_tools.analysis.metrics import kl_divergence, next_token_losses
+from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
+from agent_tools.prompt_trace import NextCall
 from agent_tools.runner import AblationEffect
 from agent_tools.schemas import head_label, rounded
-from agent_tools.tools.ablate_heads.models import AblateHeadsInput, AblationReport, PositionEffect, parse_heads
+from agent_tools.tools.ablate_heads.models import (
+    AblateHeadsInput,
+    AblationReport,
+    DirectLogitAttribution,
+    HeadLogit,
+    PositionEffect,
+    parse_heads,
+)
 from agent_tools.tools.ablate_heads.narrative import (
     Ablated,
     EmbeddingEffect,
     NextTokenEffect,
+    dla_finding,
+    dla_summary,
     embedding_findings,
     embedding_summary,
     next_token_findings,
     next_token_summary,
+)
+
+DLA_HEADS_SHOWN = 5
+DLA_METHOD = (
+    "each head's output z_h through its slice of W_O, then the final norm with its scale σ frozen at the clean run's "
+    "value (so it is linear), then the unembedding row of the token, less the unembedding of 0; every module runs "
+    "its own forward on these extra rows. Heads' numbers add up; they say what a head writes directly into the "
+    "logit, not what removing it does (later layers may compensate: compare the ablation above)"
 )
 
 
@@ -28,13 +47,93 @@ def ablate_heads(inspector: Inspector, args: AblateHeadsInput) -> AblationReport
     facts = loaded.facts
     heads = parse_heads(args.heads, facts.num_layers, facts.num_heads)
     encoded = inspector.encode(loaded, args.text)
+    target = _target_token(loaded, args.target_token)
     effect = inspector.ablate(loaded, encoded.input_ids, encoded.attention_mask, heads, method=args.method)
     ablated = Ablated(
         heads=[head_label(layer, head) for layer, head in heads], method=args.method, tokens=encoded.length
     )
-    if effect.language_model:
-        return _next_token_report(loaded, encoded, effect, ablated, args)
-    return _embedding_report(loaded, encoded, effect, ablated, args)
+    if not effect.language_model:
+        return _embedding_report(loaded, encoded, effect, ablated, args)
+    report = _next_token_report(loaded, encoded, effect, ablated, args)
+    token = target if target is not None else int(effect.clean[0, -1].argmax())
+    try:
+        dla = _direct_logits(inspector, loaded, encoded, token, heads)
+    except UnsupportedModelError as exc:
+        if args.target_token is not None:
+            raise
+        return report.model_copy(update={"notes": [f"direct logit attribution skipped: {exc.message}"]})
+    return report.model_copy(
+        update={
+            "summary": report.summary + dla_summary(dla),
+            "findings": [*report.findings, dla_finding(dla)],
+            "direct_logit_attribution": dla,
+            "next_calls": _next_calls(loaded, args, heads, dla),
+        }
+    )
+
+
+def _target_token(loaded: LoadedModel, text: str | None) -> int | None:
+    """The one token id of ``target_token`` (None: not given), or an error naming the tokens it splits into."""
+    if text is None:
+        return None
+    if not loaded.facts.is_language_model:
+        msg = f"target_token needs a causal LM; {loaded.name!r} has no next-token head"
+        raise InvalidInputError(msg, field="target_token")
+    ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        pieces = [str(loaded.tokenizer.decode([i])) for i in ids]
+        msg = f"target_token {text!r} is {len(ids)} tokens ({pieces}) for {loaded.name!r}; give exactly one token"
+        raise InvalidInputError(msg, field="target_token")
+    return int(ids[0])
+
+
+def _direct_logits(
+    inspector: Inspector, loaded: LoadedModel, encoded: Encoded, token: int, heads: list[tuple[int, int]]
+) -> DirectLogitAttribution:
+    """Every head's direct logit attribution to ``token`` at the last position, as the report states it."""
+    found = inspector.direct_logits(loaded, encoded, token)
+    grid = found.heads  # (L, H)
+
+    def row(layer: int, head: int) -> HeadLogit:
+        return HeadLogit(layer=layer, head=head, logit=rounded(float(grid[layer, head])))
+
+    order = grid.abs().flatten().argsort(descending=True)[:DLA_HEADS_SHOWN].tolist()
+    return DirectLogitAttribution(
+        token=_decode(loaded, token),
+        token_id=token,
+        logit=rounded(found.logit),
+        heads_total=rounded(float(grid.sum())),
+        final_norm=found.norm,
+        frozen_scale=rounded(found.scale, 6),
+        method=DLA_METHOD,
+        ablated=[row(layer, head) for layer, head in heads],
+        top_heads=[row(*divmod(int(i), grid.shape[1])) for i in order],
+        layers=[rounded(float(v)) for v in grid.sum(1)],
+    )
+
+
+def _next_calls(
+    loaded: LoadedModel, args: AblateHeadsInput, heads: list[tuple[int, int]], dla: DirectLogitAttribution
+) -> list[NextCall]:
+    """Profile the ablated heads' layers; ablate the head that writes most into the logit when it was not ablated."""
+    calls = [
+        NextCall(
+            tool="profile_heads",
+            arguments={"model": loaded.name, "text": args.text, "layers": sorted({layer for layer, _ in heads})},
+            why="what the ablated heads do (role scores with ablation evidence), to explain the effect measured here",
+        )
+    ]
+    top = dla.top_heads[0]
+    if (top.layer, top.head) not in heads:
+        calls.append(
+            NextCall(
+                tool="ablate_heads",
+                arguments={"model": loaded.name, "text": args.text, "heads": [head_label(top.layer, top.head)]},
+                why=f"L{top.layer}H{top.head} writes most directly into {dla.token!r} ({top.logit:+.3f}); removing it "
+                "shows whether the model depends on that write",
+            )
+        )
+    return calls
 
 
 def _largest(values: list[float], order: list[int], encoded: Encoded) -> list[PositionEffect]:

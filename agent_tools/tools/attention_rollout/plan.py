@@ -35,8 +35,8 @@ def plan_attention_rollout(inspector: Inspector, args: AttentionRolloutInput) ->
     target = TargetRowConsumer(last_layer, position)
 
     def finish(_output: object) -> RolloutReport:
-        raw = target.row if target.row is not None else torch.zeros(encoded.length)  # (T,)
-        row = rollout.rollout()[position].double()  # (T,)
+        raw = target.row if target.row is not None else torch.zeros(encoded.length)  # (T,) on the CPU
+        row = rollout.rollout()[position].cpu().double()  # (T,): the one row of the rollout the report reads
         return _report(loaded, encoded, args, position=position, last_layer=last_layer, row=row, raw=raw)
 
     return PassPlan(loaded, encoded, [rollout, target], finish, layers=list(range(last_layer + 1)), need_output=False)

@@ -7,10 +7,18 @@ from pydantic import BaseModel, Field, field_validator
 from agent_tools.inspector import MAX_NEW_TOKENS
 from agent_tools.prompt_segments import SegmentSpec
 from agent_tools.prompt_trace import (
+    ANSWER_DESCRIPTION,
+    CHECKS_DESCRIPTION,
     DEFAULT_SINK_THRESHOLD,
+    FILLER_DESCRIPTION,
+    IG_STEPS_DESCRIPTION,
+    MAX_IG_STEPS,
+    NEUTRAL_DESCRIPTION,
     PROMPT_DESCRIPTION,
     SINK_DESCRIPTION,
     TARGET_DESCRIPTION,
+    Check,
+    NextCall,
     PromptTrace,
     Target,
     TokenProbability,
@@ -21,7 +29,9 @@ from agent_tools.schemas import ChatMessage, ModelInput, Report
 DESCRIPTION = (
     "Compare two prompt variants (texts or chat message lists): each segment's share of the answer's attention "
     "side by side (matched by role/turn and by the names you give), the largest shifts, and how the output "
-    "changed — KL divergence and top tokens of the next-token distribution, or the generated texts."
+    "changed — KL divergence and top tokens of the next-token distribution, or the generated texts. Each variant "
+    "also gets the trace's evidence checks: what its answer depends on per segment (causal effects of removing or "
+    "neutralising it), value-weighted shares with filler set apart, optionally integrated gradients."
 )
 
 
@@ -40,6 +50,13 @@ class ComparePromptsInput(ModelInput):
         description=f"tokens to generate with target='generate' (1..{MAX_NEW_TOKENS})",
     )
     sink_threshold: float = Field(default=DEFAULT_SINK_THRESHOLD, gt=0, le=1, description=SINK_DESCRIPTION)
+    checks: list[Check] | None = Field(default=None, description=CHECKS_DESCRIPTION)
+    answer: str | None = Field(
+        default=None, min_length=1, description=ANSWER_DESCRIPTION + " (the same answer is checked in both variants)"
+    )
+    neutral_token: str | None = Field(default=None, min_length=1, description=NEUTRAL_DESCRIPTION)
+    ig_steps: int = Field(default=32, ge=2, le=MAX_IG_STEPS, description=IG_STEPS_DESCRIPTION)
+    exclude_filler: bool = Field(default=True, description=FILLER_DESCRIPTION)
 
     _max_new_tokens_range = field_validator("max_new_tokens", mode="before")(max_new_tokens_in_range)
 
@@ -58,6 +75,12 @@ class SegmentComparison(BaseModel):
     rollout_without_sink_b: float | None
     token_count_a: int
     token_count_b: int
+    effect_a: float | None = Field(
+        default=None, description="causal effect in variant A: nats its answer loses without the segment"
+    )
+    effect_b: float | None = None
+    value_share_a: float | None = Field(default=None, description="value-weighted share ‖α·v·W_O‖ in variant A")
+    value_share_b: float | None = None
 
 
 class PromptComparison(Report):
@@ -76,5 +99,8 @@ class PromptComparison(Report):
     first_difference: int | None = Field(
         default=None, description="first generated step where the variants chose different tokens (None: same)"
     )
+    depends_on_most_a: str | None = Field(default=None, description="the segment variant A's answer depends on most")
+    depends_on_most_b: str | None = None
     trace_a: PromptTrace
     trace_b: PromptTrace
+    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

@@ -76,6 +76,10 @@ def _summary(comparison: Comparison) -> str:
     if len(rows) > 1:
         summary += f", then {rows[1].name!r} ({rows[1].change * 100:+.1f} points)"
     summary += "."
+    if a.depends_on_most is not None or b.depends_on_most is not None:
+        summary += (
+            f" By the causal checks A's answer depends most on {a.depends_on_most!r}, B's on {b.depends_on_most!r}."
+        )
     if comparison.kl is not None and comparison.top_tokens is not None:
         top_a, top_b = comparison.top_tokens
         summary += f" Next-token KL(A‖B) = {comparison.kl:.3f} nats; top token {top_a.token!r} -> {top_b.token!r}."

@@ -7,12 +7,21 @@ from agent_tools.analysis.segments import share_changes
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import SegmentSpec, segment_prompt
-from agent_tools.prompt_trace import PromptTrace, TokenProbability, TraceRun, check_traceable, trace
+from agent_tools.prompt_trace import (
+    EvidenceRequest,
+    NextCall,
+    PromptTrace,
+    TokenProbability,
+    TraceRun,
+    check_traceable,
+    prepare_evidence,
+    trace,
+)
 from agent_tools.schemas import ChatMessage, rounded
 from agent_tools.tools.compare_prompts.models import ComparePromptsInput, PromptComparison, SegmentComparison
 from agent_tools.tools.compare_prompts.narrative import Comparison, narrate
 
-COMPARED_COLUMNS = ("share_without_sink", "last_layer_share", "rollout_share_without_sink")
+COMPARED_COLUMNS = ("share_without_sink", "last_layer_share", "rollout_share_without_sink", "value_share")
 
 
 def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptComparison:
@@ -24,8 +33,11 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
     """
     loaded = inspector.model(args.model)
     variants = (("prompt_a", args.prompt_a, args.segments_a), ("prompt_b", args.prompt_b, args.segments_b))
-    for field, prompt, named in variants:  # both variants valid (text, segments, length) before either runs
-        check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field)
+    request = _request(args)
+    for field, prompt, named in variants:  # both variants valid (text, segments, checks) before either runs
+        prepare_evidence(
+            inspector, loaded, check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field), request
+        )
     run_a = _trace(inspector, loaded, args, args.prompt_a, args.segments_a)
     run_b = _trace(inspector, loaded, args, args.prompt_b, args.segments_b)
     comparison = compare(run_a, run_b, generated=args.target == "generate")
@@ -46,9 +58,39 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
         generated_text_a=a.generated_text,
         generated_text_b=b.generated_text,
         first_difference=comparison.first_difference,
+        depends_on_most_a=a.depends_on_most,
+        depends_on_most_b=b.depends_on_most,
         trace_a=a,
         trace_b=b,
+        next_calls=_next_calls(args, comparison),
     )
+
+
+def _next_calls(args: ComparePromptsInput, comparison: Comparison) -> list[NextCall]:
+    """Confirm what moved: each variant's own trace with gradient checks, when the answers' dependence differs."""
+    calls = []
+    for name, trace_report, prompt, named in (
+        ("A", comparison.a, args.prompt_a, args.segments_a),
+        ("B", comparison.b, args.prompt_b, args.segments_b),
+    ):
+        arguments: dict = {"model": trace_report.model, "prompt": _argument(prompt), "target": args.target}
+        if named:
+            arguments["segments"] = [spec.model_dump(exclude_none=True) for spec in named]
+        arguments["checks"] = ["causal", "gradient", "value"]
+        lead = trace_report.depends_on_most or trace_report.read_most
+        calls.append(
+            NextCall(
+                tool="trace_prompt_attention",
+                arguments=arguments,
+                why=f"variant {name} alone with gradient checks: does its answer depend on {lead!r} by a second "
+                "measure",
+            )
+        )
+    return calls
+
+
+def _argument(prompt: str | list[ChatMessage]) -> str | list[dict]:
+    return prompt if isinstance(prompt, str) else [m.model_dump() for m in prompt]
 
 
 def _trace(
@@ -67,6 +109,17 @@ def _trace(
         target=args.target,
         max_new_tokens=args.max_new_tokens,
         sink_threshold=args.sink_threshold,
+        evidence=_request(args),
+    )
+
+
+def _request(args: ComparePromptsInput) -> EvidenceRequest:
+    return EvidenceRequest.of(
+        args.checks,
+        answer=args.answer,
+        neutral_token=args.neutral_token,
+        ig_steps=args.ig_steps,
+        exclude_filler=args.exclude_filler,
     )
 
 
@@ -103,6 +156,10 @@ def segment_rows(a: PromptTrace, b: PromptTrace) -> list[SegmentComparison]:
     counts_a = {s.name: s.token_count for s in a.segments}
     counts_b = {s.name: s.token_count for s in b.segments}
     columns = {f: (_by_name(a, f), _by_name(b, f)) for f in COMPARED_COLUMNS}
+    effects = (
+        {s.name: s.causal.effect for s in a.segments if s.causal},
+        {s.name: s.causal.effect for s in b.segments if s.causal},
+    )
     return [
         SegmentComparison(
             name=name,
@@ -118,6 +175,10 @@ def segment_rows(a: PromptTrace, b: PromptTrace) -> list[SegmentComparison]:
             rollout_without_sink_b=columns["rollout_share_without_sink"][1].get(name),
             token_count_a=counts_a.get(name, 0),
             token_count_b=counts_b.get(name, 0),
+            effect_a=effects[0].get(name),
+            effect_b=effects[1].get(name),
+            value_share_a=columns["value_share"][0].get(name),
+            value_share_b=columns["value_share"][1].get(name),
         )
         for name, share_a, share_b, change in share_changes(_by_name(a, "share"), _by_name(b, "share"))
     ]

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from agent_tools.analysis.heads import DEFAULT_LOCAL_WINDOW, DEFAULT_SKIP_CAUSAL, DEFAULT_THRESHOLDS, HeadRole
 from agent_tools.probes import DEFAULT_PROBE_LENGTH
+from agent_tools.prompt_trace import NextCall
 from agent_tools.schemas import ModelInput, Report
 
 DESCRIPTION = (
@@ -15,7 +16,9 @@ DESCRIPTION = (
     "first_token/sink, self, local, broad, next_token, special_token, punctuation), each a documented attention "
     "share in [0, 1], a primary role with a confidence and runner-up per head, the top heads per role, and a "
     "behavioural induction check (loss on a repeated random sequence). Text roles use your text (or a sample); "
-    "induction and duplicate-token use a seeded random probe. Optionally ablates top heads as evidence."
+    "induction and duplicate-token use seeded random probes, averaged over several seeds with their spread, and "
+    "their top heads come with ablation evidence (the loss rise on the probe's second copy without the head). "
+    "Every score is stated beside what uniform attention would score."
 )
 SAMPLE_TEXT = (
     "The cat sat on the mat because it was tired, and the dog watched it from the door. "
@@ -36,7 +39,14 @@ class ProfileHeadsInput(ModelInput):
     )
     layers: list[int] | None = Field(default=None, description="layers to profile (0-based); omitted = all")
     roles: list[HeadRole] | None = Field(default=None, description="roles to score; omitted = all")
-    seed: int = Field(default=0, ge=0, description="seed of the probe's random tokens (same seed, same probe)")
+    seed: int = Field(default=0, ge=0, description="seed of the first probe's random tokens (same seed, same probe)")
+    seeds: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="probes of random tokens (seeds seed, seed+1, …) whose induction / duplicate_token scores are "
+        "averaged, with their spread: rankings vary from probe to probe",
+    )
     probe_length: int | None = Field(
         default=None,
         ge=4,
@@ -64,12 +74,13 @@ class ProfileHeadsInput(ModelInput):
         description="causal LMs: loss on the probe's second copy vs the first, and with the top induction heads "
         "ablated",
     )
-    ablate_top: int = Field(
-        default=0,
+    ablate_top: int | None = Field(
+        default=None,
         ge=0,
         le=5,
         description="ablate each role's top N heads one at a time on that role's input and attach the effect "
-        "(one extra forward each); 0 = off",
+        "(one extra forward each); 0 = off; omitted = where it is cheap: every listed head of the probe roles, in "
+        "one batched forward over the probe, and none for the text roles",
     )
 
 
@@ -85,6 +96,9 @@ class HeadProfile(BaseModel):
     confidence: float = Field(description="(score − threshold) / (1 − threshold) of the primary role, 0..1")
     runner_up: HeadRole | None = None
     runner_up_score: float | None = None
+    score_spread: dict[HeadRole, float] = Field(
+        default_factory=dict, description="probe roles: standard deviation of the score over the probe seeds"
+    )
 
 
 class AblationEvidence(BaseModel):
@@ -102,6 +116,7 @@ class TopHead(BaseModel):
     qualifies: bool = Field(description="score ≥ the role's threshold")
     primary_role: HeadRole | None
     ablation: AblationEvidence | None = None
+    spread: float | None = Field(default=None, description="probe roles: standard deviation over the probe seeds")
 
 
 class RoleReport(BaseModel):
@@ -109,6 +124,10 @@ class RoleReport(BaseModel):
     formula: str
     measured_on: MeasuredOn
     threshold: float
+    uniform_baseline: float | None = Field(
+        default=None,
+        description="the score a head attending uniformly (over the keys each query may read) gets on the same input",
+    )
     heads_with_role: int = Field(description="heads whose score reaches the threshold")
     primary_for: int = Field(description="heads whose primary role this is")
     top: list[TopHead]
@@ -116,6 +135,7 @@ class RoleReport(BaseModel):
 
 class ProbeInfo(BaseModel):
     seed: int
+    seeds: list[int] = Field(default_factory=list, description="every probe's seed (scores are their mean)")
     repeat_length: int = Field(description="N random tokens per copy")
     length: int = Field(description="probe tokens in all (prefix + 2N + suffix)")
     first_copy_start: int
@@ -140,3 +160,4 @@ class HeadProfiles(Report):
     roles: list[RoleReport]
     induction_check: InductionCheck | None = None
     heads: list[HeadProfile]
+    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

@@ -30,8 +30,18 @@ def why_unmeasured(role: HeadRole, layout: SequenceLayout | None) -> str:
     return "the sequence is too short" if layout is not None else "not scored"
 
 
+def _baseline_text(report: RoleReport, spread: float | None) -> str:
+    """What uniform attention would score, and the spread over probe seeds, as a parenthesis."""
+    parts = []
+    if report.uniform_baseline is not None:
+        parts.append(f"uniform attention would score {report.uniform_baseline:.3f}")
+    if spread is not None:
+        parts.append(f"± {spread:.3f} over the probe seeds")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def role_finding(report: RoleReport) -> Finding:
-    """The role's top head, its score and (when measured) what ablating it did."""
+    """The role's top head, its score against the uniform baseline and (when measured) what ablating it did."""
     lead = report.top[0]
     proof = (
         f"; ablating it gives {lead.ablation.metric} {lead.ablation.value:+.4g}" if lead.ablation is not None else ""
@@ -42,7 +52,8 @@ def role_finding(report: RoleReport) -> Finding:
         head=lead.head,
         value=lead.score,
         detail=f"L{lead.layer}H{lead.head} is the top {report.role} head: {report.formula} = {lead.score:.3f} "
-        f"on the {report.measured_on} ({report.heads_with_role} heads reach {report.threshold}){proof}",
+        f"on the {report.measured_on}{_baseline_text(report, lead.spread)} ({report.heads_with_role} heads reach "
+        f"{report.threshold}){proof}",
     )
 
 
@@ -63,7 +74,9 @@ def _inputs_text(report: HeadProfiles) -> str:
         text = "the text" if report.text_source == "user" else "the built-in sample text"
         where.append(f"{text} ({report.text_tokens} tokens)")
     if report.probe is not None:
-        where.append(f"a seed-{report.probe.seed} probe of 2×{report.probe.repeat_length} random tokens")
+        seeds = report.probe.seeds or [report.probe.seed]
+        label = f"seed-{seeds[0]} probe" if len(seeds) == 1 else f"{len(seeds)} probes (seeds {seeds[0]}–{seeds[-1]})"
+        where.append(f"{label} of 2×{report.probe.repeat_length} random tokens")
     return " and ".join(where)
 
 
@@ -71,6 +84,7 @@ def _leaders_text(roles: list[RoleReport]) -> str:
     """Each role's top head and score, with its ablation evidence when measured."""
     return "; ".join(
         f"{r.role} L{r.top[0].layer}H{r.top[0].head} {r.top[0].score:.3f}"
+        + (f" vs uniform {r.uniform_baseline:.3f}" if r.uniform_baseline is not None else "")
         + (f" (ablated: {r.top[0].ablation.metric} {r.top[0].ablation.value:+.4g})" if r.top[0].ablation else "")
         for r in roles
     )

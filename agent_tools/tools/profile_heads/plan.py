@@ -24,13 +24,15 @@ from agent_tools.analysis.heads import (
     copy_losses,
     top_heads,
 )
-from agent_tools.consumers.roles import RoleScoreConsumer
+from agent_tools.consumers.roles import RoleScoreConsumer, role_scores
 from agent_tools.errors import InvalidInputError
 from agent_tools.families import ModelFacts
 from agent_tools.inspector import Encoded, Inspector, PassPlan, check_indices
 from agent_tools.loading import LoadedModel
 from agent_tools.probes import Probe, build_probe
+from agent_tools.prompt_trace import NextCall
 from agent_tools.runner import model_output
+from agent_tools.runner.patching import HeadPatch
 from agent_tools.schemas import head_label, rounded
 from agent_tools.tools.profile_heads.models import (
     SAMPLE_TEXT,
@@ -106,8 +108,8 @@ def plan_profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> PassPla
     def finish(output: object) -> HeadProfiles:
         return _profile(inspector, args, loaded, layers, roles, text, output)
 
-    # The text's output is needed only for ablation evidence on the text roles.
-    return PassPlan(loaded, encoded, [text.consumer], finish, layers=layers, need_output=args.ablate_top > 0)
+    # The text's output is needed only for ablation evidence on the text roles (asked for with ablate_top).
+    return PassPlan(loaded, encoded, [text.consumer], finish, layers=layers, need_output=bool(args.ablate_top))
 
 
 @dataclass
@@ -119,11 +121,24 @@ class _Measured:
     inputs: dict[MeasuredOn, tuple[Encoded, torch.Tensor]] = field(default_factory=dict)  # input, clean output
     language_model: bool = False
     probe: Probe | None = None
+    seeds: list[int] = field(default_factory=list)
+    spreads: Scores = field(default_factory=dict)  # layer -> probe role -> (H,) std over the seeds
+    layouts: dict[MeasuredOn, SequenceLayout] = field(default_factory=dict)
 
     def add_scores(self, consumer: RoleScoreConsumer, roles: list[HeadRole], on: MeasuredOn) -> None:
         for layer, per_role in consumer.scores().items():
             self.scores[layer].update(per_role)
         self.measured_on.update({r: on for r in roles})
+        self.layouts[on] = consumer.layout
+
+    def add_seed_scores(self, runs: list[dict[int, dict[HeadRole, torch.Tensor]]], roles: list[HeadRole]) -> None:
+        """Probe roles: the mean over the seeds' scores, and their standard deviation (population, over seeds)."""
+        for layer in runs[0]:
+            for role in runs[0][layer]:
+                stacked = torch.stack([run[layer][role] for run in runs])  # (seeds, H)
+                self.scores[layer][role] = stacked.mean(0)
+                self.spreads.setdefault(layer, {})[role] = stacked.std(0, correction=0)
+        self.measured_on.update({r: "probe" for r in roles})
 
     def add_output(self, on: MeasuredOn, encoded: Encoded, output: object) -> None:
         clean, self.language_model = model_output(output)
@@ -144,11 +159,15 @@ def _profile(
     thresholds = {**DEFAULT_THRESHOLDS, **(args.thresholds or {})}
     measured = _measure(inspector, args, loaded, layers, roles, text, text_output)
     scored = [r for r in roles if any(r in per_role for per_role in measured.scores.values())]
-    heads = _head_profiles(measured.scores, layers, scored, thresholds, facts)
+    heads = _head_profiles(measured, layers, scored, thresholds, facts)
     primary = {(profile.layer, profile.head): profile.primary_role for profile in heads}
     evidence = _Evidence(inspector, loaded, measured)
+    counts = {role: _ablated_count(args, role) for role in scored}
+    evidence.prefill(
+        [(la, he) for r in scored if r in PROBE_ROLES for la, he, _ in top_heads(measured.scores, r, counts[r])]
+    )
     role_reports = [
-        _role_report(role, measured, thresholds, primary, evidence, top_k=args.top_k, ablate_top=args.ablate_top)
+        _role_report(role, measured, thresholds, primary, evidence, top_k=args.top_k, ablate_top=counts[role])
         for role in scored
     ]
     losses = None
@@ -163,14 +182,40 @@ def _profile(
         num_heads=facts.num_heads,
         text_source=source,
         text_tokens=text.encoded.length if text is not None else None,
-        probe=_probe_info(measured.probe, args.seed),
+        probe=_probe_info(measured.probe, measured.seeds),
         thresholds={r: thresholds[r] for r in roles},
         unmeasured={r: why_unmeasured(r, text.layout if text else None) for r in roles if r not in scored},
         roles=role_reports,
         induction_check=_induction_check(losses),
         heads=heads,
     )
-    return report.model_copy(update={"summary": summary(report)})
+    return report.model_copy(update={"summary": summary(report), "next_calls": _next_calls(args, loaded, report)})
+
+
+def _ablated_count(args: ProfileHeadsInput, role: HeadRole) -> int:
+    """How many of the role's top heads get ablation evidence: as asked, or by default every listed head of a
+    probe role (cheap: one batched forward over the short probe) and none of a text role."""
+    if args.ablate_top is not None:
+        return args.ablate_top
+    return args.top_k if role in PROBE_ROLES else 0
+
+
+def _next_calls(args: ProfileHeadsInput, loaded: LoadedModel, report: HeadProfiles) -> list[NextCall]:
+    """Ablate the top heads of the first roles on the text: does the model need what they do there?"""
+    text = args.text if args.text is not None else SAMPLE_TEXT
+    calls = []
+    for role in report.roles:
+        if role.role in ("induction", "previous_token") and role.top:
+            lead = role.top[0]
+            calls.append(
+                NextCall(
+                    tool="ablate_heads",
+                    arguments={"model": loaded.name, "text": text, "heads": [head_label(lead.layer, lead.head)]},
+                    why=f"L{lead.layer}H{lead.head} is the top {role.role} head; removing it on your text shows "
+                    "whether the model needs it there (with its direct logit attribution)",
+                )
+            )
+    return calls
 
 
 def _measure(
@@ -202,23 +247,31 @@ def _probe_pass(
     roles: list[HeadRole],
     measured: _Measured,
 ) -> None:
-    """Build the seeded probe and stream it into the probe roles' sums; its output is kept for the ablations."""
-    probe = build_probe(inspector, loaded, args.probe_length, args.seed)
-    layout = SequenceLayout.for_probe(
-        probe.encoded.length, start=probe.start, repeat_length=probe.repeat_length, causal=loaded.facts.is_causal
-    )
-    consumer = RoleScoreConsumer(layout, roles, loaded.facts.num_heads)
-    output = inspector.run(loaded, probe.encoded, [consumer], layers=layers)
-    measured.add_output("probe", probe.encoded, output)
-    measured.add_scores(consumer, roles, "probe")
-    measured.probe = probe
+    """Stream ``args.seeds`` seeded probes into the probe roles' sums (scores: their mean, with the spread); the
+    first probe's output is kept for the ablations and the induction check."""
+    runs = []
+    for offset in range(args.seeds):
+        probe = build_probe(inspector, loaded, args.probe_length, args.seed + offset)
+        layout = SequenceLayout.for_probe(
+            probe.encoded.length, start=probe.start, repeat_length=probe.repeat_length, causal=loaded.facts.is_causal
+        )
+        consumer = RoleScoreConsumer(layout, roles, loaded.facts.num_heads)
+        output = inspector.run(loaded, probe.encoded, [consumer], layers=layers, need_output=offset == 0)
+        runs.append(consumer.scores())
+        measured.seeds.append(args.seed + offset)
+        if offset == 0:
+            measured.add_output("probe", probe.encoded, output)
+            measured.layouts["probe"] = layout
+            measured.probe = probe
+    measured.add_seed_scores(runs, roles)
 
 
-def _probe_info(probe: Probe | None, seed: int) -> ProbeInfo | None:
+def _probe_info(probe: Probe | None, seeds: list[int]) -> ProbeInfo | None:
     if probe is None:
         return None
     return ProbeInfo(
-        seed=seed,
+        seed=seeds[0],
+        seeds=list(seeds),
         repeat_length=probe.repeat_length,
         length=probe.encoded.length,
         first_copy_start=probe.start,
@@ -227,9 +280,10 @@ def _probe_info(probe: Probe | None, seed: int) -> ProbeInfo | None:
 
 
 def _head_profiles(
-    scores: Scores, layers: list[int], roles: list[HeadRole], thresholds: dict[HeadRole, float], facts: ModelFacts
+    measured: _Measured, layers: list[int], roles: list[HeadRole], thresholds: dict[HeadRole, float], facts: ModelFacts
 ) -> list[HeadProfile]:
-    """Every head's scores, primary role with its confidence, and runner-up."""
+    """Every head's scores, primary role with its confidence, runner-up, and its probe scores' spread."""
+    scores, spreads = measured.scores, measured.spreads
     profiles = []
     for layer in layers:
         for head in range(facts.num_heads):
@@ -245,6 +299,7 @@ def _head_profiles(
                     confidence=rounded(verdict.confidence),
                     runner_up=verdict.runner_up,
                     runner_up_score=rounded(verdict.runner_up_score) if verdict.runner_up_score is not None else None,
+                    score_spread={r: rounded(float(v[head])) for r, v in spreads.get(layer, {}).items() if r in roles},
                 )
             )
     return profiles
@@ -256,6 +311,27 @@ class _Evidence:
     def __init__(self, inspector: Inspector, loaded: LoadedModel, measured: _Measured) -> None:
         self.inspector, self.loaded, self.measured = inspector, loaded, measured
         self.cache: dict[tuple[MeasuredOn, int, int], AblationEvidence] = {}
+
+    def prefill(self, heads: list[tuple[int, int]]) -> None:
+        """Single-head zero ablations on the probe, every head in one batched forward (rows of one batch)."""
+        wanted = list(dict.fromkeys(h for h in heads if ("probe", *h) not in self.cache))
+        probe = self.measured.probe
+        if not wanted or probe is None or "probe" not in self.measured.inputs:
+            return
+        source, clean = self.measured.inputs["probe"]
+        patches = [HeadPatch(layer, (head,)) for layer, head in wanted]
+        outputs = self.inspector.patched_outputs(self.loaded, source, patches, keep_last=False)  # (R, T, V)
+        where = {"start": probe.start, "repeat_length": probe.repeat_length}
+        before = copy_losses(clean, source.input_ids, **where)[1] if self.measured.language_model else 0.0
+        for row, (layer, head) in enumerate(wanted):
+            ablated = outputs[row : row + 1].to(clean.dtype)
+            if self.measured.language_model:
+                change = copy_losses(ablated, source.input_ids, **where)[1] - before
+                found = AblationEvidence(metric="second_copy_loss_change", value=rounded(change))
+            else:
+                size = effect_size(clean, ablated, language_model=False)
+                found = AblationEvidence(metric="pooled_cosine_change", value=rounded(size, 6))
+            self.cache[("probe", layer, head)] = found
 
     def __call__(self, on: MeasuredOn, layer: int, head: int) -> AblationEvidence:
         key = (on, layer, head)
@@ -291,7 +367,7 @@ def _role_report(
     ablate_top: int,
 ) -> RoleReport:
     """The role's top heads (the first ``ablate_top`` with ablation evidence) and how many heads take it."""
-    scores, threshold = measured.scores, thresholds[role]
+    scores, threshold, spreads = measured.scores, thresholds[role], measured.spreads
     top = [
         TopHead(
             layer=layer,
@@ -300,6 +376,7 @@ def _role_report(
             qualifies=score >= threshold,
             primary_role=primary[(layer, head)],
             ablation=evidence(measured.measured_on[role], layer, head) if rank < ablate_top else None,
+            spread=rounded(float(spreads[layer][role][head])) if role in spreads.get(layer, {}) else None,
         )
         for rank, (layer, head, score) in enumerate(top_heads(scores, role, top_k))
     ]
@@ -309,10 +386,22 @@ def _role_report(
         formula=ROLE_FORMULAS[role],
         measured_on=measured.measured_on[role],
         threshold=threshold,
+        uniform_baseline=_uniform_baseline(measured, role),
         heads_with_role=qualifying,
         primary_for=sum(1 for p in primary.values() if p == role),
         top=top,
     )
+
+
+def _uniform_baseline(measured: _Measured, role: HeadRole) -> float | None:
+    """The score of a head that spreads each query evenly over the keys it may read, on the role's own input."""
+    layout = measured.layouts.get(measured.measured_on[role])
+    if layout is None or not layout.measurable(role):
+        return None
+    length = layout.length
+    allowed = torch.ones(length, length).tril() if layout.causal else torch.ones(length, length)
+    uniform = allowed / allowed.sum(-1, keepdim=True)  # (T, T)
+    return rounded(float(role_scores(uniform[None], layout, [role])[role][0]))
 
 
 def _induction_losses(

@@ -15,7 +15,12 @@ from agent_tools.tools.reconstruct_attention.models import (
     ReconstructAttentionInput,
     StageReport,
 )
-from agent_tools.tools.reconstruct_attention.plan import reconstruct_attention
+from agent_tools.tools.reconstruct_attention.plan import (
+    Reconstruction,
+    plan_reconstruct_attention,
+    plan_reconstruction,
+    reconstruct_attention,
+)
 from agent_tools.tools.registry import ToolSpec
 
 __all__ = [
@@ -24,7 +29,10 @@ __all__ = [
     "AttentionReconstruction",
     "QueryTopKey",
     "ReconstructAttentionInput",
+    "Reconstruction",
     "StageReport",
+    "plan_reconstruct_attention",
+    "plan_reconstruction",
     "reconstruct_attention",
 ]
 
@@ -34,5 +42,6 @@ SPEC = ToolSpec(
     input_model=ReconstructAttentionInput,
     output_model=AttentionReconstruction,
     run=reconstruct_attention,
+    plan=plan_reconstruct_attention,
     example={"text": "The cat sat on the mat because it was tired.", "layer": 3, "head": 0},
 )

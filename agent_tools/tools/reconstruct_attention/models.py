@@ -11,8 +11,9 @@ PARITY_TOLERANCE = 1e-5  # stage 5 must equal the model's weights to this (the i
 
 DESCRIPTION = (
     "Rebuild one head's attention step by step from the layer's own input and measure each step: (1) raw "
-    "dot products x·xᵀ, (2) scaled by 1/sqrt(d), (3) projected with W_Q and W_K, (4) with positions (RoPE), "
-    "(5) with the causal/padding/sliding-window mask and soft-capping, then softmax — which equals the "
+    "dot products x·xᵀ, (2) divided by sqrt(d_k) (d_k = the head's dimension), (3) projected with W_Q and W_K, "
+    "(4) with positions (RoPE), (5) with the causal/padding/sliding-window mask and soft-capping, then softmax "
+    "— which equals the "
     "model's own map (the error is reported). Per stage: entropy, max weight, self-share, top key per query, "
     "divergence from the model's map; optional PNG per stage. Shows which ingredient makes the head attend "
     "the way it does."
@@ -43,6 +44,10 @@ class StageReport(BaseModel):
     name: ReconstructionStage
     added: str = Field(description="what this stage adds to the previous one")
     scale: float = Field(description="factor the dot products are multiplied by at this stage")
+    divisor: float = Field(
+        description="what the dot products are divided by at this stage (1 / scale): 1 at stage 1, sqrt(d_k) at "
+        "stage 2, the model's own 1/scale (sqrt(d_k) for the standard scale) at stages 3–5"
+    )
     masked: bool = Field(description="whether the model's mask is applied at this stage")
     mean_entropy: float = Field(description="mean entropy of the softmax rows, nats")
     mean_normalised_entropy: float = Field(description="mean entropy / log(keys visible): 0 one key, 1 uniform")
@@ -64,8 +69,8 @@ class AttentionReconstruction(Report):
     head: int
     kv_head: int
     family: str
-    hidden_size: int = Field(description="d of stage 2: the raw input has this many dimensions")
-    head_dim: int
+    hidden_size: int = Field(description="the raw input x of stages 1–2 has this many dimensions")
+    head_dim: int = Field(description="d_k: stage 2 divides x·xᵀ by sqrt(d_k)")
     scaling: float = Field(description="the model's factor on q·k (stages 3–5)")
     positional: str
     mask: str = Field(description="what the model's mask does on this text")

@@ -7,6 +7,7 @@ function per finding kind.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from agent_tools.consumers.head_inputs import mask_phrase
@@ -19,8 +20,8 @@ class Recipe:
     """What the head's recipe is made of, read from the pass: the ingredients each stage adds."""
 
     family: str
-    hidden_size: int  # d of the raw input x
-    head_dim: int
+    hidden_size: int  # the width of the raw input x
+    head_dim: int  # d_k: stage 2 divides x·xᵀ by sqrt(d_k)
     has_bias: bool  # the family adds b_Q or b_K
     query_prescale: float  # != 1.0 where the family folds the scale into W_Q (OPT)
     effective_scale: float  # the factor q·kᵀ is really multiplied by
@@ -53,20 +54,35 @@ def _positions_text(recipe: Recipe) -> str:
     return "RoPE applied to q and k (all dims rotated)"
 
 
+def _divided_by(scale: float) -> str:
+    """'÷ 8' for a factor of 0.125: what a stage divides its dot products by."""
+    return f"÷ {1 / scale:.4g}"
+
+
+def model_scale_text(recipe: Recipe) -> str:
+    """The model's own factor on q·k, as a divisor, and how it compares with 1/sqrt(d_k)."""
+    standard = 1 / math.sqrt(recipe.head_dim)
+    ratio = recipe.effective_scale / standard
+    compared = "= 1/sqrt(d_k)" if abs(ratio - 1) <= 1e-3 else f"= {ratio:.3g}/sqrt(d_k), not the textbook 1/sqrt(d_k)"
+    return f"{_divided_by(recipe.effective_scale)} (the model's factor {recipe.effective_scale:.4g} {compared})"
+
+
 def stage_descriptions(recipe: Recipe) -> list[str]:
-    """What each of the five stages adds to the previous one."""
-    d = recipe.hidden_size
+    """What each of the five stages adds to the previous one, and what it divides the dot products by."""
+    d, d_k = recipe.hidden_size, recipe.head_dim
     bias = " with biases b_Q, b_K" if recipe.has_bias else ""
     prescale = f" (folded into W_Q by {recipe.family})" if recipe.query_prescale != 1.0 else ""
     early = f"; {mask_phrase(recipe.mask)} applied already" if recipe.mask_every_stage else ", every key visible"
     softcap = f"scores soft-capped to c·tanh(s/c) with c = {recipe.softcap}, then " if recipe.softcap else ""
+    model_scale = model_scale_text(recipe)
     return [
-        f"raw dot products x_i·x_j of the layer's input (d = {d}){early}",
-        f"divided by sqrt(d) = sqrt({d}) (d = hidden size, the length of raw x)",
-        f"q = x W_Q, k = x W_K{bias} ({recipe.head_dim}-dim head), "
-        f"scaled by the model's {recipe.effective_scale:.4g}{prescale}",
-        _positions_text(recipe),
-        f"{softcap}{mask_phrase(recipe.mask)}, then softmax: the model's own attention",
+        f"raw dot products x_i·x_j of the layer's input (x has {d} dims), ÷ 1 (not scaled){early}",
+        f"divided by sqrt(d_k) = sqrt({d_k}) = {math.sqrt(d_k):.4g} (d_k = {d_k}, the head's dimension; "
+        f"not the {d} dims of x)",
+        f"q = x W_Q, k = x W_K{bias} ({d_k}-dim head); q·k {model_scale}{prescale}",
+        f"{_positions_text(recipe)}; still {_divided_by(recipe.effective_scale)}",
+        f"{softcap}{mask_phrase(recipe.mask)}, then softmax: the model's own attention "
+        f"(still {_divided_by(recipe.effective_scale)})",
     ]
 
 
@@ -130,7 +146,7 @@ def summary(recipe: Recipe, rebuilt: Rebuilt) -> str:
     return (
         f"Layer {rebuilt.layer} head {rebuilt.head} rebuilt from its input on {rebuilt.length} tokens; mean entropy "
         f"per stage: raw x·xᵀ {first.mean_entropy:.3f} nats (self-share {first.self_share:.2f}) → "
-        f"÷sqrt({recipe.hidden_size}) {stages[1].mean_entropy:.3f} → W_Q/W_K {stages[2].mean_entropy:.3f} → "
+        f"÷sqrt(d_k = {recipe.head_dim}) {stages[1].mean_entropy:.3f} → W_Q/W_K {stages[2].mean_entropy:.3f} → "
         f"{positions} {stages[3].mean_entropy:.3f} → {mask_phrase(recipe.mask)}{softcap}, softmax "
         f"{last.mean_entropy:.3f} = the model's map (max error {rebuilt.weight_error:.1e}). With the mask held "
         f"fixed, stage {rebuilt.decisive + 1} ({after.name}) moves it most towards the model's map "

@@ -1,7 +1,8 @@
 """reconstruct_attention's pass and numbers: one forward keeping the head's inputs, five stages, their measures.
 
-The pass is :func:`agent_tools.head_inputs_pass.capture_head_inputs` (it refuses when the weights read from the
-model do not reproduce its map); each stage is then measured (:func:`~agent_tools.analysis.reconstruct.stage_measures`,
+The pass is :func:`agent_tools.head_inputs_pass.plan_head_inputs`, declared as a :class:`PassPlan` so ``analyze``
+shares it with the focus layer's other tools (it refuses when the weights read from the model do not reproduce
+its map); each stage is then measured (:func:`~agent_tools.analysis.reconstruct.stage_measures`,
 divergence from the model's map) and optionally drawn. The words come from :mod:`.narrative`.
 """
 
@@ -15,8 +16,8 @@ from agent_tools.analysis.metrics import js_divergence, masked_softmax
 from agent_tools.analysis.projections import top_key_agreement
 from agent_tools.analysis.reconstruct import StageMap, stage_measures
 from agent_tools.consumers.head_inputs import HeadInputs, describe_mask, reconstruct
-from agent_tools.head_inputs_pass import capture_head_inputs
-from agent_tools.inspector import Encoded, Inspector, text_digest
+from agent_tools.head_inputs_pass import plan_head_inputs
+from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
 from agent_tools.loading import LoadedModel
 from agent_tools.render import attention_heatmap
 from agent_tools.schemas import rounded
@@ -47,28 +48,65 @@ class _Head:
     inputs: HeadInputs
 
 
+@dataclass(frozen=True)
+class Reconstruction:
+    """The report and the tensors it was measured from: the stages and the head's inputs. The ``analyze`` job
+    draws its pictures from them (they stay in the process; the report holds plain numbers)."""
+
+    report: AttentionReconstruction
+    stages: list[StageMap]
+    inputs: HeadInputs
+
+
 def reconstruct_attention(inspector: Inspector, args: ReconstructAttentionInput) -> AttentionReconstruction:
-    """Rebuild one head's attention in five stages and measure each: raw x·xᵀ, scaled by 1/sqrt(d),
+    """Rebuild one head's attention in five stages and measure each: raw x·xᵀ, divided by sqrt(d_k),
     projected with W_Q/W_K, with positions (RoPE), with the mask (and soft-capping) → the model's map."""
+    return inspector.execute(plan_reconstruct_attention(inspector, args))
+
+
+def plan_reconstruct_attention(
+    inspector: Inspector, args: ReconstructAttentionInput
+) -> PassPlan[AttentionReconstruction]:
+    """The pass over the head's layer (its input recorded) and the report built from it: shareable in ``analyze``."""
+    plan = plan_reconstruction(inspector, args)
+    finish = plan.finish
+    return PassPlan(
+        plan.loaded,
+        plan.encoded,
+        plan.consumers,
+        lambda output: finish(output).report,
+        layers=plan.layers,
+        record_inputs=plan.record_inputs,
+    )
+
+
+def plan_reconstruction(inspector: Inspector, args: ReconstructAttentionInput) -> PassPlan[Reconstruction]:
+    """The same pass, finishing with the report *and* the stage tensors (for the ``analyze`` job's pictures)."""
     loaded = inspector.model(args.model)
     layer = inspector.check_layer(loaded, args.layer)
     head = inspector.check_head(loaded, args.head)
     encoded = inspector.encode(loaded, args.text)
-    rebuilt = _Head(loaded, encoded, layer, head, capture_head_inputs(inspector, loaded, encoded, layer, [head]))
-    stages = reconstruct(rebuilt.inputs, mask_every_stage=args.mask_every_stage)
-    recipe = _recipe(rebuilt, describe_mask(rebuilt.inputs.allowed()), mask_every_stage=args.mask_every_stage)
-    reports = [
-        _stage_report(
-            rebuilt,
-            number,
-            stage,
-            added,
-            masked=stage.stage == "model" or args.mask_every_stage,
-            png_path=_stage_png(inspector, rebuilt, number, stage, text_digest(args.text)) if args.png else None,
-        )
-        for number, (stage, added) in enumerate(zip(stages, stage_descriptions(recipe), strict=True), start=1)
-    ]
-    return _report(rebuilt, recipe, reports)
+    capture = plan_head_inputs(inspector, loaded, encoded, layer, [head])
+
+    def finish(output: object) -> Reconstruction:
+        rebuilt = _Head(loaded, encoded, layer, head, capture.finish(output))
+        stages = reconstruct(rebuilt.inputs, mask_every_stage=args.mask_every_stage)
+        recipe = _recipe(rebuilt, describe_mask(rebuilt.inputs.allowed()), mask_every_stage=args.mask_every_stage)
+        digest = text_digest(args.text)
+        reports = [
+            _stage_report(
+                rebuilt,
+                number,
+                stage,
+                added,
+                masked=stage.stage == "model" or args.mask_every_stage,
+                png_path=_stage_png(inspector, rebuilt, number, stage, digest) if args.png else None,
+            )
+            for number, (stage, added) in enumerate(zip(stages, stage_descriptions(recipe), strict=True), start=1)
+        ]
+        return Reconstruction(_report(rebuilt, recipe, reports), stages, rebuilt.inputs)
+
+    return PassPlan(loaded, encoded, capture.consumers, finish, layers=capture.layers, record_inputs=True)
 
 
 def _recipe(rebuilt: _Head, mask_text: str, *, mask_every_stage: bool) -> Recipe:
@@ -96,12 +134,33 @@ def _masked_map(stage: StageMap, inputs: HeadInputs) -> torch.Tensor:
     return masked_softmax(stage.scores.float(), inputs.allowed() if inputs.mask is not None else None)
 
 
+JS_ROW_BLOCK = 256  # query rows per block of the divergence (each block reads only the key columns it uses)
+
+
+def mean_js(p: torch.Tensor, q: torch.Tensor, *, block: int = JS_ROW_BLOCK) -> float:
+    """Mean over rows of ``js_divergence(p_i, q_i)`` for (T, T) maps, block by block of rows, each over the key
+    columns where either map has weight (a causal block of rows i < b reads keys < b: about half the work).
+
+    Columns where both rows are 0 add nothing to the divergence, so the result is the whole-row value.
+    """
+    total = 0.0
+    for start in range(0, p.shape[0], block):
+        rows = slice(start, start + block)
+        used = (p[rows] > 0) | (q[rows] > 0)  # (b, T)
+        columns = used.any(0).nonzero()
+        width = int(columns.max()) + 1 if columns.numel() else 1
+        total += float(js_divergence(p[rows, :width], q[rows, :width]).sum())
+    return total / max(1, p.shape[0])
+
+
 def _stage_report(
     rebuilt: _Head, number: int, stage: StageMap, added: str, *, masked: bool, png_path: str | None
 ) -> StageReport:
     """One stage's measures and its distance to the model's map (with and without the model's mask)."""
     measures = stage_measures(stage)
     model_map = rebuilt.inputs.weights[rebuilt.head]
+    js = mean_js(stage.weights, model_map)
+    masked_js = js if masked else mean_js(_masked_map(stage, rebuilt.inputs), model_map)  # a masked stage: the same
     tokens = rebuilt.encoded.tokens
     top_keys = [
         QueryTopKey(
@@ -118,14 +177,15 @@ def _stage_report(
         name=stage.stage,
         added=added,
         scale=rounded(stage.scale, 6),
+        divisor=rounded(stage.divisor, 6),
         masked=masked,
         mean_entropy=rounded(measures.mean_entropy),
         mean_normalised_entropy=rounded(measures.mean_normalised_entropy),
         mean_max_weight=rounded(measures.mean_max_weight),
         self_share=rounded(measures.self_share),
         logit_std=rounded(measures.logit_std),
-        mean_js_to_model=rounded(float(js_divergence(stage.weights, model_map).mean())),
-        masked_js_to_model=rounded(float(js_divergence(_masked_map(stage, rebuilt.inputs), model_map).mean())),
+        mean_js_to_model=rounded(js),
+        masked_js_to_model=rounded(masked_js),
         top_key_agreement=rounded(top_key_agreement(stage.weights, model_map)),
         top_keys=top_keys,
         png_path=png_path,

@@ -63,4 +63,9 @@ class ScalingExperimentReport(Report):
     seed: int
     max_entropy: float = Field(description="log(items): entropy of uniform attention")
     chance_loss: float = Field(description="cross-entropy of a uniform guess, log(labels)")
+    answer_gain: float = Field(description="g: logits = g · Σ_j α_j onehot(label_j)")
+    confident_wrong_loss: float = Field(
+        description="loss when all attention sits on one wrong item: ln(e^g + labels − 1); a saturated head that "
+        "picks the wrong item pays this, which is why unscaled runs can end above chance_loss"
+    )
     runs: list[ExperimentCurve]

@@ -32,11 +32,11 @@ class ExperimentNumbers:
         return next(c for c in self.curves if c.head_dim == head_dim and c.scaled == scaled)
 
 
-def task(d_model: int, labels: int) -> str:
+def task(d_model: int, labels: int, gain: float) -> str:
     """What the model is trained on, in one paragraph."""
     return (
         f"items are random {d_model}-d vectors with one of {labels} labels; the query is a noisy copy of one item; "
-        "logits = 8 · Σ_j α_j onehot(label_j) with α = softmax(x_q W_q (c_j W_k)ᵀ · s); only W_q, W_k learn; "
+        f"logits = {gain:g} · Σ_j α_j onehot(label_j) with α = softmax(x_q W_q (c_j W_k)ᵀ · s); only W_q, W_k learn; "
         "weights start N(0, 1/d_model) so q and k components have unit variance"
     )
 

@@ -25,6 +25,7 @@ from agent_tools.tools.scaling_experiment.narrative import ExperimentNumbers
 
 D_MODEL = 32  # width of the items and the query
 LABELS = 16  # classes an item can carry
+GAIN = 8.0  # logits = GAIN · Σ_j α_j onehot(label_j): the answer's logit when all weight is on one item
 
 
 def _significant(value: float, digits: int = 3) -> float:
@@ -67,6 +68,7 @@ def _train_runs(args: ScalingExperimentInput) -> list[ExperimentRun]:
             items=args.items,
             d_model=D_MODEL,
             labels=LABELS,
+            gain=GAIN,
             learning_rate=args.learning_rate,
             log_every=log_every,
             seed=args.seed,
@@ -99,7 +101,7 @@ def scaling_experiment(inspector: Inspector, args: ScalingExperimentInput) -> Sc
         model="synthetic single-head retrieval model (no pretrained model)",
         summary=narrative.summary(numbers),
         findings=narrative.findings(numbers),
-        task=narrative.task(D_MODEL, LABELS),
+        task=narrative.task(D_MODEL, LABELS, GAIN),
         d_model=D_MODEL,
         items=args.items,
         labels=LABELS,
@@ -109,5 +111,7 @@ def scaling_experiment(inspector: Inspector, args: ScalingExperimentInput) -> Sc
         seed=args.seed,
         max_entropy=rounded(math.log(args.items)),
         chance_loss=rounded(math.log(LABELS)),
+        answer_gain=GAIN,
+        confident_wrong_loss=rounded(math.log(math.exp(GAIN) + LABELS - 1)),
         runs=numbers.curves,
     )

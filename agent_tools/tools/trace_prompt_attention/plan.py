@@ -6,7 +6,7 @@ Not a :class:`~agent_tools.inspector.PassPlan`: target 'generate' runs greedy ge
 from __future__ import annotations
 
 from agent_tools.inspector import Inspector
-from agent_tools.prompt_trace import PromptTrace, trace
+from agent_tools.prompt_trace import EvidenceRequest, PromptTrace, trace
 from agent_tools.tools.trace_prompt_attention.models import TracePromptInput
 
 
@@ -17,7 +17,8 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
     spans you name, and the sink tokens kept apart); the attention of the last prompt position — or of every
     token the model generates greedily — is summed per segment: averaged over layers and heads, in the last
     layer, and by rollout. Reports the top tokens read in each segment and, per generated token, the segment
-    it read most.
+    it read most. Beside that, the evidence checks (``checks``) say what the answer depends on: causal effects of
+    removing / neutralising each segment, value-weighted shares with filler set apart, integrated gradients.
     """
     loaded = inspector.model(args.model)
     return trace(
@@ -29,4 +30,11 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
         max_new_tokens=args.max_new_tokens,
         top_k=args.top_k,
         sink_threshold=args.sink_threshold,
+        evidence=EvidenceRequest.of(
+            args.checks,
+            answer=args.answer,
+            neutral_token=args.neutral_token,
+            ig_steps=args.ig_steps,
+            exclude_filler=args.exclude_filler,
+        ),
     ).report

@@ -1,0 +1,39 @@
+"""The local engine: one process, the data streamed in batches of similar length, one part written per batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agent_tools.corpus.flow import ErrorBudget, Progress, batches_by_length
+from agent_tools.corpus.items import CorpusItem, ItemOutcome
+from agent_tools.corpus.store import RunStore
+from agent_tools.corpus.tasks import Task, TaskOptions, analyse
+from agent_tools.inspector import Inspector
+
+
+def run_local(
+    inspector: Inspector,
+    task: Task,
+    items: Iterable[CorpusItem],
+    options: TaskOptions,
+    store: RunStore,
+    *,
+    batch_size: int,
+    budget: ErrorBudget,
+    progress: Progress,
+) -> None:
+    """Analyse every item in this process; each finished batch is committed before the next starts.
+
+    Stops (raising :class:`~agent_tools.corpus.flow.TooManyErrors`) at the first bad row over the budget, after
+    committing the items analysed so far.
+    """
+    for batch in batches_by_length(items, batch_size):
+        outcomes: list[ItemOutcome] = []
+        for item in batch:
+            outcome = analyse(inspector, task, item, options)
+            outcomes.append(outcome)
+            progress.advance()
+            if budget.note([outcome]):
+                break
+        store.write_part(outcomes)
+        budget.check()

@@ -1,0 +1,189 @@
+"""A run's output folder, written as the run goes, so that a killed run continues where it stopped.
+
+    OUT/run.json                 what the run is (task, data and its fingerprint, model, options) and whether it is
+                                 complete; a rerun with the same identity continues, another one is refused
+    OUT/parts/part-NNNNNN.*      one part per finished batch: ``.results.parquet``, ``.errors.parquet``, then
+                                 ``.done.json`` (the items it covers), written last: a part without it never counts
+    OUT/table.parquet            every part's rows, sorted by item (each item's rows in the tool's order)
+    OUT/errors.parquet           item, id, kind, reason of every bad row
+    OUT/summary.json, OUT/report.html
+
+Every file is written to a temporary name and renamed, so a kill leaves either the whole file or none. The
+final table depends only on which items are done, never on how the work was split into parts, so a resumed
+run's table equals an uninterrupted one's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agent_tools.corpus.items import ItemOutcome
+from agent_tools.errors import InvalidInputError
+
+MANIFEST = "run.json"
+PARTS = "parts"
+TABLE = "table.parquet"
+ERRORS = "errors.parquet"
+SUMMARY = "summary.json"
+PAGE = "report.html"
+FORMAT = 1
+ERROR_COLUMNS = [("item", "int"), ("id", "str"), ("kind", "str"), ("reason", "str")]
+_PART = re.compile(r"^part-(\d{6})\.")
+
+Columns = Sequence[tuple[str, str]]
+
+
+def arrow_schema(columns: Columns) -> Any:
+    """The pyarrow schema of ``(name, kind)`` columns, kind one of int, float, str, bool."""
+    import pyarrow as pa
+
+    types = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
+    return pa.schema([(name, types[kind]) for name, kind in columns])
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write ``path`` whole or not at all (a temporary file in the same folder, then a rename)."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(payload)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_table(path: Path, table: Any) -> None:
+    """A pyarrow table as a Parquet file, atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    write_atomic(path, sink.getvalue().to_pybytes())
+
+
+class RunStore:
+    """The output folder of one run: its identity, the committed parts, and the final files."""
+
+    def __init__(self, out: Path, identity: dict[str, Any], columns: Columns) -> None:
+        self.out = out
+        self.parts = out / PARTS
+        self.identity = {"format": FORMAT, **identity}
+        self.schema = arrow_schema(columns)
+        self.error_schema = arrow_schema(ERROR_COLUMNS)
+
+    # --- opening and resuming ----------------------------------------------------------------------------
+    def open(self) -> bool:
+        """Create the folder, or check that the run already in it is this one; True when it is a resumed run."""
+        manifest = self.out / MANIFEST
+        if manifest.is_file():
+            stored = read_json(manifest)
+            differ = [k for k in self.identity if stored.get(k) != self.identity[k]]
+            if differ:
+                shown = "; ".join(f"{k}: {stored.get(k)!r} there, {self.identity[k]!r} now" for k in differ)
+                msg = f"--out {str(self.out)!r} holds another run ({shown}); give another --out or remove that folder"
+                raise InvalidInputError(msg, field="out")
+            self._drop_unfinished()
+            return True
+        if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
+            msg = f"--out {str(self.out)!r} exists and is not a corpus run folder; give a new or empty folder"
+            raise InvalidInputError(msg, field="out")
+        self.parts.mkdir(parents=True, exist_ok=True)
+        self.write_manifest(complete=False)
+        return False
+
+    def _drop_unfinished(self) -> None:
+        """Remove what a killed run left half-done: temporary files, and parts whose marker was never written."""
+        self.parts.mkdir(parents=True, exist_ok=True)
+        committed = {marker.name.removesuffix(".done.json") for marker in self._markers()}
+        for path in self.parts.iterdir():
+            match = _PART.match(path.name)
+            if path.name.startswith(".") or (match and path.name.split(".")[0] not in committed):
+                path.unlink(missing_ok=True)
+
+    def write_manifest(self, *, complete: bool, counts: dict[str, int] | None = None) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        body = {**self.identity, "complete": complete, **(counts or {})}
+        write_atomic(self.out / MANIFEST, json.dumps(body, indent=2))
+
+    def _markers(self) -> list[Path]:
+        return sorted(self.parts.glob("part-*.done.json")) if self.parts.is_dir() else []
+
+    def done(self) -> set[int]:
+        """Items some committed part covers (with rows or an error): a rerun skips them."""
+        return {index for marker in self._markers() for index in read_json(marker)["items"]}
+
+    def error_count(self) -> int:
+        return sum(int(read_json(marker)["errors"]) for marker in self._markers())
+
+    # --- writing -----------------------------------------------------------------------------------------
+    def _next_part(self) -> str:
+        numbers = [int(m.group(1)) for p in self.parts.iterdir() if (m := _PART.match(p.name))]
+        return f"part-{max(numbers, default=-1) + 1:06d}"
+
+    def write_part(self, outcomes: Sequence[ItemOutcome]) -> None:
+        """Commit a finished batch: its rows, its errors, then the marker that makes the part count."""
+        import pyarrow as pa
+
+        if not outcomes:
+            return
+        self.parts.mkdir(parents=True, exist_ok=True)
+        stem = self._next_part()
+        rows = [row for outcome in outcomes for row in outcome.rows]
+        errors = [outcome.error_row() for outcome in outcomes if outcome.error is not None]
+        write_table(self.parts / f"{stem}.results.parquet", pa.Table.from_pylist(rows, schema=self.schema))
+        write_table(self.parts / f"{stem}.errors.parquet", pa.Table.from_pylist(errors, schema=self.error_schema))
+        marker = {"items": [outcome.index for outcome in outcomes], "errors": len(errors), "rows": len(rows)}
+        write_atomic(self.parts / f"{stem}.done.json", json.dumps(marker))
+
+    # --- reading the whole run ---------------------------------------------------------------------------
+    def _gather(self, suffix: str, schema: Any) -> Any:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tables = [pq.read_table(m.with_name(m.name.replace(".done.json", suffix))) for m in self._markers()]
+        table = pa.concat_tables([t.cast(schema) for t in tables]) if tables else schema.empty_table()
+        return table.sort_by([("item", "ascending")]).combine_chunks()  # a stable sort: each item's rows keep order
+
+    def results(self) -> Any:
+        """Every committed row, by item."""
+        return self._gather(".results.parquet", self.schema)
+
+    def errors(self) -> Any:
+        """Every committed error row, by item."""
+        return self._gather(".errors.parquet", self.error_schema)
+
+    def write_outputs(self, table: Any, errors: Any, summary: dict[str, Any], page: str) -> None:
+        """The final table, errors, summary and page of what is done so far."""
+        write_table(self.out / TABLE, table)
+        write_table(self.out / ERRORS, errors)
+        write_atomic(self.out / SUMMARY, json.dumps(summary, indent=2, allow_nan=False))
+        write_atomic(self.out / PAGE, page)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidInputError(f"{path.name} in {str(path.parent)!r} cannot be read ({exc})") from exc
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{path.name} in {str(path.parent)!r} is not a JSON object")
+    return value
+
+
+def is_run_folder(path: Path) -> bool:
+    return path.is_dir() and (path / MANIFEST).is_file()
+
+
+def read_run(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A run folder's manifest and summary (None until the run has written one)."""
+    summary = path / SUMMARY
+    return read_json(path / MANIFEST), read_json(summary) if summary.is_file() else None

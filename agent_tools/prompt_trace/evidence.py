@@ -1,0 +1,342 @@
+"""Evidence beside the attention shares of a trace: what the answer *depends on*, not only what it *reads*.
+
+Attention share is not influence (Jain & Wallace 2019; Wiegreffe & Pinter 2019). For the content segments of a
+traced prompt this module adds, through the inspector:
+
+* **causal effects** — the answer's teacher-forced log-probability with the segment removed, and replaced by
+  neutral tokens of the same length (removal also shifts positions, replacement does not);
+* **gradient attribution** — integrated gradients and gradient × input of the answer's log-probability w.r.t.
+  the segment's input embeddings, from a baseline where every content token is the neutral token;
+
+and measures how the four views (attention, value-weighted share, causal effect, gradient) rank the segments.
+:func:`prepare` validates a request before any pass (bad input is refused before the model runs); :func:`gather`
+runs the checks after the traced pass; :func:`verdict` ranks and compares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from agent_tools.analysis.attribution import logprob_changes, rank_agreement, segment_sums, top_index
+from agent_tools.consumers.collapse import output_grams_for
+from agent_tools.errors import AttentionToolError, InvalidInputError, ResourceLimitError
+from agent_tools.inspector import Inspector
+from agent_tools.loading import LoadedModel
+from agent_tools.prompt_segments import CONTENT_KINDS, SegmentedPrompt
+from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers
+from agent_tools.prompt_trace.models import CHECKS, DEFAULT_CHECKS, Check
+from agent_tools.runner.attribution import SegmentVariant, input_embeddings
+
+CHECK_ORDER: tuple[Check, ...] = ("causal", "gradient", "value")
+
+NEUTRAL_CANDIDATES = (" ", ".")
+
+
+@dataclass(frozen=True)
+class EvidenceRequest:
+    """What a trace was asked to check. ``explicit``: the caller named the checks (so a check that cannot run is
+    an error), rather than taking the default (where it is skipped with a note)."""
+
+    checks: tuple[Check, ...] = DEFAULT_CHECKS
+    explicit: bool = False
+    answer: str | None = None
+    neutral_token: str | None = None
+    ig_steps: int = 32
+    exclude_filler: bool = True
+
+    @classmethod
+    def of(
+        cls,
+        checks: Sequence[Check] | None,
+        *,
+        answer: str | None = None,
+        neutral_token: str | None = None,
+        ig_steps: int = 32,
+        exclude_filler: bool = True,
+    ) -> EvidenceRequest:
+        """A request from tool arguments; a repeated check is refused."""
+        if checks is not None and len(set(checks)) != len(checks):
+            msg = f"checks lists a check twice; give each of {', '.join(CHECKS)} at most once"
+            raise InvalidInputError(msg, field="checks")
+        chosen: tuple[Check, ...] = DEFAULT_CHECKS if checks is None else tuple(c for c in CHECK_ORDER if c in checks)
+        return cls(chosen, checks is not None, answer, neutral_token, ig_steps, exclude_filler)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request: the neutral token, the given answer's ids, which checks will run and why not."""
+
+    request: EvidenceRequest
+    causal: bool
+    gradient: bool
+    value_grams: dict[int, torch.Tensor] | None
+    neutral_id: int | None
+    answer_ids: list[int] | None
+    notes: list[str] = field(default_factory=list)
+
+
+def _single_token(loaded: LoadedModel, text: str) -> int | None:
+    ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return int(ids[0]) if len(ids) == 1 else None
+
+
+def neutral_token(loaded: LoadedModel, text: str | None) -> int:
+    """The token a segment is replaced with: the one given (it must be one token), else a space, '.', unk or pad."""
+    if text is not None:
+        found = _single_token(loaded, text)
+        if found is None:
+            count = len(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+            msg = f"neutral_token {text!r} is {count} tokens for {loaded.name!r}; give text that is exactly one token"
+            raise InvalidInputError(msg, field="neutral_token")
+        return found
+    for candidate in NEUTRAL_CANDIDATES:
+        found = _single_token(loaded, candidate)
+        if found is not None:
+            return found
+    for name in ("unk_token_id", "pad_token_id", "eos_token_id"):
+        value = getattr(loaded.tokenizer, name, None)
+        if isinstance(value, int):
+            return value
+    raise InvalidInputError(f"no neutral token found for {loaded.name!r}; give neutral_token", field="neutral_token")
+
+
+def answer_ids(loaded: LoadedModel, text: str) -> list[int]:
+    """The given answer's token ids (tokenised on its own, no special tokens), at least one."""
+    ids = [int(i) for i in loaded.tokenizer(text, add_special_tokens=False)["input_ids"]]
+    if not ids:
+        raise InvalidInputError(
+            "answer produced no tokens; give the answer text the model should write", field="answer"
+        )
+    return ids
+
+
+def content_segments(prompt: SegmentedPrompt) -> list[int]:
+    """Indices of the content segments that hold tokens: the ones causal and gradient checks measure."""
+    return [i for i, s in enumerate(prompt.segments) if s.kind in CONTENT_KINDS and s.positions]
+
+
+def _refuse_or_note(prepared_notes: list[str], explicit: bool, message: str, field: str = "checks") -> None:
+    if explicit:
+        raise InvalidInputError(message, field=field)
+    prepared_notes.append(message)
+
+
+def _whole_prompt(prompt: SegmentedPrompt) -> str:
+    segments = content_segments(prompt)
+    if len(segments) != 1:
+        return ""
+    segment = prompt.segments[segments[0]]
+    first, last = min(segment.positions), max(segment.positions)
+    return (
+        f"segment {segment.name!r} covers the whole prompt (positions {first}..{last}): removing it leaves nothing "
+        "to compare against; name at least two segments (segments=[{name, text}, ...]) or use chat messages, "
+        "or ask for checks without 'causal'"
+    )
+
+
+def _grams(loaded: LoadedModel, notes: list[str]) -> dict[int, torch.Tensor] | None:
+    try:
+        grams = output_grams_for(loaded.model, range(loaded.facts.num_layers), loaded.facts.num_heads)
+    except AttentionToolError as exc:
+        notes.append(f"value-weighted shares skipped: {exc.message}")
+        return None
+    if any(g.is_meta for g in grams.values()):  # weights offloaded to disk exist only inside their module's forward
+        notes.append("value-weighted shares skipped: some output projections are offloaded (not in memory)")
+        return None
+    return grams
+
+
+def prepare(inspector: Inspector, loaded: LoadedModel, prompt: SegmentedPrompt, request: EvidenceRequest) -> Prepared:
+    """Validate the request against the model and the segmented prompt before any pass runs."""
+    notes: list[str] = []
+    wants = set(request.checks)
+    causal, gradient = "causal" in wants, "gradient" in wants
+    if (causal or gradient) and not loaded.facts.is_language_model:
+        _refuse_or_note(notes, request.explicit, f"model {loaded.name!r} has no next-token head: no answer to check")
+        causal = gradient = False
+    whole = _whole_prompt(prompt) if causal else ""
+    if whole:
+        _refuse_or_note(notes, request.explicit, whole, field="segments")
+        causal = False
+    needs_tokens = causal or gradient
+    neutral = neutral_token(loaded, request.neutral_token) if needs_tokens or request.neutral_token else None
+    answer = answer_ids(loaded, request.answer) if request.answer is not None else None
+    if answer is not None and prompt.encoded.length + len(answer) > inspector.limit_for(loaded):
+        msg = f"prompt + answer are {prompt.encoded.length + len(answer)} tokens, over {inspector.limit_for(loaded)}"
+        raise ResourceLimitError(msg, field="answer")
+    if gradient:
+        input_embeddings(loaded)  # refuses a model without float input embeddings before the pass
+    grams = _grams(loaded, notes) if "value" in wants else None
+    return Prepared(request, causal, gradient, grams, neutral, answer, notes)
+
+
+# --- after the traced pass -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SegmentCausal:
+    first_removed: float
+    first_neutral: float
+    answer_removed: float
+    answer_neutral: float
+    top_changed_removed: bool
+    top_changed_neutral: bool
+
+    @property
+    def effect(self) -> float:
+        """−(Δ removed + Δ neutral) / 2 of the whole answer: nats the answer loses without the segment."""
+        return -(self.answer_removed + self.answer_neutral) / 2
+
+
+@dataclass(frozen=True)
+class GradientNumbers:
+    integrated: dict[int, float]  # segment -> Σ IG over its tokens
+    times_input: dict[int, float]
+    steps: int
+    value: float
+    baseline_value: float
+    delta: float
+
+
+@dataclass
+class Evidence:
+    """What the checks measured, per segment index of the traced prompt."""
+
+    answer_ids: list[int]
+    source: str  # "model" or "given"
+    clean: torch.Tensor | None = None  # (A,) clean log-probabilities of the answer tokens
+    causal: dict[int, SegmentCausal] = field(default_factory=dict)
+    gradient: GradientNumbers | None = None
+    notes: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+
+def model_answer(traced: TracedPrompt) -> list[int]:
+    """The model's own answer: its top next token (target 'last') or every token it generated."""
+    if traced.target == "generate" and traced.generated_ids:
+        return list(traced.generated_ids)
+    assert traced.answer_logits is not None
+    return [int(traced.answer_logits.argmax())]
+
+
+def _variants(prompt: SegmentedPrompt, segments: list[int], neutral: int) -> list[SegmentVariant]:
+    ids = prompt.encoded.input_ids[0].tolist()
+    variants = []
+    for index in segments:
+        taken = set(prompt.segments[index].positions)
+        removed = [t for p, t in enumerate(ids) if p not in taken]
+        replaced = [neutral if p in taken else t for p, t in enumerate(ids)]
+        variants.append(SegmentVariant(min(taken), removed, replaced))
+    return variants
+
+
+def _causal(
+    inspector: Inspector, loaded: LoadedModel, traced: TracedPrompt, prepared: Prepared, evidence: Evidence
+) -> None:
+    """Each content segment removed and replaced by neutral tokens: the answer's log-probability changes."""
+    prompt, neutral = traced.prompt, prepared.neutral_id
+    assert neutral is not None
+    segments = content_segments(prompt)
+    result = inspector.segment_ablations(
+        loaded,
+        prompt.encoded.input_ids[0].tolist(),
+        evidence.answer_ids,
+        _variants(prompt, segments, neutral),
+        traced=traced.answer_pass,
+    )
+    evidence.clean = result.clean
+    first_removed, whole_removed = logprob_changes(result.removed, result.clean)  # (n,) each
+    first_neutral, whole_neutral = logprob_changes(result.neutral, result.clean)
+    for row, index in enumerate(segments):
+        evidence.causal[index] = SegmentCausal(
+            first_removed=float(first_removed[row]),
+            first_neutral=float(first_neutral[row]),
+            answer_removed=float(whole_removed[row]),
+            answer_neutral=float(whole_neutral[row]),
+            top_changed_removed=result.removed_top[row] != result.clean_top,
+            top_changed_neutral=result.neutral_top[row] != result.clean_top,
+        )
+    evidence.checks.append("causal")
+
+
+def _gradient(
+    inspector: Inspector, loaded: LoadedModel, traced: TracedPrompt, prepared: Prepared, evidence: Evidence
+) -> None:
+    """Integrated gradients from every content token set to the neutral token, summed per segment."""
+    prompt, neutral = traced.prompt, prepared.neutral_id
+    assert neutral is not None
+    segments = content_segments(prompt)
+    ids = prompt.encoded.input_ids[0].tolist()
+    taken = {p for index in segments for p in prompt.segments[index].positions}
+    baseline = [neutral if p in taken else t for p, t in enumerate(ids)]
+    answer = evidence.answer_ids
+    result = inspector.input_gradients(
+        loaded, ids + answer[:-1], baseline + answer[:-1], answer, steps=prepared.request.ig_steps
+    )
+    index = prompt.segment_index()
+    count = len(prompt.segments)
+    integrated = segment_sums(result.integrated[: len(ids)], index, count)
+    times = segment_sums(result.gradient_x_input[: len(ids)], index, count)
+    evidence.gradient = GradientNumbers(
+        integrated={i: float(integrated[i]) for i in segments},
+        times_input={i: float(times[i]) for i in segments},
+        steps=result.steps,
+        value=result.value,
+        baseline_value=result.baseline_value,
+        delta=result.delta,
+    )
+    evidence.checks.append("gradient")
+
+
+def gather(inspector: Inspector, loaded: LoadedModel, traced: TracedPrompt, prepared: Prepared) -> Evidence:
+    """Run the checks that were prepared, after the traced pass (it gave the model's own answer)."""
+    if prepared.answer_ids is not None:
+        evidence = Evidence(list(prepared.answer_ids), "given", notes=list(prepared.notes))
+    elif traced.answer_logits is not None:
+        evidence = Evidence(model_answer(traced), "model", notes=list(prepared.notes))
+    else:
+        return Evidence([], "model", notes=list(prepared.notes))
+    if prepared.causal:
+        _causal(inspector, loaded, traced, prepared, evidence)
+    if prepared.gradient:
+        _gradient(inspector, loaded, traced, prepared, evidence)
+    if traced.value_shares is not None:
+        evidence.checks.append("value")
+    return evidence
+
+
+# --- ranking and agreement --------------------------------------------------------------------------------------
+MEASURE_NAMES = {
+    "attention": "attention share",
+    "value": "value-weighted share",
+    "causal": "causal effect",
+    "gradient": "integrated gradients",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How the measures rank the content segments, and whether they agree."""
+
+    segments: list[int]  # the content segments compared
+    measures: dict[str, list[float]]  # measure -> value per compared segment (larger = more)
+    agreement: list[tuple[str, str, float | None, bool]]  # (a, b, Spearman ρ, same top)
+    depends_on: list[int]  # compared segments by causal effect, largest first (empty without causal)
+    read_first: int | None  # the segment attention ranks first among the compared
+
+
+def verdict(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence) -> Verdict:
+    """Rank the content segments by each measure that ran, and every pair's rank agreement."""
+    segments = [i for i in content_segments(traced.prompt) if traced.prompt.segments[i].kind != "generated"]
+    attention = numbers.views["content"] if numbers.exclude_filler else numbers.views["share"]
+    measures = {"attention": [attention[i] for i in segments]}
+    if "value" in numbers.views:
+        measures["value"] = [numbers.views["value"][i] for i in segments]
+    if evidence.causal:
+        measures["causal"] = [evidence.causal[i].effect for i in segments]
+    if evidence.gradient is not None:
+        measures["gradient"] = [evidence.gradient.integrated[i] for i in segments]
+    depends = sorted(segments, key=lambda i: -evidence.causal[i].effect) if evidence.causal else []
+    read_first = segments[top_index(measures["attention"])] if segments else None
+    return Verdict(segments, measures, rank_agreement(measures) if len(segments) >= 2 else [], depends, read_first)

@@ -1,0 +1,73 @@
+"""corpus_summary's arguments and report: the pydantic models an agent reads, with their descriptions."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from agent_tools.schemas import Report, ToolInput
+
+DESCRIPTION = (
+    "Summarise a corpus the operator allowed (attention-explainer --allow-data PATH): for a finished corpus run "
+    "(attention-explainer corpus profile|trace|collapse DATA --out DIR) the heads whose role is stable across the "
+    "items and those that vary, with bootstrap confidence intervals, or, for trace runs, how often the answer read "
+    "each segment (system prompt, user turns, named spans) most; for a raw data file, what it holds (items, text "
+    "vs chat, roles, lengths, unreadable rows). Name the data by the file name listed when you omit it; no other "
+    "path can be read."
+)
+SummaryKind = Literal["list", "run", "data"]
+
+
+class CorpusSummaryInput(ToolInput):
+    data: str | None = Field(
+        default=None,
+        max_length=300,
+        description="the file name of an allowed data file or corpus run folder; omitted = list what is allowed",
+    )
+    top_k: int = Field(default=5, ge=1, le=50, description="heads or segments listed per group")
+
+
+class HeadEntry(BaseModel):
+    head: str = Field(description="layer.head")
+    role: str = Field(description="the head's most frequent role (profile) or collapse verdict (collapse)")
+    share: float = Field(description="share of the items where the head takes that role")
+    roles: dict[str, float] = Field(default_factory=dict, description="every role seen and its share (variable heads)")
+
+
+class SegmentEntry(BaseModel):
+    segment: str = Field(description="segment name (system#1, user#1, a named span, template, sink) or kind")
+    items: int = Field(description="items having this segment")
+    share: float | None = Field(description="mean share of the answer's attention on it (layers and heads)")
+    share_ci: list[float | None] = Field(description="bootstrap 95% interval of that mean")
+    read_most_rate: float | None = Field(description="share of those items whose answer read this segment most")
+    read_most_ci: list[float | None] = Field(description="bootstrap 95% interval of that rate")
+
+
+class DataFacts(BaseModel):
+    items: int = Field(description="records read (at most the first 100,000)")
+    text_items: int
+    message_items: int
+    unreadable: int = Field(description="records that cannot be analysed (malformed line, no text or messages)")
+    roles: dict[str, int] = Field(description="messages per role, over the chat items")
+    mean_characters: float
+    max_characters: int
+    problems: list[str] = Field(description="the first unreadable records and why")
+
+
+class CorpusSummaryReport(Report):
+    kind: SummaryKind = Field(description="list: what is allowed; run: a corpus run's summary; data: a data file")
+    allowed: list[str] = Field(description="the data names this session may read")
+    data: str | None = None
+    task: str | None = Field(default=None, description="the run's task: profile, trace or collapse")
+    complete: bool | None = Field(default=None, description="whether the run finished (False: stopped or running)")
+    items: int | None = None
+    analysed: int | None = None
+    errors: int | None = None
+    stable_count: int | None = Field(default=None, description="heads whose role holds on ≥ 80% of the items")
+    variable_count: int | None = None
+    stable_heads: list[HeadEntry] = Field(default_factory=list)
+    variable_heads: list[HeadEntry] = Field(default_factory=list)
+    segments: list[SegmentEntry] = Field(default_factory=list, description="trace runs: per segment name")
+    kinds: list[SegmentEntry] = Field(default_factory=list, description="trace runs: per segment kind")
+    data_facts: DataFacts | None = None

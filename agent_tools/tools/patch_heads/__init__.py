@@ -1,0 +1,45 @@
+"""patch_heads: which heads carry the answer? Activation patching between a clean and a corrupted prompt.
+
+``models`` holds the arguments and report, ``plan`` the recorded and batched patched runs (through the inspector's
+evidence methods, :mod:`agent_tools.runner.patching`), ``narrative`` the summary and findings.
+"""
+
+from __future__ import annotations
+
+from agent_tools.tools.patch_heads.models import (
+    DESCRIPTION,
+    HeadPatchResult,
+    HeadPositions,
+    LayerPatchResult,
+    PatchHeadsInput,
+    PatchReport,
+    PositionPatch,
+)
+from agent_tools.tools.patch_heads.plan import patch_heads, single_token
+from agent_tools.tools.registry import ToolSpec
+
+__all__ = [
+    "SPEC",
+    "HeadPatchResult",
+    "HeadPositions",
+    "LayerPatchResult",
+    "PatchHeadsInput",
+    "PatchReport",
+    "PositionPatch",
+    "patch_heads",
+    "single_token",
+]
+
+SPEC = ToolSpec(
+    name="patch_heads",
+    description=DESCRIPTION,
+    input_model=PatchHeadsInput,
+    output_model=PatchReport,
+    run=patch_heads,
+    example={
+        "clean": "the cat sat on the mat. the cat sat on the",
+        "corrupted": "the cat sat on the rug. the cat sat on the",
+        "answer": " mat",
+        "wrong": " rug",
+    },
+)

@@ -1,0 +1,328 @@
+"""Corpus runs: readers, rows equal to the single-prompt tools, aggregation by hand, identical engines (a local
+Ray started here), a killed run resumed, bad rows and bad input, and the corpus_summary tool's allow-list."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+from families import build_family, tiny_tokenizer
+
+from agent_tools.analysis.heads import TEXT_ROLES
+from agent_tools.cli import build_parser, main, session_from_args
+from agent_tools.corpus import run_corpus
+from agent_tools.corpus.aggregate import bootstrap_interval, summarise
+from agent_tools.corpus.flow import TooManyErrors
+from agent_tools.corpus.items import read_items
+from agent_tools.corpus.ray_engine import RayOptions
+from agent_tools.errors import InvalidInputError
+from agent_tools.inspector import Inspector
+from agent_tools.loading import ModelPolicy
+from agent_tools.tools import get_tool
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = [
+    "the cat sat on the mat .",
+    "the dog was tired , and it sat on the mat",
+    "a cat is on the mat because it was tired",
+    "he and she sat in the dog mat",
+    "they sat . the cat was tired",
+    "it is the cat of the dog , and the mat",
+]
+CHATS = [
+    [{"role": "system", "content": "The secret code is 4721."}, {"role": "user", "content": "What is the code?"}],
+    [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "What is the capital of Italy?"}],
+    [{"role": "user", "content": "Name a colour of the sky."}],
+]
+
+
+def write_jsonl(path: Path, records: list[Any]) -> Path:
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in records) + "\n")
+    return path
+
+
+def nan_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and math.isnan(a):
+        return b is None or (isinstance(b, float) and math.isnan(b))
+    return bool(a == b)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random Llama saved with save_pretrained: loadable by path in this process, a subprocess, an actor."""
+    folder = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    build_family("llama").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture()
+def session(tiny: str) -> Inspector:
+    return Inspector(policy=ModelPolicy(frozenset({tiny}), tiny), token_limit=20)
+
+
+# --- readers --------------------------------------------------------------------------------------------------
+def test_jsonl_parquet_and_datasets_folder_give_the_same_items(tmp_path: Path) -> None:
+    import datasets
+
+    records = [{"text": TEXTS[0], "id": "a"}, {"messages": CHATS[2], "id": "b"}, {"text": TEXTS[1], "id": "c"}]
+    jsonl = write_jsonl(tmp_path / "d.jsonl", [*records[:2], "", "{not json", 7, {"id": "x"}, records[2]])
+    items = list(read_items(jsonl))
+    assert [i.index for i in items] == [0, 1, 2, 3, 4, 5]  # the blank line is no item
+    assert [i.problem is None for i in items] == [True, True, False, False, False, True]
+    assert items[2].problem.startswith("line 4 is not valid JSON")
+    assert items[3].problem == "record is a int, not an object with text or messages"
+    assert items[4].problem == "record has neither of 'text' and 'messages'; give exactly one"
+    frame = pd.DataFrame(records)
+    frame.to_parquet(tmp_path / "d.parquet")
+    datasets.Dataset.from_pandas(frame).save_to_disk(str(tmp_path / "ds"))
+    for path in (tmp_path / "d.parquet", tmp_path / "ds"):
+        read = list(read_items(path))
+        assert [(i.id, i.text, i.messages) for i in read] == [
+            (r["id"], r.get("text"), r.get("messages")) for r in records
+        ]
+
+
+# --- rows equal the single-prompt tools ------------------------------------------------------------------------
+def test_profile_rows_equal_profile_heads_and_diagnose_collapse(tmp_path: Path, session: Inspector, tiny: str) -> None:
+    long_text = " ".join(["the cat sat on the mat"] * 6)  # 37 tokens, over the session's token limit of 20
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in TEXTS[:3]] + [{"text": " "}, {"text": long_text}])
+    result = run_corpus("profile", data, out=tmp_path / "out", inspector=session, progress=False)
+    facts = session.model(tiny).facts
+    table = result.table
+    assert len(table) == 3 * facts.num_layers * facts.num_heads and sorted(set(table["item"])) == [0, 1, 2]
+    assert result.errors[["item", "kind"]].values.tolist() == [[3, "invalid_input"], [4, "resource_limit"]]
+    assert "accepts at most 20 tokens" in result.errors["reason"].iloc[1]
+    for index, text in enumerate(TEXTS[:3]):
+        full = get_tool("profile_heads")(session, {"text": text})  # every role: the text roles' scores are the same
+        same_roles = get_tool("profile_heads")(session, {"text": text, "roles": list(TEXT_ROLES)})
+        collapse = {
+            (r.layer, r.head): r for r in get_tool("diagnose_collapse")(session, {"text": text, "top_k": 50}).heads
+        }
+        rows = table[table["item"] == index].set_index(["layer", "head"])
+        for head, same in zip(full.heads, same_roles.heads, strict=True):
+            row = rows.loc[(head.layer, head.head)]
+            assert all(nan_equal(row[f"score_{r}"], head.scores.get(r)) for r in TEXT_ROLES)
+            assert (row["primary_role"], row["confidence"]) == (same.primary_role, same.confidence)
+            stats = collapse[(head.layer, head.head)]
+            assert (row["verdict"], row["mean_max_weight"], row["sink_fraction"]) == (
+                stats.verdict,
+                stats.mean_max_weight,
+                stats.sink_fraction,
+            )
+            assert row["collapsed"] == (stats.verdict != "not_collapsed")
+    on_disk = pq.read_table(tmp_path / "out" / "table.parquet")
+    assert (
+        on_disk.equals(result.arrow) and json.loads((tmp_path / "out" / "summary.json").read_text()) == result.summary
+    )
+
+
+def test_collapse_rows_equal_every_field_of_diagnose_collapse(tmp_path: Path, session: Inspector) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": TEXTS[3]}])
+    table = run_corpus("collapse", data, out=tmp_path / "out", inspector=session, progress=False).table
+    report = get_tool("diagnose_collapse")(session, {"text": TEXTS[3], "top_k": 50})
+    assert len(table) == report.heads_examined == len(report.heads)
+    rows = table.set_index(["layer", "head"])
+    for head in report.heads:
+        row = rows.loc[(head.layer, head.head)]
+        assert all(
+            nan_equal(row[name], value) for name, value in head.model_dump().items() if name not in ("layer", "head")
+        )
+
+
+@pytest.mark.real_model
+def test_trace_rows_equal_trace_prompt_attention_and_aggregate_by_kind(tmp_path: Path) -> None:
+    session = Inspector()
+    named = {"messages": CHATS[0], "segments": [{"name": "code", "text": "4721", "message": 0}]}
+    data = write_jsonl(tmp_path / "d.jsonl", [named, {"messages": CHATS[1]}, {"messages": CHATS[2]}, {"messages": []}])
+    result = run_corpus("trace", data, out=tmp_path / "out", inspector=session, progress=False)
+    table = result.table
+    assert result.errors[["item", "kind"]].values.tolist() == [[3, "invalid_input"]]
+    for index, record in enumerate([named, {"messages": CHATS[1]}, {"messages": CHATS[2]}]):
+        arguments = {"prompt": record["messages"], **({"segments": record["segments"]} if "segments" in record else {})}
+        report = get_tool("trace_prompt_attention")(session, arguments)
+        rows = table[table["item"] == index]
+        assert rows["segment"].tolist() == [s.name for s in report.segments]
+        for segment, (_, row) in zip(report.segments, rows.iterrows(), strict=True):
+            assert (row["share"], row["last_layer_share"], row["token_count"]) == (
+                segment.share,
+                segment.last_layer_share,
+                segment.token_count,
+            )
+            assert nan_equal(row["share_without_sink"], segment.share_without_sink)
+            assert row["read_most"] == (segment.name == report.read_most)
+    assert "code" in set(table["segment"])
+    kinds = {row["kind"]: row for row in result.summary["kinds"]}
+    system = table[table["kind"] == "system"].groupby("item")["read_most"].max()
+    assert kinds["system"]["items"] == 2 and kinds["system"]["read_most_rate"]["mean"] == pytest.approx(system.mean())
+    user_share = table[table["kind"] == "user"].groupby("item")["share"].sum()
+    assert kinds["user"]["metrics"]["share"]["mean"] == pytest.approx(user_share.mean(), abs=1e-6)
+
+
+# --- aggregation, by hand --------------------------------------------------------------------------------------
+def test_summary_numbers_by_hand() -> None:
+    # head 0.0: previous_token on 4 of 5 items (stable); head 0.1: 3 of 5 (variable); scores chosen by hand
+    roles = {(0, 0): ["previous_token"] * 4 + [None], (0, 1): ["self", "self", "self", "broad", "broad"]}
+    scores = {(0, 0): [0.9, 0.8, 0.7, 0.6, 0.5], (0, 1): [0.2, 0.2, 0.2, 0.2, 0.2]}
+    rows = [
+        {"item": item, "layer": 0, "head": head, "primary_role": roles[(0, head)][item],
+         "score_self": scores[(0, head)][item], "collapsed": item == 0 and head == 1}
+        for item in range(5) for head in (0, 1)
+    ]  # fmt: skip
+    errors = pd.DataFrame([{"item": 5, "id": None, "kind": "malformed", "reason": "line 6 is not valid JSON"}])
+    summary = summarise("profile", pd.DataFrame(rows), errors, resamples=200, seed=3)
+    assert (summary["items"], summary["analysed"], summary["errors"]) == (6, 5, 1)
+    first, second = summary["heads"]
+    assert (first["role"], first["role_share"], first["stable"]) == ("previous_token", 0.8, True)
+    assert (second["role"], second["role_share"], second["stable"]) == ("self", 0.6, False)
+    assert second["roles"] == {"self": 0.6, "broad": 0.4}
+    stats = first["metrics"]["score_self"]
+    assert stats["mean"] == pytest.approx(0.7) and stats["std"] == pytest.approx(
+        np.std([0.9, 0.8, 0.7, 0.6, 0.5]), abs=1e-6
+    )
+    assert stats["ci_low"] <= 0.7 <= stats["ci_high"] and stats["ci_low"] >= 0.5 and stats["ci_high"] <= 0.9
+    constant = second["metrics"]["score_self"]
+    assert (constant["ci_low"], constant["ci_high"]) == (0.2, 0.2)
+    assert second["metrics"]["collapsed"]["mean"] == pytest.approx(0.2)
+    assert summary["stable_heads"] == [{"head": "0.0", "role": "previous_token", "share": 0.8}]
+    assert [h["head"] for h in summary["variable_heads"]] == ["0.1"]
+    assert summary == summarise("profile", pd.DataFrame(rows), errors, resamples=200, seed=3)  # fixed seed
+
+
+def test_bootstrap_interval_skips_missing_values() -> None:
+    values = np.array([[1.0, np.nan], [3.0, 2.0], [5.0, np.nan], [7.0, 2.0]])
+    low, high = bootstrap_interval(values, resamples=500, seed=0)
+    assert 1.0 <= low[0] < 4.0 < high[0] <= 7.0
+    assert (low[1], high[1]) == (2.0, 2.0)
+
+
+# --- engines ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_local_and_ray_engines_give_identical_tables(tmp_path: Path, session: Inspector) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in TEXTS] + ["{oops"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each Ray actor runs (one CPU thread): the same kernels, the same sums
+    try:
+        local = run_corpus("profile", data, out=tmp_path / "local", inspector=session, batch_size=2, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    ray_run = run_corpus(
+        "profile", data, out=tmp_path / "ray", engine="ray", inspector=session, batch_size=2, progress=False,
+        ray_options=RayOptions(actors=2),
+    )  # fmt: skip
+    assert local.arrow.num_rows == 6 * 2 * 4 and local.arrow.equals(ray_run.arrow)
+    assert local.arrow_errors.equals(ray_run.arrow_errors) and local.summary == ray_run.summary
+    assert len(list((tmp_path / "ray" / "parts").glob("*.done.json"))) >= 2  # written as the batches came back
+
+
+def _corpus_cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agent_tools.cli", "corpus", *args, "--no-progress"]
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_the_uninterrupted_table(tmp_path: Path) -> None:
+    texts = [f"{t} {TEXTS[(i + 1) % 6]} number {i}." for i, t in enumerate(TEXTS + TEXTS[:2])]
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in texts] + [{"text": ""}])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    killed = tmp_path / "killed"
+    command = _corpus_cli("profile", str(data), "--out", str(killed), "--batch-size", "1")
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(list((killed / "parts").glob("*.done.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done_before = len(list((killed / "parts").glob("*.done.json")))
+    assert 2 <= done_before < 9 and not (killed / "table.parquet").exists()  # killed mid-way
+    assert subprocess.run(command, env=env, capture_output=True, timeout=300).returncode == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the subprocess ran (OMP_NUM_THREADS=1): the same kernels, the same sums
+    try:
+        whole = run_corpus("profile", data, out=tmp_path / "whole", inspector=Inspector(), progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    resumed = pq.read_table(killed / "table.parquet")
+    assert resumed.num_rows == 8 * 30 * 9 and resumed.equals(whole.arrow)
+    assert pq.read_table(killed / "errors.parquet").equals(whole.arrow_errors)
+    covered = [i for m in (killed / "parts").glob("*.done.json") for i in json.loads(m.read_text())["items"]]
+    assert sorted(covered) == list(range(9))  # every item once: the rerun skipped what was done
+
+
+# --- bad rows, bad input ---------------------------------------------------------------------------------------
+def test_max_errors_stops_the_run_and_a_rerun_continues(tmp_path: Path, session: Inspector) -> None:
+    data = write_jsonl(
+        tmp_path / "d.jsonl", [{"text": ""}, {"text": TEXTS[0]}, "{bad", {"text": "  "}, {"text": TEXTS[1]}]
+    )
+    with pytest.raises(TooManyErrors, match=r"stopped after 2 bad rows, more than --max-errors 1"):
+        run_corpus("collapse", data, out=tmp_path / "out", inspector=session, max_errors=1, batch_size=10)
+    manifest = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert manifest["complete"] is False and len(pq.read_table(tmp_path / "out" / "errors.parquet")) == 2
+    result = run_corpus("collapse", data, out=tmp_path / "out", inspector=session, progress=False)
+    assert (
+        result.complete and sorted(result.errors["item"]) == [0, 2, 3] and sorted(set(result.table["item"])) == [1, 4]
+    )
+    with pytest.raises(InvalidInputError, match="holds another run"):
+        run_corpus("profile", data, out=tmp_path / "out", inspector=session)
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: ")
+    return err
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": TEXTS[0]}])
+    out = str(tmp_path / "out")
+    assert "unknown task 'roles'; tasks: profile, trace, collapse" in _one_line_error(
+        capsys, ["corpus", "roles", str(data), "--out", out]
+    )
+    assert "does not exist" in _one_line_error(capsys, ["corpus", "profile", str(tmp_path / "none.jsonl")])
+    (tmp_path / "d.csv").write_text("text\nhello\n")
+    assert "unknown format" in _one_line_error(capsys, ["corpus", "profile", str(tmp_path / "d.csv")])
+    monkeypatch.setattr("agent_tools.corpus.ray_engine.ray_available", lambda: False)
+    assert "--engine ray needs Ray Data" in _one_line_error(
+        capsys, ["corpus", "profile", str(data), "--engine", "ray", "--out", out]
+    )
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+# --- the corpus_summary tool and the page -----------------------------------------------------------------------
+def test_corpus_summary_reads_only_allowed_data(tmp_path: Path, session: Inspector, tiny: str) -> None:
+    data = write_jsonl(tmp_path / "chats.jsonl", [{"text": TEXTS[0]}, {"messages": CHATS[0]}, "{bad"])
+    run = run_corpus("profile", data, out=tmp_path / "run", inspector=session, progress=False)
+    allowed = Inspector(policy=session.policy, allowed_data=[data, tmp_path / "run"])
+    tool = get_tool("corpus_summary")
+    listing = tool(allowed, {})
+    assert listing.kind == "list" and listing.allowed == ["chats.jsonl", "run"]
+    report = tool(allowed, {"data": "run", "top_k": 3})
+    assert (report.kind, report.task, report.items, report.analysed, report.errors) == ("run", "profile", 3, 1, 2)
+    assert [h.head for h in report.stable_heads] == [h["head"] for h in run.summary["stable_heads"][:3]]
+    assert report.stable_count == len(run.summary["stable_heads"]) and report.model == tiny
+    facts = tool(allowed, {"data": "chats.jsonl"}).data_facts
+    assert facts is not None and (facts.items, facts.text_items, facts.message_items, facts.unreadable) == (3, 1, 1, 1)
+    assert facts.roles == {"system": 1, "user": 1}
+    for name in ("/etc/passwd", str(tmp_path / "run" / "table.parquet"), "../chats.jsonl", "chats"):
+        with pytest.raises(InvalidInputError, match=r"is not allowed here; allowed: chats.jsonl, run"):
+            tool(allowed, {"data": name})
+    with pytest.raises(InvalidInputError, match="no data files are allowed in this session"):
+        tool(session, {"data": "chats.jsonl"})
+    args = build_parser().parse_args(["--allow-data", str(data), "--allow-data", str(tmp_path / "run"), "tools"])
+    assert session_from_args(args).allowed_data == (data.resolve(), (tmp_path / "run").resolve())
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert page.count('<td style="background') == 2 * 2 * 4  # two layer × head grids of the tiny model
