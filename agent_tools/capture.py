@@ -282,8 +282,10 @@ def capture_attention_forward(
             query, repeat_kv(key, groups), repeat_kv(value, groups), mask, scaling, softcap, dropout, module.training
         )
         return output.transpose(1, 2).contiguous(), weights
-    if not state.wants(layer) and softcap is None:
+    if not state.wants(layer) and softcap is None and query.dtype == torch.float32:
         # Layers nobody asked for run fast with sdpa; sdpa cannot soft-cap, so those layers take the eager path.
+        # In half precision sdpa rounds differently from eager (~1e-2 in bf16), which would shift every later layer
+        # away from the model's eager attention, so there every layer takes the eager path (chunked, uncaptured).
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )

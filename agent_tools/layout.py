@@ -19,6 +19,8 @@ W_Q/W_K/W_V slices are read only for the families in :data:`PROJECTION_FAMILIES`
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Literal, TypeGuard, get_args
 
@@ -184,7 +186,29 @@ def output_projection(model: nn.Module, layer: int, *, in_features: int | None =
 
 def output_weight(model: nn.Module, layer: int) -> Tensor:
     """Layer ``layer``'s output projection weight as ``(C, H·D)``, columns grouped by head (detached, as stored)."""
-    return _out_in(output_projection(model, layer)).detach()
+    projection = output_projection(model, layer)
+    with materialised(projection):
+        return _out_in(projection).detach()
+
+
+@contextmanager
+def materialised(*modules: nn.Module) -> Iterator[None]:
+    """Inside the block, weights that accelerate offloaded (to the CPU or disk: the module holds meta placeholders
+    between forwards) are loaded, through accelerate's own hooks; outside an offloading device map a no-op.
+
+    Tensors read inside the block stay valid after it (the hook swaps the module's parameters back to meta; the
+    loaded tensors live on in whatever still references them).
+    """
+    offloaded = [sub for module in modules for sub in module.modules() if getattr(sub, "_hf_hook", None) is not None]
+    if not offloaded:
+        yield
+        return
+    from accelerate.utils import align_module_device
+
+    with ExitStack() as stack:
+        for sub in offloaded:
+            stack.enter_context(align_module_device(sub))
+        yield
 
 
 # --- per-head W_Q, W_K, W_V, W_O (the families of PROJECTION_FAMILIES) -----------------------------------
@@ -276,11 +300,12 @@ def head_projections(model: nn.Module, layer: int, head: int, *, facts: ModelFac
     modules = [_child(attention, name) for name in layout.modules]
     q_module, k_module, v_module = modules if len(modules) == 3 else modules * 3
     q_start, k_start, v_start = _qkv_starts(layout, facts, head, kv_head)
-    w_q, b_q = _features(q_module, q_start, d_head)
-    w_k, b_k = _features(k_module, k_start, d_head)
-    w_v, b_v = _features(v_module, v_start, d_head)
-    output = _out_in(output_projection(model, layer, in_features=facts.num_heads * d_head))
-    w_o = output.detach()[:, head * d_head : (head + 1) * d_head].T.float()  # (d_head, d_model)
+    projection = output_projection(model, layer, in_features=facts.num_heads * d_head)
+    with materialised(*modules, projection):  # a disk-offloaded layer holds meta placeholders between forwards
+        w_q, b_q = _features(q_module, q_start, d_head)
+        w_k, b_k = _features(k_module, k_start, d_head)
+        w_v, b_v = _features(v_module, v_start, d_head)
+        w_o = _out_in(projection).detach()[:, head * d_head : (head + 1) * d_head].T.float()  # (d_head, d_model)
     prescale = getattr(attention, "scaling", 1.0) if facts.query_prescaled else 1.0
     return HeadProjections(
         family=facts.family,

@@ -21,7 +21,10 @@ from agent_tools.errors import UnsupportedModelError
 from agent_tools.families import ModelFacts
 from agent_tools.layout import HeadProjections, head_projections
 
-REFUSE_ABOVE = 1e-3  # weights read from the model that miss the model's map by more are a layout we got wrong
+# Weights read from the model that miss the model's map by more are a layout we got wrong. The rebuild runs in
+# float32 from weights stored in the model's dtype: a bf16/fp16 model's own map is rounded to ~2⁻⁸ / 2⁻¹¹ and peaked
+# rows amplify that, while a wrong layout misses by 0.5–1.0, so each dtype gets its own bound.
+REFUSE_ABOVE = {torch.float32: 1e-3, torch.float64: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 STAGE_MAP_COPIES = 32  # (T, T) float32 maps a reconstruction holds besides the captured ones (stages, float64 temps)
 
 
@@ -39,6 +42,7 @@ class HeadInputs:
     scaling: float  # the factor the attention function used
     softcap: float | None
     projections: HeadProjections
+    dtype: torch.dtype = torch.float32  # the model's dtype: it sets how closely the rebuild must match
     errors: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -75,6 +79,7 @@ class HeadInputsConsumer:
         self.value: torch.Tensor | None = None
         self.scaling = 1.0
         self.softcap: float | None = None
+        self.dtype = torch.float32
 
     @classmethod
     def for_heads(cls, model: torch.nn.Module, facts: ModelFacts, layer: int, heads: list[int]) -> HeadInputsConsumer:
@@ -91,7 +96,10 @@ class HeadInputsConsumer:
         if captured.query_start == 0:
             self._keep_layer(captured)
         if captured.mask is not None:
-            self.mask_rows.append(captured.mask[0, 0].float().clone())  # (q, Tk)
+            # as float32 0 / float32-min: an fp16 mask's −65504 would not read as "hidden" once upcast
+            hidden = ~allowed_from_additive_mask(captured.mask[0, 0])  # (q, Tk)
+            zeros = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+            self.mask_rows.append(zeros.masked_fill(hidden, torch.finfo(torch.float32).min))  # (q, Tk)
         self.weight_rows.append(captured.weights[0, self.heads].float().clone())  # (len(heads), q, Tk)
         self.score_rows.append(captured.scores[0, self.heads[0]].float().clone())  # (q, Tk)
 
@@ -107,6 +115,7 @@ class HeadInputsConsumer:
         self.key = captured.key[0, self.kv_head].float().clone()  # (Tk, D)
         self.value = captured.value[0, self.kv_head].float().clone()  # (Tk, D)
         self.scaling, self.softcap = captured.scaling, captured.softcap
+        self.dtype = captured.weights.dtype
 
     def inputs(self) -> HeadInputs:
         """After the pass: the head's inputs, checked against the model (:func:`check_parity`)."""
@@ -123,6 +132,7 @@ class HeadInputsConsumer:
             value=self.value,
             scaling=self.scaling,
             softcap=self.softcap,
+            dtype=self.dtype,
             projections=self.projections,
         )
         check_parity(inputs, reconstruct(inputs))
@@ -158,7 +168,8 @@ def check_parity(inputs: HeadInputs, stages: list[StageMap]) -> None:
     }
     inputs.errors.update(errors)
     value_scale = max(1.0, float(inputs.value.abs().max()))
-    if errors["model_weights"] > REFUSE_ABOVE or errors["values"] > REFUSE_ABOVE * value_scale:
+    bound = REFUSE_ABOVE.get(inputs.dtype, REFUSE_ABOVE[torch.float32])
+    if errors["model_weights"] > bound or errors["values"] > bound * value_scale:
         msg = (
             f"the {p.family} weights read for layer {p.layer} head {p.head} do not reproduce the model's attention "
             f"(weight error {errors['model_weights']:.2e}, value error {errors['values']:.2e}); refusing rather than "

@@ -142,6 +142,12 @@ class ScalingConsumer:
         keep = allowed.sum(-1) > 1  # rows that can choose
         if not bool(keep.any()):
             return
+        if scores.dtype not in (torch.float32, torch.float64):
+            # A half-precision model's scores were rounded (~2⁻⁸ in bf16) after q·k: the sweep's settings would then
+            # compare softmaxes of two slightly different score sets (raw vs rounded). Rebuild them in float64
+            # from the same q·k, so every setting rescales one z (exact for the model's softmax up to that rounding).
+            scaled = raw * self.model_scale  # raw is the unscaled q·k (a prescaled query was divided back above)
+            scores = torch.tanh(scaled / self.softcap) * self.softcap if self.softcap is not None else scaled
         # The sweep runs in float32 (the capture's precision; sums are taken in float64): half the memory traffic.
         self._sweep(raw[:, keep].float(), upcast(scores[:, keep]), allowed[keep])
 

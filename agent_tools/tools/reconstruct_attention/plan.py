@@ -162,8 +162,8 @@ def _stage_report(
     js = mean_js(stage.weights, model_map)
     masked_js = js if masked else mean_js(_masked_map(stage, rebuilt.inputs), model_map)  # a masked stage: the same
     tokens = rebuilt.encoded.tokens
-    top_keys = [
-        QueryTopKey(
+    top_keys = [  # one per query (thousands on long texts): built unvalidated, the whole report is checked after
+        QueryTopKey.model_construct(
             position=q,
             token=tokens[q].text,
             key_position=int(key),
