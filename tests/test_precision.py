@@ -298,31 +298,18 @@ def test_float32_model_analyses_match_the_float64_reduction(bf16_and_fp32: dict[
 
 # Each entry: where the bf16 model's analysis reduces in bf16 (found by the sharp check below; line numbers as
 # of this test's writing). The float32 model passes the same check (test above), so the gap is the reduction's.
-BF16_REDUCTIONS = {
-    "diagnose_collapse": "consumers/collapse.py: the Zhai-bound check (slack < -1e-5) compares the entropy of weights "
-    "rounded to bf16 with a bound from the logits; rounding gives bound_violations > 0 on a bf16 model",
-}
 # grid: row_entropy takes the direct formula for half-precision weights; show_attention: float32 rows, and every
 # layer runs eager in half precision (sdpa rounds differently); explain_scaling: one q·k for every sweep setting
-BF16_FIXED = ("grid", "show_attention", "explain_scaling")
+# diagnose_collapse: the Zhai-bound check allows the rounding of weights stored in half precision
+BF16_TOOLS = ("grid", "show_attention", "explain_scaling", "diagnose_collapse")
 
 
-@pytest.mark.parametrize(
-    "tool",
-    [
-        *BF16_FIXED,
-        *(
-            pytest.param(tool, marks=pytest.mark.xfail(strict=True, reason=why))
-            for tool, why in BF16_REDUCTIONS.items()
-        ),
-    ],
-)
+@pytest.mark.parametrize("tool", BF16_TOOLS)
 def test_bf16_model_analyses_reduce_in_float32(bf16_and_fp32: dict[str, str], tool: str) -> None:
     """Sharp check: the bf16 model's analyses equal a float64 reduction of that model's own bf16 maps.
 
     Unlike the comparison with the float32 model (which must allow for the model running in bf16), this isolates
     the analysis: the maps are bit-identical to eager, so any gap above float32 rounding is a bf16 reduction.
-    Expected to fail (strict) until the reductions named in BF16_REDUCTIONS upcast; then drop the marks.
     """
     _check_reductions(bf16_and_fp32["bf16"], (tool,))
 
