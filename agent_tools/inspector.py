@@ -566,12 +566,23 @@ class Inspector:
         self, loaded: LoadedModel, ids: list[int], baseline: list[int], answer: list[int], *, steps: int
     ) -> evidence.InputGradients:
         """Integrated gradients and gradient × input, rows per forward chosen so activations fit the budget."""
-        per_row = evidence.gradient_bytes(loaded, len(ids))
-        self.check_budget(per_row, f"a gradient pass over {len(ids)} tokens")
+        per_row = self.check_gradient_budget(loaded, len(ids))
         rows = max(1, min(steps, self.memory_budget // per_row))
         checkpoint = _checkpoint()
         with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
             return evidence.input_gradients(loaded, ids, baseline, answer, steps=steps, batch_rows=rows)
+
+    def check_gradient_budget(self, loaded: LoadedModel, length: int) -> int:
+        """The activations one row of a backward pass over ``length`` tokens holds, refused over the budget."""
+        per_row = evidence.gradient_bytes(loaded, length)
+        if per_row > self.memory_budget:
+            msg = (
+                f"a gradient pass over {length} tokens would hold about {readable_size(per_row)} of activations, "
+                f"over the budget of {readable_size(self.memory_budget)}; use a shorter prompt or checks without "
+                "'gradient'"
+            )
+            raise ResourceLimitError(msg, field="checks")
+        return per_row
 
     def direct_logits(self, loaded: LoadedModel, encoded: Encoded, token: int) -> evidence.DirectLogits:
         """Every head's direct write into ``token``'s logit at the last position (final norm scale frozen)."""

@@ -52,8 +52,8 @@ def rag_prompt(tokenizer, tokens_per_doc: int = 160) -> tuple[list[dict], list[d
     return messages, [{"name": f"doc{i + 1}", "text": d} for i, d in enumerate(docs)]
 
 
-def timed(call, repeats: int) -> tuple[float, object]:
-    result = call()  # warm-up
+def timed(call, repeats: int, *, warm_up: bool = True) -> tuple[float, object]:
+    result = call() if warm_up else None
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -67,39 +67,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ig-repeats", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--parts", default="trace,gradient,patch", help="comma-separated: trace, gradient, patch")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     load_before = wait_for_quiet()
 
     import torch
 
     from agent_tools.inspector import Inspector
-    from agent_tools.tools import get_tool
 
     inspector = Inspector()
     loaded = inspector.model(None)
     messages, segments = rag_prompt(loaded.tokenizer)
-    trace = get_tool("trace_prompt_attention")
     base = {"prompt": messages, "segments": segments}
     rows: list[tuple[str, float, str]] = []
-    plain, report = timed(lambda: trace(inspector, {**base, "checks": []}), args.repeats)
-    tokens = report.num_tokens
-    content = sum(1 for s in report.segments if s.kind in {"system", "user", "named"} and s.token_count)
-    rows.append((f"trace, no checks ({tokens} tokens, {content} content segments)", plain, "1.00x"))
-    for label, checks in (("value", ["value"]), ("causal", ["causal"]), ("causal + value (default)", None)):
-        extra = {} if checks is None else {"checks": checks}
-        seconds, report = timed(lambda extra=extra: trace(inspector, {**base, **extra}), args.repeats)
-        rows.append((f"trace, {label}", seconds, f"{seconds / plain:.2f}x"))
-    depends = report.depends_on_most
-    seconds, gradient = timed(
-        lambda: trace(inspector, {**base, "checks": ["gradient"], "ig_steps": 32}), args.ig_repeats
-    )
-    rows.append(("trace, integrated gradients (32 steps) + gradient x input", seconds, f"{seconds / plain:.2f}x"))
-    patch = get_tool("patch_heads")
-    pair = {"clean": IOI_CLEAN, "corrupted": IOI_CORRUPTED, "answer": " Mary", "wrong": " John"}
-    seconds, patched = timed(lambda: patch(inspector, {**pair, "per_position": False}), args.repeats)
-    rows.append((f"patch_heads, {patched.patched_runs} rows ({patched.tokens} tokens)", seconds, "target <= 3 s"))
-    seconds_pp, patched_pp = timed(lambda: patch(inspector, pair), args.repeats)
-    rows.append((f"patch_heads + per position ({patched_pp.patched_runs} rows)", seconds_pp, ""))
+    notes: list[str] = []
+    _trace_rows(inspector, base, args, parts, rows, notes)
+    if "patch" in parts:
+        _patch_rows(inspector, args.repeats, rows, notes)
     lines = [
         "# Evidence checks: cost on the default model",
         "",
@@ -111,14 +96,51 @@ def main() -> None:
         "|---|---:|---:|",
         *(f"| {what} | {seconds:.2f} | {ratio} |" for what, seconds, ratio in rows),
         "",
-        f"Depends on most: {depends!r}; gradient run: relative delta {gradient.gradient_run.relative_delta} "
-        f"(delta {gradient.gradient_run.delta}). patch_heads top head: L{patched.top_heads[0].layer}"
-        f"H{patched.top_heads[0].head} restores {patched.top_heads[0].restored:.1%}.",
+        " ".join(notes),
     ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
         args.out.write_text(text)
+
+
+def _trace_rows(inspector, base: dict, args, parts: set[str], rows: list, notes: list[str]) -> None:
+    """The plain trace, then each check (and integrated gradients), as rows against the plain trace."""
+    from agent_tools.tools import get_tool
+
+    trace = get_tool("trace_prompt_attention")
+    plain, report = timed(lambda: trace(inspector, {**base, "checks": []}), args.repeats)
+    content = sum(1 for s in report.segments if s.kind in {"system", "user", "named"} and s.token_count)
+    rows.append((f"trace, no checks ({report.num_tokens} tokens, {content} content segments)", plain, "1.00x"))
+    if "trace" in parts:
+        for label, checks in (("value", ["value"]), ("causal", ["causal"]), ("causal + value (default)", None)):
+            extra = {} if checks is None else {"checks": checks}
+            seconds, report = timed(lambda extra=extra: trace(inspector, {**base, **extra}), args.repeats)
+            rows.append((f"trace, {label}", seconds, f"{seconds / plain:.2f}x"))
+        notes.append(f"Depends on most: {report.depends_on_most!r}.")
+    if "gradient" in parts:
+        call = {**base, "checks": ["gradient"], "ig_steps": 32}
+        seconds, gradient = timed(lambda: trace(inspector, call), args.ig_repeats, warm_up=False)
+        rows.append(("trace, integrated gradients (32 steps) + gradient x input", seconds, f"{seconds / plain:.2f}x"))
+        run = gradient.gradient_run
+        notes.append(f"Gradient run: relative delta {run.relative_delta} (delta {run.delta}).")
+
+
+def _patch_rows(inspector, repeats: int, rows: list, notes: list[str]) -> None:
+    """patch_heads over every head and layer on the IOI pair, without and with the per-position patches."""
+    from agent_tools.tools import get_tool
+
+    patch = get_tool("patch_heads")
+    pair = {"clean": IOI_CLEAN, "corrupted": IOI_CORRUPTED, "answer": " Mary", "wrong": " John"}
+    seconds, patched = timed(lambda: patch(inspector, {**pair, "per_position": False}), repeats)
+    rows.append((f"patch_heads, {patched.patched_runs} rows ({patched.tokens} tokens)", seconds, "target <= 3 s"))
+    seconds, patched_pp = timed(lambda: patch(inspector, pair), repeats)
+    rows.append((f"patch_heads + per position ({patched_pp.patched_runs} rows)", seconds, ""))
+    top = patched.top_heads[0]
+    notes.append(
+        f"patch_heads: first difference at position {patched.first_difference}; top head L{top.layer}H{top.head} "
+        f"restores {top.restored:.1%}."
+    )
 
 
 if __name__ == "__main__":

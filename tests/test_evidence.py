@@ -26,7 +26,7 @@ from agent_tools.analysis.attribution import (
     uniform_segment_shares,
     value_weighted_rows,
 )
-from agent_tools.errors import InvalidInputError
+from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, register_model
 from agent_tools.runner.attribution import SegmentVariant
@@ -337,3 +337,11 @@ def test_filler_is_set_apart_on_the_default_model(smol, inspector: Inspector) ->
     assert report.answer_evidence.tokens == ["Can", "berra"] and report.depends_on_most == "doc3"
     assert doc3.causal.answer_removed < -2 and abs(doc3.causal.first_token_removed) < 1
     assert report.summary.startswith("The answer 'Canberra' depends most on 'doc3'")
+
+
+def test_gradient_check_is_refused_over_the_memory_budget_before_any_pass(tiny_models) -> None:
+    arguments = {"model": "tiny-llama", "prompt": TEXT, "segments": [{"name": "a", "text": "the cat sat"}]}
+    tight = Inspector(memory_budget=20_000)  # holds the rollout (3·14²·4 B), not a backward pass (~70 kB a row)
+    with pytest.raises(ResourceLimitError, match=r"a gradient pass over 14 tokens would hold about .* of activations"):
+        get_tool("trace_prompt_attention")(tight, {**arguments, "checks": ["gradient"]})
+    assert get_tool("trace_prompt_attention")(tight, arguments).checks == ["causal", "value"]

@@ -169,6 +169,7 @@ def prepare(inspector: Inspector, loaded: LoadedModel, prompt: SegmentedPrompt, 
         raise ResourceLimitError(msg, field="answer")
     if gradient:
         input_embeddings(loaded)  # refuses a model without float input embeddings before the pass
+        inspector.check_gradient_budget(loaded, prompt.encoded.length + len(answer or [None]) - 1)
     grams = _grams(loaded, notes) if "value" in wants else None
     return Prepared(request, causal, gradient, grams, neutral, answer, notes)
 

@@ -83,7 +83,8 @@ def _read_most(traced: TracedPrompt, numbers: TraceNumbers) -> Finding:
         kind="read_most",
         value=rounded(share[best]),
         detail=f"{reader} reads {_best(traced, numbers)!r} most: {share[best]:.1%} of its attention (mean over "
-        f"{numbers.num_layers} layers × {numbers.num_heads} heads), {free[best]:.1%} with the sink set aside",
+        f"{numbers.num_layers} layers × {numbers.num_heads} heads; uniform attention would give "
+        f"{numbers.views['uniform'][best]:.1%}), {free[best]:.1%} with the sink set aside",
     )
 
 

@@ -29,7 +29,7 @@ from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.intervene import appended_rows, positions_gathered
 from agent_tools.layout import output_projection
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import on_device
+from agent_tools.runner.forward import locked, on_device
 from agent_tools.runner.generation import _cache_argument, _returned_cache
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm")  # Llama-likes, GPT-2, OPT/NeoX, Phi
@@ -107,7 +107,7 @@ def traced_answer(
     """One captured forward of a prompt (like ``runner.answer_logits``) that also returns its KV cache."""
     ids = on_device(loaded, input_ids)
     capture = capture_attention(loaded.model, consumers, query_chunk=query_chunk, checkpoint=checkpoint)
-    with loaded.lock, torch.inference_mode(), capture:
+    with locked(loaded, checkpoint), torch.inference_mode(), capture:
         output = loaded.model(input_ids=ids, use_cache=True, logits_to_keep=1)
     cache = _cache_layers(_returned_cache(output)) if _shares_prefix(loaded) else None
     return TracedAnswer(output.logits[0, -1].float().clone(), cache)

@@ -37,7 +37,8 @@ DLA_METHOD = (
     "each head's output z_h through its slice of W_O, then the final norm with its scale σ frozen at the clean run's "
     "value (so it is linear), then the unembedding row of the token, less the unembedding of 0; every module runs "
     "its own forward on these extra rows. Heads' numbers add up; they say what a head writes directly into the "
-    "logit, not what removing it does (later layers may compensate: compare the ablation above)"
+    "logit (before any final soft-capping), not what removing it does (later layers may compensate: compare the "
+    "ablation above)"
 )
 
 
