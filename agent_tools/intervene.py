@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -50,7 +50,6 @@ def heads_ablated(
     projections = {
         layer: output_projection(model, layer, in_features=width) for layer, chosen in heads.items() if chosen
     }
-    handles = []
 
     def hook_for(layer: int):
         chosen = list(heads[layer])
@@ -61,13 +60,8 @@ def heads_ablated(
 
         return hook
 
-    try:
-        for layer, projection in projections.items():
-            handles.append(projection.register_forward_pre_hook(hook_for(layer)))
+    with _pre_hooks(projections, hook_for):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -85,7 +79,6 @@ def recorded_head_means(
     """
     projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in layers}
     means: dict[int, Tensor] = {}
-    handles = []
 
     def hook_for(layer: int):
         def hook(module: nn.Module, args: tuple) -> None:
@@ -95,13 +88,8 @@ def recorded_head_means(
 
         return hook
 
-    try:
-        for layer, projection in projections.items():
-            handles.append(projection.register_forward_pre_hook(hook_for(layer)))
+    with _pre_hooks(projections, hook_for):
         yield means
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def group_heads(heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
@@ -158,14 +146,8 @@ def heads_patched_per_row(
 
         return hook
 
-    handles = []
-    try:
-        for layer, projection in projections.items():
-            handles.append(projection.register_forward_pre_hook(hook_for(layer)))
+    with _pre_hooks(projections, hook_for):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -176,7 +158,6 @@ def recorded_head_inputs(model: nn.Module, layers: Sequence[int], *, num_heads: 
     """
     projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in layers}
     recorded: dict[int, Tensor] = {}
-    handles = []
 
     def hook_for(layer: int):
         def hook(module: nn.Module, args: tuple) -> None:
@@ -185,13 +166,8 @@ def recorded_head_inputs(model: nn.Module, layers: Sequence[int], *, num_heads: 
 
         return hook
 
-    try:
-        for layer, projection in projections.items():
-            handles.append(projection.register_forward_pre_hook(hook_for(layer)))
+    with _pre_hooks(projections, hook_for):
         yield recorded
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -248,6 +224,20 @@ def appended_rows(
 
     handles = [module.register_forward_pre_hook(pre_hook), module.register_forward_hook(hook)]
     try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def _pre_hooks(projections: Mapping[int, nn.Module], hook_for: Callable[[int], Callable[..., Any]]) -> Iterator[None]:
+    """Register ``hook_for(layer)`` as a forward pre-hook on each layer's projection for the block; every hook is
+    removed in ``finally`` (also when registering a later one fails)."""
+    handles = []
+    try:
+        for layer, projection in projections.items():
+            handles.append(projection.register_forward_pre_hook(hook_for(layer)))
         yield
     finally:
         for handle in handles:
