@@ -7,15 +7,22 @@ function under the same name) and switch a model to it only inside :func:`captur
 implementation is restored in ``finally``.
 
 The function computes exactly what the families' eager functions compute (GQA via ``repeat_kv`` layout,
-soft-capping, float32 softmax) and hands each layer's tensors to the consumers as a :class:`LayerAttention`,
-one layer (or one chunk of query rows) at a time. Nothing is kept unless a consumer keeps it.
+soft-capping, float32 softmax, the additive score terms some families pass — T5's relative position bias as
+``position_bias``, an adapter's ALiBi or disentangled terms — and GPT-OSS's per-head sink logits as an extra
+softmax column) and hands each layer's tensors to the consumers as a :class:`LayerAttention`, one layer (or one
+chunk of query rows) at a time. Nothing is kept unless a consumer keeps it.
+
+A capture covers one attention stack (:mod:`agent_tools.families`: ``"self"``, or ``"encoder"``, ``"decoder"``
+and ``"cross"`` of an encoder–decoder); the other stacks' layers run uncaptured with the same math. Families
+outside the interface whose :mod:`agent_tools.adapters` adapter routes them (BLOOM, MPT, Falcon, DeBERTa-v2)
+call this function through the adapter's forward while the capture is active.
 """
 
 from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -25,13 +32,15 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import AttentionInterface
 
-from agent_tools.errors import UnsupportedModelError
-from agent_tools.families import find_attention_modules
+from agent_tools.adapters import adapter_for
+from agent_tools.errors import InvalidInputError, UnsupportedModelError
+from agent_tools.families import RELATIVE_POSITION_BIAS, SELF, SINK_LOGIT, attention_stacks, default_stack_name
 
 CAPTURE_IMPLEMENTATION = "attention_explainer_capture"
 
-# Keyword arguments some families pass that change the attention math in ways we do not reproduce.
-_UNSUPPORTED_KWARGS = ("s_aux", "sinks", "attention_sinks", "position_bias", "alibi")
+# Keyword arguments a family could pass that change the attention math in ways we do not reproduce: refused
+# rather than returned inexact. (``position_bias`` and the ``s_aux``/``sinks`` sink logits are reproduced.)
+_UNSUPPORTED_KWARGS = ("attention_sinks", "alibi")
 
 
 @dataclass(eq=False)
@@ -43,9 +52,20 @@ class LayerAttention:
     reused for the next chunk: read it (or the measures derived from it) inside ``on_layer`` only.
 
     Key columns: ``key``/``value`` always hold every key (``Tk``). The per-row tensors (``weights``, ``logits``,
-    ``mask``, ``scores``) hold key columns ``[0, key_width)``; ``key_width < Tk`` only when every consumer of
-    the capture declared ``accepts_key_prefix = True`` and no row of the chunk may read a later column (the
+    ``mask``, ``scores``, ``bias``) hold key columns ``[0, key_width)``; ``key_width < Tk`` only when every consumer
+    of the capture declared ``accepts_key_prefix = True`` and no row of the chunk may read a later column (the
     causal part of a chunk): those columns' weights are exactly 0, so nothing is lost by not computing them.
+
+    Stacks: ``stack`` names the attention stack (``"self"``; ``"encoder"``, ``"decoder"`` or ``"cross"`` in an
+    encoder–decoder) and ``layer`` is the index within it. For cross-attention, query rows are decoder positions
+    and keys/values encoder positions; ``mask`` is the encoder padding mask (no causal part) and
+    ``key_index_offset`` has no meaning.
+
+    Score terms: ``terms`` names the additive terms the family puts in the scores and the capture included
+    (``"relative position bias"``, ``"ALiBi"``, ``"c2p/p2c"``, ``"sink logit"``). ``bias`` is their sum,
+    already inside ``scores`` and ``logits``: scores = q·kᵀ·scaling (soft-capped) + bias; logits = scores + mask.
+    With sink logits (GPT-OSS) the softmax has one more column per row, the head's learned ``sink_logits``;
+    ``weights`` holds only the real key columns, so its rows sum to 1 − :meth:`sink_share`.
     """
 
     layer: int
@@ -64,6 +84,11 @@ class LayerAttention:
     position_embeddings: tuple[Tensor, Tensor] | None = None  # (cos, sin) for rotary families
     logits: Tensor | None = None  # (B, H, q, Tk) scores + mask, the softmax input (valid during on_layer)
     output: Tensor | None = None  # (B, H, q, D) weights @ value: what each head writes before W_O
+    stack: str = SELF  # the attention stack this layer belongs to; ``layer`` counts within it
+    terms: tuple[str, ...] = ()  # additive score terms included (see the class docstring)
+    bias: Tensor | None = None  # (B or 1, H, q, key_width) the additive terms, already in scores and logits
+    sink_logits: Tensor | None = None  # (H,) learned per-head sink logit: an extra softmax column
+    sink_weight: Tensor | None = None  # (B, H, q) the softmax weight of the sink column (see sink_share)
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -74,8 +99,16 @@ class LayerAttention:
         """
         if "scores" not in self._cache:
             key = self.head_key(self.key[:, :, : self.key_width])
-            self._cache["scores"] = attention_scores(self.query, key, self.scaling, self.softcap)
+            scores = attention_scores(self.query, key, self.scaling, self.softcap)
+            self._cache["scores"] = scores if self.bias is None else scores + self.bias
         return self._cache["scores"]
+
+    def sink_share(self) -> Tensor:
+        """(B, H, q) the weight each row gives the head's own sink logit (zeros for a family without sinks)."""
+        if self.sink_weight is not None:
+            return self.sink_weight
+        batch, heads, rows, _ = self.weights.shape
+        return torch.zeros(batch, heads, rows, dtype=torch.float32, device=self.weights.device)
 
     @property
     def key_length(self) -> int:
@@ -132,15 +165,21 @@ class LayerAttention:
         With m = max_j z_j and w_max = max_j p_j, log p_j = (z_j − m) + log w_max, so
         H = −Σ_j p_j log p_j = −log w_max − (Σ_j p_j z_j − m). Masked keys have p_j = 0 and add nothing; the
         float32 error is about 1e-6 · max|z| nats.
+
+        With a sink column (GPT-OSS) the rows of ``weights`` sum to 1 − sink share and the direct formula over the
+        real keys is used: −Σ_j p_j log p_j, the sink column's own term left out.
         """
         if "entropy" not in self._cache:
-            if self.logits is None or self.weights.dtype not in (torch.float32, torch.float64):
+            logits = self.logits
+            half = self.weights.dtype not in (torch.float32, torch.float64)
+            if logits is None or half or self.sink_weight is not None:
                 # the direct formula, in float32: without the softmax input, or when the weights were rounded to
-                # a half-precision dtype (their rows no longer sum to 1, which the two-pass formula assumes)
+                # a half-precision dtype or share their row with a sink (their rows do not sum to 1, which the
+                # two-pass formula assumes)
                 entropy = torch.special.entr(self.weights.float()).sum(-1)
             else:
-                top = self.logits.amax(-1)  # (B, H, q)
-                dot = torch.einsum("bhqk,bhqk->bhq", self.weights, self.logits) - top  # Σ p (z − m), as Σ p = 1
+                top = logits.amax(-1)  # (B, H, q)
+                dot = torch.einsum("bhqk,bhqk->bhq", self.weights, logits) - top  # Σ p (z − m), as Σ p = 1
                 entropy = -(self.row_peak().clamp_min(1e-30).log() + dot)
             self._cache["entropy"] = entropy.clamp_min(0.0)
         return self._cache["entropy"]
@@ -178,10 +217,11 @@ def repeat_kv(hidden: Tensor, groups: int) -> Tensor:
 
 @dataclass
 class _CaptureState:
-    modules: dict[int, int]  # id(attention module) -> layer index
+    modules: dict[int, tuple[str, int]]  # id(attention module) -> (stack, layer index within the stack)
     consumers: Sequence[AttentionConsumer]
     layers: frozenset[int] | None
     query_chunk: int | None
+    stack: str = SELF  # the stack being captured; the other stacks' layers run uncaptured
     inputs: dict[int, tuple[Tensor, Any]] = field(default_factory=dict)
     buffer: Tensor | None = None  # flat storage for the logits of one block, reused by every block that fits
     key_prefix: bool = False  # every consumer reads per-row tensors only up to key_width
@@ -197,11 +237,35 @@ _ACTIVE: contextvars.ContextVar[_CaptureState | None] = contextvars.ContextVar("
 
 
 def attention_scores(query: Tensor, key: Tensor, scaling: float, softcap: float | None) -> Tensor:
-    """(B, H, q, D) x (B, H, Tk, D) -> (B, H, q, Tk): the families' eager pre-mask scores."""
+    """(B, H, q, D) x (B, H, Tk, D) -> (B, H, q, Tk): the families' eager pre-mask scores (before additive terms)."""
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     return scores
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """What a family adds to the scores of one call: an additive bias and/or per-head sink logits."""
+
+    bias: Tensor | None = None  # (B or 1, H, q or 1, Tk)
+    names: tuple[str, ...] = ()  # what ``bias`` holds
+    sinks: Tensor | None = None  # (H,)
+
+    @property
+    def empty(self) -> bool:
+        return self.bias is None and self.sinks is None
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.names + ((SINK_LOGIT,) if self.sinks is not None else ())
+
+    def rows(self, start: int, stop: int, keys: int) -> Tensor | None:
+        """The bias for query rows [start, stop) and key columns [0, keys)."""
+        if self.bias is None:
+            return None
+        bias = self.bias[:, :, start:stop] if self.bias.shape[2] > 1 else self.bias
+        return bias[..., :keys]
 
 
 def _eager_rows(
@@ -214,11 +278,17 @@ def _eager_rows(
     dropout: float,
     training: bool,
     buffer: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One block of query rows: (logits, weights, output), the families' eager math.
+    bias: Tensor | None = None,
+    sinks: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """One block of query rows: (logits, weights, output, sink weight), the families' eager math.
 
-    ``logits`` (scores + mask) is written into ``buffer`` (flat storage) when it is large enough, so a long
-    capture reuses one allocation instead of faulting in fresh pages for every chunk.
+    logits = q·kᵀ·scaling (soft-capped) + bias + mask. With ``sinks`` (H,) the softmax runs over the logits and
+    one more column holding the head's sink logit (GPT-OSS's eager ``cat([scores, sinks])``); the weights keep
+    the real columns and the sink column's weight is returned as well (else None).
+
+    ``logits`` is written into ``buffer`` (flat storage) when it is large enough, so a long capture reuses one
+    allocation instead of faulting in fresh pages for every chunk.
     """
     shape = (*query.shape[:-1], key.shape[-2])
     numel = shape[0] * shape[1] * shape[2] * shape[3]
@@ -229,12 +299,24 @@ def _eager_rows(
     logits.mul_(scaling)
     if softcap is not None:
         logits.div_(softcap).tanh_().mul_(softcap)
+    if bias is not None:
+        logits.add_(bias)
     if mask is not None:
         logits.add_(mask)
-    weights = nn.functional.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
+    sink_weight = None
+    if sinks is None:
+        weights = nn.functional.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
+    else:
+        # GPT-OSS's own order: concatenate, subtract the row max, softmax in the logits' dtype (bit-identical in
+        # half precision too, where a float32 softmax would round differently)
+        column = sinks.reshape(1, -1, 1, 1).to(logits.dtype).expand(*logits.shape[:-1], 1)
+        combined = torch.cat([logits, column], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = nn.functional.softmax(combined, dim=-1, dtype=combined.dtype)
+        weights, sink_weight = probs[..., :-1].to(query.dtype), probs[..., -1]
     applied = nn.functional.dropout(weights, p=dropout, training=training) if dropout else weights
     output = torch.matmul(applied, value)  # (B, H, q, D)
-    return logits, weights, output
+    return logits, weights, output, sink_weight
 
 
 def _key_stop(mask: Tensor | None, keys: int) -> int:
@@ -252,6 +334,41 @@ def _key_stop(mask: Tensor | None, keys: int) -> int:
     return int(columns.nonzero().max()) + 1
 
 
+def _score_terms(module: nn.Module, query: Tensor, kwargs: dict[str, Any]) -> _Terms:
+    """Pop the additive terms a family passes (``position_bias``, ``s_aux``/``sinks``) and check their shapes.
+
+    A zero bias (T5's cross-attention, which has no bias table and passes zeros) adds nothing and is dropped, so
+    the layer names no term it does not have.
+    """
+    for name in _UNSUPPORTED_KWARGS:
+        if kwargs.get(name) is not None:
+            msg = (
+                f"{type(module).__name__} passes {name!r} to the attention function, a term capture does not "
+                "reproduce: refusing rather than returning inexact attention"
+            )
+            raise UnsupportedModelError(msg)
+    bias = kwargs.pop("position_bias", None)
+    given = kwargs.pop("score_terms", None)
+    names = tuple(given) if given is not None else (RELATIVE_POSITION_BIAS,)
+    sinks = kwargs.pop("s_aux", None)
+    other = kwargs.pop("sinks", None)
+    sinks = sinks if sinks is not None else other
+    heads = query.shape[1]
+    if bias is not None:
+        if bias.dim() != 4 or bias.shape[1] not in (1, heads):
+            msg = f"{type(module).__name__} passes a position_bias of shape {tuple(bias.shape)}, not (B, H, q, Tk)"
+            raise UnsupportedModelError(msg)
+        if not bool(bias.any()):
+            bias = None
+    if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != heads):
+        msg = (
+            f"{type(module).__name__} passes sink logits of shape {tuple(sinks.shape)}; capture reproduces one "
+            f"learned logit per head ({heads},) only"
+        )
+        raise UnsupportedModelError(msg)
+    return _Terms(bias=bias, names=names if bias is not None else (), sinks=sinks)
+
+
 def capture_attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -262,38 +379,49 @@ def capture_attention_forward(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
-    """The registered attention function: eager math, with every wanted layer handed to the active consumers."""
-    for name in _UNSUPPORTED_KWARGS:
-        if kwargs.get(name) is not None:
-            msg = f"unsupported attention feature {name!r} in {type(module).__name__}: capture would be inexact"
-            raise UnsupportedModelError(msg)
+    """The registered attention function: eager math, with every wanted layer handed to the active consumers.
+
+    Besides the interface's arguments it accepts ``position_bias=`` (an additive (B or 1, H, q or 1, Tk) term),
+    ``score_terms=`` (the names of what ``position_bias`` holds; default ``("relative position bias",)``) and
+    ``s_aux=``/``sinks=`` (one sink logit per head).
+    """
+    terms = _score_terms(module, query, kwargs)
     if scaling is None:
         scaling = getattr(module, "head_dim", query.shape[-1]) ** -0.5
     softcap = kwargs.get("softcap")
     state = _ACTIVE.get()
-    layer = state.modules.get(id(module)) if state is not None else None
-    if state is not None and layer is not None and state.checkpoint is not None:
+    where = state.modules.get(id(module)) if state is not None else None
+    if state is not None and where is not None and state.checkpoint is not None:
         state.checkpoint()  # between layers: a cancelled or overdue call stops here, before this layer's work
-    if state is None or layer is None:
+    if state is None or where is None:
         # No capture in this context (e.g. another thread) or a module capture does not know: plain eager math.
         groups = query.shape[1] // key.shape[1]
         mask = _additive_mask(attention_mask, query.dtype, key.shape[-2])
-        _, weights, output = _eager_rows(
-            query, repeat_kv(key, groups), repeat_kv(value, groups), mask, scaling, softcap, dropout, module.training
-        )
+        _, weights, output, _ = _eager_rows(
+            query, repeat_kv(key, groups), repeat_kv(value, groups), mask, scaling, softcap, dropout,
+            module.training, bias=terms.rows(0, query.shape[2], key.shape[-2]), sinks=terms.sinks,
+        )  # fmt: skip
         return output.transpose(1, 2).contiguous(), weights
-    if not state.wants(layer) and softcap is None and query.dtype == torch.float32:
-        # Layers nobody asked for run fast with sdpa; sdpa cannot soft-cap, so those layers take the eager path.
-        # In half precision sdpa rounds differently from eager (~1e-2 in bf16), which would shift every later layer
-        # away from the model's eager attention, so there every layer takes the eager path (chunked, uncaptured).
+    stack, layer = where
+    wanted = stack == state.stack and state.wants(layer)
+    if not wanted and terms.empty and softcap is None and query.dtype == torch.float32:
+        # Layers nobody asked for run fast with sdpa; sdpa cannot soft-cap or add a bias or a sink column, so those
+        # layers take the eager path. In half precision sdpa rounds differently from eager (~1e-2 in bf16), which
+        # would shift every later layer away from the model's eager attention, so there every layer takes the eager
+        # path (chunked, uncaptured).
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1 and getattr(module, "num_key_value_groups", None) != groups:
+            # sdpa expands GQA from module.num_key_value_groups, which adapted modules (Falcon) do not carry
+            key, value = repeat_kv(key, groups), repeat_kv(value, groups)
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
     outputs, last_weights = _captured_rows(
-        state, layer, module, query, key, value, attention_mask, float(scaling), softcap, dropout
-    )
+        state, (stack, layer) if wanted else None, module, query, key, value, attention_mask, float(scaling),
+        softcap, dropout, terms,
+    )  # fmt: skip
     state.calls += 1
-    if layer == state.stop_after:
+    if wanted and layer == state.stop_after:
         raise StopCapture
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (B, H, T, D)
     # Whole-map weights are returned only when one chunk covers every row (what output_attentions shows).
@@ -313,7 +441,7 @@ def _additive_mask(attention_mask: Tensor | None, dtype: torch.dtype, keys: int)
 
 def _captured_rows(
     state: _CaptureState,
-    layer: int,
+    where: tuple[str, int] | None,
     module: nn.Module,
     query: Tensor,
     key: Tensor,
@@ -322,9 +450,11 @@ def _captured_rows(
     scaling: float,
     softcap: float | None,
     dropout: float,
+    terms: _Terms,
 ) -> tuple[list[Tensor], Tensor]:
     """Eager attention of one layer call, block by block of query rows, each block handed to the consumers.
 
+    ``where``: the (stack, layer) to hand to the consumers, or None for a layer that only runs (eager, chunked).
     Returns the blocks' outputs (B, H, q, D) and the last block's weights.
     """
     groups = query.shape[1] // key.shape[1]
@@ -332,7 +462,7 @@ def _captured_rows(
     attention_mask = _additive_mask(attention_mask, query.dtype, key_states.shape[-2])
     length = query.shape[2]
     chunk = state.query_chunk or length
-    recorded = state.inputs.pop(layer, None)
+    recorded = state.inputs.pop(where[1], None) if where is not None else None
     outputs = []
     weights = query.new_empty(0)
     for start in range(0, length, chunk):
@@ -346,22 +476,26 @@ def _captured_rows(
         if state.key_prefix and length > chunk and mask is not None and per_row_mask:
             keys = _key_stop(mask, keys)
         mask = mask[..., :keys] if mask is not None else None
-        logits, weights, output = _eager_rows(
+        bias = terms.rows(start, stop, keys)
+        logits, weights, output, sink_weight = _eager_rows(
             rows, key_states[:, :, :keys], value_states[:, :, :keys], mask, scaling, softcap, dropout,
-            module.training, state.buffer,
+            module.training, state.buffer, bias, terms.sinks,
         )  # fmt: skip
         if state.buffer is None or state.buffer.numel() < logits.numel():
             state.buffer = logits.view(-1)  # the next blocks that fit write their logits here
         outputs.append(output)
-        if not state.wants(layer):
+        if where is None:
             continue
         if mask is not None and mask.shape[2] != stop - start:
             mask = mask.expand(mask.shape[0], mask.shape[1], stop - start, mask.shape[3])
+        if bias is not None and bias.shape[2] != stop - start:
+            bias = bias.expand(bias.shape[0], bias.shape[1], stop - start, bias.shape[3])
         captured = LayerAttention(
-            layer=layer, query=rows, key=key, value=value, mask=mask, logits=logits, output=output, weights=weights,
-            scaling=scaling, softcap=float(softcap) if softcap is not None else None, kv_groups=groups,
-            query_start=start, query_length=length, module=module,
+            layer=where[1], query=rows, key=key, value=value, mask=mask, logits=logits, output=output,
+            weights=weights, scaling=scaling, softcap=float(softcap) if softcap is not None else None,
+            kv_groups=groups, query_start=start, query_length=length, module=module,
             layer_input=recorded[0] if recorded else None, position_embeddings=recorded[1] if recorded else None,
+            stack=where[0], terms=terms.labels, bias=bias, sink_logits=terms.sinks, sink_weight=sink_weight,
         )  # fmt: skip
         for consumer in state.consumers:
             consumer.on_layer(captured)
@@ -405,6 +539,7 @@ def capture_attention(
     model: nn.Module,
     consumers: Sequence[AttentionConsumer],
     *,
+    stack: str | None = None,
     layers: Sequence[int] | None = None,
     query_chunk: int | None = None,
     record_inputs: bool = False,
@@ -416,7 +551,11 @@ def capture_attention(
     Args:
         model: a transformers model whose family routes attention through the attention interface.
         consumers: objects with ``on_layer(LayerAttention)``; called in layer order, per query chunk.
-        layers: capture only these layers (others run with sdpa); ``None`` captures all.
+        stack: the attention stack to capture (``"self"``; ``"encoder"``, ``"decoder"`` or ``"cross"`` of an
+            encoder–decoder); ``None`` is the model's default (``"self"``, or ``"encoder"``). The other stacks'
+            layers run uncaptured with the model's own math.
+        layers: capture only these layers of the stack (others run with sdpa where that is exact); ``None``
+            captures all.
         query_chunk: compute at most this many query rows at a time (bounds memory to H·chunk·T).
         record_inputs: also hand each consumer the hidden states entering the attention module and the
             rotary (cos, sin), via a forward pre-hook removed in ``finally``.
@@ -427,12 +566,18 @@ def capture_attention(
             block's ``finally`` (configs and hooks restored) and the caller's lock, so a stopped call leaves the
             model as it found it.
     """
-    modules = find_attention_modules(model)
+    stacks = attention_stacks(model)
+    name = default_stack_name(stacks) if stack is None else stack
+    if name not in stacks:
+        valid = ", ".join(repr(s) for s in stacks)
+        raise InvalidInputError(f"the model has no {name!r} attention stack; valid: {valid}", field="attention")
+    modules = stacks[name]
     state = _CaptureState(
-        modules={id(m): i for i, m in enumerate(modules)},
+        modules={id(m): (s, i) for s, members in stacks.items() for i, m in enumerate(members)},
         consumers=list(consumers),
         layers=frozenset(layers) if layers is not None else None,
         query_chunk=query_chunk,
+        stack=name,
         key_prefix=bool(consumers) and all(c.accepts_key_prefix for c in consumers),
         checkpoint=checkpoint,
     )
@@ -445,8 +590,17 @@ def capture_attention(
             for index, module in enumerate(modules):
                 if state.wants(index):
                     handles.append(module.register_forward_pre_hook(_input_recorder(state, index), with_kwargs=True))
-        with attention_implementation(model, CAPTURE_IMPLEMENTATION):
-            yield state
+        with ExitStack() as routes:
+            # A family outside the interface: every one of its modules (wanted or not) runs its adapter's forward,
+            # which calls ours; its own forward under our implementation name could take a different path (Falcon's
+            # eager branch adds ALiBi twice), so no layer is left to it.
+            for members in stacks.values():
+                for module in members:
+                    adapter = adapter_for(module)
+                    if adapter is not None:
+                        routes.enter_context(adapter.routed(module, capture_attention_forward))
+            with attention_implementation(model, CAPTURE_IMPLEMENTATION):
+                yield state
     finally:
         for handle in handles:
             handle.remove()
@@ -469,7 +623,8 @@ def layer_checkpoints(model: nn.Module, checkpoint: Callable[[], None] | None) -
     def hook(module: nn.Module, args: tuple) -> None:
         check()
 
-    handles = [module.register_forward_pre_hook(hook) for module in find_attention_modules(model)]
+    modules = [module for members in attention_stacks(model).values() for module in members]
+    handles = [module.register_forward_pre_hook(hook) for module in modules]
     try:
         yield
     finally:
@@ -481,6 +636,10 @@ def _input_recorder(state: _CaptureState, layer: int) -> Callable[[nn.Module, tu
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
         hidden = args[0] if args else kwargs.get("hidden_states")
         if isinstance(hidden, Tensor):
-            state.inputs[layer] = (hidden, kwargs.get("position_embeddings"))
+            rotary = kwargs.get("position_embeddings")
+            adapter = adapter_for(module)
+            if adapter is not None and not adapter.uses_rotary(module):
+                rotary = None  # Falcon hands (cos, sin) to its ALiBi layers too, which ignore them
+            state.inputs[layer] = (hidden, rotary)
 
     return hook

@@ -16,7 +16,7 @@ def plan_head_inputs(
     inspector: Inspector, loaded: LoadedModel, encoded: Encoded, layer: int, heads: list[int]
 ) -> PassPlan[HeadInputs]:
     """The pass over ``layer`` with its input recorded; ``finish`` returns ``heads[0]``'s checked inputs."""
-    consumer = HeadInputsConsumer.for_heads(loaded.model, loaded.facts, layer, heads)
+    consumer = HeadInputsConsumer.for_heads(loaded.model, loaded.facts, layer, heads, stack=encoded.stack)
     inspector.check_budget(consumer.held_bytes(encoded.length), "this reconstruction")
 
     def finish(_output: object) -> HeadInputs:

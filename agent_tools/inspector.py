@@ -16,9 +16,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
@@ -34,11 +34,16 @@ from agent_tools.runner.forward import locked
 from agent_tools.schemas import ChatMessage, Token
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
 
+if TYPE_CHECKING:
+    from agent_tools.families import StackFacts
+
 # Bytes of one layer's scores, logits and weights computed at once (query chunking): ~300 rows at 2k tokens.
 # Smaller blocks stay in cache and let causal chunks skip more keys (benchmarks/: 64 MB beat 256 MB by 8%).
 WORKING_SET_BUDGET = 64 * 1024**2
 CHARS_PER_TOKEN_CEILING = 64  # a text longer than limit·64 characters cannot fit, whatever the tokenizer
 MAX_NEW_TOKENS = 256
+# Answer tokens an encoder–decoder's decoder reads when a per-layer tool looks at its decoder or cross stack.
+DECODER_TOKENS = 16
 # Items any one list argument may hold. Every list a tool takes is bounded by the model (layers, heads: the largest
 # models have a few thousand heads) or by sense (messages, segments, temperatures); the cap keeps a hostile request
 # of 100,000 items from costing seconds of validation before the model's own bound is checked.
@@ -46,14 +51,39 @@ MAX_LIST_ITEMS = 4096
 
 
 @dataclass(frozen=True)
+class DecoderInput:
+    """The decoder side of an encoder–decoder pass: what the decoder reads, teacher-forced.
+
+    ``input_ids`` (1, n) are the decoder start token and the model's greedy answer without its last token, so
+    row i is the query that chose ``answer[i]`` (one row per answer token); ``tokens`` label those rows.
+    """
+
+    input_ids: torch.Tensor
+    tokens: list[Token]
+    answer: list[int]  # the answer ids, answer[i] chosen at row i
+    stopped: str  # "eos" or "max_new_tokens"
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[-1])
+
+
+@dataclass(frozen=True)
 class Encoded:
-    """A tokenised input: ids (1, T), mask (1, T), tokens with positions, and the text they index."""
+    """A tokenised input: ids (1, T), mask (1, T), tokens with positions, and the text they index.
+
+    ``stack`` is the attention stack a pass over it captures (None = the model's default); for an
+    encoder–decoder's ``"decoder"`` and ``"cross"`` stacks ``decoder`` holds what the decoder reads. The rows of a
+    captured map are :attr:`query_tokens`, its columns :attr:`key_tokens` (both ``tokens`` for self-attention).
+    """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     tokens: list[Token]
     offsets: list[tuple[int, int]]
     text: str
+    stack: str | None = None
+    decoder: DecoderInput | None = None
 
     @property
     def length(self) -> int:
@@ -61,6 +91,26 @@ class Encoded:
 
     def labels(self) -> list[str]:
         return [f"{t.position}:{t.text}" for t in self.tokens]
+
+    @property
+    def query_tokens(self) -> list[Token]:
+        """The tokens of the captured map's rows: the decoder's for the decoder and cross stacks."""
+        return self.decoder.tokens if self.decoder is not None else self.tokens
+
+    @property
+    def key_tokens(self) -> list[Token]:
+        """The tokens of the captured map's columns: the decoder's for the decoder stack, else the input's."""
+        return self.decoder.tokens if self.decoder is not None and self.stack == "decoder" else self.tokens
+
+    def query_labels(self) -> list[str]:
+        return [f"{t.position}:{t.text}" for t in self.query_tokens]
+
+    def key_labels(self) -> list[str]:
+        return [f"{t.position}:{t.text}" for t in self.key_tokens]
+
+    def on_stack(self, stack: str | None, decoder: DecoderInput | None = None) -> Encoded:
+        """The same input, captured on ``stack`` (with what the decoder reads, for the decoder and cross)."""
+        return replace(self, stack=stack, decoder=decoder)
 
 
 Result = TypeVar("Result")
@@ -88,10 +138,15 @@ class PassPlan(Generic[Result]):
         """Same model, same tokens and mask, same layers: one forward pass serves both."""
         if self.encoded is None or other.encoded is None or self.loaded is not other.loaded:
             return False
+        mine, theirs = self.encoded.decoder, other.encoded.decoder
+        default = self.loaded.facts.default_stack  # a stack of None is the model's default stack
         return (
             self.layers == other.layers
+            and (self.encoded.stack or default) == (other.encoded.stack or default)
             and torch.equal(self.encoded.input_ids, other.encoded.input_ids)
             and torch.equal(self.encoded.attention_mask, other.encoded.attention_mask)
+            and (mine is None) == (theirs is None)
+            and (mine is None or theirs is None or torch.equal(mine.input_ids, theirs.input_ids))
         )
 
 
@@ -116,16 +171,19 @@ def check_unicode(text: str, *, field: str = "text") -> str:
     return text
 
 
-def check_index(value: int, count: int, name: str) -> int:
-    """A layer/head index in 0..count-1; negative or too large gives an error naming the range."""
+def check_index(value: int, count: int, name: str, *, where: str = "") -> int:
+    """A layer/head index in 0..count-1; negative or too large gives an error naming the range.
+
+    ``where`` ends the message (e.g. " of the decoder stack": encoder and decoder depths may differ).
+    """
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInputError(f"{name} must be an integer in 0..{count - 1}, got {value!r}", field=name)
+        raise InvalidInputError(f"{name} must be an integer in 0..{count - 1}{where}, got {value!r}", field=name)
     if not 0 <= value < count:
-        raise InvalidInputError(f"{name} {value} out of range 0..{count - 1}", field=name)
+        raise InvalidInputError(f"{name} {value} out of range 0..{count - 1}{where}", field=name)
     return value
 
 
-def check_indices(values: Sequence[int] | None, count: int, name: str) -> list[int]:
+def check_indices(values: Sequence[int] | None, count: int, name: str, *, where: str = "") -> list[int]:
     """A list of indices (None = all); duplicates and out-of-range values are refused.
 
     Linear, and bounded by ``count`` first: a list longer than the range must repeat or overrun, so it is refused
@@ -144,7 +202,10 @@ def check_indices(values: Sequence[int] | None, count: int, name: str) -> list[i
     seen: set[int] = set()
     duplicates: set[int] = set()
     for value in items:
-        check_index(value, count, name)
+        if where:
+            check_index(value, count, name, where=where)
+        else:
+            check_index(value, count, name)
         (duplicates if value in seen else seen).add(value)
     if duplicates:
         raise InvalidInputError(
@@ -254,6 +315,16 @@ def check_new_tokens(value: int) -> int:
     return value
 
 
+def stack_where(loaded: LoadedModel, stack: StackFacts) -> str:
+    """The end of a range error: ' of the decoder stack' on an encoder–decoder, nothing on a single-stack model."""
+    return f" of the {stack.name} stack" if loaded.facts.is_encoder_decoder else ""
+
+
+def kv_head_of(stack: StackFacts, head: int) -> int:
+    """The KV head query head ``head`` of ``stack`` reads (transformers' ``repeat_kv`` layout)."""
+    return head // max(1, stack.num_heads // stack.num_kv_heads)
+
+
 def _token_text(tokenizer: Any, token_id: int, text: str, offset: tuple[int, int] | None) -> str:
     piece = tokenizer.decode([token_id])
     if "\ufffd" in piece and offset is not None and offset[1] > offset[0]:
@@ -325,6 +396,7 @@ class Inspector:
 
     def encode(self, loaded: LoadedModel, text: str, *, add_special_tokens: bool = True) -> Encoded:
         """Tokenise with offsets, enforcing the token limit (the model's positions or the session's)."""
+        loaded.facts.require_text_input(loaded.name)  # Whisper & co. read audio features, not token ids
         validate_text(text)
         limit = self.limit_for(loaded)
         if len(text) > limit * CHARS_PER_TOKEN_CEILING:
@@ -356,11 +428,95 @@ class Inspector:
         return Encoded(input_ids=ids, attention_mask=mask, tokens=tokens, offsets=offsets, text=text)
 
     # --- validation -----------------------------------------------------------------------------------
-    def check_layer(self, loaded: LoadedModel, layer: int) -> int:
-        return check_index(layer, loaded.facts.num_layers, "layer")
+    def check_layer(self, loaded: LoadedModel, layer: int, stack: StackFacts | None = None) -> int:
+        """A layer index of ``stack`` (None = the default stack), or an error naming that stack's range."""
+        if stack is None:
+            return check_index(layer, loaded.facts.num_layers, "layer")
+        return check_index(layer, stack.num_layers, "layer", where=stack_where(loaded, stack))
 
-    def check_head(self, loaded: LoadedModel, head: int) -> int:
-        return check_index(head, loaded.facts.num_heads, "head")
+    def check_head(self, loaded: LoadedModel, head: int, stack: StackFacts | None = None) -> int:
+        if stack is None:
+            return check_index(head, loaded.facts.num_heads, "head")
+        return check_index(head, stack.num_heads, "head", where=stack_where(loaded, stack))
+
+    def check_layers(
+        self, loaded: LoadedModel, layers: Sequence[int] | None, stack: StackFacts, name: str
+    ) -> list[int]:
+        """A list of ``stack``'s layers (None = all of them)."""
+        return check_indices(layers, stack.num_layers, name, where=stack_where(loaded, stack))
+
+    def check_heads(self, loaded: LoadedModel, heads: Sequence[int] | None, stack: StackFacts, name: str) -> list[int]:
+        return check_indices(heads, stack.num_heads, name, where=stack_where(loaded, stack))
+
+    # --- attention stacks -----------------------------------------------------------------------------
+    def attention_stack(
+        self, loaded: LoadedModel, attention: str | None, *, seq2seq_default: str = "encoder"
+    ) -> StackFacts:
+        """The stack a tool looks at: ``attention`` checked against the model's stacks; None = the default
+        ("self", or ``seq2seq_default`` for an encoder–decoder)."""
+        facts = loaded.facts
+        name = attention if attention is not None else (seq2seq_default if facts.is_encoder_decoder else "self")
+        valid = [stack.name for stack in facts.stacks]
+        if name not in valid:
+            kind = (
+                "an encoder–decoder: its stacks are 'encoder', 'decoder' and 'cross'"
+                if facts.is_encoder_decoder
+                else "a single-stack model: its one attention stack is 'self'"
+            )
+            msg = f"model {loaded.name!r} has no {name!r} attention ({kind}); use attention = one of {valid}"
+            raise InvalidInputError(msg, field="attention")
+        return facts.stack(name)
+
+    def require_stack(self, loaded: LoadedModel, stack: StackFacts, allowed: Sequence[str], why: str) -> None:
+        """Refuse a stack a tool has no meaning on (``why`` says what the tool needs), naming the ones it takes."""
+        if stack.name in allowed:
+            return
+        usable = [s.name for s in loaded.facts.stacks if s.name in allowed]
+        where = f"use attention = one of {usable}" if usable else "it has none of the stacks this tool takes"
+        msg = f"attention={stack.name!r}: {why}; on {loaded.name!r} {where}"
+        raise InvalidInputError(msg, field="attention")
+
+    def encode_on(
+        self, loaded: LoadedModel, text: str, stack: StackFacts, *, max_new_tokens: int | None = None
+    ) -> Encoded:
+        """:meth:`encode`, to be captured on ``stack``: for an encoder–decoder's decoder and cross stacks the
+        model first answers greedily and the decoder reads that answer (see :meth:`on_stack`)."""
+        return self.on_stack(loaded, self.encode(loaded, text), stack, max_new_tokens=max_new_tokens)
+
+    def on_stack(
+        self, loaded: LoadedModel, encoded: Encoded, stack: StackFacts, *, max_new_tokens: int | None = None
+    ) -> Encoded:
+        """``encoded`` captured on ``stack``; the decoder and cross stacks run the decoder teacher-forced on the
+        model's own greedy answer (up to ``max_new_tokens``, default :data:`DECODER_TOKENS`): row i of those maps
+        is the query that chose answer token i."""
+        if stack.name not in ("decoder", "cross"):
+            return encoded.on_stack(stack.name)
+        return encoded.on_stack(stack.name, self.decoder_input(loaded, encoded, max_new_tokens or DECODER_TOKENS))
+
+    def decoder_input(self, loaded: LoadedModel, encoded: Encoded, max_new_tokens: int) -> DecoderInput:
+        """The model's greedy answer to ``encoded`` as what its decoder reads: the start token + the answer
+        without its last token (one row per answer token)."""
+        if not loaded.facts.is_language_model:
+            msg = (
+                f"model {loaded.name!r} has no next-token head, so it cannot answer and its decoder has nothing to "
+                "read; the decoder and cross stacks need an encoder–decoder with its language-model head (e.g. "
+                "...ForConditionalGeneration): use attention='encoder'"
+            )
+            raise InvalidInputError(msg, field="attention")
+        return self.answer_input(loaded, encoded, self.generate(loaded, encoded, max_new_tokens=max_new_tokens))
+
+    def answer_input(self, loaded: LoadedModel, encoded: Encoded, generation: runner.Generation) -> DecoderInput:
+        """What the decoder reads to reproduce ``generation`` teacher-forced: the start token + all but the last
+        answer token."""
+        start = runner.decoder_start_id(loaded)
+        ids = [start, *generation.token_ids[:-1]]
+        special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
+        tokens = [
+            Token(position=i, text=str(loaded.tokenizer.decode([t])), token_id=t, special=t in special)
+            for i, t in enumerate(ids)
+        ]
+        input_ids = torch.tensor([ids], dtype=encoded.input_ids.dtype)
+        return DecoderInput(input_ids=input_ids, tokens=tokens, answer=generation.token_ids, stopped=generation.stopped)
 
     def check_budget(self, held_bytes: int, what: str) -> None:
         """Refuse, before the run, a call whose estimate of what it will hold (maps, copies) is over the budget.
@@ -376,7 +532,8 @@ class Inspector:
             raise ResourceLimitError(msg)
 
     def query_chunk(self, loaded: LoadedModel, length: int) -> int | None:
-        """Rows per chunk so that one layer's scores and weights stay within the working-set budget."""
+        """Rows per chunk so that one layer's scores and weights stay within the working-set budget (``length``:
+        the keys and rows of the pass, the longer side for an encoder–decoder)."""
         per_row = 3 * loaded.facts.num_heads * length * 4  # scores, logits, weights in float32
         rows = max(1, WORKING_SET_BUDGET // per_row)
         return None if rows >= length else int(rows)
@@ -397,13 +554,16 @@ class Inspector:
         With ``need_output=False`` (the caller only wants what its consumers collect) the pass skips the
         language-model head and stops right after the last captured layer; it returns None.
         """
+        decoder = encoded.decoder
         return runner.captured_forward(
             loaded,
             encoded.input_ids,
             encoded.attention_mask,
             consumers,
+            stack=encoded.stack,
+            decoder_input_ids=decoder.input_ids if decoder is not None else None,
             layers=layers,
-            query_chunk=self.query_chunk(loaded, encoded.length),
+            query_chunk=self.query_chunk(loaded, max(encoded.length, decoder.length if decoder else 0)),
             record_inputs=record_inputs,
             need_output=need_output,
             checkpoint=_checkpoint(),
@@ -433,11 +593,26 @@ class Inspector:
         on_step: Callable[[int, int], None] | None = None,
     ) -> runner.Generation:
         """Greedy generation under capture (see :func:`agent_tools.runner.greedy_generate`), after checking that
-        the model can generate and that prompt + ``max_new_tokens`` fit the token limit."""
+        the model can generate and that prompt + ``max_new_tokens`` fit the token limit.
+
+        An encoder–decoder answers with :func:`agent_tools.runner.seq2seq_generate` (encoder once, decoder steps
+        on the cache); it takes no consumers: its maps come from a teacher-forced pass over the answer
+        (:meth:`on_stack`).
+        """
         check_new_tokens(max_new_tokens)
         if not loaded.facts.is_language_model:
             msg = f"model {loaded.name!r} has no next-token head, so it cannot generate; use target='last'"
             raise InvalidInputError(msg, field="target")
+        if loaded.facts.is_encoder_decoder:
+            if prompt_consumers or step_consumers or on_step is not None:
+                raise ValueError("an encoder–decoder generates without consumers; capture a teacher-forced pass")
+            return runner.seq2seq_generate(
+                loaded,
+                encoded.input_ids,
+                encoded.attention_mask,
+                max_new_tokens=max_new_tokens,
+                checkpoint=_checkpoint(),
+            )
         limit = self.limit_for(loaded)
         if encoded.length + max_new_tokens > limit:
             msg = (

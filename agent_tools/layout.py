@@ -30,9 +30,20 @@ from torch import Tensor, nn
 from agent_tools.errors import UnsupportedModelError
 from agent_tools.families import ModelFacts, find_attention_modules, read_facts
 
-ProjectionLayout = Literal["separate", "bert", "gpt2_conv1d", "neox_fused", "phi3_fused"]
+ProjectionLayout = Literal[
+    "separate",
+    "bert",
+    "gpt2_conv1d",
+    "neox_fused",
+    "phi3_fused",
+    "t5",
+    "mpt_fused",
+    "deberta",
+    "falcon_multi_query",
+    "falcon_grouped",
+]
 PROJECTION_LAYOUTS: tuple[str, ...] = get_args(ProjectionLayout)
-QKVStorage = Literal["separate", "fused_blocks", "fused_per_head"]
+QKVStorage = Literal["separate", "fused_blocks", "fused_per_head", "fused_grouped"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,9 @@ class WeightLayout:
     ``separate``: three modules named by ``modules`` (query, key, value), head ``h`` owning output features
     ``h·D .. (h+1)·D − 1`` of each. ``fused_blocks``: one module whose output features are
     ``[all query heads | all key heads | all value heads]``. ``fused_per_head``: one module viewed as
-    ``(H, 3·D)``, head ``h`` owning ``h·3·D + [q | k | v]``. Whether a module is stored ``(out, in)``
+    ``(H, 3·D)``, head ``h`` owning ``h·3·D + [q | k | v]``. ``fused_grouped`` (Falcon's new decoder
+    architecture): one module viewed as ``(Hkv, g + 2, D)`` with ``g = H / Hkv``: KV group ``j`` holds its ``g``
+    query heads, then its key, then its value. Whether a module is stored ``(out, in)``
     (nn.Linear) or ``(in, out)`` (GPT-2's Conv1D) is read from the module itself.
     """
 
@@ -57,6 +70,11 @@ LAYOUTS: dict[ProjectionLayout, WeightLayout] = {
     "gpt2_conv1d": WeightLayout("gpt2_conv1d", "fused_blocks", ("c_attn",)),
     "neox_fused": WeightLayout("neox_fused", "fused_per_head", ("query_key_value",)),
     "phi3_fused": WeightLayout("phi3_fused", "fused_blocks", ("qkv_proj",)),
+    "t5": WeightLayout("t5", "separate", ("q", "k", "v")),
+    "mpt_fused": WeightLayout("mpt_fused", "fused_blocks", ("Wqkv",)),
+    "deberta": WeightLayout("deberta", "separate", ("query_proj", "key_proj", "value_proj")),
+    "falcon_multi_query": WeightLayout("falcon_multi_query", "fused_blocks", ("query_key_value",)),
+    "falcon_grouped": WeightLayout("falcon_grouped", "fused_grouped", ("query_key_value",)),
 }
 
 # model_type -> how its attention stores W_Q, W_K, W_V. Each is covered by a tiny-model parity test.
@@ -70,6 +88,13 @@ PROJECTION_FAMILIES: dict[str, ProjectionLayout] = {
     "gpt2": "gpt2_conv1d",
     "gpt_neox": "neox_fused",
     "phi3": "phi3_fused",
+    "bart": "separate",
+    "t5": "t5",
+    "gpt_oss": "separate",
+    "bloom": "neox_fused",  # query_key_value viewed (H, 3, D), like GPT-NeoX
+    "mpt": "mpt_fused",
+    "falcon": "neox_fused",  # multi-query and new-decoder-architecture variants: _module_layout
+    "deberta-v2": "deberta",
 }
 SUPPORTED_PROJECTION_FAMILIES: tuple[str, ...] = tuple(PROJECTION_FAMILIES)
 
@@ -155,7 +180,9 @@ def _sibling_output(model: nn.Module, attention: nn.Module) -> nn.Module | None:
     return found if _is_projection(found) else None
 
 
-def output_projection(model: nn.Module, layer: int, *, in_features: int | None = None) -> nn.Module:
+def output_projection(
+    model: nn.Module, layer: int, *, in_features: int | None = None, stack: str | None = None
+) -> nn.Module:
     """The module that maps layer ``layer``'s concatenated head outputs (…, H·D) into the residual stream.
 
     Args:
@@ -163,8 +190,16 @@ def output_projection(model: nn.Module, layer: int, *, in_features: int | None =
         layer: attention layer index (already validated by the caller).
         in_features: when given (``heads × head_dim``), a projection taking another number of features is
             refused: per-head slices of it (ablation, W_O^h) would be wrong.
+        stack: the attention stack ``layer`` counts in (None = the model's default stack).
     """
-    attention = find_attention_modules(model)[layer]
+    attention = find_attention_modules(model, stack)[layer]
+    if getattr(attention, "pretraining_tp", 1) > 1 and getattr(attention, "slow_but_exact", False):
+        msg = (
+            f"layer {layer} ({type(attention).__name__}, pretraining_tp={attention.pretraining_tp} with "
+            "slow_but_exact) multiplies slices of its output weight directly instead of calling the projection, "
+            "so hooks on the projection (head ablation, recorded head outputs) would never run; it is refused"
+        )
+        raise UnsupportedModelError(msg)
     projection = _own_output(attention)
     if projection is None:
         projection = _sibling_output(model, attention)
@@ -184,9 +219,9 @@ def output_projection(model: nn.Module, layer: int, *, in_features: int | None =
     return projection
 
 
-def output_weight(model: nn.Module, layer: int) -> Tensor:
+def output_weight(model: nn.Module, layer: int, *, stack: str | None = None) -> Tensor:
     """Layer ``layer``'s output projection weight as ``(C, H·D)``, columns grouped by head (detached, as stored)."""
-    projection = output_projection(model, layer)
+    projection = output_projection(model, layer, stack=stack)
     with materialised(projection):
         return _out_in(projection).detach()
 
@@ -272,9 +307,30 @@ def weight_layout(facts: ModelFacts) -> WeightLayout:
     return LAYOUTS[layout]
 
 
+def _module_layout(layout: WeightLayout, attention: nn.Module) -> WeightLayout:
+    """The layout of this attention module where a family's variants differ; refuses what no slice reproduces."""
+    name = type(attention).__name__
+    if name.startswith("Falcon") and getattr(attention, "new_decoder_architecture", False):
+        return LAYOUTS["falcon_grouped"]  # view(B, T, Hkv, g + 2, D)
+    if name.startswith("Falcon") and getattr(attention, "multi_query", False):
+        return LAYOUTS["falcon_multi_query"]  # view(B, T, H + 2, D): [all Q | K | V]
+    clip = getattr(attention, "clip_qkv", None)
+    if name == "MptAttention" and clip:
+        msg = (
+            f"this MPT model clamps its fused q/k/v projection to ±{clip} (clip_qkv), so a head's q is not the "
+            "linear map W_Q·x that per-head projections state; they are refused for it"
+        )
+        raise UnsupportedModelError(msg, field="model")
+    return layout
+
+
 def _qkv_starts(layout: WeightLayout, facts: ModelFacts, head: int, kv_head: int) -> tuple[int, int, int]:
     """The first output feature of the head's query, key and value slices in its layout's module(s)."""
     d_head = facts.head_dim
+    if layout.storage == "fused_grouped":  # view(B, T, Hkv, g + 2, D): g query heads, the key, the value
+        groups = facts.num_heads // facts.num_kv_heads
+        base = kv_head * (groups + 2) * d_head
+        return base + (head % groups) * d_head, base + groups * d_head, base + (groups + 1) * d_head
     if layout.storage == "separate":
         return head * d_head, kv_head * d_head, kv_head * d_head
     if layout.storage == "fused_per_head":  # view(B, T, H, 3·d_head) then chunk(3)
@@ -284,7 +340,9 @@ def _qkv_starts(layout: WeightLayout, facts: ModelFacts, head: int, kv_head: int
     return head * d_head, q_size + kv_head * d_head, q_size + kv_size + kv_head * d_head
 
 
-def head_projections(model: nn.Module, layer: int, head: int, *, facts: ModelFacts | None = None) -> HeadProjections:
+def head_projections(
+    model: nn.Module, layer: int, head: int, *, facts: ModelFacts | None = None, stack: str | None = None
+) -> HeadProjections:
     """One head's W_Q, W_K, W_V, W_O slices and biases, in the ``x @ W`` convention.
 
     Args:
@@ -292,15 +350,18 @@ def head_projections(model: nn.Module, layer: int, head: int, *, facts: ModelFac
         layer: attention layer index (already validated by the caller).
         head: query head index (already validated); it reads KV head ``facts.kv_head_of(head)``.
         facts: the model's facts (``LoadedModel.facts``); read from the model when not given.
+        stack: the attention stack ``layer`` and ``head`` count in (None = the model's default stack).
     """
     facts = facts if facts is not None else read_facts(model)
     layout = weight_layout(facts)
-    attention = find_attention_modules(model)[layer]
-    d_head, kv_head = facts.head_dim, facts.kv_head_of(head)
+    attention = find_attention_modules(model, stack)[layer]
+    layout = _module_layout(layout, attention)
+    heads = facts.stack(stack)
+    d_head, kv_head = heads.head_dim, head // max(1, heads.num_heads // heads.num_kv_heads)
     modules = [_child(attention, name) for name in layout.modules]
     q_module, k_module, v_module = modules if len(modules) == 3 else modules * 3
     q_start, k_start, v_start = _qkv_starts(layout, facts, head, kv_head)
-    projection = output_projection(model, layer, in_features=facts.num_heads * d_head)
+    projection = output_projection(model, layer, in_features=heads.num_heads * d_head, stack=stack)
     with materialised(*modules, projection):  # a disk-offloaded layer holds meta placeholders between forwards
         w_q, b_q = _features(q_module, q_start, d_head)
         w_k, b_k = _features(k_module, k_start, d_head)

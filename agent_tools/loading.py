@@ -20,13 +20,15 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
 import traceback
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -485,13 +487,11 @@ def convert_gguf(path: Path, dtype: torch.dtype = torch.float32) -> Path:
 
 def _convert_into(path: Path, dtype: torch.dtype, target: Path) -> None:
     """Read and dequantise ``path``, write it to a private staging folder with its manifest, rename it to ``target``."""
-    logger.info(
-        "converting %s to %s safetensors in %s (once; shared per your umask)", path.name, dtype_name(dtype), target
-    )
     config = _read_gguf_config(path)
     estimate = estimate_load_bytes(config, dtype, causal=True)
     check_fits(estimate, Placement(device="cpu"), dtype=dtype, what=f"converting {path.name!r}")
     _check_disk_space(target.parent, estimate + (64 << 20), path.name)  # + tokenizer files and slack
+    print(conversion_notice(path, estimate, dtype, target.parent), file=sys.stderr, flush=True)
     model, tokenizer = _read_gguf(path, dtype, config)
     # A GGUF-loaded model refuses save_pretrained until its quantizer marker is cleared; the weights are
     # already dequantised to ``dtype`` at this point.
@@ -520,6 +520,114 @@ def _convert_into(path: Path, dtype: torch.dtype, target: Path) -> None:
                 raise _delete_instruction(target, problem) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# Measured: SmolLM2-135M-Instruct's Q4_1 file (98 MB, 134.5 M parameters) becomes 538 MB of float32
+# safetensors in 18 s on an idle 2-core CPU (dequantising, writing, checksums): 7.5 M parameters a second, the
+# rate the notice's estimate uses (dequantising dominates, so half precision is no faster per parameter).
+CONVERSION_PARAMETERS_PER_SECOND = 7.5e6
+
+
+def conversion_notice(path: Path, size: int, dtype: torch.dtype, folder: Path) -> str:
+    """The one line printed when a GGUF file is converted (once per file and precision): what, how big, where,
+    and about how long."""
+    parameters = size / torch.empty((), dtype=dtype).element_size()
+    seconds = max(5, 5 * round(parameters / CONVERSION_PARAMETERS_PER_SECOND / 5))
+    try:
+        shown = "~/" + str(folder.relative_to(Path.home()))
+    except ValueError:
+        shown = str(folder)
+    name = path.name.removesuffix(".gguf")
+    return f"converting {name} once: {readable_size(size)} of {dtype_name(dtype)} weights to {shown}, ~{seconds} s"
+
+
+class _CountingBar:
+    """What a transformers progress bar becomes on a terminal: its counts advance one task of a rich progress."""
+
+    def __init__(self, progress: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.progress = progress
+        self.iterable: Any = args[0] if args else kwargs.get("iterable")
+        total = kwargs.get("total")
+        if total is None and isinstance(self.iterable, Sized):
+            total = len(self.iterable)
+        self.task = progress.add_task(str(kwargs.get("desc") or "loading").rstrip(".: "), total=total)
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self.iterable or ():
+            yield item
+            self.progress.advance(self.task)
+
+    def update(self, n: float = 1) -> None:
+        self.progress.advance(self.task, n)
+
+    def __enter__(self) -> _CountingBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:  # set_description, set_postfix, close, refresh, ...: nothing to do
+        return lambda *args, **kwargs: None
+
+
+_CALLER_SHOWS_PROGRESS: ContextVar[bool] = ContextVar("caller_shows_progress", default=False)
+
+
+@contextmanager
+def caller_shows_progress() -> Iterator[None]:
+    """Inside the block a load shows no progress display of its own (the caller's, e.g. a corpus run's bar, is on
+    the terminal already: two live displays would overwrite each other). The conversion notice still prints."""
+    token = _CALLER_SHOWS_PROGRESS.set(True)
+    try:
+        yield
+    finally:
+        _CALLER_SHOWS_PROGRESS.reset(token)
+
+
+@contextmanager
+def quiet_transformers(*, terminal: bool | None = None) -> Iterator[None]:
+    """transformers' tqdm bars ("Loading weights", "Converting and de-quantizing GGUF tensors", "Writing model
+    shards") are off inside the block; on a terminal (``terminal=None``: when stderr is one, and no caller shows
+    progress, see :func:`caller_shows_progress`) their counts drive a transient rich progress display on stderr
+    instead. Pipes, logs and tests see no bar. Hub download bars are left as they are."""
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    if terminal is None:
+        terminal = sys.stderr.isatty() and not _CALLER_SHOWS_PROGRESS.get()
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hub_disabled = hub_utils.are_progress_bars_disabled()
+    previous_hook = getattr(hf_logging, "_tqdm_hook", None)
+    import transformers.modeling_gguf_pytorch_utils as gguf_module
+
+    gguf_tqdm = getattr(gguf_module, "tqdm", None)
+    hf_logging.disable_progress_bar()
+    if not hub_disabled:
+        hub_utils.enable_progress_bars()
+    gguf_module.tqdm = hf_logging.tqdm  # its bar is a plain tqdm: make it obey the switch (and the hook)
+    progress = None
+    try:
+        if terminal:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=Console(stderr=True), transient=True,
+            )  # fmt: skip
+            progress.start()
+            live = progress
+            hf_logging.set_tqdm_hook(lambda factory, args, kwargs: _CountingBar(live, args, kwargs))
+        yield
+    finally:
+        if progress is not None:
+            progress.stop()
+        hf_logging.set_tqdm_hook(previous_hook)
+        gguf_module.tqdm = gguf_tqdm
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+        if hub_disabled:
+            hub_utils.disable_progress_bars()
 
 
 def _gguf_read_error(name: str, exc: Exception) -> ModelNotFoundError:
@@ -572,6 +680,14 @@ def _is_causal_lm(config: object) -> bool:
     return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
 
 
+def _is_seq2seq_lm(config: object) -> bool:
+    """An encoder–decoder checkpoint with its language-model head (T5/BART ``...ForConditionalGeneration``,
+    Marian ``MarianMTModel``): loaded with it, so the decoder can answer and its stacks be traced."""
+    architectures = getattr(config, "architectures", None) or []
+    heads = any(a.endswith(("ForConditionalGeneration", "MTModel")) for a in architectures)
+    return bool(getattr(config, "is_encoder_decoder", False)) and heads
+
+
 _WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack"}
 
 
@@ -610,12 +726,12 @@ def _from_pretrained(cls: Any, location: str, placement: Placement, *, local_onl
 def _load_from(
     location: str, placement: Placement, *, local_only: bool, name: str, folder: Path | None = None
 ) -> tuple[nn.Module, PreTrainedTokenizerBase, int | None]:
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     config = AutoConfig.from_pretrained(location, trust_remote_code=False, local_files_only=local_only)
     causal = _is_causal_lm(config)
     estimate = _check_memory(config, placement, causal=causal, name=name, folder=folder)
-    cls = AutoModelForCausalLM if causal else AutoModel
+    cls = AutoModelForCausalLM if causal else AutoModelForSeq2SeqLM if _is_seq2seq_lm(config) else AutoModel
     model = _from_pretrained(cls, location, placement, local_only=local_only, config=config)
     tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=False, local_files_only=local_only)
     return model, tokenizer, estimate
@@ -779,7 +895,8 @@ def load_model(reference: str | None = None, placement: Placement | None = None)
             return hit
         start = time.perf_counter()
         try:
-            model, tokenizer, estimate = _load_source(source, placement)
+            with quiet_transformers():
+                model, tokenizer, estimate = _load_source(source, placement)
             seconds = time.perf_counter() - start
             loaded = prepare_model(model, tokenizer, source, seconds, placement=placement, estimated_bytes=estimate)
         except BaseException as exc:

@@ -45,18 +45,15 @@ _PLACEHOLDER = "\ue000{}\ue001"  # private-use characters: never produced by a t
 class SegmentSpec(ToolInput):
     """A span of the prompt the caller names: a substring (``text``) or a character span (``start``/``end``)."""
 
-    name: str = Field(min_length=1, max_length=40, description="the segment's name in the report, e.g. 'examples'")
-    text: str | None = Field(
-        default=None, description="the span as a verbatim substring (case-sensitive) of the text or a message"
-    )
-    start: int | None = Field(default=None, description="first character of the span (0-based), with end")
-    end: int | None = Field(default=None, description="one past the last character of the span, with start")
+    name: str = Field(min_length=1, max_length=40, description="its name in the report")
+    text: str | None = Field(default=None, description="a verbatim substring")
+    start: int | None = Field(default=None, description="first character")
+    end: int | None = Field(default=None, description="one past the last")
     message: int | None = Field(
         default=None,
-        description="0-based index of the message the span lies in (character spans count within that message's "
-        "content; a substring is searched there); omitted: the plain text, or every message in order",
+        description="index of the message it lies in; omitted = anywhere",
     )
-    occurrence: int = Field(default=1, ge=1, le=100, description="which occurrence of text to take (1 = first)")
+    occurrence: int = Field(default=1, ge=1, le=100, description="which occurrence of text")
 
 
 @dataclass(frozen=True)

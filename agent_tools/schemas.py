@@ -49,11 +49,46 @@ def holds_bool(value: Any) -> bool:
     return False
 
 
+def omittable(node: Any) -> Any:
+    """A JSON schema with every optional property whose default is ``null`` reduced to its non-null form: the
+    ``{"type": "null"}`` branch and the ``"default": null`` dropped (required properties are left as they are)."""
+    if isinstance(node, list):
+        return [omittable(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: omittable(value) for key, value in node.items()}
+    properties = out.get("properties")
+    if isinstance(properties, dict):
+        out["properties"] = {name: _without_null(schema) for name, schema in properties.items()}
+    return out
+
+
+def _without_null(schema: Any) -> Any:
+    if not isinstance(schema, dict) or "default" not in schema or schema["default"] is not None:
+        return schema
+    variants = [v for v in schema.get("anyOf", ()) if v != {"type": "null"}]
+    rest = {k: v for k, v in schema.items() if k not in ("anyOf", "default")}
+    if "anyOf" not in schema:
+        return rest
+    return {**variants[0], **rest} if len(variants) == 1 else {"anyOf": variants, **rest}
+
+
 class ToolInput(BaseModel):
-    """Base of every tool's input: unknown arguments are refused, strings are stripped of nothing, and a boolean
-    is never read as a number (pydantic's lax mode would take ``"layer": true`` as layer 1)."""
+    """Base of every argument object (a tool's input derives from :class:`DetailInput`): unknown arguments are
+    refused, strings are stripped of nothing, and a boolean is never read as a number (pydantic's lax mode
+    would take ``"layer": true`` as layer 1)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Pydantic's schema with each argument that may be omitted (``X | None = None``) written as ``X``: leaving
+        it out is how to say "not given", so ``null`` and ``"default": null`` only cost an agent's tokens (strict
+        forms add the ``null`` back, see :mod:`agent_tools.surfaces.portable`)."""
+        schema = omittable(super().model_json_schema(*args, **kwargs))
+        for definition in schema.get("$defs", {}).values():  # a nested model's docstring: its property says it
+            definition.pop("description", None)
+        return schema
 
     @field_validator("*", mode="before")
     @classmethod
@@ -101,16 +136,51 @@ class Token(BaseModel):
     special: bool = Field(default=False, description="a special token such as BOS, [CLS], [SEP] or a chat marker")
 
 
+Severity = Literal["high", "medium", "low"]
+SEVERITIES: tuple[str, ...] = get_args(Severity)  # most important first: the concise text drops from the end
+
+
 class Finding(BaseModel):
     """One piece of evidence: where (layer, head, token) and how much (value)."""
 
     kind: str = Field(description="what was found, e.g. 'sink', 'collapse', 'previous_token'")
+    severity: Severity = Field(
+        default="medium", description="high: what the summary leads with; low: context (dropped first when short)"
+    )
     layer: int | None = None
     head: int | None = None
     position: int | None = Field(default=None, description="token position the finding is about")
     token: str | None = None
     value: float | None = Field(default=None, description="the measured number behind the finding")
     detail: str = Field(description="one sentence an agent can quote")
+
+
+class NextCall(BaseModel):
+    """A follow-up call with its arguments, drawn from the report's own results: runnable as written."""
+
+    tool: str
+    arguments: dict[str, Any]
+    why: str = Field(description="what the call would confirm or refute")
+
+
+MAX_NEXT_CALLS = 3
+
+
+def follow_up(tool: str, arguments: dict[str, Any], why: str, *, model: str | None = None) -> NextCall:
+    """A next call; ``model`` (the one the caller named, if any) goes first so the call runs on the same model."""
+    return NextCall(tool=tool, arguments=({"model": model} if model else {}) | arguments, why=why)
+
+
+class Omitted(BaseModel):
+    """A list that ``detail: "summary"`` cut to its most important rows."""
+
+    field: str = Field(description="the list, as a path in the report ('[]': in every row of a list)")
+    kept: int
+    total: int
+    order: str = Field(description="how the kept rows were chosen and are ordered, most important first")
+    cutoff: float | None = Field(
+        default=None, description="the most important value among the rows left out (by that order)"
+    )
 
 
 class Report(BaseModel):
@@ -125,14 +195,12 @@ class Report(BaseModel):
     )
     summary: str = Field(description="two or three sentences an agent can say, citing layer, head, token, value")
     findings: list[Finding] = Field(default_factory=list)
-
-    def short_text(self, limit: int = 1200) -> str:
-        """The concise text an LLM reads (summary plus the top findings)."""
-        lines = [self.summary]
-        for finding in self.findings[:6]:
-            lines.append(f"- {finding.detail}")
-        text = "\n".join(lines)
-        return text if len(text) <= limit else text[: limit - 1] + "…"
+    next_calls: list[NextCall] = Field(
+        default_factory=list, max_length=MAX_NEXT_CALLS, description="up to three follow-up calls, with arguments"
+    )
+    omitted: list[Omitted] = Field(
+        default_factory=list, description="lists cut by detail 'summary' (empty with detail 'full')"
+    )
 
     def _repr_html_(self) -> str:
         """Jupyter: the summary, the key figure and the findings (drawn by :mod:`agent_tools.report.notebook_view`)."""
@@ -155,10 +223,21 @@ MODEL_FIELD_DESCRIPTION = (
     "model to inspect: a bundled alias (smollm2-135m-instruct, minilm-l6), a local folder or .gguf file, "
     "or a hub id; omitted = the session's default"
 )
-TEXT_FIELD_DESCRIPTION = "the text to run through the model (plain text; not empty)"
+TEXT_FIELD_DESCRIPTION = "the text to run"
 
 
-class ModelInput(ToolInput):
+Detail = Literal["summary", "full"]
+DETAILS: tuple[str, ...] = get_args(Detail)
+DETAIL_DESCRIPTION = "full: all table rows"
+
+
+class DetailInput(ToolInput):
+    """Base of every tool's arguments: ``detail``, how much of the report to return (one definition for all)."""
+
+    detail: Detail = Field(default="summary", description=DETAIL_DESCRIPTION)
+
+
+class ModelInput(DetailInput):
     model: str | None = Field(default=None, description=MODEL_FIELD_DESCRIPTION, max_length=500)
 
 

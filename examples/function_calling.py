@@ -4,9 +4,9 @@
     OPENAI_BASE_URL=http://localhost:8000/v1 OPENAI_API_KEY=x python examples/function_calling.py --llm my-model
 
 The loop is the usual one: send the messages with ``tools=dispatcher.tools()``; for each tool call the
-model makes, append ``dispatcher.tool_message(call)`` (the report as JSON, or an error object naming what is
-valid); stop when the model answers without tool calls. ``run_conversation`` takes any ``complete``
-function, so the same loop works with another provider's SDK (or a scripted model in the tests).
+model makes, append ``dispatcher.tool_message(call)`` (the concise text of the report, ≤ 2 KB, or an error
+object naming what is valid); stop when the model answers without tool calls. ``run_conversation`` takes any
+``complete`` function, so the same loop works with another provider's SDK (or a scripted model in the tests).
 """
 
 from __future__ import annotations

@@ -44,25 +44,25 @@ async def tour(params: StdioServerParameters, *, text: str, layer: int, head: in
     chosen = {"model": model} if model else {}
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         init = await session.initialize()
-        lines.append(f"connected to {init.serverInfo.name} {init.serverInfo.version}")
+        lines.append(f"connected to {init.server_info.name} {init.server_info.version}")
         tools = (await session.list_tools()).tools
         lines.append("tools: " + ", ".join(tool.name for tool in tools))
 
         described = await session.call_tool("describe_model", chosen)
-        facts: dict[str, Any] = described.structuredContent or {}
+        facts: dict[str, Any] = described.structured_content or {}
         lines.append(
             f"describe_model: {facts['num_layers']} layers x {facts['num_heads']} heads, head_dim {facts['head_dim']}"
         )
 
         shown = await session.call_tool("show_attention", {**chosen, "text": text, "layer": layer, "head": head})
-        report: dict[str, Any] = shown.structuredContent or {}
+        report: dict[str, Any] = shown.structured_content or {}
         lines.append(f"show_attention: {report['summary']}")
         for row in report["rows"][:4]:
             keys = ", ".join(f"{k['token']!r} {k['weight']:.2f}" for k in row["top_keys"])
             lines.append(f"  query {row['position']} {row['token']!r} reads {keys}")
 
         bad = await session.call_tool("show_attention", {**chosen, "text": text, "layer": 999, "head": head})
-        lines.append(f"error (isError={bad.isError}): {bad.content[0].text}")
+        lines.append(f"error (isError={bad.is_error}): {bad.content[0].text}")
     return lines
 
 

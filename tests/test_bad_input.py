@@ -240,7 +240,7 @@ CATALOGUE = [
         "ablate_not_a_head",
         "ablate_heads",
         {"text": TEXT, "heads": ["three"]},
-        error(INVALID, 'write "L.H" with layer 0..29 and head 0..8'),
+        error(INVALID, "heads[0] 'three' is not a head; write each head as \"18.8\""),
     ),
     Case(
         "ablate_head_out_of_range",
@@ -260,7 +260,7 @@ CATALOGUE = [
         "top_k_zero",
         "show_attention",
         {**SHOW, "top_k": 0},
-        error(INVALID, "top_k: Input should be greater than or equal to 1"),
+        error(INVALID, "top_k 0 out of range 1..20"),
     ),
     Case(
         "unknown_role",
@@ -596,7 +596,7 @@ async def json_lines_client(command: list[str], errlog: Any) -> AsyncIterator[tu
                 *lines, buffer = (buffer + chunk).split("\n")
                 for line in lines:
                     if line.strip():
-                        await read_writer.send(SessionMessage(types.JSONRPCMessage.model_validate_json(line)))
+                        await read_writer.send(SessionMessage(types.jsonrpc_message_adapter.validate_json(line)))
 
     async def write_lines() -> None:
         async with write_reader:
@@ -642,15 +642,15 @@ class McpTranscript:
 
 def mcp_outcome(result: types.CallToolResult) -> Outcome:
     text = "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
-    if result.isError:
+    if result.is_error:
         return from_error_text(text)
-    return Outcome(False, text, report=result.structuredContent)
+    return Outcome(False, text, report=result.structured_content)
 
 
 def comparable(result: types.CallToolResult) -> dict[str, Any]:
     return {
-        "isError": result.isError,
-        "structured": result.structuredContent,
+        "isError": result.is_error,
+        "structured": result.structured_content,
         "content": result.model_dump()["content"],
     }
 

@@ -218,5 +218,24 @@ def test_unreproduced_attention_features_are_refused() -> None:
     module = find_attention_modules(model)[0]
     q = torch.zeros(1, 4, 2, 8)
     kv = torch.zeros(1, 2, 2, 8)
-    with pytest.raises(UnsupportedModelError, match="s_aux"):
-        capture_attention_forward(module, q, kv, kv, None, scaling=0.1, s_aux=torch.zeros(4))
+    with pytest.raises(UnsupportedModelError, match="'alibi'"):
+        capture_attention_forward(module, q, kv, kv, None, scaling=0.1, alibi=torch.zeros(1, 4, 1, 2))
+    with pytest.raises(UnsupportedModelError, match=r"one\s+learned logit per head \(4,\)"):
+        capture_attention_forward(module, q, kv, kv, None, scaling=0.1, s_aux=torch.zeros(1, 4, 2, 1))
+    with pytest.raises(UnsupportedModelError, match="not \\(B, H, q, Tk\\)"):
+        capture_attention_forward(module, q, kv, kv, None, scaling=0.1, position_bias=torch.ones(4, 2, 2))
+
+
+def test_uncaptured_bias_and_sinks_are_eager_and_exact() -> None:
+    """Outside a capture the function adds the bias and the sink column exactly as the hand formula does."""
+    model = build_family("llama")
+    module = find_attention_modules(model)[0]
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 4, 5, 8, generator=generator) for _ in range(3))
+    bias = torch.randn(1, 4, 5, 5, generator=generator)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    output, weights = capture_attention_forward(module, q, k, v, None, scaling=0.3, position_bias=bias, s_aux=sinks)
+    logits = torch.cat([q @ k.transpose(-1, -2) * 0.3 + bias, sinks.view(1, 4, 1, 1).expand(1, 4, 5, 1)], dim=-1)
+    expected = torch.softmax(logits, dim=-1)[..., :-1]
+    assert weights is not None and (weights - expected).abs().max().item() <= 1e-6
+    assert (output - (expected @ v).transpose(1, 2)).abs().max().item() <= 1e-6

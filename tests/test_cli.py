@@ -74,3 +74,138 @@ def test_help_and_usage_errors_do_not_import_torch() -> None:
     assert done.stdout.strip() == "[]"
     usage = run_cli("show")
     assert usage.returncode == 2 and "required" in usage.stderr
+
+
+# --- first contact: call TOOL --help, checks before the model loads, no progress bars in pipes ------------------
+def run_cli_with_cache(cache, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ATTENTION_EXPLAINER_CACHE": str(cache)}
+    return subprocess.run(
+        [sys.executable, "-m", "agent_tools.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_call_tool_help_prints_every_argument_and_the_example(tmp_path) -> None:
+    from agent_tools.tools import get_tool
+
+    result = run_cli_with_cache(tmp_path, "call", "ablate_heads", "--help")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    spec = get_tool("ablate_heads")
+    for name in spec.input_model.model_fields:
+        assert f"\n  {name}: " in text, name
+    assert "  top_k: integer, default 5, 1..50\n" in text
+    assert "  text: string, required\n" in text
+    assert "  heads: list of (string | {layer, head} | [integer, integer]), required, items ≥ 1\n" in text
+    assert "positions with the largest effect listed" in text
+    assert f"attention-explainer call ablate_heads --json '{json.dumps(spec.example)}'" in text
+    listing = run_cli_with_cache(tmp_path, "call", "--help")
+    assert listing.returncode == 0
+    from agent_tools.tools import TOOLS
+
+    assert [line.split(":")[0] for line in listing.stdout.splitlines()[2:] if not line.startswith(" ")] == list(TOOLS)
+
+
+def test_a_typo_is_answered_without_importing_torch(tmp_path) -> None:
+    # the first call builds the argument catalogue (it imports the tools anyway); later ones check against it
+    assert run_cli_with_cache(tmp_path, "call", "show_attention", "--help").returncode == 0
+    probe = (
+        "import sys, agent_tools.cli as cli\n"
+        "code = cli.main(['call', 'show_attention', '--json', '{\"text\": \"hi\", \"layr\": 3, \"head\": 0}'])\n"
+        "print(code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "ATTENTION_EXPLAINER_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.strip() == "2 []", done.stderr
+    assert "unknown argument 'layr' (did you mean 'layer'?" in done.stderr
+    assert "layer: Field required" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    wrong_tool = run_cli_with_cache(tmp_path, "call", "show_atention", "--json", "{}")
+    assert wrong_tool.returncode == 2 and "did you mean 'show_attention'?" in wrong_tool.stderr
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ({"text": "hi", "layr": 3, "head": 0}, "unknown argument 'layr'"),
+        ({"text": "hi", "layer": 3, "head": 0, "top_k": 99}, "top_k 99 out of range 1..20"),
+        ({"text": "hi", "heads": [[3]]}, "heads[0] [3] is not a head"),
+        ({"text": "hi", "heads": ["3.0"], "method": "avg"}, "method: Input should be 'zero' or 'mean'"),
+    ],
+)
+def test_arguments_are_checked_before_the_model_loads(tmp_path, monkeypatch, capsys, arguments, expected) -> None:
+    from agent_tools import cli
+    from agent_tools.inspector import Inspector
+
+    loads: list[str | None] = []
+
+    def no_loading(self, reference=None):
+        loads.append(reference)
+        raise RuntimeError("the model loader was called")
+
+    monkeypatch.setenv("ATTENTION_EXPLAINER_CACHE", str(tmp_path))
+    monkeypatch.setattr(Inspector, "model", no_loading)
+    tool = "ablate_heads" if "heads" in arguments else "show_attention"
+    for warm in (False, True):  # without the cached catalogue (the tool's own validation), then with it
+        assert cli.main(["call", tool, "--json", json.dumps(arguments)]) == 2
+        assert expected in capsys.readouterr().err, warm
+    assert loads == []
+    valid = {"text": "hi", "layer": 3, "head": 0}  # the same path with valid arguments does reach the loader
+    with pytest.raises(RuntimeError, match="the model loader was called"):
+        cli.main(["call", "show_attention", "--json", json.dumps(valid)])
+    assert loads == [None]
+
+
+def test_loading_a_model_prints_no_progress_bar(tmp_path) -> None:
+    from families import build_family, tiny_tokenizer
+
+    folder = tmp_path / "tiny"
+    build_family("llama").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    result = run_cli_with_cache(tmp_path / "cache", "describe", "--model", str(folder))
+    assert result.returncode == 0, result.stderr
+    assert "llama" in result.stdout
+    assert "Loading weights" not in result.stderr and "it/s" not in result.stderr and "%|" not in result.stderr
+
+
+@pytest.mark.slow
+def test_the_one_time_gguf_conversion_says_one_line(tmp_path) -> None:
+    result = run_cli_with_cache(tmp_path, "describe")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr  # no tqdm bar: not for dequantising, loading or writing shards
+    assert lines[0].startswith("converting SmolLM2-135M-Instruct.Q4_1 once: 513 MiB of float32 weights to ")
+    assert lines[0].endswith(f"{tmp_path / 'gguf'}, ~20 s")
+    again = run_cli_with_cache(tmp_path, "describe")
+    assert again.returncode == 0 and again.stderr == ""  # converted once
+
+
+@pytest.mark.parametrize("flavour", ["mcp", "openai-strict", "gemini"])
+def test_tools_prints_the_schemas_in_each_flavour(capsys, flavour) -> None:
+    from agent_tools import cli
+    from agent_tools.surfaces.portable import portable_schema
+    from agent_tools.tools import TOOLS
+
+    assert cli.main(["tools", "--json-schemas", "--flavour", flavour]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {name: portable_schema(spec.input_model, flavour) for name, spec in TOOLS.items()}
+
+
+def test_load_progress_is_rich_only_on_a_terminal_and_never_inside_a_callers_display(monkeypatch) -> None:
+    import transformers.modeling_gguf_pytorch_utils as gguf
+    from transformers.utils import logging as hf_logging
+
+    from agent_tools.loading import caller_shows_progress, quiet_transformers
+
+    before = (hf_logging.is_progress_bar_enabled(), gguf.tqdm, getattr(hf_logging, "_tqdm_hook", None))
+    with quiet_transformers():  # stderr is captured here: not a terminal
+        assert not hf_logging.is_progress_bar_enabled() and hf_logging._tqdm_hook is None
+        assert gguf.tqdm is hf_logging.tqdm  # the GGUF reader's own tqdm obeys the switch too
+        assert list(gguf.tqdm(range(3), desc="Converting")) == [0, 1, 2]
+    assert (hf_logging.is_progress_bar_enabled(), gguf.tqdm, getattr(hf_logging, "_tqdm_hook", None)) == before
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    with quiet_transformers():
+        assert hf_logging._tqdm_hook is not None
+        bar = gguf.tqdm(range(4), desc="Converting")
+        assert list(bar) == [0, 1, 2, 3] and bar.progress.tasks[0].completed == 4
+    with caller_shows_progress(), quiet_transformers():
+        assert hf_logging._tqdm_hook is None
+    assert (hf_logging.is_progress_bar_enabled(), gguf.tqdm, getattr(hf_logging, "_tqdm_hook", None)) == before

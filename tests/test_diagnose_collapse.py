@@ -360,9 +360,34 @@ def test_default_model_all_heads_in_one_forward(smol, inspector: Inspector, monk
 
 @pytest.mark.real_model
 def test_minilm_sinks_are_cls_and_sep(minilm, inspector: Inspector) -> None:
-    report = get_tool("diagnose_collapse")(inspector, {"model": "minilm-l6", "text": SAMPLE_TEXT, "top_k": 72})
+    arguments = {"model": "minilm-l6", "text": SAMPLE_TEXT, "top_k": 72, "detail": "full"}
+    report = get_tool("diagnose_collapse")(inspector, arguments)
     assert report.heads_examined == 72 and report.bound_violations == 0
     assert report.sink_positions == [0, report.num_tokens - 1]
     # most heads park their weight on [CLS]/[SEP], whose transformed values are small (Kobayashi et al.)
     parked = [h for h in report.heads if h.sink_fraction >= 0.5]
     assert len(parked) > 20 and all(h.value_norm_ratio < 1 for h in parked if h.dominant_position == 0)
+
+
+def test_head_whose_values_are_all_zero_is_a_no_op_not_a_crash(inspector: Inspector) -> None:
+    """A KV head with W_V = 0 writes nothing: no finite value-norm ratio exists, and the head is a no-op sink."""
+    from families import tiny_tokenizer
+
+    from agent_tools.loading import register_model
+
+    model = build_family("llama")
+    for module in find_attention_modules(model):
+        with torch.no_grad():
+            module.q_proj.weight.mul_(8.0)  # peaked maps: the zeroed heads concentrate on one key
+            module.k_proj.weight.mul_(8.0)
+            module.v_proj.weight[: module.head_dim].zero_()  # KV head 0 (query heads 0 and 1) writes nothing
+    register_model("tiny-llama-silent", model, tiny_tokenizer())
+    report = get_tool("diagnose_collapse")(
+        inspector, {"model": "tiny-llama-silent", "text": SAMPLE_TEXT, "top_k": 8, "threshold": 0.5}
+    )
+    silent = [h for h in report.heads if h.head in (0, 1)]
+    assert silent, "the zeroed heads were examined"
+    for head in silent:
+        assert head.value_norm_ratio is None and head.dominant_contribution == 0.0
+        assert head.verdict != "harmful_collapse"
+    assert all(h.value_norm_ratio is None or math.isfinite(h.value_norm_ratio) for h in report.heads)

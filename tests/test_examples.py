@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from scripted_chat import ScriptedChatModel, answer, ask, call, key_numbers, new_tool_messages
 
 from agent_tools.cli import build_parser
+from agent_tools.inspector import Inspector
 from agent_tools.tools import TOOLS, get_tool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,26 +109,32 @@ def test_function_calling_says_what_is_needed(function_calling, monkeypatch, cap
 @pytest.mark.real_model
 def test_function_calling_loop_with_a_scripted_model(function_calling) -> None:
     def complete(messages, tools):
-        """A scripted provider: reads the JSON tool results and decides the next step from them."""
+        """A scripted provider: reads the tool results (an error object, or the concise text) and decides."""
         assert {t["function"]["name"] for t in tools} == set(TOOLS)
-        results = [json.loads(m["content"]) for m in messages if m["role"] == "tool"]
+        results = [m["content"] for m in messages if m["role"] == "tool"]
         if not results:
             bad = json.dumps({**SHOW.example, "layer": 40})
             return {"role": "assistant", "tool_calls": [tool_call("c1", bad)]}
         last = results[-1]
-        if "error" in last:
-            high = int(last["message"].split("out of range 0..")[1].split(".")[0])
+        if last.startswith("{"):
+            high = int(json.loads(last)["message"].split("out of range 0..")[1].split(".")[0])
             fixed = json.dumps({**SHOW.example, "layer": high})
             return {"role": "assistant", "tool_calls": [tool_call("c2", fixed)]}
-        return {"role": "assistant", "content": f"Layer {last['layer']}: mean entropy {last['mean_entropy']} nats."}
+        numbers = dict(re.findall(r"(\w+)=([\w.]+)", last.split("Key numbers: ")[1].splitlines()[0]))
+        return {
+            "role": "assistant",
+            "content": f"Layer {numbers['layer']}: mean entropy {numbers['mean_entropy']} nats.",
+        }
 
     def tool_call(call_id: str, arguments: str) -> dict:
         return {"id": call_id, "type": "function", "function": {"name": "show_attention", "arguments": arguments}}
 
     final, messages = function_calling.run_conversation("What does layer 40 head 0 read?", complete)
-    error, result = (json.loads(m["content"]) for m in messages if m["role"] == "tool")
+    error, result = (m["content"] for m in messages if m["role"] == "tool")
+    error = json.loads(error)
     assert error["error"] == "invalid_input" and "layer 40 out of range 0..29" in error["message"]
-    report = SHOW.output_model.model_validate(result)
+    assert len(result.encode()) <= 2048 and not result.startswith("{")  # the concise text, not the whole report
+    report = SHOW(Inspector(), {**SHOW.example, "layer": 29})
     assert final == f"Layer 29: mean entropy {report.mean_entropy} nats."
     assert messages[0]["role"] == "system" and "`show_attention`" in messages[0]["content"]
 

@@ -24,6 +24,7 @@ from scripted_chat import (
 from agent_tools.inspector import Inspector
 from agent_tools.loading import BUNDLED_MODELS, DEFAULT_MODEL, ModelPolicy
 from agent_tools.schemas import Report
+from agent_tools.surfaces import CONTENT_LIMIT, agent_input_model
 from agent_tools.surfaces.langchain import AttentionToolkit, make_tool
 from agent_tools.tools import TOOLS, get_tool
 from agent_tools.tools.registry import ToolSpec
@@ -54,7 +55,8 @@ def test_toolkit_offers_every_declared_tool(tools) -> None:
         assert tool.description == spec.description
         assert tool.response_format == "content_and_artifact"
         schema = tool.tool_call_schema.model_json_schema()
-        assert set(schema["properties"]) == set(spec.input_model.model_fields)
+        advertised = agent_input_model(spec, ModelPolicy.bundled_only()).model_json_schema()["properties"]
+        assert set(schema["properties"]) == set(advertised) <= set(spec.input_model.model_fields)
         if "model" in schema["properties"]:  # the allow-list is visible to the agent
             assert sorted(schema["properties"]["model"]["anyOf"][0]["enum"]) == sorted(BUNDLED_MODELS)
 
@@ -87,7 +89,7 @@ def test_every_tool_answers_with_content_and_artifact(tools, name) -> None:
     report = message.artifact
     assert isinstance(report, spec.output_model) and isinstance(report, Report)
     assert message.content.startswith(report.summary)  # concise: the summary first, then findings and numbers
-    assert len(message.content) <= 1800
+    assert len(message.content.encode()) <= CONTENT_LIMIT  # the 2 KB budget
     assert message.name == name and message.tool_call_id == "call_1"
 
 
@@ -103,7 +105,7 @@ def test_out_of_range_layer_is_an_error_message_naming_the_range(tools) -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        ({"top_k": 0}, "top_k: Input should be greater than or equal to 1 (got 0)"),
+        ({"top_k": 0}, "top_k 0 out of range 1..20"),
         ({"layer": "three"}, "layer: Input should be a valid integer"),
         ({"surprise": 1}, "unknown argument 'surprise'"),
         ({"model": "/etc/passwd"}, "Input should be 'minilm-l6' or 'smollm2-135m-instruct'"),
@@ -114,6 +116,19 @@ def test_validation_errors_keep_their_detail(tools, args, expected) -> None:
     assert message.status == "error"
     assert expected in message.content
     assert "Tool input validation error" not in message.content
+
+
+@pytest.mark.parametrize(
+    ("heads", "expected"),
+    [([[3]], "heads[0] [3] is not a head"), ([3, 0], "[[3, 0]]"), ("nonsense", "'nonsense' is not a head")],
+)
+def test_a_wrong_head_form_names_the_accepted_forms(tools, heads, expected) -> None:
+    message = invoke(tools["ablate_heads"], {"text": "The cat sat.", "heads": heads})
+    assert message.status == "error" and expected in message.content
+    assert (
+        '"18.8"' in message.content and "[18, 8]" in message.content and '{"layer": 18, "head": 8}' in message.content
+    )
+    assert "HeadRef" not in message.content and "valid string" not in message.content  # not pydantic's union dump
 
 
 def test_missing_argument_and_empty_text(tools) -> None:
@@ -263,3 +278,32 @@ def test_agent_async(toolkit) -> None:
         return await agent.ainvoke({"messages": [("user", "How many layers has MiniLM?")]})
 
     assert final_answer(anyio.run(run)) == "6 layers"
+
+
+# --- OpenAI strict function calling through LangChain -----------------------------------------------------------
+def test_strict_toolkit_schemas_are_strict_for_bind_tools() -> None:
+    import copy
+
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+    from openai.lib._pydantic import _ensure_strict_json_schema
+
+    for tool in AttentionToolkit(strict=True).get_tools():
+        function = convert_to_openai_tool(tool, strict=True)["function"]
+        parameters = function["parameters"]
+        converted = copy.deepcopy(parameters)
+        assert _ensure_strict_json_schema(converted, path=(), root=converted) == parameters, tool.name
+        assert function["strict"] is True and parameters["required"] == list(parameters["properties"])
+
+
+def test_strict_tool_reads_null_as_not_given(tiny_models) -> None:
+    text = "the cat sat on the mat because it was tired . the dog sat on the mat"
+    kit = {"model": "tiny-llama", "allowed_models": ["tiny-llama"], "tools": ["diagnose_collapse"]}
+    (strict,) = AttentionToolkit(strict=True, **kit).get_tools()
+    (plain,) = AttentionToolkit(**kit).get_tools()
+    sent = {key: None for key in strict.args_schema["properties"]} | {"text": text}
+    answered = invoke(strict, sent)
+    assert answered.status == "success", answered.content
+    expected = invoke(plain, {"text": text})
+    assert answered.artifact == expected.artifact and answered.content == expected.content
+    refused = invoke(plain, sent)  # the plain schema takes no null for a number
+    assert refused.status == "error"

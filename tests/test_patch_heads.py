@@ -3,12 +3,14 @@ fractions per head, per layer and per position), the batched rows equal one patc
 
 from __future__ import annotations
 
+import adapted
 import pytest
 import torch
 from crafted import INDUCTION_HEAD, PREVIOUS_HEAD, circuit_tokenizer, induction_circuit
 
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
+from agent_tools.layout import output_projection
 from agent_tools.loading import LoadedModel, register_model
 from agent_tools.tools import get_tool
 from agent_tools.tools.patch_heads import PatchReport
@@ -56,30 +58,39 @@ def test_layers_subset_and_explicit_tokens(circuit, inspector: Inspector) -> Non
     assert report.top_heads[0].restored == 1.0 and report.positions == [] and report.patched_runs == 5
 
 
-def test_batched_rows_equal_one_patched_forward_each(tiny_models, inspector: Inspector) -> None:
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "bloom", "falcon_alibi", "falcon"])
+def test_batched_rows_equal_one_patched_forward_each(family: str, tiny_models, inspector: Inspector) -> None:
+    """Every row of the joining batch (rows enter at the layer they patch, as copies of the unpatched row) equals
+    a plain forward with that one head's output replaced; BLOOM's per-batch ALiBi and Falcon's parallel block too."""
+    if family in adapted.DECODERS:
+        name = f"tiny-patch-{family}"
+        loaded = register_model(name, adapted.build(family), tiny_models["llama"].tokenizer)
+    else:
+        name, loaded = f"tiny-{family}", tiny_models[family]
     arguments = {
-        "model": "tiny-llama",
+        "model": name,
         "clean": "the cat sat on the mat because it",
         "corrupted": "the dog sat on the mat because it",
         "answer": "was",
         "wrong": "tired",
-        "layers": [1],
-        "top_k": 1,
+        "top_k": 8,
+        "detail": "full",
     }
     report = get_tool("patch_heads")(inspector, arguments)
-    loaded = tiny_models["llama"]
+    assert {row.layer for row in report.heads} == {0, 1}  # rows joining at both layers
+    facts = loaded.facts
     clean = inspector.encode(loaded, arguments["clean"])
     corrupted = inspector.encode(loaded, arguments["corrupted"])
     was, tired = (loaded.tokenizer.convert_tokens_to_ids(w) for w in ("was", "tired"))
     recorded = inspector.recorded_run(loaded, clean).heads
-    model = loaded.model
+    model, width = loaded.model, facts.head_dim
     for row in report.heads:  # one forward per head with a plain replacement hook
-        projection = model.model.layers[row.layer].self_attn.o_proj
+        projection = output_projection(model, row.layer, in_features=facts.num_heads * width)
 
         def hook(module, args, layer=row.layer, head=row.head):
             x = args[0].clone()
-            x[0, :, head * 8 : (head + 1) * 8] = recorded[layer][:, head].reshape(x.shape[1], 8)
-            return (x,)
+            x[0, :, head * width : (head + 1) * width] = recorded[layer][:, head].reshape(x.shape[1], width)
+            return (x, *args[1:])
 
         handle = projection.register_forward_pre_hook(hook)
         try:

@@ -199,7 +199,9 @@ def test_tools_run_on_a_disk_offloaded_model(offloaded, in_memory: str) -> None:
     model, loaded, placement = offloaded
     inspector = Inspector(placement=placement)
     assert inspector.model(loaded.name) is loaded  # the inspector's placement finds the cached offloaded model
-    view = get_tool("show_attention")(inspector, {"model": loaded.name, "text": TEXT, "layer": 1, "head": 0})
+    view = get_tool("show_attention")(
+        inspector, {"model": loaded.name, "text": TEXT, "layer": 1, "head": 0, "detail": "full"}
+    )
     ids = tiny_tokenizer()(TEXT, return_tensors="pt")["input_ids"]
     expected = eager_reference(model, input_ids=ids).attentions[1][0, 0]  # layer 1 lives on disk
     entropy = torch.special.entr(expected.double()).sum(-1)
@@ -264,9 +266,10 @@ def _mean_choosable_entropy(weights: torch.Tensor) -> torch.Tensor:
 
 def _tool_entropies(name: str) -> dict[str, object]:
     inspector = Inspector()
-    view = get_tool("show_attention")(inspector, {"model": name, "text": TEXT, "layer": 1, "head": 0})
-    collapse = get_tool("diagnose_collapse")(inspector, {"model": name, "text": TEXT, "top_k": 8})
-    scaling = get_tool("explain_scaling")(inspector, {"model": name, "text": TEXT, "layer": 1})
+    full = {"model": name, "text": TEXT, "detail": "full"}  # every row, not the summary's cut
+    view = get_tool("show_attention")(inspector, {**full, "layer": 1, "head": 0})
+    collapse = get_tool("diagnose_collapse")(inspector, {**full, "top_k": 8})
+    scaling = get_tool("explain_scaling")(inspector, {**full, "layer": 1})
     return {
         "show_rows": [row.entropy for row in view.rows],
         "show_mean": view.mean_entropy,

@@ -295,7 +295,8 @@ def test_bad_arguments_name_the_valid_range(tiny_models, inspector: Inspector) -
 
 @pytest.mark.real_model
 def test_default_model_has_induction_heads_that_matter(smol, inspector: Inspector) -> None:
-    report = get_tool("profile_heads")(inspector, {"ablate_top": 1, "roles": ["induction", "previous_token"]})
+    arguments = {"ablate_top": 1, "roles": ["induction", "previous_token"], "detail": "full"}
+    report = get_tool("profile_heads")(inspector, arguments)
     assert len(report.heads) == 270
     induction = next(r for r in report.roles if r.role == "induction")
     assert induction.top[0].score > 0.5 and induction.heads_with_role >= 3
@@ -307,7 +308,8 @@ def test_default_model_has_induction_heads_that_matter(smol, inspector: Inspecto
 
 @pytest.mark.real_model
 def test_encoder_model_profile(minilm, inspector: Inspector) -> None:
-    report = get_tool("profile_heads")(inspector, {"model": "minilm-l6", "text": "The cat sat on the mat, and slept."})
+    arguments = {"model": "minilm-l6", "text": "The cat sat on the mat, and slept.", "detail": "full"}
+    report = get_tool("profile_heads")(inspector, arguments)
     assert len(report.heads) == 72 and report.induction_check is None
     assert {"next_token", "special_token", "punctuation"} <= {r.role for r in report.roles}
     for head in report.heads:

@@ -42,7 +42,8 @@ TOPIC_VARIABLES = {
 
 
 def test_files_are_the_system_prompt_and_one_template_per_topic() -> None:
-    assert prompt_file_names() == sorted([SYSTEM_PROMPT_FILE, *(f"explain_{t}.md" for t in TOPICS)])
+    expected = [SYSTEM_PROMPT_FILE, "mcp_instructions.md", *(f"explain_{t}.md" for t in TOPICS)]
+    assert prompt_file_names() == sorted(expected)  # mcp_instructions.md: the MCP server's short instructions
     assert set(TOPIC_VARIABLES) == set(TOPICS)
     for name in prompt_file_names():
         prompt = read_prompt_file(name)

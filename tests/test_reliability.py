@@ -436,7 +436,7 @@ def test_any_string_makes_an_mcp_line_the_sdk_can_answer(text: str) -> None:
 
     request = {"name": "show_attention", "arguments": {"text": text, "layer": 0, "head": 0}}
     line = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": request})
-    parsed = types.JSONRPCMessage.model_validate_json(answerable_line(line)).root
+    parsed = types.jsonrpc_message_adapter.validate_json(answerable_line(line))
     assert isinstance(parsed, types.JSONRPCRequest) and parsed.id == 7
     arguments = parsed.params["arguments"]  # type: ignore[index]
     try:

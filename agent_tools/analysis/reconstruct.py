@@ -11,6 +11,11 @@ What each stage divides the dot products by (``StageMap.divisor`` = 1 / ``StageM
    ``x`` — so stage 2 is attention with no projections and the scale every head uses;
 3. to 5. ``q·kᵀ`` times the model's own factor (``scaling · query_prescale``), which is 1/sqrt(d_k) for the
    standard scale: where a family uses another (Gemma's ``query_pre_attn_scalar``), stage 3 says so.
+
+Families that add a term to the scores get one more stage before the model's: ``score_terms``, the positional
+scores plus that term (T5's relative position bias, ALiBi, DeBERTa's c2p/p2c), as the capture recorded it. A
+family with learned sink logits (GPT-OSS) has them in the last stage: the softmax runs over the keys and one more
+column holding the head's sink logit, so the real keys' weights sum to 1 − the sink's share.
 """
 
 from __future__ import annotations
@@ -31,8 +36,13 @@ from agent_tools.analysis.metrics import (
 )
 from agent_tools.layout import apply_rotary
 
-ReconstructionStage = Literal["raw_dot_product", "scaled_dot_product", "projected", "positional", "model"]
-RECONSTRUCTION_STAGES: tuple[str, ...] = get_args(ReconstructionStage)
+ReconstructionStage = Literal[
+    "raw_dot_product", "scaled_dot_product", "projected", "positional", "score_terms", "model"
+]
+# The stages every head has; a family with an additive score term also has "score_terms" before "model".
+RECONSTRUCTION_STAGES: tuple[str, ...] = tuple(
+    stage for stage in get_args(ReconstructionStage) if stage != "score_terms"
+)
 
 
 @dataclass(frozen=True)
@@ -93,8 +103,10 @@ def reconstruction_stages(
     mask: Tensor | None = None,
     softcap: float | None = None,
     mask_every_stage: bool = False,
+    bias: Tensor | None = None,
+    sink: float | None = None,
 ) -> list[StageMap]:
-    """The five stages for one head.
+    """The five stages for one head (six with ``bias``).
 
     Args:
         x: (T, d_model) input of the attention module.
@@ -106,6 +118,9 @@ def reconstruction_stages(
         mask: (T, T) additive mask (0 = may read, very negative = may not); None = every key.
         softcap: logit soft-capping c (scores = c·tanh(scores / c)) where the family uses it.
         mask_every_stage: also apply the mask to stages 1–4 (isolates the other pieces on causal models).
+        bias: (T, T) the additive score term the family adds after soft-capping (T5's relative position bias,
+            ALiBi, c2p/p2c); it gets its own ``score_terms`` stage.
+        sink: the head's learned sink logit (GPT-OSS): an extra softmax column in the last stage.
 
     Stages: (1) x·xᵀ; (2) x·xᵀ / sqrt(d_k), d_k = ``w_q``'s columns (the head's dimension); (3)
     (x W_Q + b_Q)(x W_K + b_K)ᵀ · scale, before positions; (4) the same after RoPE (= stage 3 where positions are
@@ -130,16 +145,41 @@ def reconstruction_stages(
     projected = (q @ k.T) * scaling  # (T, T) before positions
     q, k = _rotated(q, k, rotary)  # (T, d_head) each
     positional = (q @ k.T) * scaling  # (T, T)
+    termed = positional + bias.float() if bias is not None else positional  # (T, T) before mask and soft-cap
     capped = soft_capped(positional, softcap)
-    final = masked_softmax(capped.float(), allowed if mask is not None else None)
+    capped = capped + bias.float() if bias is not None else capped
+    model_allowed = allowed if mask is not None else None
+    if sink is None:
+        final = masked_softmax(capped.float(), model_allowed)
+    else:
+        final = sink_softmax(capped.float(), model_allowed, sink)
     final_logits = capped + mask if mask is not None else capped
-    return [
+    stages = [
         stage("raw_dot_product", raw, 1.0),
         stage("scaled_dot_product", raw * head_scale, head_scale),
         stage("projected", projected, effective),
         stage("positional", positional, effective),
-        StageMap("model", positional, final_logits, final, allowed, effective),
     ]
+    if bias is not None:
+        stages.append(stage("score_terms", termed, effective))
+    stages.append(StageMap("model", termed, final_logits, final, allowed, effective))
+    return stages
+
+
+def sink_softmax(logits: Tensor, allowed: Tensor | None, sink: float) -> Tensor:
+    """(T, T) softmax over the allowed keys *and* one more column holding ``sink``, the sink column dropped.
+
+    GPT-OSS's eager attention: ``softmax(cat([logits, sink]))[..., :-1]``. Rows sum to 1 − the sink's share
+    (:func:`sink_column_share`); keys that may not be read get exactly 0.
+    """
+    column = torch.full((*logits.shape[:-1], 1), float(sink), dtype=logits.dtype, device=logits.device)
+    hidden = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(torch.cat([hidden, column], dim=-1), dim=-1)[..., :-1]
+
+
+def sink_column_share(weights: Tensor) -> Tensor:
+    """(..., q, k) real-key weights of a sink softmax -> (..., q) the share the sink column took: 1 − Σ_j w_j."""
+    return (1.0 - weights.sum(-1)).clamp_min(0.0)
 
 
 def soft_capped(scores: Tensor, softcap: float | None) -> Tensor:
@@ -147,9 +187,11 @@ def soft_capped(scores: Tensor, softcap: float | None) -> Tensor:
     return torch.tanh(scores / softcap) * softcap if softcap is not None else scores
 
 
-def positional_scores(stages: list[StageMap], softcap: float | None = None) -> Tensor:
-    """Stage 4's scores soft-capped like the model's captured pre-mask scores (for parity checks)."""
-    return soft_capped(next(s for s in stages if s.stage == "positional").scores, softcap)
+def positional_scores(stages: list[StageMap], softcap: float | None = None, bias: Tensor | None = None) -> Tensor:
+    """Stage 4's scores soft-capped (plus the family's additive term) like the model's captured pre-mask scores
+    (for parity checks)."""
+    capped = soft_capped(next(s for s in stages if s.stage == "positional").scores, softcap)
+    return capped + bias.float() if bias is not None else capped
 
 
 @dataclass(frozen=True)

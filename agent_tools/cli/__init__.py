@@ -3,6 +3,7 @@
     attention-explainer describe [--model M]
     attention-explainer show TEXT --layer L --head H [--model M] [--png FILE]
     attention-explainer call TOOL --json ARGS        (any tool; ARGS is JSON, @file.json or - for stdin)
+    attention-explainer call TOOL --help             (the tool's arguments: type, default, range; its example)
     attention-explainer tools                        (list the tools and their input schemas)
     attention-explainer analyze [TEXT] [--out DIR]   (the full explanation: terminal, JSON, PNG, HTML)
     attention-explainer mcp [--transport T]          (serve every tool to an MCP client)
@@ -92,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        early = getattr(args, "early", None)  # a subcommand's answers before the session (and torch) exist
+        if early is not None and (code := early(args)) is not None:
+            return int(code)
         inspector = session_from_args(args)
         return int(args.func(args, inspector) or 0)
     except AttentionToolError as exc:

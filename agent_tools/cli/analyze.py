@@ -77,12 +77,16 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
     if args.out:
         check_out_folder(args.out)
     text = args.text
+    if args.messages and text is not None:
+        raise InvalidInputError("give either TEXT or --messages, not both")
+    try:
+        layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    except ValueError as exc:
+        msg = f"--layers {args.layers!r} is not a comma-separated list of layer numbers, e.g. 0,5,29"
+        raise InvalidInputError(msg, field="layers") from exc
+    loaded = inspector.model(args.model)  # before the progress display: a first-time conversion shows its own
     if args.messages:
-        if text is not None:
-            raise InvalidInputError("give either TEXT or --messages, not both")
-        loaded = inspector.model(args.model)
         text = inspector.render_messages(loaded, _read_messages(args.messages))
-    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     console = Console(stderr=args.as_json)
     with Progress(
         SpinnerColumn(),

@@ -1,4 +1,9 @@
-"""``attention-explainer call TOOL --json ARGS``: run any tool by name; prints its report as JSON."""
+"""``attention-explainer call TOOL --json ARGS``: run any tool by name; prints its report as JSON.
+
+``call TOOL --help`` prints the tool's arguments (type, default, valid range, description) and its example. The
+arguments are checked before anything heavy happens: first against the cached catalogue (no torch: a typo
+answers at once), then by the tool's own validation, always before the model loads.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +20,14 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("call", help="run any tool by name with JSON arguments; prints the report as JSON")
-    p.add_argument("tool")
+    p = subparsers.add_parser(
+        "call", help="run any tool by name with JSON arguments; prints the report as JSON", add_help=False
+    )
+    p.add_argument("tool", nargs="?", default=None)
     p.add_argument("--json", default=None, help="arguments: a JSON object, @file.json, or - for stdin")
     p.add_argument("--model", default=None)
-    p.set_defaults(func=run)
+    p.add_argument("-h", "--help", action="store_true", help="the tool's arguments and example (or every tool)")
+    p.set_defaults(func=run, early=early)
 
 
 def read_json_argument(raw: str) -> Any:
@@ -43,15 +51,57 @@ def read_json_argument(raw: str) -> Any:
         raise InvalidInputError(msg) from exc
 
 
-def run(args: argparse.Namespace, inspector: Inspector) -> int:
-    from agent_tools.inspector import check_list_lengths
-    from agent_tools.tools import get_tool
+def _arguments(args: argparse.Namespace) -> Any:
+    """``--json`` read once (stdin cannot be read twice), with ``--model`` merged in."""
+    if not hasattr(args, "arguments"):
+        arguments = read_json_argument(args.json) if args.json else {}
+        if isinstance(arguments, dict) and args.model and "model" not in arguments:
+            arguments["model"] = args.model
+        args.arguments = arguments
+    return args.arguments
 
+
+def early(args: argparse.Namespace) -> int | None:
+    """Before the session exists (no torch yet): ``--help``, and the checks the cached catalogue allows.
+
+    Returns an exit code when the command is answered here, None to go on to :func:`run`.
+    """
+    from agent_tools.cli import catalogue
+
+    if args.help or args.tool is None:
+        tools = catalogue.catalogue(build=True)
+        assert tools is not None
+        if args.tool is None and not args.help:
+            names = ", ".join(tools["tools"])
+            msg = f"call needs a tool name: attention-explainer call TOOL --json ARGS; tools: {names}"
+            raise InvalidInputError(msg, field="tool")
+        if args.tool is None:
+            print(catalogue.tools_help(tools["tools"]))
+            return 0
+        if args.tool not in tools["tools"]:
+            raise catalogue.unknown_tool(args.tool, tools["tools"])
+        print(catalogue.tool_help(args.tool, tools["tools"][args.tool]))
+        return 0
+    known = catalogue.catalogue(build=False)
+    if known is not None:
+        if args.tool not in known["tools"]:
+            raise catalogue.unknown_tool(args.tool, known["tools"])
+        catalogue.check_arguments(args.tool, _arguments(args), known["tools"][args.tool])
+    return None
+
+
+def run(args: argparse.Namespace, inspector: Inspector) -> int:
+    from agent_tools.cli import catalogue
+    from agent_tools.inspector import check_list_lengths
+    from agent_tools.tools import TOOLS, get_tool
+
+    if args.tool not in TOOLS:
+        raise catalogue.unknown_tool(args.tool, dict(TOOLS))
     spec = get_tool(args.tool)
-    arguments = read_json_argument(args.json) if args.json else {}
+    catalogue.catalogue(build=True)  # the next call's checks need no torch
+    arguments = _arguments(args)
     check_list_lengths(arguments)  # 100,000-item lists are refused at once, as on the MCP server
-    if isinstance(arguments, dict) and args.model and "model" not in arguments:
-        arguments["model"] = args.model
-    report = spec(inspector, arguments)
+    parsed = spec.parse(arguments)  # every argument validated before the model loads
+    report = spec(inspector, parsed)
     print(report.model_dump_json(indent=2))
     return 0

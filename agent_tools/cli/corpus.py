@@ -47,23 +47,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace, inspector: Inspector) -> int:
     from agent_tools.corpus.api import run_corpus
     from agent_tools.corpus.ray_engine import RayOptions
+    from agent_tools.loading import caller_shows_progress
 
-    result = run_corpus(
-        args.task,
-        args.data,
-        out=args.out,
-        engine=args.engine,
-        inspector=inspector,
-        model=args.model,
-        batch_size=args.batch_size,
-        max_errors=args.max_errors,
-        ray_options=RayOptions(
-            actors=args.actors, actor_gpus=args.actor_gpus, actor_cpus=args.actor_cpus, address=args.ray_address
-        ),
-        resamples=args.bootstrap,
-        seed=args.seed,
-        progress=False if args.no_progress else None,
+    pool = RayOptions(
+        actors=args.actors, actor_gpus=args.actor_gpus, actor_cpus=args.actor_cpus, address=args.ray_address
     )
+    with caller_shows_progress():  # the run's own bar is on the terminal: a model load inside it draws none
+        result = run_corpus(
+            args.task,
+            args.data,
+            out=args.out,
+            engine=args.engine,
+            inspector=inspector,
+            model=args.model,
+            batch_size=args.batch_size,
+            max_errors=args.max_errors,
+            ray_options=pool,
+            resamples=args.bootstrap,
+            seed=args.seed,
+            progress=False if args.no_progress else None,
+        )
     print(_headline(result.summary, str(result.out), result.arrow.num_rows))
     return 0
 

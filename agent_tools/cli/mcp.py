@@ -7,6 +7,10 @@
     attention-explainer mcp --dtype bfloat16 --device cuda            # or --device-map auto --max-memory ...
     attention-explainer mcp --call-timeout 300                        # seconds per call (0: no limit)
     attention-explainer mcp --transport streamable-http --max-sessions 16 --session-idle 300
+    attention-explainer mcp --text-content both                       # the report's JSON too, as text
+
+Both MCP protocol eras are served: clients that open with ``initialize`` (2024-11-05 .. 2025-11-25) and
+clients of the 2026-07-28 protocol (``server/discover``, a per-request envelope).
 
 Which models the server may load, where it may write files, how long a text may be and how long a call may
 run are fixed here, by the person who starts it; an agent's arguments cannot change them.
@@ -80,8 +84,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--text-content",
         choices=("summary", "json", "both"),
-        default="both",
-        help="text content beside the structured content: the concise summary, the report's JSON, or both",
+        default="summary",
+        help="text content beside the structured content: the concise text an LLM reads (default, about 2 KB "
+        "at most), the report's JSON, or both (for clients that ignore structured content)",
     )
     p.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
     p.add_argument("--host", default="127.0.0.1", help="HTTP only; default 127.0.0.1 (this machine only)")
@@ -176,10 +181,10 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
 
     import anyio
 
-    from agent_tools.surfaces.mcp_server import build_server, serve_http, serve_stdio
+    from agent_tools.surfaces.mcp_server import build_server, quiet_sdk_loggers, serve_http, serve_stdio
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("mcp").setLevel(logging.WARNING)  # not one line per request
+    quiet_sdk_loggers()  # not one line per request or session; the SDK's warnings and errors still show
     session = session_inspector(args, inspector)
     tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None
     server = build_server(

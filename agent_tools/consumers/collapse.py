@@ -233,13 +233,22 @@ class HeadAccumulator:
         others = torch.cat([norms[:dominant], norms[dominant + 1 :]])
         other_norm = float(others.mean()) if others.numel() else 0.0
         contribution = dominant_share * dominant_norm  # mean_i α_ij* ‖v_j* W_O‖
+        if other_norm > 0:
+            norm_ratio: float | None = dominant_norm / other_norm
+            contribution_ratio: float | None = contribution / other_norm
+        elif contribution > 0:
+            # only the dominant key writes anything: no finite ratio; None reads as "judge it a collapse"
+            norm_ratio = contribution_ratio = None
+        else:
+            # no key writes anything (all value rows through W_O are zero): the head is a no-op whatever it reads
+            norm_ratio, contribution_ratio = None, 0.0
         return _ValueSide(
             dominant_value_norm=dominant_norm,
             other_value_norm=other_norm,
-            value_norm_ratio=dominant_norm / other_norm if other_norm > 0 else math.inf,
+            value_norm_ratio=norm_ratio,
             dominant_value_share=float(self.value_share[i, dominant] / self.rows),
             dominant_contribution=contribution,
-            contribution_ratio=contribution / other_norm if other_norm > 0 else math.inf,
+            contribution_ratio=contribution_ratio,
         )
 
 
@@ -308,6 +317,8 @@ class CollapseConsumer:
         top, argmax = captured.row_max()
         start = captured.key_index_offset
         positions = torch.arange(start, start + captured.weights.shape[2], device=captured.weights.device)
+        if captured.stack == "cross":  # the keys are another sequence's: no key is the query itself or the one before
+            positions = torch.full_like(positions, -2)
         value_norms, output_norms = self._value_norms(captured, pick)
         accumulator.add(
             pick(captured.weights[b]),

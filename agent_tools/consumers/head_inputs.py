@@ -25,6 +25,9 @@ from agent_tools.layout import HeadProjections, head_projections
 # float32 from weights stored in the model's dtype: a bf16/fp16 model's own map is rounded to ~2⁻⁸ / 2⁻¹¹ and peaked
 # rows amplify that, while a wrong layout misses by 0.5–1.0, so each dtype gets its own bound.
 REFUSE_ABOVE = {torch.float32: 1e-3, torch.float64: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+# Families whose rotary embedding hands (cos, sin) of half the head's width and rotates its two halves
+# (GPT-OSS ``_apply_rotary_emb``): the same rotation as rotate_half with cos/sin repeated to the full width.
+HALF_ROTARY_FAMILIES = frozenset({"gpt_oss"})
 STAGE_MAP_COPIES = 32  # (T, T) float32 maps a reconstruction holds besides the captured ones (stages, float64 temps)
 
 
@@ -44,6 +47,12 @@ class HeadInputs:
     projections: HeadProjections
     dtype: torch.dtype = torch.float32  # the model's dtype: it sets how closely the rebuild must match
     errors: dict[str, float] = field(default_factory=dict)
+    terms: tuple[str, ...] = ()  # the additive score terms the family adds (LayerAttention.terms)
+    bias: torch.Tensor | None = None  # (T, T) the main head's additive term (already in ``scores``)
+    sink: float | None = None  # the main head's learned sink logit (GPT-OSS)
+    sink_logits: torch.Tensor | None = None  # (H,) every head's sink logit
+    sink_shares: torch.Tensor | None = None  # (H,) mean over rows of the weight each head's sink column takes
+    first_token_shares: torch.Tensor | None = None  # (H,) mean over rows of each head's weight on key 0
 
     @property
     def effective_scale(self) -> float:
@@ -80,11 +89,20 @@ class HeadInputsConsumer:
         self.scaling = 1.0
         self.softcap: float | None = None
         self.dtype = torch.float32
+        self.terms: tuple[str, ...] = ()
+        self.bias_rows: list[torch.Tensor] = []
+        self.sink: float | None = None
+        self.sink_logits: torch.Tensor | None = None
+        self.sink_sums: torch.Tensor | None = None  # (H,) over rows
+        self.first_sums: torch.Tensor | None = None  # (H,) over rows
+        self.rows = 0
 
     @classmethod
-    def for_heads(cls, model: torch.nn.Module, facts: ModelFacts, layer: int, heads: list[int]) -> HeadInputsConsumer:
-        """The consumer for ``heads`` of ``layer`` (``heads[0]`` is the one rebuilt and checked)."""
-        return cls(layer, heads, head_projections(model, layer, heads[0], facts=facts))
+    def for_heads(
+        cls, model: torch.nn.Module, facts: ModelFacts, layer: int, heads: list[int], *, stack: str | None = None
+    ) -> HeadInputsConsumer:
+        """The consumer for ``heads`` of ``layer`` of ``stack`` (``heads[0]`` is the one rebuilt and checked)."""
+        return cls(layer, heads, head_projections(model, layer, heads[0], facts=facts, stack=stack))
 
     def held_bytes(self, length: int) -> int:
         """What the pass and the reconstruction hold for a text of ``length`` tokens (for the memory budget)."""
@@ -102,6 +120,15 @@ class HeadInputsConsumer:
             self.mask_rows.append(zeros.masked_fill(hidden, torch.finfo(torch.float32).min))  # (q, Tk)
         self.weight_rows.append(captured.weights[0, self.heads].float().clone())  # (len(heads), q, Tk)
         self.score_rows.append(captured.scores[0, self.heads[0]].float().clone())  # (q, Tk)
+        if captured.bias is not None:
+            bias = captured.bias[0, self.heads[0]].float()  # (q or 1, Tk): batch 0 (or the shared 1)
+            self.bias_rows.append(bias.expand(captured.weights.shape[2], bias.shape[-1]).clone())  # (q, Tk)
+        if captured.sink_logits is not None:
+            shares = captured.sink_share()[0].float().sum(-1)  # (H,)
+            firsts = captured.weights[0, :, :, 0].float().sum(-1)  # (H,)
+            self.sink_sums = shares if self.sink_sums is None else self.sink_sums + shares
+            self.first_sums = firsts if self.first_sums is None else self.first_sums + firsts
+        self.rows += captured.weights.shape[2]
 
     def _keep_layer(self, captured: LayerAttention) -> None:
         """What the first chunk carries for the whole layer: its input, positions, keys and values."""
@@ -111,11 +138,19 @@ class HeadInputsConsumer:
         self.layer_input = captured.layer_input[0].detach().float().clone()  # (T, C)
         if captured.position_embeddings is not None:
             cos, sin = captured.position_embeddings
-            self.rotary = (cos[0].float().clone(), sin[0].float().clone())  # (T, d_rot) each
+            cos, sin = cos[0].float(), sin[0].float()  # (T, d_rot) each
+            if self.projections.family in HALF_ROTARY_FAMILIES and 2 * cos.shape[-1] == self.projections.d_head:
+                # GPT-OSS rotates (x₁, x₂) halves with half-width cos/sin: the rotate_half form with them repeated
+                cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+            self.rotary = (cos.clone(), sin.clone())
         self.key = captured.key[0, self.kv_head].float().clone()  # (Tk, D)
         self.value = captured.value[0, self.kv_head].float().clone()  # (Tk, D)
         self.scaling, self.softcap = captured.scaling, captured.softcap
         self.dtype = captured.weights.dtype
+        self.terms = tuple(captured.terms)
+        if captured.sink_logits is not None:
+            self.sink_logits = captured.sink_logits.detach().float().cpu().clone()  # (H,)
+            self.sink = float(self.sink_logits[self.heads[0]])
 
     def inputs(self) -> HeadInputs:
         """After the pass: the head's inputs, checked against the model (:func:`check_parity`)."""
@@ -134,6 +169,12 @@ class HeadInputsConsumer:
             softcap=self.softcap,
             dtype=self.dtype,
             projections=self.projections,
+            terms=self.terms,
+            bias=torch.cat(self.bias_rows) if self.bias_rows else None,
+            sink=self.sink,
+            sink_logits=self.sink_logits,
+            sink_shares=self.sink_sums / self.rows if self.sink_sums is not None else None,
+            first_token_shares=self.first_sums / self.rows if self.first_sums is not None else None,
         )
         check_parity(inputs, reconstruct(inputs))
         return inputs
@@ -154,6 +195,8 @@ def reconstruct(inputs: HeadInputs, *, mask_every_stage: bool = False) -> list[S
         mask=inputs.mask,
         softcap=inputs.softcap,
         mask_every_stage=mask_every_stage,
+        bias=inputs.bias,
+        sink=inputs.sink,
     )
 
 
@@ -162,7 +205,9 @@ def check_parity(inputs: HeadInputs, stages: list[StageMap]) -> None:
     p = inputs.projections
     model_map = inputs.weights[p.head]
     errors = {
-        "positional_scores": float((positional_scores(stages, inputs.softcap) - inputs.scores).abs().max()),
+        "positional_scores": float(
+            (positional_scores(stages, inputs.softcap, inputs.bias) - inputs.scores).abs().max()
+        ),
         "model_weights": float((stages[-1].weights - model_map).abs().max()),
         "values": float((p.values(inputs.x) - inputs.value).abs().max()),
     }

@@ -58,7 +58,8 @@ class TaskOptions:
     model: str | None = None
 
     def base(self) -> dict[str, Any]:
-        return {"model": self.model} if self.model else {}
+        """Arguments every tool call of the run shares: the whole report (corpus rows need every head)."""
+        return {"detail": "full"} | ({"model": self.model} if self.model else {})
 
 
 def analyse(inspector: Inspector, task: Task, item: CorpusItem, options: TaskOptions) -> ItemOutcome:

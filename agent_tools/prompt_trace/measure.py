@@ -17,6 +17,7 @@ from torch import Tensor
 from agent_tools.analysis.attribution import content_shares, filler_positions, relative_value_norms
 from agent_tools.analysis.metrics import Received, threshold_sinks
 from agent_tools.analysis.segments import Lead, leading_segment, segment_shares, without_sink
+from agent_tools.consumers.cross_rows import CrossRowsConsumer
 from agent_tools.consumers.last_row import LastRowConsumer
 from agent_tools.consumers.received import ReceivedShareConsumer
 from agent_tools.consumers.rollout import RolloutConsumer
@@ -59,6 +60,7 @@ class TracedPrompt:
     value_shares: SegmentAccumulator | None = None  # the same steps, value-weighted (None: not asked / no W_O)
     key_norms: Tensor | None = None  # (L, T) mean over heads of each prompt key's ‖v_j W_O^h‖
     answer_pass: TracedAnswer | None = None  # the prompt forward's logits and KV cache, kept for the causal checks
+    stack: str = "self"  # "cross": an encoder–decoder's answer reading its input (seq2seq_trace_pass)
 
 
 @dataclass
@@ -178,6 +180,56 @@ def trace_pass(
     run.finish_prompt()
     run.add_step(length)
     return run.traced(answer_logits, None, kept)
+
+
+def seq2seq_trace_pass(
+    inspector: Inspector,
+    loaded: LoadedModel,
+    segmented: SegmentedPrompt,
+    *,
+    target: Target = "last",
+    max_new_tokens: int = 16,
+    sink_threshold: float = DEFAULT_SINK_THRESHOLD,
+) -> TracedPrompt:
+    """An encoder–decoder's trace: which part of the input each answer token's cross-attention read.
+
+    The model answers greedily (one token for target 'last', up to ``max_new_tokens`` for 'generate'); one
+    teacher-forced pass over the answer captures the cross-attention rows (row i chose answer token i), and an
+    encoder pass gives the encoder's rollout. Sinks are the input tokens the cross-attention reads whatever the
+    answer token. The rollout view is defined for cross-attention as the answer rows' cross-attention (mean over
+    steps, decoder layers and heads) carried back to the input through the encoder's rollout — every decoder layer
+    reads the same encoder output, whose position j' mixes the inputs by rollout row j' — the decoder's own
+    self-attention mixing left out.
+    """
+    encoded = segmented.encoded
+    length = encoded.length
+    inspector.check_budget(3 * length * length * 4, "attention rollout over the prompt")
+    steps = max_new_tokens if target == "generate" else 1
+    generation = inspector.generate(loaded, encoded, max_new_tokens=steps)
+    cross = inspector.attention_stack(loaded, "cross")
+    decoded = encoded.on_stack(cross.name, inspector.answer_input(loaded, encoded, generation))
+    rows = CrossRowsConsumer()
+    inspector.run(loaded, decoded, [rows], need_output=False)
+    rollout = RolloutConsumer()
+    inspector.run(loaded, encoded.on_stack("encoder"), [rollout], need_output=False)
+    received = rows.received()
+    prompt = segmented.with_sinks(threshold_sinks(received, threshold=sink_threshold))
+    accumulator = _TracePass._accumulator(prompt)
+    kept = rows.rows()  # (L, H, n, Tk): one row per answer token
+    for step in range(kept.shape[2]):
+        accumulator.add(kept[:, :, step])
+    carried = kept.mean((0, 1, 2)) @ rollout.rollout().cpu().float()  # (Tk,) through the encoder's rollout
+    return TracedPrompt(
+        target,
+        prompt,
+        accumulator,
+        carried,
+        generation.first_logits,
+        generation.token_ids if target == "generate" else [],
+        generation if target == "generate" else None,
+        received=received,
+        stack="cross",
+    )
 
 
 @dataclass(frozen=True)

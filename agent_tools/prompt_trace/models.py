@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
 from agent_tools.inspector import MAX_NEW_TOKENS
-from agent_tools.schemas import KeyWeight, Report
+from agent_tools.schemas import KeyWeight, NextCall, Report
+from agent_tools.stack_input import StackReport
 
 Target = Literal["last", "generate"]
 TARGETS: tuple[str, ...] = get_args(Target)
@@ -17,14 +18,8 @@ CHECKS: tuple[str, ...] = get_args(Check)
 DEFAULT_CHECKS: tuple[Check, ...] = ("causal", "value")
 MAX_IG_STEPS = 256
 
-PROMPT_DESCRIPTION = (
-    "plain text, or a list of chat messages [{role, content}] (roles: system, user, assistant) rendered with the "
-    "model's own chat template (with the generation prompt for the assistant's answer)"
-)
-TARGET_DESCRIPTION = (
-    "'last': the attention of the last prompt position (where the answer's first token is chosen); "
-    "'generate': the model answers greedily and each generated token's attention is traced"
-)
+PROMPT_DESCRIPTION = "text, or chat messages [{role, content}] (rendered with the model's chat template)"
+TARGET_DESCRIPTION = "generate: trace every token the model generates"
 SINK_DESCRIPTION = (
     "a token read by at least 4 later queries that receives, on average over them and all layers and heads, at "
     "least this share of their attention (and 2× what uniform attention would give it) joins position 0 in the "
@@ -33,17 +28,10 @@ SINK_DESCRIPTION = (
 
 
 CHECKS_DESCRIPTION = (
-    "evidence beside attention, per segment: 'causal' — the change in the answer's log-probability when the "
-    "segment is removed and when it is replaced by neutral tokens of the same length (one batch of two per segment); "
-    "'gradient' — integrated gradients (and gradient × input) of the answer's log-probability w.r.t. the segment's "
-    "input embeddings (ig_steps forward+backward passes: slow on long prompts); 'value' — value-weighted shares "
-    "‖α·v·W_O‖ and the filler / secondary-sink tokens set apart. Omitted = causal and value where the model allows"
+    "evidence per segment: causal (answer's Δ log p without it), value (‖α·v·W_O‖ share), gradient (integrated "
+    "gradients, slow); omitted = causal, value"
 )
-ANSWER_DESCRIPTION = (
-    "the answer whose dependence the causal and gradient checks measure, as text that follows the prompt "
-    "(tokenised on its own: include a leading space if the model would write one); omitted = the model's own "
-    "answer (its top next token, or the generated text for target 'generate')"
-)
+ANSWER_DESCRIPTION = "the answer the checks measure (mind a leading space); omitted = the model's own"
 NEUTRAL_DESCRIPTION = (
     "the single token that replaces a segment's tokens in the neutral replacement and the gradient baseline; "
     "omitted = a space, else '.', else the tokenizer's unknown or padding token"
@@ -60,14 +48,6 @@ def max_new_tokens_in_range(value: object) -> object:
     if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens {value} out of range 1..{MAX_NEW_TOKENS}")
     return value
-
-
-class NextCall(BaseModel):
-    """A call that would confirm or refute a report's lead: the tool, its arguments, and what it would show."""
-
-    tool: str
-    arguments: dict[str, Any]
-    why: str
 
 
 class TokenShare(BaseModel):
@@ -199,7 +179,7 @@ class GeneratedToken(BaseModel):
     top_key: KeyWeight = Field(description="the single non-sink token read most (mean over layers and heads)")
 
 
-class PromptTrace(Report):
+class PromptTrace(Report, StackReport):
     target: Target
     prompt_format: Literal["text", "messages"]
     rendered_prompt: str = Field(description="the text the model read (chat template applied)")

@@ -223,6 +223,12 @@ def _opening(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer) -> str
             f"{best!r} most: {share:.1%} of its attention (mean over {layers} layers × {heads} heads, and over the "
             f"generated tokens; uniform attention over the prompt would give {uniform:.1%})"
         )
+    if traced.stack == "cross":
+        return (
+            f"Choosing the first answer token, the decoder's cross-attention reads {best!r} of the input most: "
+            f"{share:.1%} of its attention (mean over {layers} layers × {heads} heads; uniform attention would give "
+            f"{uniform:.1%})"
+        )
     position = _answer_position(traced)
     return (
         f"At the last prompt position {position} {traced.prompt.encoded.tokens[position].text!r}, the model reads "

@@ -14,12 +14,20 @@ import torch
 from torch import Tensor
 
 from agent_tools.analysis.segments import leading_segment, top_positions
+from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import Segment, SegmentSpec, segment_prompt
 from agent_tools.prompt_trace.claims import causal_lead, evidence_findings, filler_clause, view_leads
 from agent_tools.prompt_trace.evidence import Evidence, EvidenceRequest, Verdict, gather, prepare, verdict
-from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers, check_traceable, measure, trace_pass
+from agent_tools.prompt_trace.measure import (
+    TracedPrompt,
+    TraceNumbers,
+    check_traceable,
+    measure,
+    seq2seq_trace_pass,
+    trace_pass,
+)
 from agent_tools.prompt_trace.models import (
     DEFAULT_SINK_THRESHOLD,
     AnswerEvidence,
@@ -38,6 +46,7 @@ from agent_tools.prompt_trace.models import (
 from agent_tools.prompt_trace.narrative import Answer, narrate
 from agent_tools.prompt_trace.next_calls import trace_next_calls
 from agent_tools.schemas import ChatMessage, KeyWeight, rounded
+from agent_tools.stack_input import on_stack
 
 NEXT_TOKENS_SHOWN = 5
 TEXT_SHOWN = 80  # characters of a segment's text in the report
@@ -63,10 +72,18 @@ def trace(
     top_k: int = 3,
     sink_threshold: float = DEFAULT_SINK_THRESHOLD,
     evidence: EvidenceRequest | None = None,
+    attention: str | None = None,
 ) -> TraceRun:
     """Segment the prompt, check the evidence request, run it (and generate, for target 'generate'), run the
-    checks, and build the report."""
+    checks, and build the report.
+
+    On an encoder–decoder the trace is of the cross-attention (``attention`` 'cross', the default): the answer's
+    tokens reading the input (:func:`~agent_tools.prompt_trace.measure.seq2seq_trace_pass`)."""
     request = evidence if evidence is not None else EvidenceRequest()
+    stack = inspector.attention_stack(loaded, attention, seq2seq_default="cross")
+    if loaded.facts.is_encoder_decoder:
+        inspector.require_stack(loaded, stack, ("cross",), SEQ2SEQ_STACKS)
+        return _seq2seq_trace(inspector, loaded, prompt, named, request, target, max_new_tokens, top_k, sink_threshold)
     segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
     prepared = prepare(inspector, loaded, segmented, request)
     traced = trace_pass(
@@ -86,6 +103,54 @@ def trace(
     report = build_report(loaded, traced, numbers, found, top_k=top_k, sink_threshold=sink_threshold)
     if prepared.neutral_id is not None:
         report.neutral_token = _decode(loaded, [prepared.neutral_id])
+    report.next_calls = trace_next_calls(report, traced, prompt, named, request=request, target=target)
+    return TraceRun(report, traced.answer_logits)
+
+
+SEQ2SEQ_STACKS = (
+    "an encoder–decoder's answer reads its input through cross-attention, which is what trace_prompt_attention "
+    "traces; the encoder and decoder stacks are per-layer maps (show_attention, diagnose_collapse with attention=...)"
+)
+SEQ2SEQ_CHECKS = (
+    "the checks beside attention (causal, value, gradient) are not run on an encoder–decoder's cross-attention trace"
+)
+
+
+SEQ2SEQ_ROLLOUT = (
+    "rollout on cross-attention: the answer tokens' cross-attention (mean over them, the decoder layers and heads) "
+    "carried back to the input through the encoder's rollout (every decoder layer reads the same encoder output); "
+    "the decoder's own self-attention is left out"
+)
+
+
+def _seq2seq_trace(
+    inspector: Inspector,
+    loaded: LoadedModel,
+    prompt: str | list[ChatMessage],
+    named: list[SegmentSpec] | None,
+    request: EvidenceRequest,
+    target: Target,
+    max_new_tokens: int,
+    top_k: int,
+    sink_threshold: float,
+) -> TraceRun:
+    """The cross-attention trace of an encoder–decoder: which input segments the generated tokens read."""
+    if request.explicit and request.checks:
+        raise InvalidInputError(f"{SEQ2SEQ_CHECKS}; omit checks", field="checks")
+    segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
+    traced = seq2seq_trace_pass(
+        inspector, loaded, segmented, target=target, max_new_tokens=max_new_tokens, sink_threshold=sink_threshold
+    )
+    numbers = measure(traced, exclude_filler=request.exclude_filler)
+    notes = [f"{SEQ2SEQ_CHECKS} (skipped)"] if request.checks else []
+    notes.append(SEQ2SEQ_ROLLOUT)
+    report = build_report(
+        loaded, traced, numbers, Evidence([], "model", notes=notes), top_k=top_k, sink_threshold=sink_threshold
+    )
+    report.attention = "cross"
+    report.summary = on_stack("cross", report.summary)
+    for row in report.generated or []:
+        row.position = row.step  # the decoder row that chose the token: the rows are the answer's, not the input's
     report.next_calls = trace_next_calls(report, traced, prompt, named, request=request, target=target)
     return TraceRun(report, traced.answer_logits)
 

@@ -52,7 +52,7 @@ DEFAULT_TEXT = (
 )
 MAX_INTERACTIVE_TOKENS = 384
 # The report's training experiment: the tool's defaults (four runs of 300 SGD steps, about 1.5 s on one core).
-EXPERIMENT_ARGUMENTS: dict[str, Any] = {}
+EXPERIMENT_ARGUMENTS: dict[str, Any] = {"detail": "full"}  # every logged point, for the curves
 
 Progress = Callable[[str], None]
 R = TypeVar("R", bound=Report)
@@ -158,9 +158,9 @@ def _most_collapsed_head(maps: QuantisedMaps) -> tuple[int, int]:
 
 def _whole_model_steps(text: str, model: str | None, layers: list[int] | None) -> list[tuple[str, dict]]:
     """Steps over every head, which need nothing from the capture: they may share its pass."""
-    base: dict[str, Any] = {"text": text} | ({"model": model} if model else {})
+    base: dict[str, Any] = {"text": text, "detail": "full"} | ({"model": model} if model else {})
     steps = [
-        ("describe_model", {"model": model} if model else {}),
+        ("describe_model", {"detail": "full"} | ({"model": model} if model else {})),
         ("diagnose_collapse", base | ({"layers": layers} if layers else {})),
         ("profile_heads", base | ({"layers": layers} if layers else {})),
     ]
@@ -171,7 +171,7 @@ def _focus_steps(text: str, model: str | None, focus: tuple[int, int]) -> list[t
     """Steps on the most collapsed head, chosen from the capture. The reconstruction applies the mask at every
     stage, so each stage's picture of the first tokens shows exactly what those queries may read."""
     layer, head = focus
-    base: dict[str, Any] = {"text": text} | ({"model": model} if model else {})
+    base: dict[str, Any] = {"text": text, "detail": "full"} | ({"model": model} if model else {})
     steps = [
         ("explain_scaling", base | {"layer": layer}),
         ("inspect_projections", base | {"layer": layer, "head": head}),

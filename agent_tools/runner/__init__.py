@@ -8,8 +8,15 @@ inside the context managers of :mod:`agent_tools.capture` and :mod:`agent_tools.
 """
 
 from agent_tools.runner.ablation import AblationEffect, ablated_forward
-from agent_tools.runner.forward import answer_logits, captured_forward, model_output, on_device
-from agent_tools.runner.generation import Generation, StopReason, greedy_generate, stop_token_ids
+from agent_tools.runner.forward import answer_logits, captured_forward, encoder_of, model_output, on_device
+from agent_tools.runner.generation import (
+    Generation,
+    StopReason,
+    decoder_start_id,
+    greedy_generate,
+    seq2seq_generate,
+    stop_token_ids,
+)
 
 __all__ = [
     "AblationEffect",
@@ -18,8 +25,11 @@ __all__ = [
     "ablated_forward",
     "answer_logits",
     "captured_forward",
+    "decoder_start_id",
+    "encoder_of",
     "greedy_generate",
     "model_output",
     "on_device",
+    "seq2seq_generate",
     "stop_token_ids",
 ]

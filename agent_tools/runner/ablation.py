@@ -10,7 +10,7 @@ from torch import Tensor
 
 from agent_tools.intervene import AblationMethod, group_heads, heads_ablated, recorded_head_means
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import _mask_on_device, model_output, on_device
+from agent_tools.runner.forward import _mask_on_device, encoder_of, model_output, on_device
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,16 @@ def ablated_forward(
     method: AblationMethod = "zero",
     clean: Tensor | None = None,
 ) -> AblationEffect:
-    """Clean (unless given) and ablated forwards with the model's own attention implementation, under its lock."""
+    """Clean (unless given) and ablated forwards with the model's own attention implementation, under its lock.
+
+    On an encoder–decoder the heads are the encoder stack's and the passes run the encoder alone: the effect is
+    measured on the encoder's output (hidden states), as for an encoder-only model.
+    """
     facts = loaded.facts
     input_ids, attention_mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
     grouped = group_heads(heads)
-    model = loaded.model
+    model = loaded.model  # the hooks go on its (default-stack) attention modules
+    run = encoder_of(loaded) if facts.is_encoder_decoder else model
     with loaded.lock, torch.inference_mode():
         means = None
         if clean is None or method == "mean":
@@ -46,11 +51,11 @@ def ablated_forward(
                 head_dim=facts.head_dim,
                 attention_mask=attention_mask,
             ) as recorded:
-                clean_out, is_lm = model_output(model(input_ids=input_ids, attention_mask=attention_mask))
+                clean_out, is_lm = model_output(run(input_ids=input_ids, attention_mask=attention_mask))
             clean = clean if clean is not None else clean_out
             means = dict(recorded)
         with heads_ablated(
             model, grouped, num_heads=facts.num_heads, head_dim=facts.head_dim, method=method, means=means
         ):
-            ablated, is_lm = model_output(model(input_ids=input_ids, attention_mask=attention_mask))
+            ablated, is_lm = model_output(run(input_ids=input_ids, attention_mask=attention_mask))
     return AblationEffect(clean=clean, ablated=ablated, language_model=is_lm)

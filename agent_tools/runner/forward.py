@@ -53,21 +53,34 @@ def captured_forward(
     attention_mask: Tensor | None,
     consumers: Sequence[AttentionConsumer],
     *,
+    stack: str | None = None,
+    decoder_input_ids: Tensor | None = None,
     layers: Sequence[int] | None = None,
     query_chunk: int | None = None,
     record_inputs: bool = False,
     need_output: bool = True,
     checkpoint: Callable[[], None] | None = None,
 ) -> Any:
-    """One forward pass with capture; returns the model's output (None when ``need_output`` is False).
+    """One forward pass with capture of one attention ``stack`` (None = the model's default); returns the model's
+    output (None when ``need_output`` is False).
 
     With ``need_output=False`` (the caller only wants what its consumers collect) the pass skips the
     language-model head and stops right after the last captured layer. ``checkpoint`` (the call's cancel and
     deadline check) runs while waiting for the lock, before every layer and between query chunks.
+
+    An encoder–decoder's encoder stack runs the encoder alone (its output is the encoder's); the decoder and cross
+    stacks run the whole model with ``decoder_input_ids`` (1, n), what the decoder reads.
     """
     input_ids, attention_mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
     model = loaded.model
-    if not need_output:
+    extra: dict[str, Any] = {}
+    if loaded.facts.is_encoder_decoder and decoder_input_ids is None:
+        if stack not in (None, "encoder"):
+            raise ValueError(f"the {stack} stack of an encoder–decoder needs decoder_input_ids")
+        model = encoder_of(loaded)
+    elif decoder_input_ids is not None:
+        extra["decoder_input_ids"] = on_device(loaded, decoder_input_ids)
+    if not need_output and model is loaded.model:
         base = getattr(model, "base_model", None)
         model = base if isinstance(base, torch.nn.Module) else model
     with (
@@ -76,6 +89,7 @@ def captured_forward(
         capture_attention(
             loaded.model,
             consumers,
+            stack=stack,
             layers=layers,
             query_chunk=query_chunk,
             record_inputs=record_inputs,
@@ -84,10 +98,19 @@ def captured_forward(
         ),
     ):
         try:
-            output = model(input_ids=input_ids, attention_mask=attention_mask)
+            output = model(input_ids=input_ids, attention_mask=attention_mask, **extra)
         except StopCapture:
             return None
         return output if need_output else None
+
+
+def encoder_of(loaded: LoadedModel) -> torch.nn.Module:
+    """An encoder–decoder's encoder (what its encoder stack runs through)."""
+    get_encoder = getattr(loaded.model, "get_encoder", None)
+    encoder = get_encoder() if callable(get_encoder) else None
+    if not isinstance(encoder, torch.nn.Module):
+        raise ValueError(f"{type(loaded.model).__name__} has no get_encoder()")
+    return encoder
 
 
 def answer_logits(

@@ -11,9 +11,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from agent_tools.capture import AttentionConsumer, capture_attention
+from agent_tools.capture import AttentionConsumer, capture_attention, layer_checkpoints
+from agent_tools.errors import UnsupportedModelError
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import locked, on_device
+from agent_tools.runner.forward import _mask_on_device, encoder_of, locked, on_device
 
 StopReason = Literal["eos", "max_new_tokens"]
 
@@ -125,6 +126,77 @@ def greedy_generate(
         prompt_length=int(input_ids.shape[-1]),
         token_ids=token_ids,
         stopped=stopped,
+        first_logits=first_logits,
+        prompt_seconds=prompt_seconds,
+        step_seconds=step_seconds,
+    )
+
+
+def decoder_start_id(loaded: LoadedModel) -> int:
+    """The token an encoder–decoder's decoder starts from (generation config, then config, then pad)."""
+    config = getattr(loaded.model, "config", None)
+    for source in (getattr(loaded.model, "generation_config", None), config):
+        value = getattr(source, "decoder_start_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            return value
+    pad = getattr(config, "pad_token_id", None)
+    if isinstance(pad, int):
+        return pad
+    raise UnsupportedModelError(f"{loaded.name!r} names no decoder_start_token_id: its decoder cannot start")
+
+
+def seq2seq_generate(
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    *,
+    max_new_tokens: int,
+    checkpoint: Callable[[], None] | None = None,
+) -> Generation:
+    """An encoder–decoder's greedy (argmax) answer: the encoder once, then one decoder step per token on the cache.
+
+    No capture (the model's own attention): the maps of the answer come from one teacher-forced pass over it
+    (``captured_forward`` with ``decoder_input_ids``), which computes the same rows. Stops after
+    ``max_new_tokens`` or an EOS token (kept). ``prompt_length`` is the encoder input's length.
+    """
+    input_ids, attention_mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
+    model = loaded.model
+    stops = stop_token_ids(loaded)
+    cache_name = _cache_argument(model)
+    token_ids: list[int] = []
+    step_seconds: list[float] = []
+    with locked(loaded, checkpoint), torch.inference_mode(), layer_checkpoints(model, checkpoint):
+        start = time.perf_counter()
+        encoder_outputs = encoder_of(loaded)(input_ids=input_ids, attention_mask=attention_mask)
+        step_input = torch.tensor([[decoder_start_id(loaded)]], dtype=input_ids.dtype, device=input_ids.device)
+        output = model(
+            encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=step_input, use_cache=True
+        )
+        prompt_seconds = time.perf_counter() - start
+        first_logits = output.logits[0, -1].float().clone()  # (V,)
+        token = int(first_logits.argmax())
+        token_ids.append(token)
+        cache = _returned_cache(output)
+        while token not in stops and len(token_ids) < max_new_tokens:
+            if checkpoint is not None:
+                checkpoint()
+            start = time.perf_counter()
+            step_input = torch.tensor([[token]], dtype=input_ids.dtype, device=input_ids.device)  # (1, 1)
+            output = model(
+                encoder_outputs=encoder_outputs,
+                attention_mask=attention_mask,
+                decoder_input_ids=step_input,
+                use_cache=True,
+                **{cache_name: cache},
+            )
+            cache = _returned_cache(output)
+            token = int(output.logits[0, -1].argmax())
+            step_seconds.append(time.perf_counter() - start)
+            token_ids.append(token)
+    return Generation(
+        prompt_length=int(input_ids.shape[-1]),
+        token_ids=token_ids,
+        stopped="eos" if token in stops else "max_new_tokens",
         first_logits=first_logits,
         prompt_seconds=prompt_seconds,
         step_seconds=step_seconds,

@@ -2,11 +2,10 @@
 
 Activation patching (``patch_heads``) and single-head ablation evidence (``profile_heads``) both ask "what does
 the output become when head h's output is replaced?" for hundreds of heads. One forward per head would cost
-``L·H`` full passes; here a variant is a *row* of a batch (see :func:`agent_tools.intervene.heads_patched_per_row`):
-rows are sorted by the layer they patch and sent in batches of consecutive layers, and a batch's forward runs the
-layers before its first patched layer once, for all its rows. On a CPU, batches of ~64 rows beat one batch per
-layer (larger matrix products) and one batch for everything (less work before the patches): 3.3 s against 5.5 s
-and 3.9 s for all 300 heads and layers of the default model on a 14-token pair. Positions before the first one
+``L·H`` full passes; here a variant is a *row* of a batch (see :func:`agent_tools.intervene.heads_patched_joining`):
+rows are sorted by the layer they patch, and a row joins the batch at that layer (as a copy of the unpatched row
+0), so a row patching layer ``l`` runs the layers ``l..L-1`` only and every layer's matrix products take all the
+rows alive there at once. Positions before the first one
 where the two prompts differ run once, as a KV cache every batch reuses (patches there change nothing). Every
 pass uses the model's own attention implementation, holds the model's lock and runs under ``inference_mode``;
 the caller (the inspector) adds the call's checkpoint.
@@ -14,15 +13,16 @@ the caller (the inspector) adds the call's checkpoint.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from agent_tools.intervene import heads_patched_per_row, recorded_head_inputs
+from agent_tools.intervene import contiguous_input, heads_patched_joining, recorded_head_inputs
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import model_output, on_device
+from agent_tools.runner.forward import encoder_of, model_output, on_device
 from agent_tools.runner.generation import _cache_argument, _returned_cache
 
 BATCH_ROWS = 64  # patched rows per forward at most (see the module docstring for why)
@@ -50,6 +50,14 @@ def _keep(loaded: LoadedModel, keep_last: bool) -> dict[str, int]:
     return {"logits_to_keep": 1} if keep_last and loaded.facts.is_language_model else {}
 
 
+def _forward(loaded: LoadedModel, ids: Tensor, extra: dict[str, object]) -> object:
+    """The model on ``ids``; an encoder–decoder's encoder alone (its heads are the encoder stack's, measured on the
+    encoder's output, as for an encoder-only model)."""
+    if loaded.facts.is_encoder_decoder:
+        return encoder_of(loaded)(input_ids=ids)
+    return loaded.model(input_ids=ids, **extra)
+
+
 def recorded_run(loaded: LoadedModel, input_ids: Tensor, *, keep_last: bool = True) -> RecordedRun:
     """A forward of (1, T) ids recording every layer's head outputs; the output at the last position (or all)."""
     facts = loaded.facts
@@ -57,16 +65,23 @@ def recorded_run(loaded: LoadedModel, input_ids: Tensor, *, keep_last: bool = Tr
     layers = list(range(facts.num_layers))
     with loaded.lock, torch.inference_mode():
         with recorded_head_inputs(loaded.model, layers, num_heads=facts.num_heads, head_dim=facts.head_dim) as heads:
-            output, _ = model_output(loaded.model(input_ids=ids, use_cache=False, **_keep(loaded, keep_last)))
+            output, _ = model_output(_forward(loaded, ids, {"use_cache": False, **_keep(loaded, keep_last)}))
         return RecordedRun(output=output[0].float().clone(), heads=dict(heads))
 
 
 def patch_masks(patches: Sequence[HeadPatch], length: int, num_heads: int, *, start: int = 0) -> dict[int, Tensor]:
-    """Rows of patches -> layer -> (R, T − start, H) bool masks (True: replace that head at that position in that
-    row), for the positions ``start..T-1`` (earlier positions are dropped)."""
+    """Rows of patches, sorted by layer, as the masks of one joining batch (:func:`heads_patched_joining`).
+
+    Row 0 is the unpatched run; patch ``i`` is row ``i + 1``. Returns layer -> (R_l, T − start, H) bool masks
+    (True: replace that head at that position in that row) for the positions ``start..T-1``, where R_l counts row 0
+    and every patch of a layer up to ``l``.
+    """
+    if any(a.layer > b.layer for a, b in itertools.pairwise(patches)):
+        raise ValueError("patches must be sorted by layer")
     masks: dict[int, Tensor] = {}
-    for row, patch in enumerate(patches):
-        mask = masks.setdefault(patch.layer, torch.zeros(len(patches), length - start, num_heads, dtype=torch.bool))
+    for row, patch in enumerate(patches, start=1):
+        alive = 1 + sum(1 for other in patches if other.layer <= patch.layer)
+        mask = masks.setdefault(patch.layer, torch.zeros(alive, length - start, num_heads, dtype=torch.bool))
         positions = list(patch.positions) if patch.positions is not None else list(range(length))
         kept = [p - start for p in positions if p >= start]
         if kept:
@@ -85,16 +100,23 @@ def _prefix_cache(loaded: LoadedModel, ids: Tensor, prefix: int) -> list[tuple[T
     return [(layer.keys, layer.values) for layer in layers]
 
 
-def _group_cache(cached: list[tuple[Tensor, Tensor]], first_patched: int, rows: int) -> object:
-    """A fresh cache of the prefix: one row up to the first patched layer (its attention still runs on one row),
-    ``rows`` rows after it (the batch is expanded at that layer's output projection)."""
+def _group_cache(cached: list[tuple[Tensor, Tensor]], patches: Sequence[HeadPatch]) -> object:
+    """A fresh cache of the prefix for one joining batch: at each layer as many rows as run there (row 0 and the
+    patches of that layer and earlier ones)."""
     from transformers import DynamicCache
 
     data = []
     for layer, (k, v) in enumerate(cached):
-        count = 1 if layer <= first_patched else rows
+        count = 1 + sum(1 for patch in patches if patch.layer <= layer)
         data.append((k.expand(count, -1, -1, -1).contiguous(), v.expand(count, -1, -1, -1).contiguous()))
     return DynamicCache(ddp_cache_data=data)
+
+
+def _output_head(loaded: LoadedModel) -> torch.nn.Module | None:
+    """The unembedding module (None for a model without one)."""
+    lookup = getattr(loaded.model, "get_output_embeddings", None)
+    head = lookup() if callable(lookup) else None
+    return head if isinstance(head, torch.nn.Module) else None
 
 
 def rows_per_batch(loaded: LoadedModel, length: int, budget: int) -> int:
@@ -130,19 +152,21 @@ def patched_outputs(
         cached = _prefix_cache(loaded, ids, min(prefix, length - 1)) if keep_last else None
         skip = int(cached[0][0].shape[-2]) if cached else 0
         while start < len(order):
-            layer = patches[order[start]].layer  # the batch's first patched layer: rows expand there
             group = order[start : start + max_rows]
             start += len(group)
-            masks = patch_masks([patches[i] for i in group], length, facts.num_heads, start=skip)
+            batch = [patches[i] for i in group]
+            masks = patch_masks(batch, length, facts.num_heads, start=skip)
             used = {key: sources[key][skip:] for key in masks} if sources is not None else None
             extra: dict[str, object] = {"use_cache": cached is not None, **_keep(loaded, keep_last)}
             if cached is not None:
-                extra[_cache_argument(loaded.model)] = _group_cache(cached, layer, len(group))
-            with heads_patched_per_row(
-                loaded.model, masks, num_heads=facts.num_heads, head_dim=facts.head_dim, sources=used
+                extra[_cache_argument(loaded.model)] = _group_cache(cached, batch)
+            with (
+                heads_patched_joining(
+                    loaded.model, masks, num_heads=facts.num_heads, head_dim=facts.head_dim, sources=used
+                ),
+                contiguous_input(_output_head(loaded)),
             ):
-                output, _ = model_output(loaded.model(input_ids=ids[:, skip:], **extra))
-            expanded = output.expand(len(group), *output.shape[1:]) if output.shape[0] == 1 else output
-            for row, index in enumerate(group):
-                results[index] = expanded[row].float().clone()
+                output, _ = model_output(_forward(loaded, ids[:, skip:], extra))  # row 0: unpatched
+            for row, index in enumerate(group, start=1):
+                results[index] = output[row].float().clone()
     return torch.stack([results[i] for i in range(len(patches))])  # (R, K, V)

@@ -29,6 +29,7 @@ from agent_tools.placement import make_placement
 from agent_tools.schemas import Report
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, DEFAULT_MODEL
 from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
+from agent_tools.surfaces.portable import portable_schema, restore_omitted
 from agent_tools.tools.registry import ToolSpec, format_validation_error
 
 
@@ -40,14 +41,20 @@ class AttentionToolException(ToolException):
         self.error = error
 
 
-def make_tool(spec: ToolSpec, inspector: Inspector) -> StructuredTool:
-    """One declared tool as a LangChain ``StructuredTool`` bound to ``inspector``."""
+def make_tool(spec: ToolSpec, inspector: Inspector, *, strict: bool = False) -> StructuredTool:
+    """One declared tool as a LangChain ``StructuredTool`` bound to ``inspector``.
+
+    ``strict=True``: the tool's schema is the OpenAI strict form (a JSON schema: every property required, the
+    optional ones nullable), so ``bind_tools(tools, strict=True)`` sends it as it is, and a ``null`` for an
+    optional argument is read as "not given" before the tool's own validation.
+    """
+    input_model = agent_input_model(spec, inspector.policy)
 
     def run_tool(*args: Any, **kwargs: Any) -> tuple[str, Report]:
         try:
             if args:  # a bare string instead of an arguments object
                 raise InvalidInputError(f"{spec.name} takes an object of named arguments, got {args[0]!r}")
-            report = spec(inspector, kwargs)
+            report = spec(inspector, restore_omitted(kwargs, input_model) if strict else kwargs)
         except AttentionToolError as exc:
             raise AttentionToolException(spec.name, exc) from exc
         except ValidationError as exc:  # arguments were validated already: this is a bug (e.g. a bad report)
@@ -56,14 +63,14 @@ def make_tool(spec: ToolSpec, inspector: Inspector) -> StructuredTool:
         return concise_text(report), report
 
     def validation_message(error: ValidationError) -> str:
-        message = format_validation_error(spec.name, error)
+        message = format_validation_error(spec.name, error, model=spec.input_model)
         return error_text(spec.name, InvalidInputError(message))
 
     return StructuredTool.from_function(
         func=run_tool,
         name=spec.name,
         description=spec.description,
-        args_schema=agent_input_model(spec, inspector.policy),
+        args_schema=portable_schema(input_model, "openai-strict") if strict else input_model,
         response_format="content_and_artifact",
         handle_tool_error=True,
         handle_validation_error=validation_message,
@@ -86,6 +93,8 @@ class AttentionToolkit(BaseToolkit):
             models load (see :func:`agent_tools.placement.make_placement`; e.g. ``dtype="bfloat16"``,
             ``device_map="auto"``). The operator's choice: no tool argument changes it.
         inspector: an existing inspector to share (its policy then wins over the options above).
+        strict: give the tools OpenAI's strict schemas (for ``bind_tools(tools, strict=True)``): every argument
+            required, the optional ones nullable, and a ``null`` read as the argument's default.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -103,6 +112,10 @@ class AttentionToolkit(BaseToolkit):
     offload_folder: str | None = None
     quantization: str | None = None
     inspector: Inspector | None = None
+    strict: bool = Field(
+        default=False,
+        description="OpenAI strict function calling: schemas in strict form, null for an optional argument = omitted",
+    )
 
     _inspector: Inspector = PrivateAttr()
 
@@ -148,4 +161,4 @@ class AttentionToolkit(BaseToolkit):
         return self._inspector.model(None)
 
     def get_tools(self) -> list[BaseTool]:
-        return [make_tool(spec, self._inspector) for spec in select_tools(self.tools)]
+        return [make_tool(spec, self._inspector, strict=self.strict) for spec in select_tools(self.tools)]

@@ -1,24 +1,31 @@
 """MCP surface: every declared tool as an MCP tool with an input schema, an output schema and structured content.
 
-Built on the official SDK's low-level ``Server`` because the tools are generated from their declarations
-(pydantic input and output models), not written as decorated functions. The session's policy is fixed when
-the server is built (by the ``attention-explainer mcp`` options): which models may be loaded (an allow-list,
-exposed to clients as an enum), the artifact folder and the token limit. Nothing an agent sends can widen
-them. The default model is loaded once, in the server's lifespan, before the first request is answered.
+Built on the official SDK's (2.x) low-level ``Server`` because the tools are generated from their declarations
+(pydantic input and output models), not written as decorated functions. The SDK serves both protocol eras on
+one connection: the ``initialize`` handshake (2024-11-05 .. 2025-11-25) and the 2026-07-28 per-request envelope
+(``server/discover``); the client's first request decides. The session's policy is fixed when the server is
+built (by the ``attention-explainer mcp`` options): which models may be loaded (an allow-list, exposed to
+clients as an enum), the artifact folder and the token limit. Nothing an agent sends can widen them. The
+default model is loaded once, in the server's lifespan, before the first request is answered (over HTTP: when
+the server starts, once for every session).
 
-Results: ``structuredContent`` is the tool's report (``output_model.model_dump(mode="json")``, validated
-against the advertised ``outputSchema``); the text content is the concise summary an LLM reads, followed by
-the same JSON for clients that only read text. Expected failures come back as tool errors (``isError``) whose
-text names what is valid; a bug is logged with its traceback and reported as an internal error.
+Results: ``structuredContent`` is the tool's report (``output_model.model_dump(mode="json")``, valid against the
+advertised ``outputSchema``); the text content is the concise text an LLM reads (``--text-content json|both``
+adds the report's JSON for clients that only read text). Expected failures come back as tool errors
+(``isError``) whose text names what is valid; a bug is logged with its traceback and reported as an internal
+error. Schemas are sized for an agent's context: input schemas have no ``$ref``; output schemas keep the
+types and structure of the report and drop what only a reader needs (titles, descriptions, defaults).
 
-The explanation templates are offered as MCP prompts, and the system prompt as the server's instructions.
+The explanation templates are offered as MCP prompts, the full system prompt as the ``attention_explainer``
+prompt, and a short version of it (``prompts/mcp_instructions.md``) as the server's instructions.
 
 Reliability: a call runs in a worker thread under a :class:`~agent_tools.inspector.CallContext`. A client's
 ``notifications/cancelled`` (or the operator's ``call_timeout``) stops the pass at its next checkpoint — between
-layers, query chunks and generation steps — which releases the model's lock; the server keeps serving. On stdio,
-every line gets the JSON-RPC answer it deserves: -32700 for what is not JSON (or not UTF-8), -32600 for what is
-not a request (a batch, no ``"jsonrpc": "2.0"``, an object as id, ``params`` a string, deep nesting), -32601 for
-an unknown method. Over HTTP the number of sessions and their idle time are capped.
+layers, query chunks and generation steps — which releases the model's lock; the server keeps serving. A call
+whose request carries a ``progressToken`` gets progress notifications while it runs. On stdio, every line gets
+the JSON-RPC answer it deserves: -32700 for what is not JSON (or not UTF-8), -32600 for what is not a request
+(a batch, no ``"jsonrpc": "2.0"``, an object as id, ``params`` a string, deep nesting), -32601 for an unknown
+method. Over HTTP the number of sessions and their idle time are capped.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import cache, partial
 from typing import Any, Literal, get_args
@@ -40,15 +47,26 @@ import anyio.lowlevel
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import types
+from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from agent_tools import __version__
 from agent_tools.errors import AttentionToolError, CallCancelledError, DeadlineExceededError, InvalidInputError
 from agent_tools.inspector import CallContext, Inspector, call_scope, check_list_lengths, check_unicode
-from agent_tools.prompts import TOPICS, Topic, explanation_template, system_prompt, topic_file
+from agent_tools.prompts import (
+    TOPICS,
+    Topic,
+    explanation_template,
+    read_prompt_file,
+    render_tool_mentions,
+    system_prompt,
+    topic_file,
+)
 from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
+from agent_tools.surfaces.portable import portable_schema
 from agent_tools.tools.registry import ToolSpec
 
 logger = logging.getLogger(__name__)
@@ -56,9 +74,11 @@ logger = logging.getLogger(__name__)
 SERVER_NAME = "attention-explainer"
 TextContentMode = Literal["summary", "json", "both"]
 TEXT_CONTENT_MODES: tuple[str, ...] = get_args(TextContentMode)
+DEFAULT_TEXT_CONTENT: TextContentMode = "summary"
 Transport = Literal["stdio", "streamable-http"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 SYSTEM_PROMPT_NAME = "attention_explainer"
+INSTRUCTIONS_FILE = "mcp_instructions.md"
 # Arguments that stood for a string that is valid JSON but not valid Unicode (a lone surrogate escape such as
 # "\\ud800"): the SDK cannot parse such a line and would leave the request unanswered, so the stdio reader
 # swaps the arguments for this marker and the tool answers with an error naming the argument.
@@ -73,11 +93,156 @@ DEFAULT_MAX_SESSIONS = 64  # HTTP sessions open at once; the SDK's 10,000 idle s
 DEFAULT_SESSION_IDLE_SECONDS = 600.0  # an HTTP session with no request for this long is closed (SDK: 30 min)
 MAX_LINE_BYTES = 16 << 20  # one stdio message; a longer line is refused and skipped
 MAX_JSON_DEPTH = 64  # nesting of one message; MCP messages need about 8
+# Bytes of one tool's advertised output schema: 14 tools (25 KB) fit ``tools/list`` in 40 KB with their inputs.
+OUTPUT_SCHEMA_BUDGET = 1800
+# The SDK's loggers that say something per request or per session at INFO; the server keeps their warnings.
+CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
 
 
-def output_schema(spec: ToolSpec) -> dict[str, Any]:
-    """The JSON schema of what the tool returns as structured content (its report, serialised)."""
-    return spec.output_model.model_json_schema(mode="serialization")
+# --- schemas ---------------------------------------------------------------------------------------------------
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "dependentSchemas"})
+_SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
+_SCHEMA_VALUES = frozenset({"items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else"})
+_READER_ONLY = frozenset({"title", "description", "default", "examples"})
+
+
+def _ref_counts(node: Any, counts: dict[str, int]) -> dict[str, int]:
+    if isinstance(node, dict):
+        if isinstance(node.get("$ref"), str):
+            name = node["$ref"].rsplit("/", 1)[-1]
+            counts[name] = counts.get(name, 0) + 1
+        for value in node.values():
+            _ref_counts(value, counts)
+    elif isinstance(node, list):
+        for value in node:
+            _ref_counts(value, counts)
+    return counts
+
+
+def compact_schema(
+    schema: dict[str, Any], *, drop: frozenset[str] = frozenset({"title"}), shared_defs: bool = False
+) -> dict[str, Any]:
+    """``schema`` with its local ``$ref`` s inlined and the keywords in ``drop`` removed (annotations such as
+    titles and descriptions: the same instances stay valid).
+
+    Keywords are recognised by position (``properties`` holds names, not keywords), so a report field called
+    ``description`` stays. ``shared_defs`` keeps a definition used more than once under
+    ``$defs`` (one copy, referenced) instead of repeating it. A recursive definition is always kept as a
+    reference. Nullable fields stay ``anyOf`` branches of one ``type`` each (a ``type`` list is less portable:
+    the MCP Inspector flags it, Gemini's dialect rejects it).
+    """
+    definitions: dict[str, Any] = schema.get("$defs", {})
+    counts = _ref_counts(schema, {})
+    shared = {name for name, count in counts.items() if count > 1} if shared_defs else set()
+
+    def walk(node: Any, expanding: frozenset[str]) -> Any:
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            name = ref.rsplit("/", 1)[-1]
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            if name in shared or name in expanding:
+                shared.add(name)
+                return {"$ref": ref, **keywords(rest, expanding)}
+            return walk({**definitions[name], **rest}, expanding | {name})
+        return keywords(node, expanding)
+
+    def keywords(node: dict[str, Any], expanding: frozenset[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in drop or key == "$defs":
+                continue
+            if key in _SCHEMA_MAPS and isinstance(value, dict):
+                out[key] = {name: walk(sub, expanding) for name, sub in value.items()}
+            elif key in _SCHEMA_LISTS and isinstance(value, list):
+                out[key] = [walk(sub, expanding) for sub in value]
+            elif key in _SCHEMA_VALUES and isinstance(value, dict):
+                out[key] = walk(value, expanding)
+            else:
+                out[key] = value
+        return out
+
+    result: dict[str, Any] = walk(schema, frozenset())
+    kept: dict[str, Any] = {}
+    while pending := sorted(shared - set(kept)):  # a kept definition may reference further shared ones
+        for name in pending:
+            kept[name] = walk(definitions[name], frozenset({name}))
+    if kept:
+        result["$defs"] = kept
+    return result
+
+
+def input_schema(spec: ToolSpec, inspector: Inspector) -> dict[str, Any]:
+    """The JSON schema of the tool's arguments as this session's agent sees them (``model`` narrowed to the
+    allow-list), in the ``mcp`` flavour: every ``$ref`` inlined (some clients cannot resolve references)."""
+    return portable_schema(agent_input_model(spec, inspector.policy), "mcp")
+
+
+def output_schema(spec: ToolSpec, *, budget: int = OUTPUT_SCHEMA_BUDGET) -> dict[str, Any]:
+    """The JSON schema of the tool's structured content (its report, serialised), sized for ``tools/list``.
+
+    The full schema is 2 to 20 KB a tool (types, bounds, descriptions of every nested row), which an agent pays
+    for on every turn; the SDK's client validates ``structuredContent`` against what is advertised, so the
+    advertised schema must stay true. It is a looser schema, never a wrong one: every top-level field of the
+    report with its type, bounds, enum and ``required``; the fields of its rows (a list of per-head records,
+    a nested object) with their types; deeper values typed as an object or a list. Titles, descriptions and
+    defaults go (the descriptions repeat the input's, or explain numbers the summary explains). When that is
+    over ``budget`` bytes, the largest fields lose their row structure first, until it fits.
+    """
+    full = compact_schema(spec.output_model.model_json_schema(mode="serialization"), drop=_READER_ONLY)
+    fields: dict[str, Any] = full.get("properties", {})
+    shaped = {name: _with_row_types(sub) for name, sub in fields.items()}
+    schema = {**full, "properties": shaped}
+    coarse = {name: _value_type(sub) for name, sub in fields.items()}
+    while _json_size(schema) > budget:
+        candidates = [name for name in shaped if shaped[name] != coarse[name]]
+        if not candidates:
+            break
+        largest = max(candidates, key=lambda name: _json_size(shaped[name]))
+        shaped[largest] = coarse[largest]
+    return schema
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _type_only(node: dict[str, Any]) -> dict[str, Any]:
+    """What a value is, and nothing about what it holds: ``{"type": ...}``, an enum, or a union of those."""
+    if "anyOf" in node:
+        branches: list[dict[str, Any]] = []
+        for branch in map(_type_only, node["anyOf"]):
+            if branch not in branches:
+                branches.append(branch)
+        return {"anyOf": branches} if len(branches) > 1 else branches[0]
+    if "enum" in node or "const" in node:
+        return {k: v for k, v in node.items() if k in ("type", "enum", "const")}
+    return {"type": node["type"]} if "type" in node else {}
+
+
+def _value_type(node: dict[str, Any]) -> dict[str, Any]:
+    """A value's type, and for a list its items' type: a row's field, or a field past the budget."""
+    if "anyOf" in node:
+        return {"anyOf": [_value_type(branch) for branch in node["anyOf"]]}
+    typed = _type_only(node)
+    if node.get("type") == "array" and isinstance(node.get("items"), dict):
+        typed["items"] = _type_only(node["items"])
+    return typed
+
+
+def _with_row_types(node: dict[str, Any]) -> dict[str, Any]:
+    """A top-level field: scalars as declared; a list's rows and a nested object with their fields' types."""
+    if "anyOf" in node:
+        return {**node, "anyOf": [_with_row_types(branch) for branch in node["anyOf"]]}
+    if isinstance(node.get("items"), dict):
+        return {**node, "items": _with_row_types(node["items"])}
+    if isinstance(node.get("properties"), dict):
+        kept = {k: v for k, v in node.items() if k not in ("properties", "required", "additionalProperties")}
+        return {**kept, "properties": {name: _value_type(sub) for name, sub in node["properties"].items()}}
+    if isinstance(node.get("additionalProperties"), dict):
+        return {**node, "additionalProperties": _value_type(node["additionalProperties"])}
+    return node
 
 
 def mcp_tool(spec: ToolSpec, inspector: Inspector) -> types.Tool:
@@ -86,10 +251,21 @@ def mcp_tool(spec: ToolSpec, inspector: Inspector) -> types.Tool:
         name=spec.name,
         title=spec.name.replace("_", " ").capitalize(),
         description=spec.description,
-        inputSchema=agent_input_model(spec, inspector.policy).model_json_schema(),
-        outputSchema=output_schema(spec),
-        annotations=types.ToolAnnotations(destructiveHint=False, idempotentHint=True, openWorldHint=False),
+        input_schema=input_schema(spec, inspector),
+        output_schema=output_schema(spec),
+        annotations=types.ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=False),
     )
+
+
+def server_instructions(tools: list[str], default_model: str) -> str:
+    """The server's instructions: how to use the tools served, in a few lines (``prompts/mcp_instructions.md``).
+
+    The full system prompt (the tool catalogue and the reasoning rules) stays one ``prompts/get`` away, as the
+    ``attention_explainer`` prompt; the tool descriptions are in ``tools/list`` already.
+    """
+    template = render_tool_mentions(read_prompt_file(INSTRUCTIONS_FILE).template, tools)
+    listed = ", ".join(f"`{name}`" for name in tools)
+    return template.replace("{tools}", listed).replace("{default_model}", default_model)
 
 
 def _text_blocks(report_text: str, structured: dict[str, Any], mode: TextContentMode) -> list[types.TextContent]:
@@ -102,7 +278,7 @@ def _text_blocks(report_text: str, structured: dict[str, Any], mode: TextContent
 
 
 def _error_result(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], isError=True)
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
 def _prompt_definitions(tool_names: list[str]) -> dict[str, types.Prompt]:
@@ -110,7 +286,7 @@ def _prompt_definitions(tool_names: list[str]) -> dict[str, types.Prompt]:
         SYSTEM_PROMPT_NAME: types.Prompt(
             name=SYSTEM_PROMPT_NAME,
             title="Attention explainer (system prompt)",
-            description="How to use these tools and how to reason about attention (the server's instructions).",
+            description="How to use these tools and how to reason about attention: the tool catalogue and rules.",
             arguments=[],
         )
     }
@@ -130,18 +306,18 @@ def build_server(
     inspector: Inspector,
     *,
     tools: Iterable[str] | None = None,
-    text_content: TextContentMode = "both",
+    text_content: TextContentMode = DEFAULT_TEXT_CONTENT,
     preload: bool = True,
     call_timeout: float | None = None,
-) -> Server:
+) -> Server[dict[str, Any]]:
     """An MCP server serving the declared tools (or the named subset) through ``inspector``.
 
     Args:
         inspector: the session: its policy is the allow-list of models, its folder the only place files go.
         tools: names of the tools to serve; all declared tools when omitted.
-        text_content: what the text content holds besides the structured content: the concise summary,
-            the JSON of the report, or both (the default; clients that ignore structured content still
-            get every number).
+        text_content: what the text content holds beside the structured content: the concise text (the
+            default, at most about 2 KB), the JSON of the report, or both (for clients that ignore structured
+            content and want every number as text).
         preload: load the session's default model in the lifespan, before the first request is answered.
         call_timeout: seconds a tool call may run; past it the call is stopped and answered with a
             ``deadline_exceeded`` tool error (None: no limit; the ``mcp`` command defaults to 120 s).
@@ -151,20 +327,29 @@ def build_server(
     if call_timeout is not None and not call_timeout > 0:
         raise InvalidInputError(f"call_timeout must be a positive number of seconds, got {call_timeout!r}")
     specs = {spec.name: spec for spec in select_tools(tools)}
-    instructions = system_prompt(tools=list(specs), default_model=inspector.policy.default)
-    server: Server = Server(
-        SERVER_NAME, version=__version__, instructions=instructions, lifespan=_lifespan(inspector, preload=preload)
+    names = list(specs)
+    default_model = inspector.policy.default
+    tool_handlers = _tool_handlers(inspector, specs, text_content, call_timeout)
+    prompt_handlers = _prompt_handlers(names, system_prompt(tools=names, default_model=default_model))
+    return Server(
+        SERVER_NAME,
+        version=__version__,
+        instructions=server_instructions(names, default_model),
+        lifespan=_lifespan(inspector, preload=preload),
+        on_list_tools=tool_handlers[0],
+        on_call_tool=tool_handlers[1],
+        on_list_prompts=prompt_handlers[0],
+        on_get_prompt=prompt_handlers[1],
     )
-    _serve_tools(server, inspector, specs, text_content, call_timeout)
-    _serve_prompts(server, list(specs), instructions)
-    return server
 
 
-def _lifespan(inspector: Inspector, *, preload: bool) -> Callable[[Server], AbstractAsyncContextManager[Any]]:
+def _lifespan(
+    inspector: Inspector, *, preload: bool
+) -> Callable[[Server[dict[str, Any]]], AbstractAsyncContextManager[dict[str, Any]]]:
     """The server's lifespan: load the default model (when ``preload``) before the first request is answered."""
 
     @asynccontextmanager
-    async def lifespan(_server: Server) -> AsyncIterator[dict[str, Any]]:
+    async def lifespan(_server: Server[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         if preload:
             try:
                 loaded = await anyio.to_thread.run_sync(inspector.model, None)
@@ -180,22 +365,23 @@ def _lifespan(inspector: Inspector, *, preload: bool) -> Callable[[Server], Abst
     return lifespan
 
 
-def _serve_tools(
-    server: Server,
+RequestContext = ServerRequestContext[dict[str, Any], Any]
+
+
+def _tool_handlers(
     inspector: Inspector,
     specs: dict[str, ToolSpec],
     text_content: TextContentMode,
     call_timeout: float | None = None,
-) -> None:
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``tools/list`` and ``tools/call``: each tool runs in a worker thread; expected failures are tool errors."""
-    declarations = [mcp_tool(spec, inspector) for spec in specs.values()]
+    listing = types.ListToolsResult(tools=[mcp_tool(spec, inspector) for spec in specs.values()])
 
-    @server.list_tools()
-    async def list_tools() -> list[types.Tool]:
-        return declarations
+    async def list_tools(_ctx: RequestContext, _params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return listing
 
-    @server.call_tool(validate_input=False)  # the tool's pydantic model validates, with messages naming what is valid
-    async def call_tool(name: str, arguments: dict[str, Any]) -> Any:
+    async def call_tool(ctx: RequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
+        name, arguments = params.name, params.arguments or {}
         spec = specs.get(name)
         if spec is None:
             return _error_result(f"Error [invalid_input]: unknown tool {name!r}; tools: {', '.join(specs)}")
@@ -203,7 +389,7 @@ def _serve_tools(
         if problem is not None:
             return _error_result(error_text(name, problem))
         context = CallContext(timeout=call_timeout, progress_every=PROGRESS_EVERY_SECONDS)
-        context.progress = _progress_reporter(server, context)
+        context.progress = _progress_reporter(ctx, context)
         try:
             report = await _run_call(spec, inspector, arguments, context)
         except CallCancelledError as exc:
@@ -214,17 +400,19 @@ def _serve_tools(
             logger.exception("tool %s failed on %r", name, arguments)
             return _error_result(f"Internal error in {name}: {type(exc).__name__}: {exc}")
         structured = report.model_dump(mode="json")
-        return _text_blocks(concise_text(report), structured, text_content), structured
+        blocks = _text_blocks(concise_text(report), structured, text_content)
+        return types.CallToolResult(content=list(blocks), structured_content=structured)
+
+    return list_tools, call_tool
 
 
 async def _run_call(spec: ToolSpec, inspector: Inspector, arguments: dict[str, Any], context: CallContext) -> Any:
     """Run one tool call in a worker thread under ``context``; return its report.
 
-    Why ``abandon_on_cancel``: when the client cancels, the SDK answers "Request cancelled" itself and cancels
-    this handler. Waiting for the thread and then answering too tripped the SDK's "Request already responded to"
-    assertion, which ended the stdio server (and an HTTP session). Instead the handler gives up at once and
-    cancels ``context``; the thread stops at its next checkpoint and releases the model's lock. Past the call
-    timeout (plus a short grace for stretches without a checkpoint) the handler answers the same way.
+    Why ``abandon_on_cancel``: when the client cancels, the SDK cancels this handler (and, as the protocol
+    says, sends no answer for the request). The handler gives up at once and cancels ``context``; the thread
+    stops at its next checkpoint and releases the model's lock. Past the call timeout (plus a short grace for
+    stretches without a checkpoint) the handler answers with a ``deadline_exceeded`` tool error the same way.
     """
     work = partial(_call_in_scope, spec, inspector, arguments, context)
     limit = None if context.timeout is None else context.timeout + STOP_GRACE_SECONDS
@@ -250,26 +438,30 @@ def _call_in_scope(spec: ToolSpec, inspector: Inspector, arguments: dict[str, An
             raise
 
 
-def _progress_reporter(server: Server, context: CallContext) -> Callable[[float], None] | None:
+def progress_token(params: Mapping[str, Any] | None) -> str | int | None:
+    """The request's ``_meta.progressToken`` (None when the client asked for no progress)."""
+    meta = (params or {}).get("_meta")
+    token = meta.get("progressToken") if isinstance(meta, Mapping) else None
+    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
+
+
+def _progress_reporter(ctx: RequestContext, context: CallContext) -> Callable[[float], None] | None:
     """Progress notifications for a request that asked for them (``_meta.progressToken``), sent from the worker.
 
     They say the call is alive and how far it is toward the time limit (``total``), so a client that resets its
-    own timeout on progress does not give up on a long call.
+    own timeout on progress does not give up on a long call. The first is sent at the call's first checkpoint
+    (the work is under way), then at most every ``PROGRESS_EVERY_SECONDS``.
     """
-    request = server.request_context
-    token = request.meta.progressToken if request.meta is not None else None
-    if token is None:
+    if progress_token(ctx.params) is None:
         return None
-    session, related = request.session, str(request.request_id)
+    session = ctx.session
 
     def report(elapsed: float) -> None:
         if context.cancelled:
             return
         message = f"running for {elapsed:.0f} s"
         try:
-            anyio.from_thread.run(
-                partial(session.send_progress_notification, token, round(elapsed, 2), context.timeout, message, related)
-            )
+            anyio.from_thread.run(partial(session.report_progress, round(elapsed, 2), context.timeout, message))
         except Exception:  # the client went away, or the loop is closing: progress is best effort
             logger.debug("progress notification not sent", exc_info=True)
 
@@ -289,37 +481,46 @@ def _list_length_problem(arguments: Any) -> InvalidInputError | None:
     return None
 
 
-def _serve_prompts(server: Server, tool_names: list[str], instructions: str) -> None:
-    """``prompts/list`` and ``prompts/get``: the system prompt (the server's instructions) and one explanation
-    template per topic, mentioning only the tools served."""
+def _prompt_handlers(tool_names: list[str], system_text: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``prompts/list`` and ``prompts/get``: the system prompt and one explanation template per topic,
+    mentioning only the tools served."""
     prompts = _prompt_definitions(tool_names)
     topics: dict[str, Topic] = {f"explain_{topic}": topic for topic in TOPICS}
+    listing = types.ListPromptsResult(prompts=list(prompts.values()))
 
-    @server.list_prompts()
-    async def list_prompts() -> list[types.Prompt]:
-        return list(prompts.values())
+    async def list_prompts(_ctx: RequestContext, _params: types.PaginatedRequestParams | None) -> Any:
+        return listing
 
-    @server.get_prompt()
-    async def get_prompt(name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
+    async def get_prompt(_ctx: RequestContext, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        name = params.name
         if name not in prompts:
-            raise ValueError(f"unknown prompt {name!r}; prompts: {', '.join(prompts)}")
+            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {name!r}; prompts: {', '.join(prompts)}")
         if name == SYSTEM_PROMPT_NAME:
-            text = instructions
+            text = system_text
         else:
             template = explanation_template(topics[name], tools=tool_names)
-            values = arguments or {}
+            values = params.arguments or {}
             missing = [v for v in template.input_variables if v not in values]
             if missing:
-                raise ValueError(f"prompt {name!r} needs the arguments {missing}")
+                raise MCPError(types.INVALID_PARAMS, f"prompt {name!r} needs the arguments {missing}")
             text = template.format_messages(**values)[-1].text  # the topic's request, after the system prompt
         return types.GetPromptResult(
             description=prompts[name].description,
             messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))],
         )
 
+    return list_prompts, get_prompt
 
-def initialization_options(server: Server) -> Any:
+
+def initialization_options(server: Server[Any]) -> Any:
     return server.create_initialization_options(NotificationOptions())
+
+
+def quiet_sdk_loggers(level: int = logging.WARNING) -> None:
+    """Keep the SDK's per-request and per-session INFO lines (and the HTTP clients') off stderr; warnings and
+    errors still show."""
+    for name in CHATTY_SDK_LOGGERS:
+        logging.getLogger(name).setLevel(level)
 
 
 def _invalid_unicode_problem(arguments: Any) -> InvalidInputError | None:
@@ -409,18 +610,16 @@ class RpcProblem(Exception):
 
 @cache
 def _request_types() -> dict[str, Any]:
-    """The request model of every method a client may call in this SDK's protocol version (others get -32601)."""
-    union = types.ClientRequest.model_fields["root"].annotation
-    return {
-        method: member for member in get_args(union) for method in get_args(member.model_fields["method"].annotation)
-    }
+    """The request model of every method a client may call in any protocol era this SDK serves (others get
+    -32601): the handshake era's methods and the 2026-07-28 ones (``server/discover``)."""
+    return dict(types.methods.MONOLITH_REQUESTS)
 
 
 def _params_problem(message: dict[str, Any], request_id: str | int) -> RpcProblem | None:
     """-32602 naming the first bad parameter of a request whose method is known (the SDK would say only
     "Invalid request parameters" and log the whole union's errors)."""
     try:
-        _request_types()[message["method"]].model_validate(message)
+        _request_types()[message["method"]].model_validate(message, by_name=False)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ())) or "params"
@@ -483,7 +682,7 @@ def _checked_envelope(value: Any) -> dict[str, Any]:
     return value
 
 
-def parse_line(raw: bytes) -> types.JSONRPCMessage | None:
+def parse_line(raw: bytes) -> Any:
     """The message one stdin line holds, ready for the SDK (None for a blank line).
 
     Raises :class:`RpcProblem` for a line the SDK would log and leave unanswered — the client would wait for
@@ -505,7 +704,7 @@ def parse_line(raw: bytes) -> types.JSONRPCMessage | None:
         raise RpcProblem(types.PARSE_ERROR, f"Parse error: not valid JSON ({exc})") from exc
     message = _checked_envelope(value)
     try:
-        return types.JSONRPCMessage.model_validate(_answerable_message(message))
+        return types.jsonrpc_message_adapter.validate_python(_answerable_message(message), by_name=False)
     except ValueError as exc:  # pydantic's ValidationError: no request, notification or response shape
         msg = "Invalid Request: not a JSON-RPC request, notification or response"
         raise RpcProblem(types.INVALID_REQUEST, msg, message.get("id")) from exc
@@ -564,7 +763,7 @@ async def _stdio_streams(binary: Any, stdout: Any) -> AsyncIterator[tuple[Any, A
     async def write_messages() -> None:
         async with write_reader:
             async for message in write_reader:
-                await write(message.message.model_dump_json(by_alias=True, exclude_none=True))
+                await write(message.message.model_dump_json(by_alias=True, exclude_unset=True))
 
     reader = threading.Thread(
         target=_read_stdin, args=(binary, line_writer, anyio.lowlevel.current_token()), daemon=True
@@ -579,7 +778,7 @@ async def _stdio_streams(binary: Any, stdout: Any) -> AsyncIterator[tuple[Any, A
             group.cancel_scope.cancel()
 
 
-async def serve_stdio(server: Server, *, stdin: Any = None, stdout: Any = None) -> None:
+async def serve_stdio(server: Server[Any], *, stdin: Any = None, stdout: Any = None) -> None:
     """Serve over stdio until the client closes the pipe.
 
     ``stdin`` is a binary file (``sys.stdin.buffer`` by default): lines are decoded here, strictly, so invalid
@@ -612,7 +811,7 @@ def is_loopback(host: str) -> bool:
 
 
 async def serve_http(
-    server: Server,
+    server: Server[Any],
     *,
     host: str = "127.0.0.1",
     port: int = 8765,
@@ -625,6 +824,8 @@ async def serve_http(
     At most ``max_sessions`` sessions are open at once (a client opening one more gets 503 until one ends), and a
     session without a request for ``session_idle`` seconds is closed (its id then answers 404): clients that
     never close their sessions no longer grow the server (2,000 of them held 88 MB for the SDK's 30 minutes).
+    The server's lifespan (loading the default model) runs once, as the server starts, before the address is
+    announced; every session shares it.
     """
     import uvicorn
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -660,7 +861,12 @@ async def serve_http(
         async with manager.run():
             yield
 
-    app = Starlette(routes=[Route(path, endpoint=Endpoint())], lifespan=lifespan)
+    @asynccontextmanager
+    async def announced(_app: Starlette) -> AsyncIterator[None]:
+        async with lifespan(_app):  # the model is loaded here, before uvicorn accepts a connection
+            print(f"attention-explainer MCP server on http://{host}:{port}{path}", file=sys.stderr, flush=True)
+            yield
+
+    app = Starlette(routes=[Route(path, endpoint=Endpoint())], lifespan=announced)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning")
-    print(f"attention-explainer MCP server on http://{host}:{port}{path}", file=sys.stderr, flush=True)
     await uvicorn.Server(config).serve()

@@ -8,8 +8,10 @@
         messages.append(dispatcher.tool_message(call))  # {"role": "tool", "tool_call_id": ..., "content": JSON}
 
 The schemas are the tools' pydantic input models with ``$ref``s inlined and titles dropped (portable across
-providers that accept OpenAI-style declarations). A result is the report as JSON; a failure the agent can fix
-is ``{"error": kind, "message": ..., "field": ...}`` with a message naming what is valid. Bugs raise.
+providers that accept OpenAI-style declarations); ``openai_tools(strict=True)`` / ``ToolDispatcher(strict=True)``
+give and serve them in OpenAI's strict form (see :mod:`agent_tools.surfaces.portable`). A result is the report
+as JSON; a failure the agent can fix is ``{"error": kind, "message": ..., "field": ...}`` with a message naming
+what is valid. Bugs raise.
 """
 
 from __future__ import annotations
@@ -22,46 +24,33 @@ from agent_tools.errors import AttentionToolError, InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy
 from agent_tools.placement import make_placement
-from agent_tools.surfaces import agent_input_model, error_text, select_tools
+from agent_tools.schemas import Report
+from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
+from agent_tools.surfaces.portable import inline_refs, portable_schema, restore_omitted
+
+__all__ = ["ToolDispatcher", "dispatch", "inline_refs", "openai_tools", "parse_arguments"]
 
 
-def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """A JSON schema with local ``#/$defs/...`` references replaced by their definitions and titles removed."""
-    definitions = schema.get("$defs", {})
-
-    def resolve(node: Any) -> Any:
-        if isinstance(node, dict):
-            if "$ref" in node:
-                name = node["$ref"].rsplit("/", 1)[-1]
-                merged = {**definitions[name], **{k: v for k, v in node.items() if k != "$ref"}}
-                return resolve(merged)
-            return {
-                k: resolve(v) for k, v in node.items() if k != "$defs" and not (k == "title" and isinstance(v, str))
-            }
-        if isinstance(node, list):
-            return [resolve(item) for item in node]
-        return node
-
-    return resolve(schema)
-
-
-def openai_tools(*, tools: Iterable[str] | None = None, policy: ModelPolicy | None = None) -> list[dict[str, Any]]:
+def openai_tools(
+    *, tools: Iterable[str] | None = None, policy: ModelPolicy | None = None, strict: bool = False
+) -> list[dict[str, Any]]:
     """Every declared tool (or the named subset) in the OpenAI ``tools`` format.
 
-    ``policy`` narrows the ``model`` argument to its allow-list (default: the bundled models).
+    ``policy`` narrows the ``model`` argument to its allow-list (default: the bundled models). ``strict=True``
+    declares each function ``"strict": true`` with its schema in strict form (every property required, the
+    optional ones nullable); serve its calls with ``ToolDispatcher(strict=True)``, which reads a ``null`` for an
+    optional argument as "not given".
     """
     policy = policy or ModelPolicy.bundled_only()
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": spec.name,
-                "description": spec.description,
-                "parameters": inline_refs(agent_input_model(spec, policy).model_json_schema()),
-            },
-        }
-        for spec in select_tools(tools)
-    ]
+    declared = []
+    for spec in select_tools(tools):
+        model = agent_input_model(spec, policy)
+        function: dict[str, Any] = {"name": spec.name, "description": spec.description}
+        if strict:
+            function["strict"] = True
+        function["parameters"] = portable_schema(model, "openai-strict" if strict else "mcp")
+        declared.append({"type": "function", "function": function})
+    return declared
 
 
 class ToolDispatcher:
@@ -72,47 +61,56 @@ class ToolDispatcher:
         inspector: Inspector | None = None,
         *,
         tools: Iterable[str] | None = None,
+        strict: bool = False,
         **placement: Any,
     ) -> None:
         """``placement`` keywords (``dtype``, ``device``, ``device_map``, ``max_memory``, ``offload_folder``,
         ``quantization``) set where the models load when no ``inspector`` is given; see
-        :func:`agent_tools.placement.make_placement`."""
+        :func:`agent_tools.placement.make_placement`. ``strict=True`` serves OpenAI strict function calling: the
+        tools list is in strict form and a ``null`` for an optional argument means "not given" (its default)."""
         if inspector is not None and placement:
             raise ValueError("give either an inspector or placement options, not both (the inspector has its own)")
         self.inspector = inspector or Inspector(
             policy=ModelPolicy.bundled_only(), placement=make_placement(**placement)
         )
         self.specs = {spec.name: spec for spec in select_tools(tools)}
+        self.strict = strict
 
     def tools(self) -> list[dict[str, Any]]:
         """The ``tools`` list for the provider request, matching what this dispatcher serves."""
-        return openai_tools(tools=self.specs, policy=self.inspector.policy)
+        return openai_tools(tools=self.specs, policy=self.inspector.policy, strict=self.strict)
 
     def dispatch(self, name: str, arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
         """Run one tool call: the report as a JSON-ready dict, or an error object the model can act on."""
-        spec = self.specs.get(name)
-        if spec is None:
-            message = f"Error [invalid_input]: unknown tool {name!r}; call one of: {', '.join(self.specs)}"
-            return {"error": "invalid_input", "message": message, "field": "name"}
-        try:
-            report = spec(self.inspector, parse_arguments(arguments))
-        except AttentionToolError as exc:
-            return {**exc.to_dict(), "message": error_text(name, exc)}
-        return report.model_dump(mode="json")
+        result = self._run(name, arguments)
+        return result if isinstance(result, dict) else result.model_dump(mode="json")
 
     def dispatch_json(self, name: str, arguments: str | Mapping[str, Any] | None) -> str:
         return json.dumps(self.dispatch(name, arguments), ensure_ascii=False)
 
     def tool_message(self, tool_call: Any) -> dict[str, Any]:
         """A provider tool call (an SDK object or a dict with ``id`` and ``function.name/arguments``) -> the
-        ``{"role": "tool", ...}`` message carrying the result."""
+        ``{"role": "tool", ...}`` message carrying the result: the concise text an LLM reads (≤ 2 KB: summary,
+        findings by importance, next calls, key numbers), or the error as JSON. The whole report stays available
+        from :meth:`dispatch`."""
         call = tool_call if isinstance(tool_call, Mapping) else _as_dict(tool_call)
         function = call["function"]
-        return {
-            "role": "tool",
-            "tool_call_id": call["id"],
-            "content": self.dispatch_json(function["name"], function.get("arguments")),
-        }
+        result = self._run(function["name"], function.get("arguments"))
+        content = json.dumps(result, ensure_ascii=False) if isinstance(result, dict) else concise_text(result)
+        return {"role": "tool", "tool_call_id": call["id"], "content": content}
+
+    def _run(self, name: str, arguments: str | Mapping[str, Any] | None) -> Report | dict[str, Any]:
+        spec = self.specs.get(name)
+        if spec is None:
+            message = f"Error [invalid_input]: unknown tool {name!r}; call one of: {', '.join(self.specs)}"
+            return {"error": "invalid_input", "message": message, "field": "name"}
+        try:
+            parsed = parse_arguments(arguments)
+            if self.strict:
+                parsed = restore_omitted(parsed, agent_input_model(spec, self.inspector.policy))
+            return spec(self.inspector, parsed)
+        except AttentionToolError as exc:
+            return {**exc.to_dict(), "message": error_text(name, exc)}
 
 
 def parse_arguments(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:

@@ -3,18 +3,128 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector, PassPlan, check_list_lengths
-from agent_tools.schemas import Report
+from agent_tools.schemas import MAX_NEXT_CALLS, NextCall, Omitted, Report
 
 In = TypeVar("In", bound=BaseModel)
 Out = TypeVar("Out", bound=Report)
+
+Order = Literal["largest", "smallest", "largest_abs", "first", "spaced"]
+_ORDER_WORDS = {
+    "largest": "by {by}, largest first",
+    "smallest": "by {by}, smallest first",
+    "largest_abs": "by |{by}|, largest first",
+    "first": "the first rows, in the list's own order",
+    "spaced": "evenly spaced rows, first and last kept, in order",
+}
+
+
+@dataclass(frozen=True)
+class Top:
+    """A list that ``detail: "summary"`` cuts to its ``limit`` most important rows, most important first.
+
+    ``field`` is a path in the report: ``"heads"``, ``"trace_a.segments"``, ``"stages[].top_keys"`` (``[]``: in
+    every row of that list). ``by`` names a number of the row (or is a function of the row) that ranks it by
+    ``order``; ``"first"`` keeps the list's own order and ``"spaced"`` thins a series evenly (a curve's points).
+    ``label`` says what ``by`` is when it is a function.
+    """
+
+    field: str
+    limit: int
+    by: str | Callable[[Any], float] | None = None
+    order: Order = "largest"
+    label: str = ""
+
+    def words(self) -> str:
+        by = self.label or (self.by if isinstance(self.by, str) else "importance")
+        return _ORDER_WORDS[self.order].format(by=by)
+
+    def key(self, row: Any) -> float | None:
+        value = self.by(row) if callable(self.by) else getattr(row, self.by) if self.by else None
+        return None if value is None else float(value)
+
+    def select(self, rows: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """(kept, left out): the ``limit`` most important rows, most important first, and the rest."""
+        if self.order == "first":
+            return list(rows[: self.limit]), list(rows[self.limit :])
+        if self.order == "spaced":
+            step = (len(rows) - 1) / max(1, self.limit - 1)
+            picked = sorted({round(i * step) for i in range(self.limit)})
+            chosen = set(picked)
+            return [rows[i] for i in picked], [r for i, r in enumerate(rows) if i not in chosen]
+
+        def rank(row: Any) -> tuple[bool, float]:
+            value = self.key(row)
+            if value is None:
+                return True, 0.0  # rows without the number go last
+            signed = {"largest": -value, "smallest": value, "largest_abs": -abs(value)}[self.order]
+            return False, signed
+
+        ordered = sorted(rows, key=rank)  # stable: ties keep the list's order
+        return ordered[: self.limit], ordered[self.limit :]
+
+    def cutoff(self, rest: list[Any]) -> float | None:
+        """The most important value left out (None when rows are not ranked by a number)."""
+        if self.order in ("first", "spaced"):
+            return None
+        values = [v for v in (self.key(r) for r in rest) if v is not None]
+        if not values:
+            return None
+        best = {"largest": max, "smallest": min}.get(self.order)
+        return best(values) if best else max(values, key=abs)
+
+
+def _owners(node: Any, path: str) -> Iterator[tuple[Any, str]]:
+    """Every (object, attribute) the path ends in: ``a.b[].c`` walks a, each row of b, then names c."""
+    head, _, rest = path.partition(".")
+    if not rest:
+        if isinstance(node, BaseModel) and head in type(node).model_fields:
+            yield node, head
+        return
+    name = head.removesuffix("[]")
+    value = getattr(node, name, None) if isinstance(node, BaseModel) else None
+    for item in value if head.endswith("[]") and isinstance(value, list) else [value]:
+        if item is not None:
+            yield from _owners(item, rest)
+
+
+def trim(report: BaseModel, rules: Sequence[Top]) -> list[Omitted]:
+    """Cut the report's declared lists in place (detail 'summary'); what was left out, per list."""
+    omitted = []
+    for rule in rules:
+        kept = total = 0
+        cutoffs: list[float] = []
+        for owner, name in _owners(report, rule.field):
+            rows = getattr(owner, name)
+            if not isinstance(rows, list):
+                continue
+            total += len(rows)
+            if len(rows) <= rule.limit:
+                kept += len(rows)
+                continue
+            chosen, rest = rule.select(rows)
+            setattr(owner, name, chosen)
+            kept += len(chosen)
+            cutoff = rule.cutoff(rest)
+            if cutoff is not None:
+                cutoffs.append(cutoff)
+        if kept < total:
+            best = None
+            if cutoffs:
+                best = {"largest": max, "smallest": min}.get(rule.order, lambda v: max(v, key=abs))(cutoffs)
+            omitted.append(Omitted(field=rule.field, kept=kept, total=total, order=rule.words(), cutoff=_round(best)))
+    return omitted
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 @dataclass(frozen=True)
@@ -28,6 +138,17 @@ class ToolSpec(Generic[In, Out]):
     run: Callable[[Inspector, In], Out]
     example: dict[str, Any]  # valid arguments on the default model: docs, MCP/LangChain tests, smoke runs
     plan: Callable[[Inspector, In], PassPlan[Out]] | None = None  # the pass as a plan others can share
+    summary_lists: tuple[Top, ...] = ()  # what detail 'summary' cuts (the report stays ≤ 16 KB)
+    next_calls: Callable[[In, Out], list[NextCall]] | None = None  # follow-ups drawn from the results
+    advanced: tuple[str, ...] = ()  # accepted, but left out of the schema agents read (tuning knobs)
+
+    def __post_init__(self) -> None:
+        if "detail" not in self.input_model.model_fields:
+            raise TypeError(f"{self.name}'s input model must derive from DetailInput (every tool takes 'detail')")
+        fields = self.input_model.model_fields
+        wrong = [a for a in self.advanced if a not in fields or fields[a].is_required() or a in ("detail", "model")]
+        if wrong:
+            raise TypeError(f"{self.name}: advanced arguments must be optional tuning knobs, not {wrong}")
 
     def parse(self, arguments: dict[str, Any] | In) -> In:
         """Validate raw arguments; errors keep pydantic's detail (field, value, what is valid)."""
@@ -39,30 +160,45 @@ class ToolSpec(Generic[In, Out]):
         try:
             return self.input_model.model_validate(arguments)
         except ValidationError as exc:
-            message = format_validation_error(self.name, exc, valid=tuple(self.input_model.model_fields))
+            message = format_validation_error(
+                self.name, exc, valid=tuple(self.input_model.model_fields), model=self.input_model
+            )
             raise InvalidInputError(message, field=_first_field(exc)) from exc
 
     def __call__(self, inspector: Inspector, arguments: dict[str, Any] | In) -> Out:
-        return self.check(self.run(inspector, self.parse(arguments)), inspector)
+        parsed = self.parse(arguments)
+        return self.check(self.run(inspector, parsed), inspector, arguments=parsed)
 
     def prepare(self, inspector: Inspector, arguments: dict[str, Any] | In) -> PassPlan[Out] | None:
         """The tool's forward pass as a shareable plan whose ``finish`` returns the checked report (None when
         the tool declares no plan: call it instead)."""
         if self.plan is None:
             return None
-        plan = self.plan(inspector, self.parse(arguments))
+        parsed = self.parse(arguments)
+        plan = self.plan(inspector, parsed)
         finish = plan.finish
-        plan.finish = lambda output: self.check(finish(output), inspector)
+        plan.finish = lambda output: self.check(finish(output), inspector, arguments=parsed)
         return plan
 
-    def check(self, report: Out, inspector: Inspector | None = None) -> Out:
+    def check(self, report: Out, inspector: Inspector | None = None, *, arguments: In | None = None) -> Out:
         """Re-validate from plain data: a half-built report object is a bug, not a result. With the session's
-        inspector, the report (and every report inside it) states the dtype and device its model ran in."""
+        inspector, the report (and every report inside it) states the dtype and device its model ran in.
+
+        With the call's ``arguments``: the follow-up calls are filled in (when the tool did not write its own)
+        from the whole report, then detail 'summary' cuts the declared lists (``summary_lists``) and says so
+        in ``omitted``. Without them the report is returned whole."""
         if inspector is not None and isinstance(report, BaseModel):
             _state_placement(report, inspector)
         data = report.model_dump() if isinstance(report, BaseModel) else report
         checked = self.output_model.model_validate(data)
         _require_finite(checked.model_dump(), self.name)
+        if arguments is None:
+            return checked
+        if not checked.next_calls and self.next_calls is not None:
+            checked.next_calls = self.next_calls(arguments, checked)
+        checked.next_calls = checked.next_calls[:MAX_NEXT_CALLS]
+        if getattr(arguments, "detail", "full") == "summary":
+            checked.omitted = trim(checked, self.summary_lists)
         return checked
 
 
@@ -100,16 +236,43 @@ def _first_field(error: ValidationError) -> str | None:
     return None
 
 
-def format_validation_error(tool: str, error: ValidationError, *, valid: tuple[str, ...] = ()) -> str:
-    """One line naming each bad argument, what was wrong and what it got; unknown arguments list the valid ones."""
+_BOUND_ERRORS = frozenset({"greater_than_equal", "less_than_equal", "greater_than", "less_than"})
+
+
+def _inclusive_range(model: type[BaseModel] | None, name: str) -> tuple[float, float] | None:
+    """A top-level field's inclusive bounds ``ge``/``le`` when it declares both (None otherwise)."""
+    field = model.model_fields.get(name) if model is not None else None
+    if field is None:
+        return None
+    low = next((m.ge for m in field.metadata if getattr(m, "ge", None) is not None), None)
+    high = next((m.le for m in field.metadata if getattr(m, "le", None) is not None), None)
+    return (low, high) if low is not None and high is not None else None
+
+
+def format_validation_error(
+    tool: str, error: ValidationError, *, valid: tuple[str, ...] = (), model: type[BaseModel] | None = None
+) -> str:
+    """One line naming each bad argument, what was wrong and what it got; unknown arguments list the valid ones.
+
+    A number outside a field's inclusive bounds reads ``top_k 0 out of range 1..20`` (as the inspector words
+    model-dependent ranges) when ``model`` declares both bounds; every surface and the CLI's early check agree.
+    """
     parts = []
     for item in error.errors():
-        where = ".".join(str(p) for p in item.get("loc", ())) or "arguments"
+        location = item.get("loc", ())
+        where = ".".join(str(p) for p in location) or "arguments"
+        bounds = _inclusive_range(model, str(location[0])) if len(location) == 1 else None
         if item.get("type") == "extra_forbidden":
             known = f" (arguments: {', '.join(valid)})" if valid else ""
             parts.append(f"unknown argument {where!r}{known}")
+        elif bounds is not None and item.get("type") in _BOUND_ERRORS:
+            parts.append(f"{where} {item.get('input')!r} out of range {_number(bounds[0])}..{_number(bounds[1])}")
         else:
             shown = repr(item.get("input"))
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
             parts.append(f"{where}: {item.get('msg')} (got {shown})")
     return f"invalid arguments for {tool}: " + "; ".join(parts)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)

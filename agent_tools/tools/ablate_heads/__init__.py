@@ -17,7 +17,7 @@ from agent_tools.tools.ablate_heads.models import (
     parse_heads,
 )
 from agent_tools.tools.ablate_heads.plan import ablate_heads
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "HEADS_DESCRIPTION",
@@ -37,4 +37,10 @@ SPEC = ToolSpec(
     output_model=AblationReport,
     run=ablate_heads,
     example={"text": "The cat sat on the mat because it was tired.", "heads": ["3.0", "3.1"]},
+    summary_lists=(
+        Top("largest_effects", 10, by="value"),
+        Top("direct_logit_attribution.top_heads", 10, by="logit", order="largest_abs"),
+        Top("direct_logit_attribution.ablated", 10, by="logit", order="largest_abs"),
+    ),
+    advanced=("top_k",),
 )

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import check_index
 from agent_tools.intervene import AblationMethod
 from agent_tools.prompt_trace import NextCall
 from agent_tools.schemas import Report, TextInput, head_label
+from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Check whether attention heads matter: remove their contribution (zero or mean-ablate their output before "
-    "the output projection) and report, for a causal LM, the KL of the next-token distribution at the last "
-    "position and on average, the change in loss on the text and whether the top next token changes; for an "
-    "encoder, how far the pooled embedding turns. For a causal LM it also gives every head's direct logit "
-    "attribution to a target token (its output through W_O, the final norm with its scale frozen, and the "
-    "unembedding). The model is restored exactly afterwards."
+    "Remove heads and measure what changes: next-token KL, loss, top token (encoders: embedding shift), and each "
+    "head's direct logit attribution. Use to test whether heads another tool named matter."
 )
 
 _HEAD_STRING = re.compile(r"^\s*[Ll]?\s*(-?\d+)\s*(?:\.|:|[Hh]|\.[Hh])\s*(-?\d+|\*)\s*$")
@@ -31,30 +30,62 @@ class HeadRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     layer: int = Field(description="layer index, 0-based")
-    head: int = Field(description="query head index, 0-based")
+    head: int = Field(description="0-based")
 
 
-HEADS_DESCRIPTION = (
-    'heads to remove, as "L.H" strings (e.g. "3.0" = layer 3 head 0; "L3H0" also works; "3.*" = every head of layer '
-    '3) or {"layer": 3, "head": 0} objects; each at most once'
+HEAD_FORMS = (
+    '"18.8" (layer 18 head 8; "L18H8" works too, "18.*" = every head of layer 18), [18, 8] or {"layer": 18, "head": 8}'
 )
+HEADS_DESCRIPTION = f"heads to remove, each {HEAD_FORMS}; each at most once"
+HeadPair = Annotated[list[int], Field(min_length=2, max_length=2)]
 
 
-class AblateHeadsInput(TextInput):
-    heads: list[str | HeadRef] = Field(min_length=1, description=HEADS_DESCRIPTION)
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def head_forms(value: Any) -> Any:
+    """Before validation of a heads argument: every form an agent may guess is accepted, and anything else is
+    refused with one message naming the accepted forms (instead of one error per member of the union).
+
+    A bare string is a list of one head, or of several separated by commas ("18.8, 3.0").
+    """
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, list):
+        raise PydanticCustomError("heads_form", "heads must be a list of heads, each {forms}", {"forms": HEAD_FORMS})
+    if len(value) == 2 and all(_is_index(v) for v in value):
+        context = {"layer": value[0], "head": value[1], "forms": HEAD_FORMS}
+        msg = "a pair of numbers is one head, so heads needs it in a list: [[{layer}, {head}]] (each head: {forms})"
+        raise PydanticCustomError("heads_form", msg, context)
+    for index, item in enumerate(value):
+        pair = isinstance(item, list | tuple) and len(item) == 2 and all(_is_index(v) for v in item)
+        ref = isinstance(item, dict) and set(item) == {"layer", "head"} and all(_is_index(v) for v in item.values())
+        spelled = isinstance(item, str) and _HEAD_STRING.match(item) is not None
+        if not (spelled or isinstance(item, HeadRef) or pair or ref):
+            context = {"index": index, "item": repr(item), "forms": HEAD_FORMS}
+            raise PydanticCustomError(
+                "head_form", "heads[{index}] {item} is not a head; write each head as {forms}", context
+            )
+    return [list(item) if isinstance(item, tuple) else item for item in value]
+
+
+HeadsArgument = Annotated[list[str | HeadRef | HeadPair], BeforeValidator(head_forms)]
+
+
+class AblateHeadsInput(TextInput, StackInput):
+    heads: HeadsArgument = Field(min_length=1, description=HEADS_DESCRIPTION)
     method: AblationMethod = Field(
         default="zero",
-        description=(
-            "zero: the heads write nothing (their slice of the attention output before the output projection is "
-            "set to 0); mean: their slice is set to its mean over this text's positions"
-        ),
+        description="mean: their output set to its mean over positions",
     )
     top_k: int = Field(default=5, ge=1, le=50, description="positions with the largest effect listed")
     target_token: str | None = Field(
         default=None,
         min_length=1,
-        description="causal LM: the one token whose logit after the text direct logit attribution explains (mind "
-        "a leading space); omitted = the clean model's top next token",
+        description="token whose logit the attribution explains (mind a leading space); omitted = the top one",
     )
 
 
@@ -83,7 +114,7 @@ class DirectLogitAttribution(BaseModel):
     layers: list[float] = Field(description="per layer, Σ over its heads")
 
 
-class AblationReport(Report):
+class AblationReport(Report, StackReport):
     heads: list[str] = Field(description='the ablated heads as "L.H"')
     method: AblationMethod
     measure: str = Field(description="next_token (causal LM: KL, loss, top token) or embedding (encoder: cosine)")
@@ -112,20 +143,26 @@ class AblationReport(Report):
     next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")
 
 
-def parse_heads(heads: Sequence[str | HeadRef | dict], num_layers: int, num_heads: int) -> list[tuple[int, int]]:
-    """Validate heads given as "L.H" strings or {layer, head}; ranges and duplicates are refused by name."""
+def parse_heads(
+    heads: Sequence[str | HeadRef | dict | Sequence[int]], num_layers: int, num_heads: int
+) -> list[tuple[int, int]]:
+    """Validate heads given as "L.H" strings, [layer, head] pairs or {layer, head}; ranges and duplicates are
+    refused by name."""
     parsed: list[tuple[int, int]] = []
     for index, item in enumerate(heads):
         if isinstance(item, dict):
             item = HeadRef.model_validate(item)
         if isinstance(item, HeadRef):
             layer, head = item.layer, item.head
+        elif isinstance(item, list | tuple):
+            layer, head = item
         else:
             match = _HEAD_STRING.match(str(item))
             if not match:
+                last = num_layers - 1
                 msg = (
-                    f'heads[{index}] {item!r} is not a head; write "L.H" with layer 0..{num_layers - 1} and head '
-                    f'0..{num_heads - 1}, e.g. "{num_layers - 1}.0"'
+                    f'heads[{index}] {item!r} is not a head; write "L.H" with layer 0..{last} and head '
+                    f'0..{num_heads - 1}, e.g. "{last}.0", or [{last}, 0] or {{"layer": {last}, "head": 0}}'
                 )
                 raise InvalidInputError(msg, field="heads")
             layer = check_index(int(match.group(1)), num_layers, f"heads[{index}] layer")

@@ -12,6 +12,7 @@ from agent_tools.loading import LoadedModel
 from agent_tools.prompt_trace import NextCall
 from agent_tools.runner import AblationEffect
 from agent_tools.schemas import head_label, rounded
+from agent_tools.stack_input import on_stack
 from agent_tools.tools.ablate_heads.models import (
     AblateHeadsInput,
     AblationReport,
@@ -42,11 +43,19 @@ DLA_METHOD = (
 )
 
 
+STACK_REFUSAL = (
+    "ablate_heads removes heads of one stack and measures the change in what that stack's pass outputs; on an "
+    "encoder–decoder it ablates encoder heads and measures the encoder's output (decoder and cross-attention "
+    "heads are not ablated by this tool)"
+)
+
+
 def ablate_heads(inspector: Inspector, args: AblateHeadsInput) -> AblationReport:
     """Remove the named heads' contribution and report how the model's output changes on the text."""
     loaded = inspector.model(args.model)
-    facts = loaded.facts
-    heads = parse_heads(args.heads, facts.num_layers, facts.num_heads)
+    stack = inspector.attention_stack(loaded, args.attention)
+    inspector.require_stack(loaded, stack, ("self", "encoder"), STACK_REFUSAL)
+    heads = parse_heads(args.heads, stack.num_layers, stack.num_heads)
     encoded = inspector.encode(loaded, args.text)
     target = _target_token(loaded, args.target_token)
     effect = inspector.ablate(loaded, encoded.input_ids, encoded.attention_mask, heads, method=args.method)
@@ -54,7 +63,9 @@ def ablate_heads(inspector: Inspector, args: AblateHeadsInput) -> AblationReport
         heads=[head_label(layer, head) for layer, head in heads], method=args.method, tokens=encoded.length
     )
     if not effect.language_model:
-        return _embedding_report(loaded, encoded, effect, ablated, args)
+        report = _embedding_report(loaded, encoded, effect, ablated, args)
+        said = on_stack(stack.name, report.summary)
+        return report.model_copy(update={"attention": stack.name, "summary": said})
     report = _next_token_report(loaded, encoded, effect, ablated, args)
     token = target if target is not None else int(effect.clean[0, -1].argmax())
     try:

@@ -8,8 +8,9 @@ streaming :class:`~agent_tools.consumers.rollout.RolloutConsumer` and
 from __future__ import annotations
 
 from agent_tools.tools.attention_rollout.models import DESCRIPTION, AttentionRolloutInput, RolloutReport, SourceShare
+from agent_tools.tools.attention_rollout.narrative import next_calls
 from agent_tools.tools.attention_rollout.plan import attention_rollout, plan_attention_rollout
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SPEC",
@@ -27,4 +28,7 @@ SPEC = ToolSpec(
     output_model=RolloutReport,
     run=attention_rollout,
     example={"text": "The cat sat on the mat because it was tired."},
+    summary_lists=(Top("sources", 16, by="share"),),
+    next_calls=next_calls,
+    advanced=("residual", "top_k"),
 )

@@ -5,23 +5,20 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from agent_tools.schemas import Report, TextInput
+from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Attention rollout (Abnar & Zuidema 2020) for one target token: the head-averaged attention of every layer, "
-    "mixed with the identity for the residual stream and multiplied through the layers, gives each source "
-    "token's share of the target (shares sum to 1), next to the target's raw last-layer attention."
+    "Attention rollout for one token: how much of it flows from each source token through all layers, beside "
+    "raw last-layer attention. Use for token-level attribution; mind sink dominance."
 )
 
 
-class AttentionRolloutInput(TextInput):
+class AttentionRolloutInput(TextInput, StackInput):
     position: int | None = Field(
         default=None,
-        description="target token position (0-based; negative counts from the end, -1 = last); omitted = the last "
-        "token for causal models, the first ([CLS]) for encoders",
+        description="target token (-1 = last); omitted = last (decoders) or first ([CLS], encoders)",
     )
-    up_to_layer: int | None = Field(
-        default=None, description="roll out through layers 0..up_to_layer only; omitted = every layer"
-    )
+    up_to_layer: int | None = Field(default=None, description="last layer rolled through; omitted = all")
     residual: float = Field(
         default=0.5,
         ge=0.0,
@@ -38,7 +35,7 @@ class SourceShare(BaseModel):
     last_layer_attention: float = Field(description="the target's head-averaged attention to it in the last layer used")
 
 
-class RolloutReport(Report):
+class RolloutReport(Report, StackReport):
     position: int
     token: str
     layers: int = Field(description="layers rolled out (0..layers-1)")

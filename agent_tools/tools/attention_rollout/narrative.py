@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_tools.schemas import Finding, Token, rounded
-from agent_tools.tools.attention_rollout.models import SourceShare
+from agent_tools.schemas import Finding, NextCall, Token, follow_up, rounded
+from agent_tools.tools.attention_rollout.models import AttentionRolloutInput, RolloutReport, SourceShare
 
 SINK_DOMINANCE = 0.9  # rollout share of token 0 above which the summary warns that a sink dominates
 
@@ -74,6 +74,7 @@ def _sink_finding(numbers: RolloutNumbers) -> Finding:
     first_share = numbers.shares[0]
     return Finding(
         kind="rollout_sink_dominance",
+        severity="high",
         layer=numbers.last_layer,
         position=0,
         token=numbers.tokens[0].text,
@@ -81,3 +82,34 @@ def _sink_finding(numbers: RolloutNumbers) -> Finding:
         detail=f"rollout puts {first_share:.1%} on the first token: attention-sink dominance, not evidence of "
         "meaning flow",
     )
+
+
+def next_calls(args: AttentionRolloutInput, report: RolloutReport) -> list[NextCall]:
+    """Fewer layers when a sink soaks the rollout up, the heads that park on it, and what the answer depends on."""
+    calls = []
+    if any(f.kind == "rollout_sink_dominance" for f in report.findings) and report.layers > 2:
+        calls.append(
+            follow_up(
+                "attention_rollout",
+                {"text": args.text, "position": report.position, "up_to_layer": report.layers // 2 - 1},
+                f"rollout through the first {report.layers // 2} layers only, before the sink soaks it up",
+                model=args.model,
+            )
+        )
+    calls.append(
+        follow_up(
+            "diagnose_collapse",
+            {"text": args.text},
+            "which heads park on the first token, and whether they write anything",
+            model=args.model,
+        )
+    )
+    calls.append(
+        follow_up(
+            "trace_prompt_attention",
+            {"prompt": args.text},
+            "what the next token depends on (causal checks), not only what flows to it",
+            model=args.model,
+        )
+    )
+    return calls

@@ -14,6 +14,7 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector, PassPlan
 from agent_tools.loading import LoadedModel
 from agent_tools.schemas import rounded
+from agent_tools.stack_input import on_stack
 from agent_tools.tools.attention_rollout.models import AttentionRolloutInput, RolloutReport, SourceShare
 from agent_tools.tools.attention_rollout.narrative import RolloutNumbers, narrate
 
@@ -26,20 +27,36 @@ def attention_rollout(inspector: Inspector, args: AttentionRolloutInput) -> Roll
 def plan_attention_rollout(inspector: Inspector, args: AttentionRolloutInput) -> PassPlan[RolloutReport]:
     """Check the arguments and the memory budget, and declare the pass: rollout plus the target's raw row."""
     loaded = inspector.model(args.model)
-    facts = loaded.facts
-    last_layer = facts.num_layers - 1 if args.up_to_layer is None else inspector.check_layer(loaded, args.up_to_layer)
-    encoded = inspector.encode(loaded, args.text)
-    position = _target_position(args.position, encoded.length, causal=facts.is_causal)
-    inspector.check_budget(3 * encoded.length * encoded.length * 4, "rollout")
+    stack = inspector.attention_stack(loaded, args.attention)
+    inspector.require_stack(loaded, stack, ("self", "encoder", "decoder"), CROSS_REFUSAL)
+    if args.up_to_layer is None:
+        last_layer = stack.num_layers - 1
+    else:
+        last_layer = inspector.check_layer(loaded, args.up_to_layer, stack)
+    encoded = inspector.encode_on(loaded, args.text, stack)
+    length = len(encoded.query_tokens)  # the decoder's answer tokens on the decoder stack, else the text's
+    position = _target_position(args.position, length, causal=stack.is_causal)
+    inspector.check_budget(3 * length * length * 4, "rollout")
     rollout = RolloutConsumer(residual=args.residual)
     target = TargetRowConsumer(last_layer, position)
 
     def finish(_output: object) -> RolloutReport:
-        raw = target.row if target.row is not None else torch.zeros(encoded.length)  # (T,) on the CPU
+        raw = target.row if target.row is not None else torch.zeros(length)  # (T,) on the CPU
         row = rollout.rollout()[position].cpu().double()  # (T,): the one row of the rollout the report reads
-        return _report(loaded, encoded, args, position=position, last_layer=last_layer, row=row, raw=raw)
+        report = _report(loaded, encoded, args, position=position, last_layer=last_layer, row=row, raw=raw)
+        report.attention = stack.name
+        report.summary = on_stack(stack.name, report.summary)
+        return report
 
     return PassPlan(loaded, encoded, [rollout, target], finish, layers=list(range(last_layer + 1)), need_output=False)
+
+
+CROSS_REFUSAL = (
+    "rollout multiplies the (T, T) self-attention maps of one sequence layer after layer; cross-attention maps "
+    "the answer's tokens onto the input's and every decoder layer reads the same encoder output, so its maps do "
+    "not compose that way (the encoder's rollout is attention='encoder'; which input the answer read is "
+    "trace_prompt_attention)"
+)
 
 
 def _target_position(position: int | None, length: int, *, causal: bool) -> int:
@@ -62,7 +79,7 @@ def _report(
     raw: torch.Tensor,
 ) -> RolloutReport:
     """(T,) rollout row and (T,) raw last-layer row of the target -> the report."""
-    tokens = encoded.tokens
+    tokens = encoded.query_tokens  # = the key tokens: rollout runs on a self-attention stack
     shares: list[float] = row.tolist()
     raw_values: list[float] = raw.tolist()
     sources = [
@@ -72,7 +89,7 @@ def _report(
             share=rounded(shares[j], 6),
             last_layer_attention=rounded(raw_values[j], 6),
         )
-        for j in range(encoded.length)
+        for j in range(len(tokens))
     ]
     top = [sources[j] for j in row.argsort(descending=True)[: args.top_k].tolist()]
     numbers = RolloutNumbers(

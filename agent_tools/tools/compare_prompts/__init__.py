@@ -13,7 +13,7 @@ from agent_tools.tools.compare_prompts.models import (
     SegmentComparison,
 )
 from agent_tools.tools.compare_prompts.plan import compare_prompts
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = ["SPEC", "ComparePromptsInput", "PromptComparison", "SegmentComparison", "compare_prompts"]
 
@@ -27,4 +27,30 @@ SPEC = ToolSpec(
         "prompt_a": "The secret code is 4721. Question: what is the secret code? Answer:",
         "prompt_b": "Question: what is the secret code? The secret code is 4721. Answer:",
     },
+    summary_lists=(
+        Top("segments", 12, by="change", order="largest_abs"),
+        Top("trace_a.segments", 12, by="share"),
+        Top("trace_a.segments[].positions", 24, order="first"),
+        Top("trace_a.segments[].token_shares", 5, by="share"),
+        Top("trace_a.filler", 8, by="share"),
+        Top("trace_a.generated", 16, order="first"),
+        Top("trace_a.findings", 3, order="first"),
+        Top("trace_a.next_calls", 0, order="first"),
+        Top("trace_b.segments", 12, by="share"),
+        Top("trace_b.segments[].positions", 24, order="first"),
+        Top("trace_b.segments[].token_shares", 5, by="share"),
+        Top("trace_b.filler", 8, by="share"),
+        Top("trace_b.generated", 16, order="first"),
+        Top("trace_b.findings", 3, order="first"),
+        Top("trace_b.next_calls", 0, order="first"),
+    ),
+    advanced=(
+        "sink_threshold",
+        "neutral_token",
+        "ig_steps",
+        "exclude_filler",
+        "segments_a",
+        "segments_b",
+        "max_new_tokens",
+    ),
 )

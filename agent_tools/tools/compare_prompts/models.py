@@ -25,23 +25,19 @@ from agent_tools.prompt_trace import (
     max_new_tokens_in_range,
 )
 from agent_tools.schemas import ChatMessage, ModelInput, Report
+from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack, StackReport
 
 DESCRIPTION = (
-    "Compare two prompt variants (texts or chat message lists): each segment's share of the answer's attention "
-    "side by side (matched by role/turn and by the names you give), the largest shifts, and how the output "
-    "changed — KL divergence and top tokens of the next-token distribution, or the generated texts. Each variant "
-    "also gets the trace's evidence checks: what its answer depends on per segment (causal effects of removing or "
-    "neutralising it), value-weighted shares with filler set apart, optionally integrated gradients."
+    "Compare two prompt variants: each segment's attention share and causal effect side by side, the largest "
+    "shifts, and how the next token (KL) or generated text changed. Use to see what a prompt edit did."
 )
 
 
 class ComparePromptsInput(ModelInput):
-    prompt_a: str | list[ChatMessage] = Field(description="the first variant: " + PROMPT_DESCRIPTION)
-    prompt_b: str | list[ChatMessage] = Field(description="the second variant, same form")
+    prompt_a: str | list[ChatMessage] = Field(description=PROMPT_DESCRIPTION)
+    prompt_b: str | list[ChatMessage] = Field(description="the other variant")
     segments_a: list[SegmentSpec] | None = Field(default=None, description="named segments of prompt_a")
-    segments_b: list[SegmentSpec] | None = Field(
-        default=None, description="named segments of prompt_b (give the same names to compare them)"
-    )
+    segments_b: list[SegmentSpec] | None = Field(default=None, description="the same names compare")
     target: Target = Field(default="last", description=TARGET_DESCRIPTION)
     max_new_tokens: int = Field(
         default=16,
@@ -51,12 +47,11 @@ class ComparePromptsInput(ModelInput):
     )
     sink_threshold: float = Field(default=DEFAULT_SINK_THRESHOLD, gt=0, le=1, description=SINK_DESCRIPTION)
     checks: list[Check] | None = Field(default=None, description=CHECKS_DESCRIPTION)
-    answer: str | None = Field(
-        default=None, min_length=1, description=ANSWER_DESCRIPTION + " (the same answer is checked in both variants)"
-    )
+    answer: str | None = Field(default=None, min_length=1, description=ANSWER_DESCRIPTION)
     neutral_token: str | None = Field(default=None, min_length=1, description=NEUTRAL_DESCRIPTION)
     ig_steps: int = Field(default=32, ge=2, le=MAX_IG_STEPS, description=IG_STEPS_DESCRIPTION)
     exclude_filler: bool = Field(default=True, description=FILLER_DESCRIPTION)
+    attention: AttentionStack | None = Field(default=None, description=TRACE_ATTENTION_DESCRIPTION)
 
     _max_new_tokens_range = field_validator("max_new_tokens", mode="before")(max_new_tokens_in_range)
 
@@ -83,7 +78,7 @@ class SegmentComparison(BaseModel):
     value_share_b: float | None = None
 
 
-class PromptComparison(Report):
+class PromptComparison(Report, StackReport):
     target: Target
     segments: list[SegmentComparison] = Field(description="every segment of either variant, largest |change| first")
     read_most_a: str

@@ -18,6 +18,7 @@ from agent_tools.prompt_trace import (
     trace,
 )
 from agent_tools.schemas import ChatMessage, rounded
+from agent_tools.stack_input import on_stack
 from agent_tools.tools.compare_prompts.models import ComparePromptsInput, PromptComparison, SegmentComparison
 from agent_tools.tools.compare_prompts.narrative import Comparison, narrate
 
@@ -35,9 +36,9 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
     variants = (("prompt_a", args.prompt_a, args.segments_a), ("prompt_b", args.prompt_b, args.segments_b))
     request = _request(args)
     for field, prompt, named in variants:  # both variants valid (text, segments, checks) before either runs
-        prepare_evidence(
-            inspector, loaded, check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field), request
-        )
+        segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field)
+        if not loaded.facts.is_encoder_decoder:  # an encoder–decoder's cross-attention trace runs no checks
+            prepare_evidence(inspector, loaded, segmented, request)
     run_a = _trace(inspector, loaded, args, args.prompt_a, args.segments_a)
     run_b = _trace(inspector, loaded, args, args.prompt_b, args.segments_b)
     comparison = compare(run_a, run_b, generated=args.target == "generate")
@@ -45,7 +46,8 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
     a, b = comparison.a, comparison.b
     return PromptComparison(
         model=loaded.name,
-        summary=summary,
+        attention=run_a.report.attention,
+        summary=summary if run_a.report.attention == "self" else on_stack(run_a.report.attention, summary),
         findings=findings,
         target=args.target,
         segments=comparison.rows,
@@ -110,6 +112,7 @@ def _trace(
         max_new_tokens=args.max_new_tokens,
         sink_threshold=args.sink_threshold,
         evidence=_request(args),
+        attention=args.attention,
     )
 
 

@@ -17,8 +17,9 @@ from agent_tools.tools.corpus_summary.models import (
     HeadEntry,
     SegmentEntry,
 )
+from agent_tools.tools.corpus_summary.narrative import next_calls
 from agent_tools.tools.corpus_summary.plan import corpus_summary
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SPEC",
@@ -37,4 +38,10 @@ SPEC = ToolSpec(
     output_model=CorpusSummaryReport,
     run=corpus_summary,
     example={},  # lists the allowed data: valid in every session
+    summary_lists=(
+        Top("segments", 12, by="share"),
+        Top("kinds", 12, by="share"),
+    ),
+    next_calls=next_calls,
+    advanced=("top_k",),
 )

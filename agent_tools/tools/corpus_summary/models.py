@@ -6,26 +6,22 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from agent_tools.schemas import Report, ToolInput
+from agent_tools.schemas import DetailInput, Report
 
 DESCRIPTION = (
-    "Summarise a corpus the operator allowed (attention-explainer --allow-data PATH): for a finished corpus run "
-    "(attention-explainer corpus profile|trace|collapse DATA --out DIR) the heads whose role is stable across the "
-    "items and those that vary, with bootstrap confidence intervals, or, for trace runs, how often the answer read "
-    "each segment (system prompt, user turns, named spans) most; for a raw data file, what it holds (items, text "
-    "vs chat, roles, lengths, unreadable rows). Name the data by the file name listed when you omit it; no other "
-    "path can be read."
+    "Summarise data the operator allowed: a corpus run's stable and variable heads or segment read-most rates "
+    "with confidence intervals, or what a data file holds. Omit data to list what is allowed."
 )
 SummaryKind = Literal["list", "run", "data"]
 
 
-class CorpusSummaryInput(ToolInput):
+class CorpusSummaryInput(DetailInput):
     data: str | None = Field(
         default=None,
         max_length=300,
-        description="the file name of an allowed data file or corpus run folder; omitted = list what is allowed",
+        description="an allowed data file or run folder name; omitted = list them",
     )
-    top_k: int = Field(default=5, ge=1, le=50, description="heads or segments listed per group")
+    top_k: int = Field(default=5, ge=1, le=50, description="rows listed per group")
 
 
 class HeadEntry(BaseModel):

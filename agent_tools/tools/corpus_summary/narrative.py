@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent_tools.schemas import Finding
-from agent_tools.tools.corpus_summary.models import CorpusSummaryReport, HeadEntry, SegmentEntry
+from agent_tools.schemas import Finding, NextCall, follow_up
+from agent_tools.tools.corpus_summary.models import CorpusSummaryInput, CorpusSummaryReport, HeadEntry, SegmentEntry
 
 
 def _allowed(report: CorpusSummaryReport) -> str:
@@ -77,3 +77,19 @@ def findings(report: CorpusSummaryReport) -> list[Finding]:
     return [_head_finding(h, "stable_head") for h in report.stable_heads] + [
         _head_finding(h, "variable_head") for h in report.variable_heads
     ]
+
+
+def next_calls(args: CorpusSummaryInput, report: CorpusSummaryReport) -> list[NextCall]:
+    """The allowed data, each summarised; for a head run, the roles of the first stable head's layer."""
+    if report.kind == "list":
+        return [follow_up("corpus_summary", {"data": name}, f"what {name} holds") for name in report.allowed[:3]]
+    if report.kind == "run" and report.task == "profile" and report.stable_heads:
+        layer = int(report.stable_heads[0].head.split(".")[0])
+        return [
+            follow_up(
+                "profile_heads",
+                {"layers": [layer]},
+                f"head {report.stable_heads[0].head}'s role on a sample text, with ablation evidence",
+            )
+        ]
+    return []

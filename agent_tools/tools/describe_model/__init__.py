@@ -7,6 +7,7 @@ the mask, findings and summary.
 from __future__ import annotations
 
 from agent_tools.tools.describe_model.models import DESCRIPTION, DescribeModelInput, ModelDescription
+from agent_tools.tools.describe_model.narrative import next_calls
 from agent_tools.tools.describe_model.plan import describe_model
 from agent_tools.tools.registry import ToolSpec
 
@@ -19,4 +20,5 @@ SPEC = ToolSpec(
     output_model=ModelDescription,
     run=describe_model,
     example={},
+    next_calls=next_calls,
 )

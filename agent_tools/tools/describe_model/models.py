@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from agent_tools.schemas import ModelInput, Report
 
 DESCRIPTION = (
-    "Describe a transformer's attention: family, number of layers and heads, KV heads (grouped-query), "
-    "head_dim, the score scale and how it compares with 1/sqrt(d_k), positional scheme, causal or "
-    "bidirectional mask, maximum positions and parameter count. Call this first to learn valid layer/head ranges."
+    "Call first: the model's attention layout (family, layers, heads, KV heads, head_dim, score scale vs "
+    "1/sqrt(d_k), positions, mask), which gives the valid layer and head ranges."
 )
+
+
+class StackDescription(BaseModel):
+    """One attention stack: a single-stack model has 'self'; an encoder–decoder 'encoder', 'decoder', 'cross'."""
+
+    name: str = Field(description="the value tools take as attention=")
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int = Field(description="value width per head")
+    qk_dim: int = Field(description="q·k width per head (d_k of the scale; differs from head_dim for MLA)")
+    scaling: float
+    scaling_ratio: float = Field(description="scaling · sqrt(qk_dim): 1.0 means the standard 1/sqrt(d_k)")
+    causal: bool
+    score_terms: list[str] = Field(description="additive score terms the family adds (e.g. relative position bias)")
 
 
 class DescribeModelInput(ModelInput):
@@ -39,6 +53,9 @@ class ModelDescription(Report):
     num_parameters: int
     language_model: bool = Field(description="has a next-token head (ablation reports KL of the next token)")
     placement: str = Field(description="how the operator loads models: dtype@device, device map, offload")
+    stacks: list[StackDescription] = Field(
+        default_factory=list, description="every attention stack: layers, heads, widths, scale, mask, score terms"
+    )
     weights_bytes: dict[str, int] = Field(
         description="bytes the weights need in each precision (parameters × dtype size + buffers); the loaded "
         "dtype is the report's dtype"

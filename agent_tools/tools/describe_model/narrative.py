@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_tools.families import ModelFacts
-from agent_tools.schemas import Finding, rounded
+from agent_tools.schemas import Finding, NextCall, follow_up, rounded
+from agent_tools.tools.describe_model.models import DescribeModelInput, ModelDescription
 
 SCALE_TOLERANCE = 1e-3  # |ratio − 1| within this counts as the standard 1/sqrt(d_k)
 
@@ -43,7 +44,7 @@ def findings(facts: ModelFacts, scale: Scale) -> list[Finding]:
             Finding(
                 kind="nonstandard_scale",
                 value=rounded(scale.ratio),
-                detail=f"scale {facts.scaling:.4g} is {scale.ratio:.3g}× the standard 1/sqrt({facts.head_dim}) = "
+                detail=f"scale {facts.scaling:.4g} is {scale.ratio:.3g}× the standard 1/sqrt({facts.qk_dim}) = "
                 f"{scale.inverse_sqrt_head_dim:.4g}",
             )
         )
@@ -64,10 +65,36 @@ def findings(facts: ModelFacts, scale: Scale) -> list[Finding]:
 def summary(name: str, facts: ModelFacts, scale: Scale) -> str:
     """One paragraph: kind, size, scale, positions, mask."""
     scale_note = "= 1/sqrt(d_k)" if scale.standard else f"{scale.ratio:.3g}× 1/sqrt(d_k)"
+    kind = f"{'decoder' if facts.is_causal else 'encoder'} with"
+    if facts.is_encoder_decoder:
+        kind = "encoder–decoder whose encoder has"
     return (
-        f"{name} is a {facts.family} {'decoder' if facts.is_causal else 'encoder'} with {facts.num_layers} layers × "
+        f"{name} is a {facts.family} {kind} {facts.num_layers} layers × "
         f"{facts.num_heads} heads (head_dim {facts.head_dim}, {facts.num_kv_heads} KV heads), "
         f"{facts.num_parameters / 1e6:.0f}M parameters. "
         f"Scores are q·k × {facts.scaling:.4g} ({scale_note}); "
         f"positions: {facts.positional}; mask: {'causal' if facts.is_causal else 'bidirectional'}."
     )
+
+
+SAMPLE_TEXT = "The cat sat on the mat because it was tired."  # a text for the first look, when none is given
+
+
+def next_calls(args: DescribeModelInput, report: ModelDescription) -> list[NextCall]:
+    """First looks at this model's heads: which collapse, what each does, and one map of the last layer."""
+    heads = report.num_layers * report.num_heads
+    return [
+        follow_up(
+            "diagnose_collapse",
+            {"text": SAMPLE_TEXT},
+            f"which of the {heads} heads collapse, and whether it is harmless",
+            model=args.model,
+        ),
+        follow_up("profile_heads", {"layers": [0, 1, 2]}, "what the first layers' heads do (roles)", model=args.model),
+        follow_up(
+            "show_attention",
+            {"text": SAMPLE_TEXT, "layer": report.num_layers - 1, "head": 0},
+            f"one map of the last layer (layers 0..{report.num_layers - 1}, heads 0..{report.num_heads - 1})",
+            model=args.model,
+        ),
+    ]

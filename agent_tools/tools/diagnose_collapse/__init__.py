@@ -12,8 +12,9 @@ from agent_tools.tools.diagnose_collapse.models import (
     DiagnoseCollapseInput,
     HeadCollapseRow,
 )
+from agent_tools.tools.diagnose_collapse.narrative import next_calls
 from agent_tools.tools.diagnose_collapse.plan import diagnose_collapse, plan_diagnose_collapse
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SPEC",
@@ -32,4 +33,7 @@ SPEC = ToolSpec(
     run=diagnose_collapse,
     plan=plan_diagnose_collapse,
     example={"text": "The cat sat on the mat because it was tired.", "top_k": 5},
+    summary_lists=(Top("heads", 10, order="first", label="collapse"),),  # already most collapsed first
+    next_calls=next_calls,
+    advanced=("threshold", "heads", "png"),
 )

@@ -12,25 +12,22 @@ from agent_tools.analysis.collapse import (
     Verdict,
 )
 from agent_tools.schemas import Report, TextInput
+from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Find attention heads that collapse (low entropy, max weight near 1) on a text, in one forward pass over "
-    "all layers and heads: per head the entropy (nats and normalised by log of visible keys), mean max weight, "
-    "fraction of saturated rows, the dominant key and its share, whether it is a sink (first/special token), "
-    "self, previous token or one content token regardless of the query, and - from the value-side norms "
-    "‖α·v W_O‖ - whether the collapse is a harmless no-op sink or harmful. Also reports the Zhai et al. "
-    "entropy lower bound from the score spread. Ranked, most collapsed first."
+    "Find heads that collapse (max weight near 1) on a text, onto which token, and whether harmlessly (a no-op "
+    "sink that writes little) or harmfully. Use when attention looks stuck or to find sinks."
 )
 
 
-class DiagnoseCollapseInput(TextInput):
-    layers: list[int] | None = Field(default=None, description="layers to examine, 0-based; omitted = all layers")
-    heads: list[int] | None = Field(default=None, description="query heads to examine in each layer; omitted = all")
+class DiagnoseCollapseInput(TextInput, StackInput):
+    layers: list[int] | None = Field(default=None, description="omitted = all")
+    heads: list[int] | None = Field(default=None, description="omitted = all")
     threshold: float = Field(
         default=0.99, gt=0.0, le=1.0, description="a row is saturated when its max weight is at or above this"
     )
-    top_k: int = Field(default=10, ge=1, le=2000, description="heads listed in the report, most collapsed first")
-    png: bool = Field(default=False, description="write a layer × head grid of mean max weight as a PNG artifact")
+    top_k: int = Field(default=10, ge=1, le=2000, description="heads listed, most collapsed first")
+    png: bool = Field(default=False, description="write a layer × head PNG (artifact)")
 
 
 class HeadCollapseRow(BaseModel):
@@ -82,7 +79,7 @@ class HeadCollapseRow(BaseModel):
     rows: int = Field(description="query rows counted (rows that see ≥ 2 keys)")
 
 
-class CollapseReport(Report):
+class CollapseReport(Report, StackReport):
     num_tokens: int
     threshold: float
     heads_examined: int

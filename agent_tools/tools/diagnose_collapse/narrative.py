@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION, Verdict
-from agent_tools.schemas import Finding
-from agent_tools.tools.diagnose_collapse.models import HeadCollapseRow
+from agent_tools.schemas import Finding, NextCall, Severity, follow_up
+from agent_tools.tools.diagnose_collapse.models import CollapseReport, DiagnoseCollapseInput, HeadCollapseRow
 
 
 @dataclass(frozen=True)
@@ -103,10 +103,22 @@ def describe(row: HeadCollapseRow) -> str:
 # --- findings ---------------------------------------------------------------------------------------------
 
 
+# How much each verdict matters to an agent: a harmful collapse is what to act on, a no-op sink is context.
+SEVERITY: dict[Verdict, Severity] = {
+    "harmful_collapse": "high",
+    "positional": "medium",
+    "query_dependent": "medium",
+    "no_op_sink": "low",
+    "not_collapsed": "low",
+}
+MAX_HARMFUL_NAMED = 12  # harmful heads named in the summary and findings (all of them, up to this many)
+
+
 def verdict_finding(row: HeadCollapseRow) -> Finding:
     """A concentrated head: its verdict, the key it concentrates on and its mean max weight."""
     return Finding(
         kind=row.verdict,
+        severity=SEVERITY[row.verdict],
         layer=row.layer,
         head=row.head,
         position=row.dominant_position,
@@ -122,6 +134,7 @@ def entropy_bound_finding(numbers: CollapseNumbers) -> Finding:
     flattest = min(numbers.rows, key=lambda r: r.mean_centred_score_norm)
     return Finding(
         kind="entropy_bound",
+        severity="high" if numbers.bound_violations else "low",
         layer=sharpest.layer,
         head=sharpest.head,
         value=sharpest.mean_centred_score_norm,
@@ -135,9 +148,18 @@ def entropy_bound_finding(numbers: CollapseNumbers) -> Finding:
     )
 
 
+def harmful(numbers: CollapseNumbers) -> list[HeadCollapseRow]:
+    """Every harmful collapse, most collapsed first: what the summary counts, named wherever it is listed."""
+    return [r for r in numbers.rows if r.verdict == "harmful_collapse"]
+
+
 def findings(numbers: CollapseNumbers, *, top_k: int) -> list[Finding]:
-    """The ``top_k`` most collapsed concentrated heads, then the entropy bound (when any head was examined)."""
-    found = [verdict_finding(row) for row in numbers.concentrated[:top_k]]
+    """Every harmful collapse first (up to :data:`MAX_HARMFUL_NAMED`, whatever ``top_k``), then the other
+    ``top_k`` most collapsed concentrated heads, then the entropy bound (when any head was examined)."""
+    first = harmful(numbers)[:MAX_HARMFUL_NAMED]
+    named = {(r.layer, r.head) for r in first}
+    rest = [r for r in numbers.concentrated[:top_k] if (r.layer, r.head) not in named]
+    found = [verdict_finding(row) for row in [*first, *rest]]
     if numbers.rows:
         found.append(entropy_bound_finding(numbers))
     return found
@@ -178,12 +200,20 @@ def _named(row: HeadCollapseRow) -> str:
     )
 
 
-def _verdict_sentence(counts: dict[str, int]) -> str:
-    sinks, harmful = counts.get("no_op_sink", 0), counts.get("harmful_collapse", 0)
-    positional = counts.get("positional", 0)
+def _verdict_sentence(numbers: CollapseNumbers) -> str:
+    counts = numbers.verdict_counts
+    sinks, positional = counts.get("no_op_sink", 0), counts.get("positional", 0)
+    bad = harmful(numbers)
+    shown = ", ".join(_where(r) for r in bad[:MAX_HARMFUL_NAMED])
+    more = f" and {len(bad) - MAX_HARMFUL_NAMED} more" if len(bad) > MAX_HARMFUL_NAMED else ""
+    harm = (
+        f"{len(bad)} collapse harmfully onto one token whatever the query ({shown}{more})"
+        if bad
+        else ("none collapses harmfully")
+    )
     return (
-        f"{sinks} are no-op sinks (the dominant key writes < {NO_OP_CONTRIBUTION} × an ordinary key's ‖v W_O‖), "
-        f"{harmful} collapse harmfully onto one token whatever the query, {positional} are positional."
+        f"{harm}; {sinks} are no-op sinks (the dominant key writes < {NO_OP_CONTRIBUTION} × an ordinary key's "
+        f"‖v W_O‖), {positional} are positional."
     )
 
 
@@ -199,4 +229,41 @@ def summary(numbers: CollapseNumbers) -> str:
             f"{best.mean_max_weight:.3f}, onto {_target(best)}).{tail}"
         )
     named = "; ".join(_named(r) for r in concentrated[:3])
-    return f"{head}. Most collapsed: {named}. {_verdict_sentence(numbers.verdict_counts)}{tail}"
+    verdicts = _verdict_sentence(numbers)
+    return f"{head}. {verdicts[0].upper()}{verdicts[1:]} Most collapsed: {named}.{tail}"
+
+
+# --- next calls -------------------------------------------------------------------------------------------
+
+
+def next_calls(args: DiagnoseCollapseInput, report: CollapseReport) -> list[NextCall]:
+    """Remove the harmful heads (or the most collapsed one) to see whether they matter, look at the first one's
+    map, and rebuild it to see which ingredient makes it collapse."""
+    bad = [(f.layer, f.head) for f in report.findings if f.kind == "harmful_collapse" and f.layer is not None]
+    concentrated = [(r.layer, r.head) for r in report.heads if r.verdict != "not_collapsed"]
+    focus = bad or concentrated or [(r.layer, r.head) for r in report.heads[:1]]
+    if not focus:
+        return []
+    layer, head = focus[0]
+    labels = [f"{la}.{he}" for la, he in (bad[:4] or focus[:1])]
+    what = "the harmful collapse" if bad else "the most collapsed head"
+    return [
+        follow_up(
+            "ablate_heads",
+            {"text": args.text, "heads": labels},
+            f"remove {what} ({', '.join(labels)}): a large KL confirms it matters, a tiny one says it is a no-op",
+            model=args.model,
+        ),
+        follow_up(
+            "show_attention",
+            {"text": args.text, "layer": layer, "head": head},
+            f"L{layer}H{head}'s map, query by query",
+            model=args.model,
+        ),
+        follow_up(
+            "reconstruct_attention",
+            {"text": args.text, "layer": layer, "head": head},
+            f"which step (scale, projections, positions, mask) makes L{layer}H{head} collapse",
+            model=args.model,
+        ),
+    ]

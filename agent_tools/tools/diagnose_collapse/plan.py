@@ -14,12 +14,16 @@ import torch
 
 from agent_tools.analysis.collapse import HeadCollapse, rank_heads
 from agent_tools.analysis.metrics import sink_key_mask
-from agent_tools.consumers.collapse import CollapseConsumer, output_grams_for
+from agent_tools.analysis.norms import head_output_grams
+from agent_tools.consumers.collapse import CollapseConsumer
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Encoded, Inspector, PassPlan, check_indices, text_digest
+from agent_tools.families import StackFacts
+from agent_tools.inspector import Encoded, Inspector, PassPlan, kv_head_of, text_digest
+from agent_tools.layout import output_weight
 from agent_tools.loading import LoadedModel
 from agent_tools.render import grid_heatmap
 from agent_tools.schemas import Token, rounded
+from agent_tools.stack_input import on_stack
 from agent_tools.tools.diagnose_collapse import narrative
 from agent_tools.tools.diagnose_collapse.models import CollapseReport, DiagnoseCollapseInput, HeadCollapseRow
 from agent_tools.tools.diagnose_collapse.narrative import CollapseNumbers
@@ -37,21 +41,32 @@ def diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> Coll
 def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> PassPlan[CollapseReport]:
     """The pass (a :class:`CollapseConsumer` over the requested layers) and the report built from it."""
     loaded = inspector.model(args.model)
-    facts = loaded.facts
-    layers = check_indices(args.layers, facts.num_layers, "layers")
-    heads = check_indices(args.heads, facts.num_heads, "heads")
-    encoded = inspector.encode(loaded, args.text)
-    if facts.is_causal and encoded.length < 2:
-        msg = f"text is {encoded.length} token; collapse needs at least 2 tokens so a query can choose between keys"
+    stack = inspector.attention_stack(loaded, args.attention)
+    layers = inspector.check_layers(loaded, args.layers, stack, "layers")
+    heads = inspector.check_heads(loaded, args.heads, stack, "heads")
+    encoded = inspector.encode_on(loaded, args.text, stack)
+    keys = encoded.key_tokens
+    if stack.is_causal and len(keys) < 2:
+        what = "the model's answer (what the decoder reads)" if stack.name == "decoder" else "text"
+        msg = f"{what} is {len(keys)} token; collapse needs at least 2 tokens so a query can choose between keys"
         raise InvalidInputError(msg, field="text")
-    sinks = sink_key_mask([t.special for t in encoded.tokens])  # (keys,): position 0 and the special tokens
-    grams = output_grams_for(loaded.model, layers, facts.num_heads)
+    sinks = sink_key_mask([t.special for t in keys])  # (keys,): position 0 and the special tokens
+    grams = stack_output_grams(loaded.model, layers, stack)
     consumer = CollapseConsumer(sinks, heads=heads, threshold=args.threshold, output_grams=grams)
 
     def finish(_output: object) -> CollapseReport:
-        return _report(inspector, args, loaded=loaded, encoded=encoded, layers=layers, sinks=sinks, consumer=consumer)
+        return _report(
+            inspector, args, loaded=loaded, stack=stack, encoded=encoded, layers=layers, sinks=sinks, consumer=consumer
+        )
 
     return PassPlan(loaded, encoded, [consumer], finish, layers=layers)
+
+
+def stack_output_grams(model: torch.nn.Module, layers: Sequence[int], stack: StackFacts) -> dict[int, torch.Tensor]:
+    """(H, D, D) Gram matrices of each requested layer's output projection in ``stack`` (for value-side norms)."""
+    return {
+        layer: head_output_grams(output_weight(model, layer, stack=stack.name), stack.num_heads) for layer in layers
+    }
 
 
 def head_row(stats: HeadCollapse, tokens: Sequence[Token], kv_head: int) -> HeadCollapseRow:
@@ -94,12 +109,12 @@ def head_row(stats: HeadCollapse, tokens: Sequence[Token], kv_head: int) -> Head
     )
 
 
-def _measure(stats: Sequence[HeadCollapse], encoded: Encoded, loaded: LoadedModel) -> CollapseNumbers:
+def _measure(stats: Sequence[HeadCollapse], encoded: Encoded, stack: StackFacts) -> CollapseNumbers:
     """Every examined head's row, most collapsed first, with the verdict counts and the bound's row totals."""
-    rows = [head_row(s, encoded.tokens, loaded.facts.kv_head_of(s.head)) for s in rank_heads(stats)]
+    rows = [head_row(s, encoded.key_tokens, kv_head_of(stack, s.head)) for s in rank_heads(stats)]
     counts: dict[str, int] = {v: sum(1 for r in rows if r.verdict == v) for v in sorted({r.verdict for r in rows})}
     return CollapseNumbers(
-        num_tokens=encoded.length,
+        num_tokens=len(encoded.query_tokens),
         rows=rows,
         verdict_counts=counts,
         bound_violations=sum(s.bound_violations for s in stats),
@@ -108,17 +123,22 @@ def _measure(stats: Sequence[HeadCollapse], encoded: Encoded, loaded: LoadedMode
 
 
 def _write_png(
-    inspector: Inspector, args: DiagnoseCollapseInput, loaded: LoadedModel, layers: list[int], stats: list[HeadCollapse]
+    inspector: Inspector,
+    args: DiagnoseCollapseInput,
+    loaded: LoadedModel,
+    stack: StackFacts,
+    layers: list[int],
+    stats: list[HeadCollapse],
 ) -> str:
     """The layer × head grid of (unrounded) mean max weight; heads not examined are blank."""
-    facts = loaded.facts
-    grid = [[math.nan] * facts.num_heads for _ in range(facts.num_layers)]
+    grid = [[math.nan] * stack.num_heads for _ in range(stack.num_layers)]
     for s in stats:
         grid[s.layer][s.head] = s.mean_max_weight
-    path = inspector.artifact_path(f"collapse-{loaded.name}-{text_digest(args.text)}", ".png")
+    where = "" if stack.name == "self" else f"{stack.name}-"
+    path = inspector.artifact_path(f"collapse-{loaded.name}-{where}{text_digest(args.text)}", ".png")
     written = grid_heatmap(
         [grid[layer] for layer in layers],
-        f"{loaded.name} — mean max attention weight (1 = collapsed)",
+        f"{loaded.name} — {where}mean max attention weight (1 = collapsed)",
         path,
         colorbar_label="mean max weight",
         cmap="magma",
@@ -133,20 +153,22 @@ def _report(
     args: DiagnoseCollapseInput,
     *,
     loaded: LoadedModel,
+    stack: StackFacts,
     encoded: Encoded,
     layers: list[int],
     sinks: torch.Tensor,
     consumer: CollapseConsumer,
 ) -> CollapseReport:
     stats = consumer.results()
-    numbers = _measure(stats, encoded, loaded)
+    numbers = _measure(stats, encoded, stack)
     findings = narrative.findings(numbers, top_k=args.top_k)
-    png_path = _write_png(inspector, args, loaded, layers, stats) if args.png else None
+    png_path = _write_png(inspector, args, loaded, stack, layers, stats) if args.png else None
     return CollapseReport(
         model=loaded.name,
-        summary=narrative.summary(numbers),
+        summary=on_stack(stack.name, narrative.summary(numbers)),
         findings=findings,
-        num_tokens=encoded.length,
+        attention=stack.name,
+        num_tokens=len(encoded.query_tokens),
         threshold=args.threshold,
         heads_examined=len(numbers.rows),
         concentrated_heads=len(numbers.concentrated),

@@ -18,8 +18,9 @@ from agent_tools.tools.explain_scaling.models import (
     SyntheticRow,
     Temperature,
 )
+from agent_tools.tools.explain_scaling.narrative import next_calls
 from agent_tools.tools.explain_scaling.plan import explain_scaling, plan_explain_scaling
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "DEFAULT_TEMPERATURES",
@@ -44,4 +45,7 @@ SPEC = ToolSpec(
     run=explain_scaling,
     plan=plan_explain_scaling,
     example={"text": "The cat sat on the mat because it was tired.", "layer": 3},
+    summary_lists=(Top("head_variances", 12, by="raw_variance"),),
+    next_calls=next_calls,
+    advanced=("temperatures", "synthetic"),
 )

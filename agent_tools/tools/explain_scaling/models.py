@@ -9,13 +9,11 @@ from pydantic_core import PydanticCustomError
 
 from agent_tools.analysis.scaling import SATURATION, SYNTHETIC_HEAD_DIMS, SettingKind
 from agent_tools.schemas import Report, TextInput
+from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Explain what the 1/sqrt(d_k) score scale does in one layer (or head) on a text: d_k and the model's "
-    "actual scale, the measured variance of raw q·k and of the scaled scores next to var(q)·var(k)·d_k, and "
-    "for the model's scale, no scaling and a temperature sweep: entropy, mean max weight, fraction of "
-    "saturated rows and the softmax Jacobian's trace and norm (how much gradient flows back). Checks that "
-    "entropy never rises as the scale grows, and adds a model-free demonstration for d_k = 16..1024."
+    "What the 1/sqrt(d_k) scale does in one layer: measured vs predicted Var(q·k), and the softmax's entropy, "
+    "saturation and gradient with and without it. Use for 'why divide by sqrt(d_k)?'."
 )
 DEFAULT_TEMPERATURES = (0.25, 0.5, 2.0, 4.0)
 NULL_TEMPERATURE = "Input should be a finite number > 0 (NaN and ±infinity have no JSON form: they arrive as null)"
@@ -31,9 +29,9 @@ def _not_null(value: object) -> object:
 Temperature = Annotated[float, Field(gt=0.0, allow_inf_nan=False), BeforeValidator(_not_null)]
 
 
-class ExplainScalingInput(TextInput):
-    layer: int = Field(description="layer index, 0-based (describe_model gives the range)")
-    head: int | None = Field(default=None, description="one query head; omitted = every head of the layer")
+class ExplainScalingInput(TextInput, StackInput):
+    layer: int = Field(description="0-based")
+    head: int | None = Field(default=None, description="omitted = every head")
     temperatures: list[Temperature] | None = Field(
         default=None,
         min_length=1,
@@ -91,7 +89,7 @@ class SyntheticRow(BaseModel):
     scaled: SoftmaxSummary
 
 
-class ScalingReport(Report):
+class ScalingReport(Report, StackReport):
     layer: int
     head: int | None
     heads: list[int]

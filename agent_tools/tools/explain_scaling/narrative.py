@@ -10,8 +10,14 @@ import math
 from dataclasses import dataclass
 
 from agent_tools.analysis.scaling import SATURATION
-from agent_tools.schemas import Finding, rounded
-from agent_tools.tools.explain_scaling.models import HeadScoreVariance, ScaleSetting, SyntheticRow
+from agent_tools.schemas import Finding, NextCall, follow_up, rounded
+from agent_tools.tools.explain_scaling.models import (
+    ExplainScalingInput,
+    HeadScoreVariance,
+    ScaleSetting,
+    ScalingReport,
+    SyntheticRow,
+)
 
 
 @dataclass(frozen=True)
@@ -172,3 +178,35 @@ def summary(n: ScalingNumbers) -> str:
         f"{model.jacobian_trace:.3f} → {unscaled.jacobian_trace:.3f}, ‖J‖_F "
         f"{model.jacobian_frobenius:.3f} → {unscaled.jacobian_frobenius:.3f}."
     )
+
+
+def next_calls(args: ExplainScalingInput, report: ScalingReport) -> list[NextCall]:
+    """The widest head's map, the layer's collapse check, and the training experiment at this d_k."""
+    widest = max(report.head_variances, key=lambda r: r.raw_variance, default=None)
+    calls = []
+    if widest is not None:
+        calls.append(
+            follow_up(
+                "show_attention",
+                {"text": args.text, "layer": report.layer, "head": widest.head},
+                f"the map of L{report.layer}H{widest.head}, the head with the widest scores",
+                model=args.model,
+            )
+        )
+    calls.append(
+        follow_up(
+            "diagnose_collapse",
+            {"text": args.text, "layers": [report.layer]},
+            f"whether layer {report.layer}'s heads collapse on this text",
+            model=args.model,
+        )
+    )
+    if report.head_dim < 1024:
+        calls.append(
+            follow_up(
+                "scaling_experiment",
+                {"small_head_dim": min(report.head_dim, 512)},
+                f"train a tiny head with and without 1/sqrt(d_k) at d_k = {min(report.head_dim, 512)} and 1024",
+            )
+        )
+    return calls

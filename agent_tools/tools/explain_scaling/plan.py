@@ -13,10 +13,11 @@ from torch import Tensor
 from agent_tools.analysis.scaling import SyntheticScaling, synthetic_scaling_demo
 from agent_tools.consumers.scaling import ScalingConsumer, SettingSums
 from agent_tools.errors import InvalidInputError
-from agent_tools.families import ModelFacts
-from agent_tools.inspector import Inspector, PassPlan
+from agent_tools.families import StackFacts
+from agent_tools.inspector import Inspector, PassPlan, kv_head_of
 from agent_tools.loading import LoadedModel
 from agent_tools.schemas import rounded
+from agent_tools.stack_input import on_stack
 from agent_tools.tools.explain_scaling import narrative
 from agent_tools.tools.explain_scaling.models import (
     DEFAULT_TEMPERATURES,
@@ -41,24 +42,31 @@ def plan_explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> Pas
     """The pass over the layer (a :class:`ScalingConsumer`) and the report built from it."""
     loaded = inspector.model(args.model)
     facts = loaded.facts
-    layer = inspector.check_layer(loaded, args.layer)
-    heads = [inspector.check_head(loaded, args.head)] if args.head is not None else list(range(facts.num_heads))
+    stack = inspector.attention_stack(loaded, args.attention)
+    layer = inspector.check_layer(loaded, args.layer, stack)
+    every_head = list(range(stack.num_heads))
+    heads = [inspector.check_head(loaded, args.head, stack)] if args.head is not None else every_head
     temperatures = list(args.temperatures) if args.temperatures is not None else list(DEFAULT_TEMPERATURES)
-    encoded = inspector.encode(loaded, args.text)
-    if facts.is_causal and encoded.length < 2:
-        msg = f"text is {encoded.length} token; the scale sweep needs at least 2 tokens so a query sees 2 keys"
+    encoded = inspector.encode_on(loaded, args.text, stack)
+    if stack.is_causal and len(encoded.key_tokens) < 2:
+        what = "the model's answer (what the decoder reads)" if stack.name == "decoder" else "text"
+        msg = (
+            f"{what} is {len(encoded.key_tokens)} token; the scale sweep needs at least 2 tokens so a query sees 2 keys"
+        )
         raise InvalidInputError(msg, field="text")
     consumer = ScalingConsumer(
-        layer, heads, temperatures, model_scale=facts.scaling, query_prescaled=facts.query_prescaled
+        layer, heads, temperatures, model_scale=stack.scaling, query_prescaled=facts.query_prescaled
     )
 
     def finish(_output: object) -> ScalingReport:
-        return _report(args, loaded, layer=layer, heads=heads, consumer=consumer, num_tokens=encoded.length)
+        return _report(
+            args, loaded, stack, layer=layer, heads=heads, consumer=consumer, num_tokens=len(encoded.query_tokens)
+        )
 
     return PassPlan(loaded, encoded, [consumer], finish, layers=[layer])
 
 
-def _head_rows(variances: dict[str, Tensor], heads: list[int], facts: ModelFacts) -> list[HeadScoreVariance]:
+def _head_rows(variances: dict[str, Tensor], heads: list[int], stack: StackFacts) -> list[HeadScoreVariance]:
     """Per head: measured Var(q·k) and Var(scaled), the two predictions and the q/k moments, rounded.
 
     ``variances``: :meth:`ScalingConsumer.variances`, each entry (heads,) in the order of ``heads``.
@@ -71,7 +79,7 @@ def _head_rows(variances: dict[str, Tensor], heads: list[int], facts: ModelFacts
         rows.append(
             HeadScoreVariance(
                 head=head,
-                kv_head=facts.kv_head_of(head),
+                kv_head=kv_head_of(stack, head),
                 raw_variance=rounded(raw),
                 scaled_variance=rounded(float(variances["scaled_variance"][i])),
                 predicted_isotropic=rounded(iso),
@@ -114,7 +122,7 @@ def _synthetic_row(demo: SyntheticScaling) -> SyntheticRow:
 
 
 def _measure(
-    args: ExplainScalingInput, facts: ModelFacts, *, layer: int, heads: list[int], consumer: ScalingConsumer
+    args: ExplainScalingInput, stack: StackFacts, *, layer: int, heads: list[int], consumer: ScalingConsumer
 ) -> ScalingNumbers:
     """Everything the report states, from the consumer's sums (and the synthetic demonstration when asked for)."""
     variances = consumer.variances()
@@ -123,12 +131,12 @@ def _measure(
         layer=layer,
         head=args.head,
         head_count=len(heads),
-        head_dim=facts.head_dim,
-        scaling=facts.scaling,
+        head_dim=stack.qk_dim,
+        scaling=stack.scaling,
         raw_mean=float(variances["raw_variance"].mean()),
         scaled_mean=float(variances["scaled_variance"].mean()),
         predicted=float(variances["predicted_isotropic"].mean()),
-        head_rows=_head_rows(variances, heads, facts),
+        head_rows=_head_rows(variances, heads, stack),
         model_setting=next(s for s in settings if s.kind == "model_scale"),
         unscaled=next(s for s in settings if s.kind == "no_scaling"),
         settings=settings,
@@ -141,6 +149,7 @@ def _measure(
 def _report(
     args: ExplainScalingInput,
     loaded: LoadedModel,
+    stack: StackFacts,
     *,
     layer: int,
     heads: list[int],
@@ -148,18 +157,19 @@ def _report(
     num_tokens: int,
 ) -> ScalingReport:
     facts = loaded.facts
-    n = _measure(args, facts, layer=layer, heads=heads, consumer=consumer)
+    n = _measure(args, stack, layer=layer, heads=heads, consumer=consumer)
     return ScalingReport(
         model=loaded.name,
-        summary=narrative.summary(n),
+        summary=on_stack(stack.name, narrative.summary(n)),
         findings=narrative.findings(n),
+        attention=stack.name,
         layer=layer,
         head=args.head,
         heads=heads,
         num_tokens=num_tokens,
-        head_dim=facts.head_dim,
-        scaling=rounded(facts.scaling, 6),
-        inverse_sqrt_head_dim=rounded(1 / math.sqrt(facts.head_dim), 6),
+        head_dim=stack.qk_dim,
+        scaling=rounded(stack.scaling, 6),
+        inverse_sqrt_head_dim=rounded(1 / math.sqrt(stack.qk_dim), 6),
         scaling_ratio=rounded(n.ratio),
         standard_scale=n.standard_scale,
         softcap=facts.softcap,

@@ -19,8 +19,9 @@ from agent_tools.tools.inspect_projections.models import (
     SharedKVHead,
     SubspaceAngles,
 )
+from agent_tools.tools.inspect_projections.narrative import next_calls
 from agent_tools.tools.inspect_projections.plan import inspect_projections, plan_inspect_projections
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "EFFECTIVE_RANK_DEFINITION",
@@ -44,4 +45,10 @@ SPEC = ToolSpec(
     run=inspect_projections,
     plan=plan_inspect_projections,
     example={"text": "The cat sat on the mat because it was tired.", "layer": 3, "head": 0},
+    summary_lists=(
+        Top("tokens", 32, order="first"),
+        Top("counterfactual.rows", 24, by="js_divergence"),
+    ),
+    next_calls=next_calls,
+    advanced=("png",),
 )

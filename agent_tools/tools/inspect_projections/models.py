@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from agent_tools.schemas import Report, TextInput, Token
+from agent_tools.stack_input import StackInput, StackReport
 
 EFFECTIVE_RANK_DEFINITION = (
     "Roy & Vetterli (2007) entropy effective rank: exp(−Σ p_i ln p_i) with p_i = σ_i / Σσ; equals the rank when "
@@ -12,21 +13,15 @@ EFFECTIVE_RANK_DEFINITION = (
 )
 
 DESCRIPTION = (
-    "Inspect one head's projections: norms, singular values and effective rank of W_Q, W_K, W_V, W_O and of "
-    "the QK and OV circuits; principal angles between the input subspaces W_Q and W_K read ('what I look for' "
-    "vs 'what I offer'); for grouped-query attention, the query heads sharing this KV head and how similar "
-    "they are; and the counterfactual with no projections (Q = K = V = the layer's normalised input, same "
-    "scale and mask): its entropy, how often a token attends to itself, and the per-query Jensen–Shannon "
-    "divergence from the real head."
+    "One head's W_Q, W_K, W_V, W_O: spectra, effective ranks, what queries look for vs what keys offer, heads "
+    "sharing its KV head, and the map without projections. Use to see what the projections add."
 )
 
 
-class InspectProjectionsInput(TextInput):
-    layer: int = Field(description="layer index, 0-based (describe_model gives the range)")
-    head: int = Field(description="query head index, 0-based")
-    png: bool = Field(
-        default=False, description="write the no-projection counterfactual map as a PNG into the artifact folder"
-    )
+class InspectProjectionsInput(TextInput, StackInput):
+    layer: int = Field(description="0-based")
+    head: int = Field(description="0-based")
+    png: bool = Field(default=False, description="write the no-projection map as a PNG (artifact)")
 
 
 class MatrixSpectrumReport(BaseModel):
@@ -97,7 +92,7 @@ class NoProjectionCounterfactual(BaseModel):
     png_path: str | None = None
 
 
-class ProjectionReport(Report):
+class ProjectionReport(Report, StackReport):
     layer: int
     head: int
     kv_head: int

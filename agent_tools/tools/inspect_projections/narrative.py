@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_tools.consumers.head_inputs import mask_phrase
-from agent_tools.schemas import Finding
+from agent_tools.schemas import Finding, NextCall, follow_up
 from agent_tools.tools.inspect_projections.models import (
+    InspectProjectionsInput,
     MatrixSpectrumReport,
     NoProjectionCounterfactual,
+    ProjectionReport,
     SharedKVHead,
     SubspaceAngles,
 )
@@ -153,3 +155,24 @@ def summary(m: Measured) -> str:
         f"{cf.model_self_argmax_fraction:.0%}), entropy {cf.mean_entropy:.3f} vs {cf.model_mean_entropy:.3f} nats, "
         f"mean JS divergence {cf.mean_js_divergence:.3f} nats. {_sharing_text(m)}"
     )
+
+
+def next_calls(args: InspectProjectionsInput, report: ProjectionReport) -> list[NextCall]:
+    """Rebuild the head step by step, see its map, and whether it matters."""
+    where = {"layer": report.layer, "head": report.head}
+    name = f"L{report.layer}H{report.head}"
+    return [
+        follow_up(
+            "reconstruct_attention",
+            {"text": args.text, **where},
+            f"{name}'s map rebuilt stage by stage: which step the projections' effect comes from",
+            model=args.model,
+        ),
+        follow_up("show_attention", {"text": args.text, **where}, f"{name}'s map, query by query", model=args.model),
+        follow_up(
+            "ablate_heads",
+            {"text": args.text, "heads": [f"{report.layer}.{report.head}"]},
+            f"whether {name} matters for the output",
+            model=args.model,
+        ),
+    ]

@@ -31,12 +31,14 @@ from agent_tools.analysis.projections import (
     top_key_agreement,
 )
 from agent_tools.consumers.head_inputs import HeadInputs, describe_mask
+from agent_tools.families import StackFacts
 from agent_tools.head_inputs_pass import plan_head_inputs
-from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
+from agent_tools.inspector import Encoded, Inspector, PassPlan, kv_head_of, text_digest
 from agent_tools.layout import HeadProjections, head_projections
 from agent_tools.loading import LoadedModel
 from agent_tools.render import attention_heatmap
 from agent_tools.schemas import rounded
+from agent_tools.stack_input import on_stack
 from agent_tools.tools.inspect_projections.models import (
     EFFECTIVE_RANK_DEFINITION,
     CounterfactualRow,
@@ -61,6 +63,19 @@ class _Head:
     others: list[int]
 
 
+CROSS_REFUSAL = (
+    "inspect_projections rebuilds a head from one input x (Q = K = V = x for its counterfactual); a "
+    "cross-attention head's keys and values come from the encoder's output, not from x"
+)
+
+
+def sharing_kv(stack: StackFacts, head: int) -> list[int]:
+    """The query heads of ``stack`` that read the same KV head as ``head``."""
+    groups = max(1, stack.num_heads // stack.num_kv_heads)
+    kv_head = kv_head_of(stack, head)
+    return list(range(kv_head * groups, (kv_head + 1) * groups))
+
+
 def inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> ProjectionReport:
     """Compare one head's W_Q, W_K, W_V, W_O (norms, singular values, effective rank, principal angles), the
     query heads sharing its KV head, and the attention it would have with Q = K = V = the layer's input."""
@@ -70,22 +85,27 @@ def inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> 
 def plan_inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> PassPlan[ProjectionReport]:
     """The pass over the head's layer (its input recorded) and the report built from it."""
     loaded = inspector.model(args.model)
-    layer = inspector.check_layer(loaded, args.layer)
-    head = inspector.check_head(loaded, args.head)
-    encoded = inspector.encode(loaded, args.text)
-    others = [h for h in loaded.facts.heads_sharing_kv(loaded.facts.kv_head_of(head)) if h != head]
+    stack = inspector.attention_stack(loaded, args.attention)
+    inspector.require_stack(loaded, stack, ("self", "encoder", "decoder"), CROSS_REFUSAL)
+    layer = inspector.check_layer(loaded, args.layer, stack)
+    head = inspector.check_head(loaded, args.head, stack)
+    encoded = inspector.encode_on(loaded, args.text, stack)
+    others = [h for h in sharing_kv(stack, head) if h != head]
     capture = plan_head_inputs(inspector, loaded, encoded, layer, [head, *others])
     target = _Head(loaded, encoded, layer, head, others)
 
     def finish(output: object) -> ProjectionReport:
-        return _report(inspector, args, target, capture.finish(output))
+        report = _report(inspector, args, target, capture.finish(output), stack)
+        return report.model_copy(update={"attention": stack.name, "summary": on_stack(stack.name, report.summary)})
 
     return PassPlan(loaded, encoded, capture.consumers, finish, layers=[layer], record_inputs=True)
 
 
-def _report(inspector: Inspector, args: InspectProjectionsInput, target: _Head, inputs: HeadInputs) -> ProjectionReport:
-    facts, p = target.loaded.facts, inputs.projections
-    kv_head = facts.kv_head_of(target.head)
+def _report(
+    inspector: Inspector, args: InspectProjectionsInput, target: _Head, inputs: HeadInputs, stack: StackFacts
+) -> ProjectionReport:
+    p = inputs.projections
+    kv_head = kv_head_of(stack, target.head)
     matrices = _matrices(p)
     shared = _shared_kv_heads(target, inputs)
     counterfactual = no_projection_attention(inputs.x, inputs.effective_scale, inputs.mask)  # (T, T)
@@ -118,13 +138,13 @@ def _report(inspector: Inspector, args: InspectProjectionsInput, target: _Head, 
         family=p.family,
         hidden_size=p.d_model,
         head_dim=p.d_head,
-        tokens=target.encoded.tokens,
+        tokens=target.encoded.query_tokens,
         effective_rank_definition=EFFECTIVE_RANK_DEFINITION,
         matrices=matrices,
         query_key_angles=measured.angles,
         qk_symmetric_share=rounded(measured.symmetric),
         qk_identity_alignment=rounded(measured.identity),
-        heads_sharing_kv=facts.heads_sharing_kv(kv_head),
+        heads_sharing_kv=sharing_kv(stack, target.head),
         shared_kv_heads=shared,
         counterfactual=measured.counterfactual,
         model_weight_error=inputs.errors["model_weights"],
@@ -180,7 +200,9 @@ def _shared_kv_heads(target: _Head, inputs: HeadInputs) -> list[SharedKVHead]:
     model_map = inputs.weights[target.head]  # (T, T)
     reports = []
     for other in target.others:
-        other_w_q = head_projections(target.loaded.model, target.layer, other, facts=target.loaded.facts).w_q
+        other_w_q = head_projections(
+            target.loaded.model, target.layer, other, facts=target.loaded.facts, stack=target.encoded.stack
+        ).w_q
         other_map = inputs.weights[other]
         other_angles = principal_angles(w_q, other_w_q)
         reports.append(
@@ -203,7 +225,7 @@ def _counterfactual_png(
     """Draw the (T, T) no-projection map into the artifact folder; its path (``digest``: the text's)."""
     name, layer, head = target.loaded.name, target.layer, target.head
     path = inspector.artifact_path(f"no-projection-{name}-L{layer}H{head}-{digest}", ".png")
-    labels = target.encoded.labels()
+    labels = target.encoded.query_labels()
     title = f"{name} L{layer}H{head}: Q = K = V = x (no projections), scale {scale:.4g}"
     attention_heatmap(counterfactual.tolist(), labels, labels, title, path)
     return str(path)
@@ -241,7 +263,7 @@ def _counterfactual_rows(
     target: _Head, model_map: torch.Tensor, counterfactual: torch.Tensor, js_rows: torch.Tensor
 ) -> list[CounterfactualRow]:
     """Per query: its divergence and top key with and without the projections."""
-    tokens = target.encoded.tokens
+    tokens = target.encoded.query_tokens  # = the key tokens: a self-attention stack
     model_top, cf_top = model_map.argmax(-1), counterfactual.argmax(-1)  # (T,) each
     return [
         CounterfactualRow(
@@ -254,5 +276,5 @@ def _counterfactual_rows(
             counterfactual_top_token=tokens[int(cf_top[q])].text,
             counterfactual_self_weight=rounded(float(counterfactual[q, q])),
         )
-        for q in range(target.encoded.length)
+        for q in range(len(tokens))
     ]

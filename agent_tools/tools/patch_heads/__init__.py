@@ -16,7 +16,7 @@ from agent_tools.tools.patch_heads.models import (
     PositionPatch,
 )
 from agent_tools.tools.patch_heads.plan import patch_heads, single_token
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SPEC",
@@ -42,4 +42,9 @@ SPEC = ToolSpec(
         "answer": " mat",
         "wrong": " rug",
     },
+    summary_lists=(
+        Top("heads", 20, by="restored", order="largest_abs"),
+        Top("positions[].positions", 8, by="restored", order="largest_abs"),
+    ),
+    advanced=("top_k", "per_position"),
 )

@@ -6,32 +6,24 @@ from pydantic import BaseModel, Field
 
 from agent_tools.prompt_trace import NextCall
 from agent_tools.schemas import ModelInput, Report
+from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Find the heads that carry an answer, by activation patching (the IOI workflow): run a clean prompt and a "
-    "corrupted prompt of the same token length, then for every head (and every layer's heads together) copy its "
-    "clean output into the corrupted run and report the fraction of the logit difference between the clean answer "
-    "token and the corrupted one it restores (1 = all of it); for the top heads also per position. The patched runs "
-    "are batched, and the model is restored exactly afterwards."
+    "Activation patching between a clean prompt and a corrupted one of the same token length: how much of the "
+    "answer's logit difference each head and layer restores. Use to find the heads that carry an answer."
 )
-CLEAN_DESCRIPTION = "the prompt whose answer you want explained (plain text), e.g. '… John gave a drink to'"
-CORRUPTED_DESCRIPTION = (
-    "the same prompt with the information changed, exactly as many tokens long (swap a name for another one-token "
-    "name), e.g. '… Mary gave a drink to'"
-)
-ANSWER_DESCRIPTION = (
-    "the clean prompt's answer, one token as it follows the prompt (mind a leading space, e.g. ' Mary'); "
-    "omitted = the clean prompt's top next token"
-)
-WRONG_DESCRIPTION = "the corrupted prompt's answer, one token; omitted = the corrupted prompt's top next token"
+CLEAN_DESCRIPTION = "the prompt whose answer to explain, e.g. '… John gave a drink to'"
+CORRUPTED_DESCRIPTION = "the same prompt, one fact changed, same token length, e.g. '… Mary gave a drink to'"
+ANSWER_DESCRIPTION = "the clean answer, one token (mind a leading space); omitted = the top next token"
+WRONG_DESCRIPTION = "the corrupted prompt's answer, one token; omitted = its top next token"
 
 
-class PatchHeadsInput(ModelInput):
+class PatchHeadsInput(ModelInput, StackInput):
     clean: str = Field(description=CLEAN_DESCRIPTION)
     corrupted: str = Field(description=CORRUPTED_DESCRIPTION)
     answer: str | None = Field(default=None, min_length=1, description=ANSWER_DESCRIPTION)
     wrong: str | None = Field(default=None, min_length=1, description=WRONG_DESCRIPTION)
-    layers: list[int] | None = Field(default=None, description="layers whose heads are patched, 0-based; omitted = all")
+    layers: list[int] | None = Field(default=None, description="omitted = all")
     top_k: int = Field(default=3, ge=1, le=20, description="heads listed first, and patched position by position")
     per_position: bool = Field(default=True, description="patch the top_k heads one position at a time as well")
 
@@ -66,7 +58,7 @@ class HeadPositions(BaseModel):
     )
 
 
-class PatchReport(Report):
+class PatchReport(Report, StackReport):
     tokens: int = Field(description="tokens in each prompt")
     first_difference: int = Field(description="first position where the prompts' tokens differ")
     differing_positions: list[int]

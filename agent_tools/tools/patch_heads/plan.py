@@ -14,7 +14,7 @@ import torch
 
 from agent_tools.analysis.attribution import restored_fraction
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Encoded, Inspector, check_indices
+from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_trace import NextCall
 from agent_tools.runner.patching import HeadPatch
@@ -140,12 +140,20 @@ def _patch_every_head(
     return head_rows, layer_rows
 
 
+STACK_REFUSAL = (
+    "patch_heads copies head outputs between two runs of a decoder-only language model and reads the next-token "
+    "logits; an encoder–decoder's logits come from its decoder reading the encoder, which this tool does not patch"
+)
+
+
 def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
     """Patch every head's clean output into the corrupted run; the fraction of the logit difference it restores."""
     loaded = inspector.model(args.model)
+    stack = inspector.attention_stack(loaded, args.attention)
+    inspector.require_stack(loaded, stack, ("self",), STACK_REFUSAL)
     if not loaded.facts.is_language_model:
         raise InvalidInputError(f"model {loaded.name!r} has no next-token head; patch_heads needs a language model")
-    layers = check_indices(args.layers, loaded.facts.num_layers, "layers")
+    layers = inspector.check_layers(loaded, args.layers, stack, "layers")
     pair = _pair(inspector, loaded, args)
     head_rows, layer_rows = _patch_every_head(inspector, loaded, pair, layers)
     top = sorted(head_rows, key=lambda r: -abs(r.restored))[: args.top_k]

@@ -24,7 +24,7 @@ from agent_tools.tools.profile_heads.models import (
     TopHead,
 )
 from agent_tools.tools.profile_heads.plan import plan_profile_heads, profile_heads
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SAMPLE_TEXT",
@@ -49,4 +49,16 @@ SPEC = ToolSpec(
     run=profile_heads,
     plan=plan_profile_heads,
     example={"text": "The cat sat on the mat because it was tired.", "layers": [0, 1, 2]},
+    summary_lists=(Top("heads", 12, by="confidence"),),
+    advanced=(
+        "seed",
+        "seeds",
+        "probe_length",
+        "thresholds",
+        "skip_queries",
+        "local_window",
+        "induction_check",
+        "top_k",
+        "ablate_top",
+    ),
 )

@@ -6,19 +6,21 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from agent_tools.analysis.heads import DEFAULT_LOCAL_WINDOW, DEFAULT_SKIP_CAUSAL, DEFAULT_THRESHOLDS, HeadRole
+from agent_tools.analysis.heads import (
+    DEFAULT_LOCAL_WINDOW,
+    DEFAULT_SKIP_CAUSAL,
+    DEFAULT_THRESHOLDS,
+    HEAD_ROLES,
+    HeadRole,
+)
 from agent_tools.probes import DEFAULT_PROBE_LENGTH
 from agent_tools.prompt_trace import NextCall
-from agent_tools.schemas import ModelInput, Report
+from agent_tools.schemas import ModelInput, Report, ToolInput
+from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Profile what every attention head does: role scores (previous_token, induction, duplicate_token, "
-    "first_token/sink, self, local, broad, next_token, special_token, punctuation), each a documented attention "
-    "share in [0, 1], a primary role with a confidence and runner-up per head, the top heads per role, and a "
-    "behavioural induction check (loss on a repeated random sequence). Text roles use your text (or a sample); "
-    "induction and duplicate-token use seeded random probes, averaged over several seeds with their spread, and "
-    "their top heads come with ablation evidence (the loss rise on the probe's second copy without the head). "
-    "Every score is stated beside what uniform attention would score."
+    "The role of every head (previous_token, induction, duplicate_token, first_token, self, local, broad, ...) "
+    "scored against uniform attention, top heads per role with ablation evidence. Use to find heads of a kind."
 )
 SAMPLE_TEXT = (
     "The cat sat on the mat because it was tired, and the dog watched it from the door. "
@@ -31,14 +33,33 @@ TextSource = Literal["user", "sample"]
 EvidenceMetric = Literal["second_copy_loss_change", "mean_next_token_kl", "pooled_cosine_change"]
 
 
-class ProfileHeadsInput(ModelInput):
+class RoleThresholds(ToolInput):
+    """Thresholds by role: an object with one optional property per role (not a map, so that every provider's
+    function-calling schema can state it; the same JSON as ``{role: threshold}``)."""
+
+    previous_token: Threshold | None = None
+    induction: Threshold | None = None
+    duplicate_token: Threshold | None = None
+    first_token: Threshold | None = None
+    self: Threshold | None = None
+    local: Threshold | None = None
+    broad: Threshold | None = None
+    next_token: Threshold | None = None
+    special_token: Threshold | None = None
+    punctuation: Threshold | None = None
+
+    def given(self) -> dict[HeadRole, float]:
+        """The thresholds the caller set, by role."""
+        return {role: value for role in HEAD_ROLES if (value := getattr(self, role)) is not None}
+
+
+class ProfileHeadsInput(ModelInput, StackInput):
     text: str | None = Field(
         default=None,
-        description="text for the text roles (previous_token, first_token, self, local, broad, ...); omitted = a "
-        "built-in two-sentence sample. Induction and duplicate_token always use the random-token probe.",
+        description="text for the text roles; omitted = a sample (induction uses random-token probes)",
     )
-    layers: list[int] | None = Field(default=None, description="layers to profile (0-based); omitted = all")
-    roles: list[HeadRole] | None = Field(default=None, description="roles to score; omitted = all")
+    layers: list[int] | None = Field(default=None, description="omitted = all")
+    roles: list[HeadRole] | None = Field(default=None, description="omitted = all")
     seed: int = Field(default=0, ge=0, description="seed of the first probe's random tokens (same seed, same probe)")
     seeds: int = Field(
         default=3,
@@ -55,10 +76,10 @@ class ProfileHeadsInput(ModelInput):
         f"{DEFAULT_PROBE_LENGTH}, or as many as the model's positions allow",
     )
     top_k: int = Field(default=3, ge=1, le=20, description="top heads listed per role")
-    thresholds: dict[HeadRole, Threshold] | None = Field(
+    thresholds: RoleThresholds | None = Field(
         default=None,
-        description="per-role score a head needs to take the role; defaults: "
-        + ", ".join(f"{r} {t}" for r, t in DEFAULT_THRESHOLDS.items()),
+        description='per-role score in (0, 1) a head needs to take the role, e.g. {"induction": 0.2}; omitted '
+        "roles keep their defaults: " + ", ".join(f"{r} {t}" for r, t in DEFAULT_THRESHOLDS.items()),
     )
     skip_queries: int | None = Field(
         default=None,
@@ -78,9 +99,7 @@ class ProfileHeadsInput(ModelInput):
         default=None,
         ge=0,
         le=5,
-        description="ablate each role's top N heads one at a time on that role's input and attach the effect "
-        "(one extra forward each); 0 = off; omitted = where it is cheap: every listed head of the probe roles, in "
-        "one batched forward over the probe, and none for the text roles",
+        description="ablation evidence for each role's top N heads; 0 = off; omitted = where cheap (probe roles)",
     )
 
 
@@ -149,7 +168,7 @@ class InductionCheck(BaseModel):
     loss_second_copy_ablated: float | None = Field(default=None, description="second-copy loss with them removed")
 
 
-class HeadProfiles(Report):
+class HeadProfiles(Report, StackReport):
     layers: list[int]
     num_heads: int
     text_source: TextSource

@@ -27,13 +27,14 @@ from agent_tools.analysis.heads import (
 from agent_tools.consumers.roles import RoleScoreConsumer, role_scores
 from agent_tools.errors import InvalidInputError
 from agent_tools.families import ModelFacts
-from agent_tools.inspector import Encoded, Inspector, PassPlan, check_indices
+from agent_tools.inspector import Encoded, Inspector, PassPlan
 from agent_tools.loading import LoadedModel
 from agent_tools.probes import Probe, build_probe
 from agent_tools.prompt_trace import NextCall
 from agent_tools.runner import model_output
 from agent_tools.runner.patching import HeadPatch
 from agent_tools.schemas import head_label, rounded
+from agent_tools.stack_input import on_stack
 from agent_tools.tools.profile_heads.models import (
     SAMPLE_TEXT,
     AblationEvidence,
@@ -85,12 +86,22 @@ class _TextPass:
     consumer: RoleScoreConsumer
 
 
+STACK_REFUSAL = (
+    "profile_heads runs its text, its induction probe and its ablations through one sequence; on an "
+    "encoder–decoder that is the encoder. Cross-attention reads another sequence, so positional roles (previous "
+    "token, induction, local) have no meaning there, and decoder roles are not measured by this tool: look at "
+    "the decoder or cross stack with show_attention or diagnose_collapse"
+)
+
+
 def plan_profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> PassPlan[HeadProfiles]:
     """The text pass (role sums over the text, with the model's output for ablation evidence) as a plan; its
     finish runs the probe pass and the ablations."""
     loaded = inspector.model(args.model)
     facts = loaded.facts
-    layers = check_indices(args.layers, facts.num_layers, "layer")
+    stack = inspector.attention_stack(loaded, args.attention)
+    inspector.require_stack(loaded, stack, ("self", "encoder"), STACK_REFUSAL)
+    layers = inspector.check_layers(loaded, args.layers, stack, "layer")
     roles = _check_roles(args.roles)
     text_roles = [r for r in roles if r in TEXT_ROLES]
     if not text_roles:
@@ -156,7 +167,7 @@ def _profile(
 ) -> HeadProfiles:
     """The plan's finish: the probe pass, every head's profile, each role's top heads, the induction check."""
     facts = loaded.facts
-    thresholds = {**DEFAULT_THRESHOLDS, **(args.thresholds or {})}
+    thresholds = {**DEFAULT_THRESHOLDS, **(args.thresholds.given() if args.thresholds else {})}
     measured = _measure(inspector, args, loaded, layers, roles, text, text_output)
     scored = [r for r in roles if any(r in per_role for per_role in measured.scores.values())]
     heads = _head_profiles(measured, layers, scored, thresholds, facts)
@@ -189,7 +200,9 @@ def _profile(
         induction_check=_induction_check(losses),
         heads=heads,
     )
-    return report.model_copy(update={"summary": summary(report), "next_calls": _next_calls(args, loaded, report)})
+    report.attention = facts.stack().name
+    said = on_stack(report.attention, summary(report))
+    return report.model_copy(update={"summary": said, "next_calls": _next_calls(args, loaded, report)})
 
 
 def _ablated_count(args: ProfileHeadsInput, role: HeadRole) -> int:

@@ -15,13 +15,14 @@ from agent_tools.tools.reconstruct_attention.models import (
     ReconstructAttentionInput,
     StageReport,
 )
+from agent_tools.tools.reconstruct_attention.narrative import next_calls
 from agent_tools.tools.reconstruct_attention.plan import (
     Reconstruction,
     plan_reconstruct_attention,
     plan_reconstruction,
     reconstruct_attention,
 )
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "PARITY_TOLERANCE",
@@ -44,4 +45,10 @@ SPEC = ToolSpec(
     run=reconstruct_attention,
     plan=plan_reconstruct_attention,
     example={"text": "The cat sat on the mat because it was tired.", "layer": 3, "head": 0},
+    summary_lists=(
+        Top("tokens", 32, order="first"),
+        Top("stages[].top_keys", 16, by="position", label="query position (the last queries first)"),
+    ),
+    next_calls=next_calls,
+    advanced=("mask_every_stage", "png"),
 )

@@ -6,29 +6,24 @@ from pydantic import BaseModel, Field
 
 from agent_tools.analysis.reconstruct import ReconstructionStage
 from agent_tools.schemas import Report, TextInput, Token
+from agent_tools.stack_input import StackInput, StackReport
 
 PARITY_TOLERANCE = 1e-5  # stage 5 must equal the model's weights to this (the issue's contract)
 
 DESCRIPTION = (
-    "Rebuild one head's attention step by step from the layer's own input and measure each step: (1) raw "
-    "dot products x·xᵀ, (2) divided by sqrt(d_k) (d_k = the head's dimension), (3) projected with W_Q and W_K, "
-    "(4) with positions (RoPE), (5) with the causal/padding/sliding-window mask and soft-capping, then softmax "
-    "— which equals the "
-    "model's own map (the error is reported). Per stage: entropy, max weight, self-share, top key per query, "
-    "divergence from the model's map; optional PNG per stage. Shows which ingredient makes the head attend "
-    "the way it does."
+    "Rebuild one head's map step by step (x·xᵀ, ÷sqrt(d_k), W_Q/W_K, positions, mask + softmax = the model's) "
+    "with each step's effect. Use to see which ingredient makes a head attend as it does."
 )
 
 
-class ReconstructAttentionInput(TextInput):
-    layer: int = Field(description="layer index, 0-based (describe_model gives the range)")
-    head: int = Field(description="query head index, 0-based")
+class ReconstructAttentionInput(TextInput, StackInput):
+    layer: int = Field(description="0-based")
+    head: int = Field(description="0-based")
     mask_every_stage: bool = Field(
         default=False,
-        description="apply the mask to stages 1–4 too (on causal models this isolates the other pieces); "
-        "by default the mask enters only at stage 5, as in the recipe",
+        description="mask stages 1–4 too (default: only stage 5, as in the recipe)",
     )
-    png: bool = Field(default=False, description="write each stage's map as a PNG heatmap into the artifact folder")
+    png: bool = Field(default=False, description="write a PNG per stage (artifact)")
 
 
 class QueryTopKey(BaseModel):
@@ -64,7 +59,16 @@ class StageReport(BaseModel):
     png_path: str | None = None
 
 
-class AttentionReconstruction(Report):
+class HeadSinkShare(BaseModel):
+    """One head's learned sink (GPT-OSS) beside the first-token sink: where its spare attention goes."""
+
+    head: int
+    sink_logit: float = Field(description="the head's learned sink logit (an extra softmax column)")
+    sink_share: float = Field(description="mean over queries of the weight the sink column takes")
+    first_token_share: float = Field(description="mean over queries of the weight on the first token (key 0)")
+
+
+class AttentionReconstruction(Report, StackReport):
     layer: int
     head: int
     kv_head: int
@@ -82,3 +86,11 @@ class AttentionReconstruction(Report):
     )
     model_weight_error: float = Field(description="max |stage-5 weights − the model's own attention weights|")
     matches_model: bool = Field(description=f"model_weight_error ≤ {PARITY_TOLERANCE}")
+    score_terms: list[str] = Field(
+        default_factory=list,
+        description="additive score terms the family adds and the stages show (relative position bias, ALiBi, "
+        "c2p/p2c, sink logit)",
+    )
+    head_sinks: list[HeadSinkShare] = Field(
+        default_factory=list, description="families with learned sink logits: every head of the layer's sink"
+    )

@@ -11,8 +11,12 @@ import math
 from dataclasses import dataclass
 
 from agent_tools.consumers.head_inputs import mask_phrase
-from agent_tools.schemas import Finding, rounded
-from agent_tools.tools.reconstruct_attention.models import StageReport
+from agent_tools.schemas import Finding, NextCall, follow_up, rounded
+from agent_tools.tools.reconstruct_attention.models import (
+    AttentionReconstruction,
+    ReconstructAttentionInput,
+    StageReport,
+)
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,9 @@ class Recipe:
     softcap: float | None
     mask: str  # describe_mask's text
     mask_every_stage: bool
+    terms: tuple[str, ...] = ()  # additive score terms with a stage of their own (not the sink logit)
+    sink: float | None = None  # the head's learned sink logit (GPT-OSS): a column of the last stage's softmax
+    sink_share: float | None = None  # mean weight that column takes on this text
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class Rebuilt:
 
 
 def _positions_text(recipe: Recipe) -> str:
+    if recipe.rotary_dims is None and recipe.terms:
+        return f"nothing new: positions enter as an additive score term at stage 5 ({', '.join(recipe.terms)})"
     if recipe.rotary_dims is None:
         return f"nothing new: {recipe.positional} — positions are already in x, so this equals stage 3"
     if recipe.rotary_dims < recipe.head_dim:
@@ -75,15 +84,33 @@ def stage_descriptions(recipe: Recipe) -> list[str]:
     early = f"; {mask_phrase(recipe.mask)} applied already" if recipe.mask_every_stage else ", every key visible"
     softcap = f"scores soft-capped to c·tanh(s/c) with c = {recipe.softcap}, then " if recipe.softcap else ""
     model_scale = model_scale_text(recipe)
-    return [
+    stages = [
         f"raw dot products x_i·x_j of the layer's input (x has {d} dims), ÷ 1 (not scaled){early}",
         f"divided by sqrt(d_k) = sqrt({d_k}) = {math.sqrt(d_k):.4g} (d_k = {d_k}, the head's dimension; "
         f"not the {d} dims of x)",
         f"q = x W_Q, k = x W_K{bias} ({d_k}-dim head); q·k {model_scale}{prescale}",
         f"{_positions_text(recipe)}; still {_divided_by(recipe.effective_scale)}",
-        f"{softcap}{mask_phrase(recipe.mask)}, then softmax: the model's own attention "
-        f"(still {_divided_by(recipe.effective_scale)})",
     ]
+    if recipe.terms:
+        stages.append(
+            f"+ {' + '.join(recipe.terms)}: the family's additive term on the scores, as the model computed it "
+            f"(not scaled: it is added after q·k {_divided_by(recipe.effective_scale)})"
+        )
+    sink, lead = "", ""
+    if recipe.sink is not None:
+        share = (
+            f", which takes {recipe.sink_share:.1%} of this head's attention" if recipe.sink_share is not None else ""
+        )
+        lead = "+ sink logit: "
+        sink = (
+            f" over the keys and one more column per query holding the head's learned sink logit "
+            f"{recipe.sink:.4g}{share}, so the real keys share the rest"
+        )
+    stages.append(
+        f"{lead}{softcap}{mask_phrase(recipe.mask)}, then softmax{sink}: the model's own attention "
+        f"(still {_divided_by(recipe.effective_scale)})"
+    )
+    return stages
 
 
 def stage_finding(report: StageReport, layer: int, head: int) -> Finding:
@@ -124,7 +151,7 @@ def error_finding(rebuilt: Rebuilt) -> Finding:
         head=rebuilt.head,
         value=rebuilt.weight_error,
         detail=(
-            f"stage 5 equals the model's weights to {rebuilt.weight_error:.1e} "
+            f"stage {len(rebuilt.stages)} equals the model's weights to {rebuilt.weight_error:.1e} "
             f"(stage-4 scores to {rebuilt.score_error:.1e})"
         ),
     )
@@ -142,13 +169,40 @@ def summary(recipe: Recipe, rebuilt: Rebuilt) -> str:
     first, last = stages[0], stages[-1]
     before, after = stages[rebuilt.decisive - 1], stages[rebuilt.decisive]
     positions = "RoPE" if recipe.rotary_dims is not None else "positions (already in x)"
+    if recipe.rotary_dims is None and recipe.terms:
+        positions = "positions (as a score term)"
     softcap = " and soft-cap" if recipe.softcap else ""
+    terms = f"+ {' + '.join(recipe.terms)} {stages[4].mean_entropy:.3f} → " if recipe.terms else ""
+    sink = ""
+    if recipe.sink is not None and recipe.sink_share is not None:
+        sink = f" with the sink logit (it takes {recipe.sink_share:.1%})"
     return (
         f"Layer {rebuilt.layer} head {rebuilt.head} rebuilt from its input on {rebuilt.length} tokens; mean entropy "
         f"per stage: raw x·xᵀ {first.mean_entropy:.3f} nats (self-share {first.self_share:.2f}) → "
         f"÷sqrt(d_k = {recipe.head_dim}) {stages[1].mean_entropy:.3f} → W_Q/W_K {stages[2].mean_entropy:.3f} → "
-        f"{positions} {stages[3].mean_entropy:.3f} → {mask_phrase(recipe.mask)}{softcap}, softmax "
+        f"{positions} {stages[3].mean_entropy:.3f} → {terms}{mask_phrase(recipe.mask)}{softcap}, softmax{sink} "
         f"{last.mean_entropy:.3f} = the model's map (max error {rebuilt.weight_error:.1e}). With the mask held "
         f"fixed, stage {rebuilt.decisive + 1} ({after.name}) moves it most towards the model's map "
         f"(JS {before.masked_js_to_model:.3f} → {after.masked_js_to_model:.3f} nats)."
     )
+
+
+def next_calls(args: ReconstructAttentionInput, report: AttentionReconstruction) -> list[NextCall]:
+    """The projections behind stage 3, the score scale behind stage 2, and the head's map."""
+    where = {"layer": report.layer, "head": report.head}
+    name = f"L{report.layer}H{report.head}"
+    return [
+        follow_up(
+            "inspect_projections",
+            {"text": args.text, **where},
+            f"what W_Q, W_K, W_V of {name} look for and offer (spectra, subspaces, no-projection counterfactual)",
+            model=args.model,
+        ),
+        follow_up(
+            "explain_scaling",
+            {"text": args.text, **where},
+            f"what the 1/sqrt(d_k) scale does to {name}'s softmax",
+            model=args.model,
+        ),
+        follow_up("show_attention", {"text": args.text, **where}, f"{name}'s map, query by query", model=args.model),
+    ]

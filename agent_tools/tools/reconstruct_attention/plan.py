@@ -16,14 +16,17 @@ from agent_tools.analysis.metrics import js_divergence, masked_softmax
 from agent_tools.analysis.projections import top_key_agreement
 from agent_tools.analysis.reconstruct import StageMap, stage_measures
 from agent_tools.consumers.head_inputs import HeadInputs, describe_mask, reconstruct
+from agent_tools.families import SINK_LOGIT
 from agent_tools.head_inputs_pass import plan_head_inputs
 from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
 from agent_tools.loading import LoadedModel
 from agent_tools.render import attention_heatmap
 from agent_tools.schemas import rounded
+from agent_tools.stack_input import on_stack
 from agent_tools.tools.reconstruct_attention.models import (
     PARITY_TOLERANCE,
     AttentionReconstruction,
+    HeadSinkShare,
     QueryTopKey,
     ReconstructAttentionInput,
     StageReport,
@@ -58,6 +61,12 @@ class Reconstruction:
     inputs: HeadInputs
 
 
+CROSS_REFUSAL = (
+    "reconstruct_attention rebuilds a head from the one input x its queries and keys are projected from; a "
+    "cross-attention head's keys come from the encoder's output, not from x"
+)
+
+
 def reconstruct_attention(inspector: Inspector, args: ReconstructAttentionInput) -> AttentionReconstruction:
     """Rebuild one head's attention in five stages and measure each: raw x·xᵀ, divided by sqrt(d_k),
     projected with W_Q/W_K, with positions (RoPE), with the mask (and soft-capping) → the model's map."""
@@ -83,9 +92,11 @@ def plan_reconstruct_attention(
 def plan_reconstruction(inspector: Inspector, args: ReconstructAttentionInput) -> PassPlan[Reconstruction]:
     """The same pass, finishing with the report *and* the stage tensors (for the ``analyze`` job's pictures)."""
     loaded = inspector.model(args.model)
-    layer = inspector.check_layer(loaded, args.layer)
-    head = inspector.check_head(loaded, args.head)
-    encoded = inspector.encode(loaded, args.text)
+    stack = inspector.attention_stack(loaded, args.attention)
+    inspector.require_stack(loaded, stack, ("self", "encoder", "decoder"), CROSS_REFUSAL)
+    layer = inspector.check_layer(loaded, args.layer, stack)
+    head = inspector.check_head(loaded, args.head, stack)
+    encoded = inspector.encode_on(loaded, args.text, stack)
     capture = plan_head_inputs(inspector, loaded, encoded, layer, [head])
 
     def finish(output: object) -> Reconstruction:
@@ -112,6 +123,7 @@ def plan_reconstruction(inspector: Inspector, args: ReconstructAttentionInput) -
 def _recipe(rebuilt: _Head, mask_text: str, *, mask_every_stage: bool) -> Recipe:
     """The ingredients the stages add, read from the pass and the model's facts."""
     inputs, p = rebuilt.inputs, rebuilt.inputs.projections
+    shares = inputs.sink_shares
     return Recipe(
         family=p.family,
         hidden_size=inputs.x.shape[-1],
@@ -124,6 +136,9 @@ def _recipe(rebuilt: _Head, mask_text: str, *, mask_every_stage: bool) -> Recipe
         softcap=inputs.softcap,
         mask=mask_text,
         mask_every_stage=mask_every_stage,
+        terms=tuple(term for term in inputs.terms if term != SINK_LOGIT) if inputs.bias is not None else (),
+        sink=inputs.sink,
+        sink_share=float(shares[rebuilt.head]) if shares is not None else None,
     )
 
 
@@ -161,7 +176,7 @@ def _stage_report(
     model_map = rebuilt.inputs.weights[rebuilt.head]
     js = mean_js(stage.weights, model_map)
     masked_js = js if masked else mean_js(_masked_map(stage, rebuilt.inputs), model_map)  # a masked stage: the same
-    tokens = rebuilt.encoded.tokens
+    tokens = rebuilt.encoded.query_tokens  # = the key tokens: a self-attention stack
     top_keys = [  # one per query (thousands on long texts): built unvalidated, the whole report is checked after
         QueryTopKey.model_construct(
             position=q,
@@ -196,7 +211,7 @@ def _stage_png(inspector: Inspector, rebuilt: _Head, number: int, stage: StageMa
     """Draw one stage's map into the artifact folder; its path (``digest``: the text's, for the file name)."""
     name, layer, head = rebuilt.loaded.name, rebuilt.layer, rebuilt.head
     path = inspector.artifact_path(f"reconstruct-{name}-L{layer}H{head}-{number}-{stage.stage}-{digest}", ".png")
-    labels = rebuilt.encoded.labels()
+    labels = rebuilt.encoded.query_labels()
     attention_heatmap(
         stage.weights.tolist(), labels, labels, f"{name} L{layer}H{head} stage {number}: {stage.stage}", path
     )
@@ -215,17 +230,19 @@ def _report(rebuilt: _Head, recipe: Recipe, reports: list[StageReport]) -> Atten
     numbers = Rebuilt(
         layer=rebuilt.layer,
         head=rebuilt.head,
-        length=rebuilt.encoded.length,
+        length=len(rebuilt.encoded.query_tokens),
         stages=reports,
         weight_error=inputs.errors["model_weights"],
         score_error=inputs.errors["positional_scores"],
         decisive=decisive,
         drop=drop,
     )
+    stack = rebuilt.encoded.stack or facts.default_stack
     return AttentionReconstruction(
         model=rebuilt.loaded.name,
-        summary=summary(recipe, numbers),
+        summary=on_stack(stack, summary(recipe, numbers)),
         findings=findings(numbers),
+        attention=stack,
         layer=rebuilt.layer,
         head=rebuilt.head,
         kv_head=inputs.projections.kv_head,
@@ -236,9 +253,27 @@ def _report(rebuilt: _Head, recipe: Recipe, reports: list[StageReport]) -> Atten
         positional=facts.positional,
         mask=recipe.mask,
         softcap=inputs.softcap,
-        tokens=rebuilt.encoded.tokens,
+        tokens=rebuilt.encoded.query_tokens,
         stages=reports,
         positional_score_error=numbers.score_error,
         model_weight_error=numbers.weight_error,
         matches_model=numbers.weight_error <= PARITY_TOLERANCE,
+        score_terms=list(inputs.terms),
+        head_sinks=_head_sinks(inputs),
     )
+
+
+def _head_sinks(inputs: HeadInputs) -> list[HeadSinkShare]:
+    """Every head's learned sink logit and the share it takes, beside its first-token share (GPT-OSS)."""
+    logits, shares, firsts = inputs.sink_logits, inputs.sink_shares, inputs.first_token_shares
+    if logits is None or shares is None or firsts is None:
+        return []
+    return [
+        HeadSinkShare(
+            head=head,
+            sink_logit=rounded(float(logits[head])),
+            sink_share=rounded(float(shares[head])),
+            first_token_share=rounded(float(firsts[head])),
+        )
+        for head in range(logits.shape[0])
+    ]

@@ -6,7 +6,7 @@ pass) and ``narrative`` the summary, findings and task text.
 
 from __future__ import annotations
 
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 from agent_tools.tools.scaling_experiment.models import (
     CURVE_POINTS,
     DESCRIPTION,
@@ -15,6 +15,7 @@ from agent_tools.tools.scaling_experiment.models import (
     ScalingExperimentInput,
     ScalingExperimentReport,
 )
+from agent_tools.tools.scaling_experiment.narrative import next_calls
 from agent_tools.tools.scaling_experiment.plan import scaling_experiment
 
 __all__ = [
@@ -34,4 +35,16 @@ SPEC = ToolSpec(
     output_model=ScalingExperimentReport,
     run=scaling_experiment,
     example={"steps": 60},
+    summary_lists=(
+        Top("runs[].steps", 16, order="spaced"),
+        Top("runs[].loss", 16, order="spaced"),
+        Top("runs[].accuracy", 16, order="spaced"),
+        Top("runs[].grad_norm_q", 16, order="spaced"),
+        Top("runs[].grad_norm_k", 16, order="spaced"),
+        Top("runs[].attention_entropy", 16, order="spaced"),
+        Top("runs[].saturated_fraction", 16, order="spaced"),
+        Top("runs[].target_weight", 16, order="spaced"),
+    ),
+    next_calls=next_calls,
+    advanced=("learning_rate", "items", "batch", "log_every", "seed"),
 )

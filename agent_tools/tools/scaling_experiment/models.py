@@ -5,28 +5,24 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from agent_tools.analysis.scaling import SATURATION
-from agent_tools.schemas import Report, ToolInput
+from agent_tools.schemas import DetailInput, Report
 
 DESCRIPTION = (
-    "Reproduce 'my attention model refused to converge': train a tiny single-head attention model on a "
-    "synthetic retrieval task (CPU, seconds) with and without the 1/sqrt(d_k) factor at a small and a large "
-    "d_k, and return loss and accuracy curves, gradient norms of W_q and W_k, attention entropy and "
-    "saturation over steps. Deterministic for a seed; needs no pretrained model."
+    "Train a tiny attention head (CPU, seconds) with and without 1/sqrt(d_k) at a small and a large d_k: loss, "
+    "accuracy, gradient and saturation curves. Use to show why unscaled attention trains badly; no model needed."
 )
 VANISHED = 1e-6  # a W_q gradient norm below this counts as vanished
 CURVE_POINTS = 30  # logged points per run when log_every is omitted
 
 
-class ScalingExperimentInput(ToolInput):
-    small_head_dim: int = Field(default=16, ge=1, le=512, description="the small d_k")
-    large_head_dim: int = Field(default=1024, ge=2, le=4096, description="the large d_k")
-    steps: int = Field(default=300, ge=1, le=3000, description="SGD steps per run")
+class ScalingExperimentInput(DetailInput):
+    small_head_dim: int = Field(default=16, ge=1, le=512, description="d_k")
+    large_head_dim: int = Field(default=1024, ge=2, le=4096, description="d_k")
+    steps: int = Field(default=300, ge=1, le=3000, description="per run")
     learning_rate: float = Field(default=1.0, gt=0.0, le=100.0, allow_inf_nan=False, description="SGD learning rate")
     items: int = Field(default=16, ge=2, le=128, description="(key, label) items per example the query must search")
     batch: int = Field(default=64, ge=1, le=512, description="examples per step")
-    seed: int = Field(
-        default=0, ge=0, le=2**31 - 1, description="fixes data and initialisation: same seed, same numbers"
-    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="same seed, same numbers")
     log_every: int | None = Field(
         default=None, ge=1, le=3000, description=f"log every N steps; omitted = about {CURVE_POINTS} points per run"
     )

@@ -10,8 +10,13 @@ import math
 from dataclasses import dataclass
 
 from agent_tools.analysis.scaling import SATURATION
-from agent_tools.schemas import Finding
-from agent_tools.tools.scaling_experiment.models import VANISHED, ExperimentCurve
+from agent_tools.schemas import Finding, NextCall, follow_up
+from agent_tools.tools.scaling_experiment.models import (
+    VANISHED,
+    ExperimentCurve,
+    ScalingExperimentInput,
+    ScalingExperimentReport,
+)
 
 
 @dataclass(frozen=True)
@@ -77,3 +82,31 @@ def summary(n: ExperimentNumbers) -> str:
         f"{SATURATION}) "
         f"and ‖∂L/∂W_q‖ vanishes (< {VANISHED:g}) on {large_raw.vanished_gradient_fraction:.0%} of logged steps."
     )
+
+
+SAMPLE_TEXT = "The cat sat on the mat because it was tired."
+MAX_STEPS = 3000  # ScalingExperimentInput.steps' upper bound
+
+
+def next_calls(args: ScalingExperimentInput, report: ScalingExperimentReport) -> list[NextCall]:
+    """Longer training when an unscaled run has not converged (slow, or stuck?), then the scale on a real model."""
+    calls = []
+    stalled = [c for c in report.runs if not c.scaled and c.final_accuracy < 0.9]
+    if stalled and args.steps < MAX_STEPS:
+        steps = min(MAX_STEPS, args.steps * 4)
+        calls.append(
+            follow_up(
+                "scaling_experiment",
+                args.model_dump(exclude_defaults=True, exclude={"detail"}) | {"steps": steps},
+                f"{steps} steps: whether the unscaled d_k={stalled[-1].head_dim} run is only slow or stuck",
+            )
+        )
+    calls.append(
+        follow_up(
+            "explain_scaling",
+            {"text": SAMPLE_TEXT, "layer": 0},
+            "the same scale in a real model's layer: score variance, saturation, Jacobian",
+        )
+    )
+    calls.append(follow_up("describe_model", {}, "the real model's d_k and score scale"))
+    return calls

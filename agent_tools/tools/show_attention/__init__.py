@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 from agent_tools.tools.show_attention.models import DESCRIPTION, AttentionView, QueryRow, ShowAttentionInput
+from agent_tools.tools.show_attention.narrative import next_calls
 from agent_tools.tools.show_attention.plan import held_bytes, show_attention
 
 __all__ = ["SPEC", "AttentionView", "QueryRow", "ShowAttentionInput", "held_bytes", "show_attention"]
@@ -19,4 +20,10 @@ SPEC = ToolSpec(
     output_model=AttentionView,
     run=show_attention,
     example={"text": "The cat sat on the mat because it was tired.", "layer": 3, "head": 0},
+    summary_lists=(
+        Top("rows", 24, by="position", label="position (the last queries first)"),
+        Top("tokens", 32, order="first"),
+    ),
+    next_calls=next_calls,
+    advanced=("top_k", "include_map", "png"),
 )

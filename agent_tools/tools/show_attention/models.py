@@ -5,19 +5,20 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from agent_tools.schemas import KeyWeight, Report, TextInput, Token
+from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Show what one attention head reads on a text: for every query token its top keys with weights, the "
-    "entropy of each row and of the head, the most-read token, and optionally the full map or a PNG heatmap."
+    "What one head reads on a text: each query's top keys and weights, entropies, the most-read token. Use to "
+    "look at a head another tool named."
 )
 
 
-class ShowAttentionInput(TextInput):
-    layer: int = Field(description="layer index, 0-based (describe_model gives the range)")
-    head: int = Field(description="query head index, 0-based")
+class ShowAttentionInput(TextInput, StackInput):
+    layer: int = Field(description="0-based")
+    head: int = Field(description="0-based")
     top_k: int = Field(default=3, ge=1, le=20, description="keys listed per query")
-    include_map: bool = Field(default=False, description="return the full query × key weight matrix (T² numbers)")
-    png: bool = Field(default=False, description="write the map as a PNG heatmap into the session's artifact folder")
+    include_map: bool = Field(default=False, description="add the full T×T weight map")
+    png: bool = Field(default=False, description="write a PNG heatmap (artifact)")
 
 
 class QueryRow(BaseModel):
@@ -27,7 +28,7 @@ class QueryRow(BaseModel):
     top_keys: list[KeyWeight]
 
 
-class AttentionView(Report):
+class AttentionView(Report, StackReport):
     layer: int
     head: int
     kv_head: int = Field(description="the KV head this query head reads (grouped-query attention)")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_tools.schemas import Finding, rounded
+from agent_tools.schemas import Finding, NextCall, follow_up, rounded
+from agent_tools.tools.show_attention.models import AttentionView, ShowAttentionInput
 
 
 @dataclass(frozen=True)
@@ -42,3 +43,28 @@ def summary(view: HeadView) -> str:
         f"({view.mean_normalised_entropy:.0%} of uniform); it reads token {view.top_key} {view.top_token!r} most "
         f"({view.top_share:.1%} of attention on average)."
     )
+
+
+def next_calls(args: ShowAttentionInput, report: AttentionView) -> list[NextCall]:
+    """Does this head matter, is its layer collapsed, and which ingredient makes it read what it reads."""
+    label, where = f"{report.layer}.{report.head}", {"layer": report.layer, "head": report.head}
+    return [
+        follow_up(
+            "ablate_heads",
+            {"text": args.text, "heads": [label]},
+            f"whether L{report.layer}H{report.head}'s reading matters for the output",
+            model=args.model,
+        ),
+        follow_up(
+            "diagnose_collapse",
+            {"text": args.text, "layers": [report.layer]},
+            f"which heads of layer {report.layer} collapse, and whether harmlessly",
+            model=args.model,
+        ),
+        follow_up(
+            "reconstruct_attention",
+            {"text": args.text, **where},
+            "which step (scale, projections, positions, mask) makes it read that token",
+            model=args.model,
+        ),
+    ]

@@ -11,10 +11,11 @@ import torch
 from agent_tools.analysis.maps import top_keys
 from agent_tools.analysis.metrics import attention_entropy, normalised_entropy
 from agent_tools.consumers.head_map import HeadMapConsumer
-from agent_tools.inspector import Encoded, Inspector, text_digest
+from agent_tools.inspector import Encoded, Inspector, kv_head_of, text_digest
 from agent_tools.loading import LoadedModel
 from agent_tools.render import attention_heatmap
 from agent_tools.schemas import KeyWeight, Token, rounded
+from agent_tools.stack_input import on_stack
 from agent_tools.tools.show_attention.models import AttentionView, QueryRow, ShowAttentionInput
 from agent_tools.tools.show_attention.narrative import HeadView, most_read_finding, summary
 
@@ -43,39 +44,45 @@ def capture_head_map(
 def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionView:
     """For one layer and head: each query's top keys with weights, entropies, and optionally the map."""
     loaded = inspector.model(args.model)
-    layer = inspector.check_layer(loaded, args.layer)
-    head = inspector.check_head(loaded, args.head)
-    encoded = inspector.encode(loaded, args.text)
-    inspector.check_budget(held_bytes(encoded.length, include_map=args.include_map, png=args.png), "this map")
-    weights, allowed = capture_head_map(inspector, loaded, encoded, layer, head)
-    entropy = attention_entropy(weights)  # (T,)
-    column_share = weights.mean(0)  # (T,) mean weight each key receives
+    stack = inspector.attention_stack(loaded, args.attention)
+    layer = inspector.check_layer(loaded, args.layer, stack)
+    head = inspector.check_head(loaded, args.head, stack)
+    encoded = inspector.encode_on(loaded, args.text, stack)
+    queries, keys = encoded.query_tokens, encoded.key_tokens
+    side = max(len(queries), len(keys))
+    inspector.check_budget(held_bytes(side, include_map=args.include_map, png=args.png), "this map")
+    weights, allowed = capture_head_map(inspector, loaded, encoded, layer, head)  # (rows, keys)
+    entropy = attention_entropy(weights)  # (rows,)
+    column_share = weights.mean(0)  # (keys,) mean weight each key receives
     top_key = int(column_share.argmax())
     view = HeadView(
         layer=layer,
         head=head,
-        length=encoded.length,
+        length=len(queries),
         mean_entropy=float(entropy.mean()),
         mean_normalised_entropy=float(normalised_entropy(weights, allowed).mean()),
         top_key=top_key,
-        top_token=encoded.tokens[top_key].text,
+        top_token=keys[top_key].text,
         top_share=float(column_share[top_key]),
     )
     png_path = None
     if args.png:
-        path = inspector.artifact_path(f"attention-{loaded.name}-L{layer}H{head}-{text_digest(args.text)}", ".png")
-        labels = encoded.labels()
-        attention_heatmap(weights.tolist(), labels, labels, f"{loaded.name} — layer {layer}, head {head}", path)
+        where = "" if stack.name == "self" else f"{stack.name}-"
+        stem = f"attention-{loaded.name}-{where}L{layer}H{head}-{text_digest(args.text)}"
+        path = inspector.artifact_path(stem, ".png")
+        title = f"{loaded.name} — {where}layer {layer}, head {head}"
+        attention_heatmap(weights.tolist(), encoded.query_labels(), encoded.key_labels(), title, path)
         png_path = str(path)
     return AttentionView(
         model=loaded.name,
-        summary=summary(view),
+        summary=on_stack(stack.name, summary(view)),
         findings=[most_read_finding(view)],
+        attention=stack.name,
         layer=layer,
         head=head,
-        kv_head=loaded.facts.kv_head_of(head),
-        tokens=encoded.tokens,
-        rows=_rows(weights, allowed, entropy, encoded.tokens, args.top_k),
+        kv_head=kv_head_of(stack, head),
+        tokens=keys,
+        rows=_rows(weights, allowed, entropy, queries, keys, args.top_k),
         mean_entropy=rounded(view.mean_entropy),
         mean_normalised_entropy=rounded(view.mean_normalised_entropy),
         weights=[[rounded(v, 6) for v in row] for row in weights.tolist()] if args.include_map else None,
@@ -84,14 +91,19 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
 
 
 def _rows(
-    weights: torch.Tensor, allowed: torch.Tensor, entropy: torch.Tensor, tokens: list[Token], top_k: int
+    weights: torch.Tensor,
+    allowed: torch.Tensor,
+    entropy: torch.Tensor,
+    tokens: list[Token],
+    key_tokens: list[Token],
+    top_k: int,
 ) -> list[QueryRow]:
-    """Per query: its entropy and its top keys among those it may read."""
-    values, indices = top_keys(weights, top_k)  # (T, k)
+    """Per query: its entropy and its top keys among those it may read (``key_tokens`` label the columns)."""
+    values, indices = top_keys(weights, top_k)  # (rows, k)
     rows = []
     for q in range(len(tokens)):
         keys = [
-            KeyWeight(position=int(i), token=tokens[int(i)].text, weight=rounded(v))
+            KeyWeight(position=int(i), token=key_tokens[int(i)].text, weight=rounded(v))
             for v, i in zip(values[q].tolist(), indices[q].tolist(), strict=True)
             if allowed[q, int(i)]
         ]

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.tools.registry import ToolSpec, Top
 from agent_tools.tools.trace_prompt_attention.models import (
     DESCRIPTION,
     GeneratedToken,
@@ -40,4 +40,12 @@ SPEC = ToolSpec(
         ],
         "target": "last",
     },
+    summary_lists=(
+        Top("segments", 12, by="share"),
+        Top("segments[].positions", 24, order="first"),
+        Top("segments[].token_shares", 5, by="share"),
+        Top("filler", 8, by="share"),
+        Top("generated", 16, order="first"),
+    ),
+    advanced=("top_k", "sink_threshold", "neutral_token", "ig_steps", "exclude_filler", "max_new_tokens"),
 )

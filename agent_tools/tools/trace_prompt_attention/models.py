@@ -26,23 +26,15 @@ from agent_tools.prompt_trace import (
     max_new_tokens_in_range,
 )
 from agent_tools.schemas import ChatMessage, ModelInput
+from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack
 
 __all__ = ["GeneratedToken", "PromptTrace", "SegmentShare", "TokenProbability", "TracePromptInput"]
 
 DESCRIPTION = (
-    "Trace which parts of a prompt the answer reads: split a text or chat (system, user/assistant turns, "
-    "template tokens, spans you name) into segments and report each segment's share of the attention of the "
-    "answer position — or of every token the model generates — averaged over layers and heads, in the last "
-    "layer and by rollout, with attention-sink tokens kept apart, the top tokens read in each segment, and "
-    "which segment was read most and by how much. Beside what the answer reads it checks what it depends on: per "
-    "segment the change in the answer's log-probability when the segment is removed or replaced by neutral tokens, "
-    "value-weighted shares ‖α·v·W_O‖ with filler/secondary sinks set apart, optionally integrated gradients, and "
-    "how far the measures agree."
+    "Which prompt parts (system, user turns, template, named spans) the answer reads (attention share) and "
+    "depends on (removal, value-weighted share, optional gradients). Use for prompt engineering and RAG."
 )
-SEGMENTS_DESCRIPTION = (
-    "extra segments to name, each a substring (text) or a character span (start, end), optionally inside one "
-    "message (message index); a named span takes its tokens out of the message around it"
-)
+SEGMENTS_DESCRIPTION = "spans to name: a substring (text) or characters (start, end), optionally in one message"
 
 
 class TracePromptInput(ModelInput):
@@ -62,5 +54,6 @@ class TracePromptInput(ModelInput):
     neutral_token: str | None = Field(default=None, min_length=1, description=NEUTRAL_DESCRIPTION)
     ig_steps: int = Field(default=32, ge=2, le=MAX_IG_STEPS, description=IG_STEPS_DESCRIPTION)
     exclude_filler: bool = Field(default=True, description=FILLER_DESCRIPTION)
+    attention: AttentionStack | None = Field(default=None, description=TRACE_ATTENTION_DESCRIPTION)
 
     _max_new_tokens_range = field_validator("max_new_tokens", mode="before")(max_new_tokens_in_range)

@@ -37,4 +37,5 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
             ig_steps=args.ig_steps,
             exclude_filler=args.exclude_filler,
         ),
+        attention=args.attention,
     ).report

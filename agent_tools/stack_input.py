@@ -1,0 +1,53 @@
+"""The ``attention`` argument every per-layer tool takes: which attention stack of the model to look at.
+
+Base layer (pydantic only). A decoder-only or encoder-only model has one stack, ``"self"``; an encoder–decoder
+(BART, T5, Marian, ...) has three: ``"encoder"`` (encoder self-attention), ``"decoder"`` (decoder
+self-attention) and ``"cross"`` (each decoder position reading the encoder's output). Which stacks a model has,
+and how deep each is, is :class:`~agent_tools.families.ModelFacts`'s to say; the inspector checks the choice.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import BaseModel, Field
+
+from agent_tools.schemas import ToolInput
+
+AttentionStack = Literal["self", "encoder", "decoder", "cross"]
+ATTENTION_STACKS: tuple[str, ...] = get_args(AttentionStack)
+
+ATTENTION_DESCRIPTION = (
+    "which attention to look at: 'self' (a decoder-only or encoder-only model's one stack); for an "
+    "encoder–decoder model 'encoder', 'decoder' (self-attention over the model's own greedy answer) or 'cross' "
+    "(the answer's tokens reading the input); omitted = 'self', or 'encoder' for an encoder–decoder"
+)
+TRACE_ATTENTION_DESCRIPTION = (
+    "which attention to trace: 'self' (a single-stack model), or 'cross' for an encoder–decoder (the generated "
+    "tokens reading the input: which part of the input the output read); omitted = the model's one choice"
+)
+
+
+class StackInput(ToolInput):
+    """Mixin of the per-layer tools' inputs: the ``attention`` argument (None = the model's default stack)."""
+
+    attention: AttentionStack | None = Field(default=None, description=ATTENTION_DESCRIPTION)
+
+
+class StackReport(BaseModel):
+    """Mixin of the per-layer tools' reports: the stack the numbers come from."""
+
+    attention: str = Field(default="self", description="the attention stack looked at: self, encoder, decoder or cross")
+
+
+STACK_PHRASES = {
+    "encoder": "encoder self-attention",
+    "decoder": "decoder self-attention (over the model's greedy answer)",
+    "cross": "cross-attention (the answer's tokens reading the input)",
+}
+
+
+def on_stack(stack: str, summary: str) -> str:
+    """A summary prefixed with the stack it is about (unchanged for a single-stack model's 'self')."""
+    phrase = STACK_PHRASES.get(stack)
+    return summary if phrase is None else f"On the {phrase}: {summary}"

