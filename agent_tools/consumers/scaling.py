@@ -137,19 +137,21 @@ class ScalingConsumer:
         self.softcap = captured.softcap
         self.head_dim = query.shape[-1]
         self._add_moments(query, key)
-        raw = query @ key[:, :width].transpose(-1, -2)  # (h, q, k) q·k with no scale
+        # (h, q, k) q·k with no scale, in float32 like the capture itself (the variance's sums are float64): a
+        # float64 product of a 2,048-token layer costs twice the time and memory for digits the sweep drops anyway
+        raw = query.float() @ key[:, :width].float().transpose(-1, -2)
         self._add_raw_variance(raw, allowed)
         keep = allowed.sum(-1) > 1  # rows that can choose
         if not bool(keep.any()):
             return
         if scores.dtype not in (torch.float32, torch.float64):
             # A half-precision model's scores were rounded (~2⁻⁸ in bf16) after q·k: the sweep's settings would then
-            # compare softmaxes of two slightly different score sets (raw vs rounded). Rebuild them in float64
+            # compare softmaxes of two slightly different score sets (raw vs rounded). Rebuild them in float32
             # from the same q·k, so every setting rescales one z (exact for the model's softmax up to that rounding).
             scaled = raw * self.model_scale  # raw is the unscaled q·k (a prescaled query was divided back above)
             scores = torch.tanh(scaled / self.softcap) * self.softcap if self.softcap is not None else scaled
         # The sweep runs in float32 (the capture's precision; sums are taken in float64): half the memory traffic.
-        self._sweep(raw[:, keep].float(), upcast(scores[:, keep]), allowed[keep])
+        self._sweep(raw[:, keep], upcast(scores[:, keep]), allowed[keep])
 
     def _add_moments(self, query: Tensor, key: Tensor) -> None:
         """Running q moments over query rows (h, q, D); k moments (h, Tk, D) from the first chunk (same keys)."""
@@ -168,7 +170,9 @@ class ScalingConsumer:
         pairs = allowed.expand(raw.shape)
         masked = raw.masked_fill(~pairs, 0.0)  # (h, q, k) q·k of the pairs the model may score
         self.raw_n += float(allowed.sum())
-        raw_sum, raw_sq = to_host(torch.stack([masked.sum((-2, -1)), torch.einsum("hqk,hqk->h", masked, masked)]))
+        sums = masked.sum((-2, -1), dtype=torch.float64)
+        squares = (masked * masked).sum((-2, -1), dtype=torch.float64)
+        raw_sum, raw_sq = to_host(torch.stack([sums, squares]))
         self.raw_sum += raw_sum
         self.raw_sq += raw_sq
 
