@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -29,7 +29,7 @@ from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
 from agent_tools.placement import Placement
 from agent_tools.runner import attribution as evidence
-from agent_tools.runner import patching
+from agent_tools.runner import patching, replay
 from agent_tools.runner.forward import locked
 from agent_tools.schemas import ChatMessage, Token
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
@@ -566,6 +566,32 @@ class Inspector:
             query_chunk=self.query_chunk(loaded, max(encoded.length, decoder.length if decoder else 0)),
             record_inputs=record_inputs,
             need_output=need_output,
+            checkpoint=_checkpoint(),
+        )
+
+    def recorded_attention_calls(self, loaded: LoadedModel) -> AbstractContextManager[replay.RecordedCalls]:
+        """Inside the block, the passes keep each attention module's call for :meth:`replay_together` (within a
+        quarter of the memory budget; layers past it are not kept, and their replay falls back to a pass)."""
+        return replay.recorded_attention_calls(loaded, limit_bytes=self.memory_budget // 4)
+
+    def replay_together(self, plans: Sequence[PassPlan[Any]], calls: replay.RecordedCalls) -> bool:
+        """Run plans that share a pass over ONE layer and need no model output from that layer's recorded call
+        (no forward of the layers before it); False when they cannot be replayed (run them as a pass instead)."""
+        lead = plans[0]
+        single = lead.layers is not None and len(lead.layers) == 1
+        if lead.encoded is None or not single or any(plan.need_output for plan in plans):
+            return False
+        if lead.encoded.decoder is not None or not all(lead.shares_pass_with(plan) for plan in plans[1:]):
+            return False
+        assert lead.layers is not None
+        return replay.replayed_layer(
+            lead.loaded,
+            calls,
+            lead.layers[0],
+            [consumer for plan in plans for consumer in plan.consumers],
+            input_shape=tuple(lead.encoded.input_ids.shape),
+            query_chunk=self.query_chunk(lead.loaded, lead.encoded.length),
+            record_inputs=any(plan.record_inputs for plan in plans),
             checkpoint=_checkpoint(),
         )
 

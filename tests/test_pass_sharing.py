@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from agent_tools.inspector import Inspector, PassPlan
@@ -16,6 +18,24 @@ def _comparable(report) -> dict:
     data = report.model_dump(mode="json")
     data.pop("png_path", None)
     return data
+
+
+def _same(a: object, b: object, path: str = "") -> None:
+    """Equal reports, floats to the last rounded digit: the replayed focus layer reads the hidden states of a pass
+    that ran every layer in eager math, a call alone runs the layers it does not capture with sdpa (~1e-7 apart)."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert isinstance(a, int | float) and isinstance(b, int | float), path
+        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1.5e-4), (path, a, b)
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            _same(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), path
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{path}[{index}]")
+    else:
+        assert a == b, (path, a, b)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
@@ -33,8 +53,9 @@ def test_shared_passes_give_the_reports_of_separate_calls(tiny_models, family: s
     finally:
         handle.remove()
     text_length = inspector.encode(loaded, TEXT).length
-    # one pass for the maps + diagnose_collapse + profile_heads' text roles, one for the focus layer's tools
-    assert lengths.count(text_length) == 2, lengths
+    # one pass for the maps + diagnose_collapse + profile_heads' text roles; the focus layer's tools replay that
+    # layer's recorded attention call (no second pass through the layers before it) and still give the same reports
+    assert lengths.count(text_length) == 1, lengths
     assert set(SHARED) <= set(result.reports), result.skipped
     assert result.timings["capture"] > 0 and result.timings["focus_pass"] > 0
     focus_layer = result.reports["explain_scaling"].layer
@@ -44,7 +65,7 @@ def test_shared_passes_give_the_reports_of_separate_calls(tiny_models, family: s
         if tool in ("explain_scaling", "inspect_projections"):
             arguments |= {"layer": focus_layer} | ({"head": head} if tool == "inspect_projections" else {})
         alone = TOOLS[tool](Inspector(), arguments)
-        assert _comparable(alone) == _comparable(result.reports[tool]), tool
+        _same(_comparable(alone), _comparable(result.reports[tool]), tool)
 
 
 def _length(args: tuple, kwargs: dict) -> int:

@@ -37,6 +37,7 @@ from agent_tools.report.views import (
     probe_view,
     stage_views,
 )
+from agent_tools.runner.replay import RecordedCalls
 from agent_tools.schemas import Report, Token
 from agent_tools.tools import TOOLS
 from agent_tools.tools.diagnose_collapse.models import HeadCollapseRow
@@ -246,9 +247,13 @@ def _run_shared_pass(
     *,
     pass_name: str,
     lead: PassPlan[Any] | None,
+    replay: RecordedCalls | None = None,
 ) -> set[str]:
     """Stream the plans that share a pass (with ``lead`` when given) from one forward pass, timed as
-    ``pass_name``, and finish each; returns the names that ran (none when there is nothing to share)."""
+    ``pass_name``, and finish each; returns the names that ran (none when there is nothing to share).
+
+    With ``replay`` (the attention calls an earlier pass over the same tokens kept), plans of one layer run from
+    that layer's recorded call instead of a forward pass through every layer before it."""
     first = lead if lead is not None else next(iter(plans.values()), None)
     shared = {name: plan for name, plan in plans.items() if first is not None and first.shares_pass_with(plan)}
     if lead is None and len(shared) <= 1:
@@ -256,7 +261,8 @@ def _run_shared_pass(
     start = time.perf_counter()
     together = ([lead] if lead is not None else []) + list(shared.values())
     try:
-        output = inspector.run_together(together)
+        replayed = replay is not None and inspector.replay_together(together, replay)
+        output = None if replayed else inspector.run_together(together)
     except AttentionToolError:
         if lead is not None:  # the lead's consumers hold a partial pass: nothing to fall back on
             raise
@@ -274,12 +280,13 @@ def _run_steps(
     *,
     pass_name: str,
     lead: PassPlan[Any] | None = None,
+    replay: RecordedCalls | None = None,
 ) -> dict[str, PassPlan[Report]]:
     """Run ``steps``; those whose tools declare a plan sharing one pass (with ``lead`` when given) stream from a
     single forward pass, timed as ``pass_name``. The rest, or all if the shared pass fails, run one by one.
     Returns the plans that shared the pass (their consumers hold what the pass gave them)."""
     plans = _prepare_plans(inspector, steps, outcomes)
-    done = _run_shared_pass(inspector, plans, outcomes, pass_name=pass_name, lead=lead)
+    done = _run_shared_pass(inspector, plans, outcomes, pass_name=pass_name, lead=lead, replay=replay)
     for name, arguments in steps:
         if name not in done and name not in outcomes.skipped:
             outcomes.attempt(name, partial(TOOLS[name], inspector, arguments))
@@ -350,12 +357,16 @@ def run_analysis(
     lead = PassPlan(loaded, encoded, [maps], lambda _output: maps, layers=every_layer)
 
     # The maps, diagnose_collapse and profile_heads' text roles stream from one forward pass; explain_scaling,
-    # inspect_projections and reconstruct_attention, on the most collapsed head, from a second one that stops
-    # after that head's layer.
+    # inspect_projections and reconstruct_attention, on the most collapsed head (known only after that pass), from
+    # that head's layer run again on the call the first pass recorded (no second pass through the layers before it).
     outcomes.say("capturing every head's attention")
-    shared = _run_steps(inspector, _whole_model_steps(text, model, layers), outcomes, pass_name="capture", lead=lead)
+    whole = _whole_model_steps(text, model, layers)
+    with inspector.recorded_attention_calls(loaded) as calls:
+        shared = _run_steps(inspector, whole, outcomes, pass_name="capture", lead=lead)
     outcomes.say("examining the most collapsed head")
-    _run_steps(inspector, _focus_steps(text, model, _most_collapsed_head(maps)), outcomes, pass_name="focus_pass")
+    focus = _focus_steps(text, model, _most_collapsed_head(maps))
+    _run_steps(inspector, focus, outcomes, pass_name="focus_pass", replay=calls)
+    calls.clear()  # the recorded hidden states go before the probe and the experiment
     probe = _induction_probe(inspector, loaded, outcomes)
     if experiment and "scaling_experiment" in TOOLS:
         outcomes.attempt("scaling_experiment", partial(TOOLS["scaling_experiment"], inspector, EXPERIMENT_ARGUMENTS))
