@@ -131,7 +131,7 @@ def heads_patched_joining(
             raise ValueError(f"layer {layer}'s mask must add rows to the {alive} already running, got {count}")
         joining[layer], alive = count - alive, count
     first = min(joining) if joining else 0
-    blocks = {layer: _block_of(model, layer) for layer in range(first, len(find_attention_modules(model)))}
+    blocks = _blocks_from(model, first)
 
     def join_for(layer: int):
         extra = joining.get(layer, 0)
@@ -160,11 +160,18 @@ def heads_patched_joining(
             handle.remove()
 
 
-def _block_of(model: nn.Module, layer: int) -> nn.Module:
-    """The layer's block: the element of the model's layer list that holds its attention module."""
-    attention = find_attention_modules(model)[layer]
+def _blocks_from(model: nn.Module, first: int) -> dict[int, nn.Module]:
+    """Layer -> its block (the element of the model's layer list holding its attention module), from ``first`` on."""
     names = {id(module): name for name, module in model.named_modules()}
-    path = names[id(attention)].split(".")
+    blocks = {}
+    for layer, attention in enumerate(find_attention_modules(model)):
+        if layer >= first:
+            blocks[layer] = _block_of(model, names[id(attention)].split("."), layer)
+    return blocks
+
+
+def _block_of(model: nn.Module, path: list[str], layer: int) -> nn.Module:
+    """The block on an attention module's dotted ``path``: the first ancestor whose parent is a ModuleList."""
     for cut in range(len(path) - 1, 0, -1):
         parent = model.get_submodule(".".join(path[: cut - 1])) if cut > 1 else model
         if isinstance(parent, nn.ModuleList):

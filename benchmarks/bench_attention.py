@@ -63,6 +63,18 @@ def make_text(tokenizer, length: int, seed: int = 0) -> str:
     return " ".join(words)
 
 
+def warm_times(call, repeats: int, *, warm_up: bool = True) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``call``, after one untimed warm-up call (unless ``warm_up`` is off)."""
+    if warm_up:
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -131,12 +143,7 @@ def child(config: str, length: int, repeats: int, model_ref: str) -> dict:
     else:
         raise SystemExit(f"unknown config {config}")
 
-    once()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - start)
+    times = warm_times(once, repeats)
     return {
         "config": config,
         "length": int(ids.shape[1]),

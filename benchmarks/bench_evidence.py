@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_attention import make_text
+from bench_attention import make_text, warm_times
 
 QUESTION = "Question: What is the access code of the archive? Answer with the code only."
 FACT = " The access code of the archive is 4721."
@@ -53,13 +53,10 @@ def rag_prompt(tokenizer, tokens_per_doc: int = 160) -> tuple[list[dict], list[d
 
 
 def timed(call, repeats: int, *, warm_up: bool = True) -> tuple[float, object]:
-    result = call() if warm_up else None
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+    """The median seconds of ``repeats`` warm calls, and the last call's result."""
+    results: list[object] = []
+    times = warm_times(lambda: results.append(call()), repeats, warm_up=warm_up)
+    return statistics.median(times), results[-1]
 
 
 def main() -> None:

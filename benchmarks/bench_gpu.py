@@ -26,7 +26,6 @@ import argparse
 import gc
 import importlib.util
 import os
-import random
 import statistics
 import sys
 import time
@@ -37,26 +36,13 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for agent_tools
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_attention import make_text  # the same texts as the CPU benchmark
 
 CONFIGS = ("sdpa", "flash", "eager", "stats", "analyze")
 LENGTHS = "2048,8192,32768"
-WORDS = (  # noqa: SIM905 - one readable block of words
-    "the of and to in is was that for it with as his on be at by had are but from or have an they which "
-    "one you were her all she there would their we him been has when who will more no if out so said "
-    "what up its about into than them can only other new some could time these two may then do first any "
-    "my now such like our over man me even most made after also did many before must through back years "
-    "where much your way well down should because each just those people how too little state good very "
-).split()
 SLOW_WARMUP_S = 30.0  # a configuration whose warm-up took longer is timed once, not N times
-
-
-def make_text(tokenizer: Any, length: int, seed: int = 0) -> str:
-    """Random English words whose tokenisation is at least ``length`` tokens (cut to exactly that later)."""
-    rng = random.Random(seed)
-    words: list[str] = []
-    while len(tokenizer(" ".join(words))["input_ids"]) < length:
-        words.extend(rng.choice(WORDS) for _ in range(max(16, (length - len(words)) // 2)))
-    return " ".join(words)
 
 
 class KeepWeights:

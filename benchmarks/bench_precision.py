@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_attention import _role_consumer, make_text, peak_rss_mb
+from bench_attention import _role_consumer, make_text, peak_rss_mb, warm_times
 
 CONFIGS = ("sdpa", "stats", "analyze")
 DTYPES = ("float32", "bfloat16")
@@ -95,12 +95,7 @@ def child(config: str, dtype: str, length: int, repeats: int, model_ref: str | N
     else:
         raise SystemExit(f"unknown config {config}")
 
-    once()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - start)
+    times = warm_times(once, repeats)
     return {
         "config": config,
         "dtype": dtype,

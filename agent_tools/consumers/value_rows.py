@@ -19,6 +19,7 @@ from agent_tools.analysis.attribution import value_weighted_rows
 from agent_tools.analysis.norms import transformed_value_norms
 from agent_tools.capture import LayerAttention
 from agent_tools.consumers.host import to_host
+from agent_tools.consumers.last_row import right_aligned
 
 
 class ValueRowConsumer:
@@ -50,13 +51,7 @@ class ValueRowConsumer:
 
     def take(self, keys: int | None = None) -> Tensor:
         """(L, H, keys): each layer's value-weighted row right-aligned to ``keys`` columns; starts afresh."""
-        if not self._rows:
-            raise RuntimeError("no layer was captured")
-        rows = [self._rows[layer] for layer in sorted(self._rows)]
-        width = keys if keys is not None else max(row.shape[-1] for row in rows)
-        stacked = rows[0].new_zeros(len(rows), rows[0].shape[0], width)  # (L, H, keys)
-        for index, row in enumerate(rows):
-            stacked[index, :, width - row.shape[-1] :] = row
+        stacked = right_aligned(self._rows, keys)
         self._rows = {}
         return stacked
 

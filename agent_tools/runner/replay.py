@@ -26,6 +26,12 @@ RecordedCalls = dict[int, tuple[tuple[Any, ...], dict[str, Any]]]  # layer -> (a
 _CACHE_ARGUMENTS = ("past_key_values", "past_key_value", "cache", "layer_past")
 
 
+def _hidden_states(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """The hidden states an attention module was called with (its first argument, or ``hidden_states=``)."""
+    hidden = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("hidden_states")
+    return hidden if isinstance(hidden, Tensor) else None
+
+
 @contextmanager
 def recorded_attention_calls(loaded: LoadedModel, *, limit_bytes: int) -> Iterator[RecordedCalls]:
     """Inside the block, the first call of each of the default stack's attention modules is kept (by reference) in
@@ -36,8 +42,8 @@ def recorded_attention_calls(loaded: LoadedModel, *, limit_bytes: int) -> Iterat
 
     def hook_for(layer: int) -> Callable[[torch.nn.Module, tuple, dict], None]:
         def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-            hidden = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("hidden_states")
-            size = hidden.numel() * hidden.element_size() if isinstance(hidden, Tensor) else 0
+            hidden = _hidden_states(args, kwargs)
+            size = hidden.numel() * hidden.element_size() if hidden is not None else 0
             if layer not in calls and hidden is not None and held[0] + size <= limit_bytes:  # the block's first pass
                 calls[layer] = (args, dict(kwargs))
                 held[0] += size
@@ -72,8 +78,8 @@ def replayed_layer(
     if layer not in calls:
         return False
     args, kwargs = calls[layer]
-    hidden = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("hidden_states")
-    if not isinstance(hidden, Tensor) or hidden.shape[:-1] != tuple(input_shape):
+    hidden = _hidden_states(args, kwargs)
+    if hidden is None or hidden.shape[:-1] != tuple(input_shape):
         return False  # recorded on other tokens than the plans'
 
     kwargs = {key: (None if key in _CACHE_ARGUMENTS else value) for key, value in kwargs.items()}
