@@ -5,7 +5,9 @@ Tensors never reach these models; numbers are rounded for reading.
 
 from __future__ import annotations
 
+import html
 import math
+from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -203,16 +205,29 @@ class Report(BaseModel):
     )
 
     def _repr_html_(self) -> str:
-        """Jupyter: the summary, the key figure and the findings (drawn by :mod:`agent_tools.report.notebook_view`)."""
-        from agent_tools.report.notebook_view import report_html
-
-        return report_html(self)
+        """Jupyter: the registered renderer's HTML (the summary, key figure and findings), else the plain summary."""
+        render = NOTEBOOK_RENDERERS.get("html")
+        if render is None:
+            return f"<p>{html.escape(self.summary)}</p>"
+        return render(self)
 
     def _repr_markdown_(self) -> str:
-        """Text front-ends: the summary, the key figure's numbers and the findings, as Markdown."""
-        from agent_tools.report.notebook_view import report_markdown
+        """Text front-ends: the registered renderer's Markdown, else the summary and findings."""
+        render = NOTEBOOK_RENDERERS.get("markdown")
+        if render is None:
+            return "\n".join([self.summary, *(f"- {f.detail}" for f in self.findings)])
+        return render(self)
 
-        return report_markdown(self)
+
+NotebookFormat = Literal["html", "markdown"]
+NOTEBOOK_RENDERERS: dict[str, Callable[[Report], str]] = {}
+"""How reports draw themselves in notebooks, filled by the layer that draws (:mod:`agent_tools.report.notebook_view`
+registers on import), so this base layer imports nothing above it."""
+
+
+def register_notebook_renderer(fmt: NotebookFormat, render: Callable[[Report], str]) -> None:
+    """Make ``render`` draw every :class:`Report` as ``fmt`` in Jupyter (``_repr_html_`` / ``_repr_markdown_``)."""
+    NOTEBOOK_RENDERERS[fmt] = render
 
 
 def jsonable(report: BaseModel) -> dict[str, Any]:

@@ -1,5 +1,7 @@
-"""How reports render themselves in Jupyter: ``Report._repr_html_`` / ``_repr_markdown_`` and the ``analyze``
-result's (``AnalysisResult._repr_html_`` / ``_repr_markdown_``) call the functions here.
+"""How reports render themselves in Jupyter: importing this module registers the functions here with
+``schemas.register_notebook_renderer`` (``Report._repr_html_`` / ``_repr_markdown_``) and ``job.ANALYSIS_VIEWS``
+(the ``analyze`` result's ``_repr_html_``, ``_repr_markdown_``, ``step`` and ``page``), so neither lower module
+imports this one.
 
 A tool's report shows its summary, its key figure and its findings, and the glossary lines of the terms it
 uses. The key figure is drawn from the report's own numbers (a report holds no tensors) with the same drawing
@@ -29,7 +31,8 @@ from agent_tools.render import (
     heatmap_png,
 )
 from agent_tools.report.glossary import Term, terms_in
-from agent_tools.schemas import Report
+from agent_tools.report.job import ANALYSIS_VIEWS
+from agent_tools.schemas import Report, register_notebook_renderer
 
 if TYPE_CHECKING:
     from agent_tools.report.job import AnalysisResult
@@ -273,6 +276,10 @@ def report_markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
+register_notebook_renderer("html", report_html)
+register_notebook_renderer("markdown", report_markdown)
+
+
 def _glossary_html(terms: list[Term]) -> str:
     if not terms:
         return ""
@@ -394,3 +401,6 @@ def interactive_page(result: AnalysisResult, *, height: int = 900) -> Interactiv
     from agent_tools.report.html import page_for, render_html
 
     return InteractivePage(render_html(page_for(result)), height)
+
+
+ANALYSIS_VIEWS.update(html=analysis_html, markdown=analysis_markdown, step=step_view, page=interactive_page)

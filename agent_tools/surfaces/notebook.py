@@ -27,6 +27,7 @@ from typing import Any
 from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy
 from agent_tools.placement import Placement
+from agent_tools.report import notebook_view  # noqa: F401  (registers how reports draw themselves in Jupyter)
 from agent_tools.report.job import AnalysisResult, run_analysis
 from agent_tools.schemas import Report
 from agent_tools.tools import TOOLS
