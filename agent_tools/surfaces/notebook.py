@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent_tools.attention_cache import AttentionCache, capture_maps
 from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy
 from agent_tools.placement import Placement
@@ -78,6 +79,14 @@ class Explainer:
         :mod:`agent_tools.report.outputs`) for the files.
         """
         return run_analysis(self.inspector, text, model=self.model, layers=layers, experiment=experiment)
+
+    def capture_maps(
+        self, text: str, *, layers: list[int] | None = None, attention: str | None = None
+    ) -> AttentionCache:
+        """Every map of a short text by name, for statistics of your own (TransformerLens' ``run_with_cache``):
+        ``cache["L18H6"].pattern``, ``.scores``, ``.q``/``.k``/``.v``, ``cache["pattern", 18]``. Refused over the
+        session's memory budget; long texts stream through ``agent_tools.capture.capture_attention``."""
+        return capture_maps(self.model, text, layers=layers, attention=attention, inspector=self.inspector)
 
     def __repr__(self) -> str:
         return f"Explainer(model={self.model!r}, tools={len(TOOLS)})"
