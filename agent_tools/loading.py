@@ -178,7 +178,9 @@ def resolve_reference(reference: str | None) -> ModelSource:
 
 
 def _gguf_cache_key(path: Path) -> str:
-    """Key on the source file's identity and content ends, so a changed file is converted again."""
+    """Key on the source file's identity and content ends, so a changed file is converted again. The path is
+    resolved first: the same file reached through a symlinked environment is one conversion, not one per link."""
+    path = path.resolve()
     stat = path.stat()
     digest = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode())
     with path.open("rb") as handle:

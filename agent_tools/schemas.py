@@ -8,9 +8,10 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable
-from typing import Any, Literal, get_args
+from functools import partial
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 DIGITS = 4
@@ -22,6 +23,15 @@ def rounded(value: float, digits: int = DIGITS) -> float:
     if not math.isfinite(value):
         return value
     return round(value, digits)
+
+
+Rounded = Annotated[float, AfterValidator(rounded)]
+"""A report number rounded for reading (4 decimals) when the report is built: analysis keeps full precision, the
+report boundary rounds once (declare the field ``Rounded``; never call :func:`rounded` to fill it)."""
+Rounded2 = Annotated[float, AfterValidator(partial(rounded, digits=2))]
+"""A report number rounded to 2 decimals (angles in degrees)."""
+Rounded6 = Annotated[float, AfterValidator(partial(rounded, digits=6))]
+"""A report number rounded to 6 decimals (scales, temperatures and bounds whose 5th decimal matters)."""
 
 
 def head_label(layer: int, head: int) -> str:

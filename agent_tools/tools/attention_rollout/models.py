@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from agent_tools.schemas import Report, TextInput
+from agent_tools.schemas import Report, Rounded6, TextInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -31,8 +31,10 @@ class AttentionRolloutInput(TextInput, StackInput):
 class SourceShare(BaseModel):
     position: int
     token: str
-    share: float = Field(description="rollout: share of the target's representation that flows from this token")
-    last_layer_attention: float = Field(description="the target's head-averaged attention to it in the last layer used")
+    share: Rounded6 = Field(description="rollout: share of the target's representation that flows from this token")
+    last_layer_attention: Rounded6 = Field(
+        description="the target's head-averaged attention to it in the last layer used"
+    )
 
 
 class RolloutReport(Report, StackReport):
@@ -42,4 +44,4 @@ class RolloutReport(Report, StackReport):
     residual: float
     sources: list[SourceShare] = Field(description="every source token, in position order; shares sum to 1")
     top_sources: list[SourceShare]
-    total: float = Field(description="sum of the shares (1 up to rounding)")
+    total: Rounded6 = Field(description="sum of the shares (1 up to rounding)")

@@ -13,7 +13,6 @@ from agent_tools.consumers.target_row import TargetRowConsumer
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector, PassPlan
 from agent_tools.loading import LoadedModel
-from agent_tools.schemas import rounded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.attention_rollout.models import AttentionRolloutInput, RolloutReport, SourceShare
 from agent_tools.tools.attention_rollout.narrative import RolloutNumbers, narrate
@@ -86,8 +85,8 @@ def _report(
         SourceShare(
             position=j,
             token=tokens[j].text,
-            share=rounded(shares[j], 6),
-            last_layer_attention=rounded(raw_values[j], 6),
+            share=shares[j],
+            last_layer_attention=raw_values[j],
         )
         for j in range(len(tokens))
     ]
@@ -113,5 +112,5 @@ def _report(
         residual=args.residual,
         sources=sources,
         top_sources=top,
-        total=rounded(sum(shares), 6),
+        total=sum(shares),
     )

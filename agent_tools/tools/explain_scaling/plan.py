@@ -16,7 +16,6 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.families import StackFacts
 from agent_tools.inspector import Inspector, PassPlan, kv_head_of
 from agent_tools.loading import LoadedModel
-from agent_tools.schemas import rounded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.explain_scaling import narrative
 from agent_tools.tools.explain_scaling.models import (
@@ -80,16 +79,16 @@ def _head_rows(variances: dict[str, Tensor], heads: list[int], stack: StackFacts
             HeadScoreVariance(
                 head=head,
                 kv_head=kv_head_of(stack, head),
-                raw_variance=rounded(raw),
-                scaled_variance=rounded(float(variances["scaled_variance"][i])),
-                predicted_isotropic=rounded(iso),
-                predicted_independent=rounded(ind),
-                ratio_isotropic=rounded(raw / iso if iso > 0 else math.inf),
-                ratio_independent=rounded(raw / ind if ind > 0 else math.inf),
-                q_variance=rounded(float(variances["q_variance"][i])),
-                k_variance=rounded(float(variances["k_variance"][i])),
-                q_mean_square=rounded(float(variances["q_mean_square"][i])),
-                k_mean_square=rounded(float(variances["k_mean_square"][i])),
+                raw_variance=raw,
+                scaled_variance=float(variances["scaled_variance"][i]),
+                predicted_isotropic=iso,
+                predicted_independent=ind,
+                ratio_isotropic=raw / iso if iso > 0 else math.inf,
+                ratio_independent=raw / ind if ind > 0 else math.inf,
+                q_variance=float(variances["q_variance"][i]),
+                k_variance=float(variances["k_variance"][i]),
+                q_mean_square=float(variances["q_mean_square"][i]),
+                k_mean_square=float(variances["k_mean_square"][i]),
             )
         )
     return rows
@@ -101,21 +100,21 @@ def _setting(setting: SettingSums) -> ScaleSetting:
     return ScaleSetting(
         kind=setting.kind,
         temperature=setting.temperature,
-        beta=rounded(setting.beta, 6),
-        entropy_derivative=None if derivative is None else rounded(derivative),
-        **{name: rounded(value) for name, value in setting.means().items()},
+        beta=setting.beta,
+        entropy_derivative=derivative,
+        **setting.means(),
     )
 
 
 def _summary_of(means: dict[str, float]) -> SoftmaxSummary:
-    return SoftmaxSummary(**{name: rounded(value) for name, value in means.items()})
+    return SoftmaxSummary(**means)
 
 
 def _synthetic_row(demo: SyntheticScaling) -> SyntheticRow:
     return SyntheticRow(
         head_dim=demo.head_dim,
-        dot_variance=rounded(demo.dot_variance),
-        scaled_variance=rounded(demo.scaled_variance),
+        dot_variance=demo.dot_variance,
+        scaled_variance=demo.scaled_variance,
         unscaled=_summary_of(demo.unscaled),
         scaled=_summary_of(demo.scaled),
     )
@@ -168,16 +167,16 @@ def _report(
         heads=heads,
         num_tokens=num_tokens,
         head_dim=stack.qk_dim,
-        scaling=rounded(stack.scaling, 6),
-        inverse_sqrt_head_dim=rounded(1 / math.sqrt(stack.qk_dim), 6),
-        scaling_ratio=rounded(n.ratio),
+        scaling=stack.scaling,
+        inverse_sqrt_head_dim=1 / math.sqrt(stack.qk_dim),
+        scaling_ratio=n.ratio,
         standard_scale=n.standard_scale,
         softcap=facts.softcap,
         query_prescaled=facts.query_prescaled,
-        raw_score_variance=rounded(n.raw_mean),
-        scaled_score_variance=rounded(n.scaled_mean),
-        predicted_variance=rounded(n.predicted),
-        variance_ratio=rounded(n.variance_ratio),
+        raw_score_variance=n.raw_mean,
+        scaled_score_variance=n.scaled_mean,
+        predicted_variance=n.predicted,
+        variance_ratio=n.variance_ratio,
         head_variances=n.head_rows,
         settings=n.settings,
         entropy_monotone=n.monotone_violations == 0,

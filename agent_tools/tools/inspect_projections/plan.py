@@ -37,7 +37,6 @@ from agent_tools.inspector import Encoded, Inspector, PassPlan, kv_head_of, text
 from agent_tools.layout import HeadProjections, head_projections
 from agent_tools.loading import LoadedModel
 from agent_tools.render import attention_heatmap
-from agent_tools.schemas import rounded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.inspect_projections.models import (
     EFFECTIVE_RANK_DEFINITION,
@@ -142,8 +141,8 @@ def _report(
         effective_rank_definition=EFFECTIVE_RANK_DEFINITION,
         matrices=matrices,
         query_key_angles=measured.angles,
-        qk_symmetric_share=rounded(measured.symmetric),
-        qk_identity_alignment=rounded(measured.identity),
+        qk_symmetric_share=measured.symmetric,
+        qk_identity_alignment=measured.identity,
         heads_sharing_kv=sharing_kv(stack, target.head),
         shared_kv_heads=shared,
         counterfactual=measured.counterfactual,
@@ -157,12 +156,12 @@ def _spectrum_report(
     return MatrixSpectrumReport(
         name=name,
         shape=shape,
-        frobenius_norm=rounded(spectrum.frobenius_norm),
-        spectral_norm=rounded(spectrum.spectral_norm),
-        effective_rank=rounded(spectrum.effective_rank),
-        stable_rank=rounded(spectrum.stable_rank),
-        bias_norm=rounded(float(bias.norm())) if bias is not None else None,
-        singular_values=[rounded(v) for v in spectrum.singular_values.tolist()],
+        frobenius_norm=spectrum.frobenius_norm,
+        spectral_norm=spectrum.spectral_norm,
+        effective_rank=spectrum.effective_rank,
+        stable_rank=spectrum.stable_rank,
+        bias_norm=float(bias.norm()) if bias is not None else None,
+        singular_values=spectrum.singular_values.tolist(),
     )
 
 
@@ -185,12 +184,12 @@ def _angles(first: str, second: str, a: torch.Tensor, b: torch.Tensor) -> Subspa
     return SubspaceAngles(
         first=first,
         second=second,
-        angles_deg=[rounded(v, 2) for v in angles.tolist()],
-        smallest_deg=rounded(float(angles.min()), 2),
-        median_deg=rounded(float(angles.median()), 2),
-        largest_deg=rounded(float(angles.max()), 2),
-        mean_cos2=rounded(float(cos2.mean())),
-        random_mean_cos2=rounded(random_subspace_cos2(a.shape[1], b.shape[1], a.shape[0])),
+        angles_deg=angles.tolist(),
+        smallest_deg=float(angles.min()),
+        median_deg=float(angles.median()),
+        largest_deg=float(angles.max()),
+        mean_cos2=float(cos2.mean()),
+        random_mean_cos2=random_subspace_cos2(a.shape[1], b.shape[1], a.shape[0]),
     )
 
 
@@ -208,12 +207,12 @@ def _shared_kv_heads(target: _Head, inputs: HeadInputs) -> list[SharedKVHead]:
         reports.append(
             SharedKVHead(
                 head=other,
-                w_q_cosine=rounded(matrix_cosine(w_q, other_w_q)),
-                w_q_mean_cos2=rounded(float(torch.cos(other_angles).square().mean())),
-                w_q_smallest_angle_deg=rounded(math.degrees(float(other_angles.min())), 2),
-                map_js_divergence=rounded(float(js_divergence(model_map, other_map).mean())),
-                top_key_agreement=rounded(top_key_agreement(model_map, other_map)),
-                mean_entropy=rounded(mean_entropy(other_map)),
+                w_q_cosine=matrix_cosine(w_q, other_w_q),
+                w_q_mean_cos2=float(torch.cos(other_angles).square().mean()),
+                w_q_smallest_angle_deg=math.degrees(float(other_angles.min())),
+                map_js_divergence=float(js_divergence(model_map, other_map).mean()),
+                top_key_agreement=top_key_agreement(model_map, other_map),
+                mean_entropy=mean_entropy(other_map),
             )
         )
     return reports
@@ -239,21 +238,21 @@ def _counterfactual(
     allowed = inputs.allowed()
     js_rows = js_divergence(model_map, counterfactual)  # (T,)
     return NoProjectionCounterfactual(
-        scale=rounded(inputs.effective_scale, 6),
+        scale=inputs.effective_scale,
         mask=describe_mask(allowed),
-        mean_entropy=rounded(mean_entropy(counterfactual)),
-        mean_normalised_entropy=rounded(float(normalised_entropy(counterfactual.double(), allowed).mean())),
-        self_argmax_fraction=rounded(self_argmax_fraction(counterfactual, allowed)),
-        self_share=rounded(self_share(counterfactual)),
-        self_copy_cosine=rounded(self_copy_cosine(counterfactual, inputs.x)),
-        model_mean_entropy=rounded(mean_entropy(model_map)),
-        model_mean_normalised_entropy=rounded(float(normalised_entropy(model_map.double(), allowed).mean())),
-        model_self_argmax_fraction=rounded(self_argmax_fraction(model_map, allowed)),
-        model_self_share=rounded(self_share(model_map)),
-        mean_js_divergence=rounded(float(js_rows.mean())),
-        max_js_divergence=rounded(float(js_rows.max())),
+        mean_entropy=mean_entropy(counterfactual),
+        mean_normalised_entropy=float(normalised_entropy(counterfactual.double(), allowed).mean()),
+        self_argmax_fraction=self_argmax_fraction(counterfactual, allowed),
+        self_share=self_share(counterfactual),
+        self_copy_cosine=self_copy_cosine(counterfactual, inputs.x),
+        model_mean_entropy=mean_entropy(model_map),
+        model_mean_normalised_entropy=float(normalised_entropy(model_map.double(), allowed).mean()),
+        model_self_argmax_fraction=self_argmax_fraction(model_map, allowed),
+        model_self_share=self_share(model_map),
+        mean_js_divergence=float(js_rows.mean()),
+        max_js_divergence=float(js_rows.max()),
         max_js_position=int(js_rows.argmax()),
-        top_key_agreement=rounded(top_key_agreement(model_map, counterfactual)),
+        top_key_agreement=top_key_agreement(model_map, counterfactual),
         rows=_counterfactual_rows(target, model_map, counterfactual, js_rows),
         png_path=png_path,
     )
@@ -269,12 +268,12 @@ def _counterfactual_rows(
         CounterfactualRow(
             position=q,
             token=tokens[q].text,
-            js_divergence=rounded(float(js_rows[q])),
+            js_divergence=float(js_rows[q]),
             model_top_key=int(model_top[q]),
             model_top_token=tokens[int(model_top[q])].text,
             counterfactual_top_key=int(cf_top[q]),
             counterfactual_top_token=tokens[int(cf_top[q])].text,
-            counterfactual_self_weight=rounded(float(counterfactual[q, q])),
+            counterfactual_self_weight=float(counterfactual[q, q]),
         )
         for q in range(len(tokens))
     ]

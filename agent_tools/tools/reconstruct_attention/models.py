@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from agent_tools.analysis.reconstruct import ReconstructionStage
-from agent_tools.schemas import Report, TextInput, Token
+from agent_tools.schemas import Report, Rounded, Rounded6, TextInput, Token
 from agent_tools.stack_input import StackInput, StackReport
 
 PARITY_TOLERANCE = 1e-5  # stage 5 must equal the model's weights to this (the issue's contract)
@@ -31,30 +31,30 @@ class QueryTopKey(BaseModel):
     token: str
     key_position: int = Field(description="the key this query weights most at this stage")
     key_token: str
-    weight: float
+    weight: Rounded
 
 
 class StageReport(BaseModel):
     stage: int = Field(description="1..5")
     name: ReconstructionStage
     added: str = Field(description="what this stage adds to the previous one")
-    scale: float = Field(description="factor the dot products are multiplied by at this stage")
-    divisor: float = Field(
+    scale: Rounded6 = Field(description="factor the dot products are multiplied by at this stage")
+    divisor: Rounded6 = Field(
         description="what the dot products are divided by at this stage (1 / scale): 1 at stage 1, sqrt(d_k) at "
         "stage 2, the model's own 1/scale (sqrt(d_k) for the standard scale) at stages 3–5"
     )
     masked: bool = Field(description="whether the model's mask is applied at this stage")
-    mean_entropy: float = Field(description="mean entropy of the softmax rows, nats")
-    mean_normalised_entropy: float = Field(description="mean entropy / log(keys visible): 0 one key, 1 uniform")
-    mean_max_weight: float
-    self_share: float = Field(description="mean weight a query puts on itself")
-    logit_std: float = Field(description="mean over queries of the standard deviation of its logits")
-    mean_js_to_model: float = Field(description="mean per-query Jensen–Shannon divergence to the model's map, nats")
-    masked_js_to_model: float = Field(
+    mean_entropy: Rounded = Field(description="mean entropy of the softmax rows, nats")
+    mean_normalised_entropy: Rounded = Field(description="mean entropy / log(keys visible): 0 one key, 1 uniform")
+    mean_max_weight: Rounded
+    self_share: Rounded = Field(description="mean weight a query puts on itself")
+    logit_std: Rounded = Field(description="mean over queries of the standard deviation of its logits")
+    mean_js_to_model: Rounded = Field(description="mean per-query Jensen–Shannon divergence to the model's map, nats")
+    masked_js_to_model: Rounded = Field(
         description="the same after applying the model's mask to this stage's scores: what is left to explain "
         "besides the mask (0 at stage 5)"
     )
-    top_key_agreement: float = Field(description="fraction of queries whose top key is the model's top key")
+    top_key_agreement: Rounded = Field(description="fraction of queries whose top key is the model's top key")
     top_keys: list[QueryTopKey]
     png_path: str | None = None
 
@@ -63,9 +63,9 @@ class HeadSinkShare(BaseModel):
     """One head's learned sink (GPT-OSS) beside the first-token sink: where its spare attention goes."""
 
     head: int
-    sink_logit: float = Field(description="the head's learned sink logit (an extra softmax column)")
-    sink_share: float = Field(description="mean over queries of the weight the sink column takes")
-    first_token_share: float = Field(description="mean over queries of the weight on the first token (key 0)")
+    sink_logit: Rounded = Field(description="the head's learned sink logit (an extra softmax column)")
+    sink_share: Rounded = Field(description="mean over queries of the weight the sink column takes")
+    first_token_share: Rounded = Field(description="mean over queries of the weight on the first token (key 0)")
 
 
 class AttentionReconstruction(Report, StackReport):
@@ -75,7 +75,7 @@ class AttentionReconstruction(Report, StackReport):
     family: str
     hidden_size: int = Field(description="the raw input x of stages 1–2 has this many dimensions")
     head_dim: int = Field(description="d_k: stage 2 divides x·xᵀ by sqrt(d_k)")
-    scaling: float = Field(description="the model's factor on q·k (stages 3–5)")
+    scaling: Rounded6 = Field(description="the model's factor on q·k (stages 3–5)")
     positional: str
     mask: str = Field(description="what the model's mask does on this text")
     softcap: float | None

@@ -21,7 +21,6 @@ from agent_tools.head_inputs_pass import plan_head_inputs
 from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
 from agent_tools.loading import LoadedModel
 from agent_tools.render import attention_heatmap
-from agent_tools.schemas import rounded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.reconstruct_attention.models import (
     PARITY_TOLERANCE,
@@ -183,7 +182,7 @@ def _stage_report(
             token=tokens[q].text,
             key_position=int(key),
             key_token=tokens[int(key)].text,
-            weight=rounded(weight),
+            weight=weight,
         )
         for q, (key, weight) in enumerate(zip(measures.top_key.tolist(), measures.top_weight.tolist(), strict=True))
     ]
@@ -191,17 +190,17 @@ def _stage_report(
         stage=number,
         name=stage.stage,
         added=added,
-        scale=rounded(stage.scale, 6),
-        divisor=rounded(stage.divisor, 6),
+        scale=stage.scale,
+        divisor=stage.divisor,
         masked=masked,
-        mean_entropy=rounded(measures.mean_entropy),
-        mean_normalised_entropy=rounded(measures.mean_normalised_entropy),
-        mean_max_weight=rounded(measures.mean_max_weight),
-        self_share=rounded(measures.self_share),
-        logit_std=rounded(measures.logit_std),
-        mean_js_to_model=rounded(js),
-        masked_js_to_model=rounded(masked_js),
-        top_key_agreement=rounded(top_key_agreement(stage.weights, model_map)),
+        mean_entropy=measures.mean_entropy,
+        mean_normalised_entropy=measures.mean_normalised_entropy,
+        mean_max_weight=measures.mean_max_weight,
+        self_share=measures.self_share,
+        logit_std=measures.logit_std,
+        mean_js_to_model=js,
+        masked_js_to_model=masked_js,
+        top_key_agreement=top_key_agreement(stage.weights, model_map),
         top_keys=top_keys,
         png_path=png_path,
     )
@@ -249,7 +248,7 @@ def _report(rebuilt: _Head, recipe: Recipe, reports: list[StageReport]) -> Atten
         family=facts.family,
         hidden_size=recipe.hidden_size,
         head_dim=recipe.head_dim,
-        scaling=rounded(inputs.effective_scale, 6),
+        scaling=inputs.effective_scale,
         positional=facts.positional,
         mask=recipe.mask,
         softcap=inputs.softcap,
@@ -271,9 +270,9 @@ def _head_sinks(inputs: HeadInputs) -> list[HeadSinkShare]:
     return [
         HeadSinkShare(
             head=head,
-            sink_logit=rounded(float(logits[head])),
-            sink_share=rounded(float(shares[head])),
-            first_token_share=rounded(float(firsts[head])),
+            sink_logit=float(logits[head]),
+            sink_share=float(shares[head]),
+            first_token_share=float(firsts[head]),
         )
         for head in range(logits.shape[0])
     ]
