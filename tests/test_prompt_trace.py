@@ -445,7 +445,7 @@ def test_text_the_template_inserts_is_its_own_segment_and_reported_apart(inserti
     assert "None" not in comparison.summary and "template_inserted" in {f.kind for f in comparison.findings}
 
 
-# --- suggested calls are exact ------------------------------------------------------------------------------------------
+# --- suggested calls are exact -----------------------------------------------------------------------------------
 FEW_SHOT = "the cat sat\non the mat\n\nthe dog sat\non the mat\n\nthe cat was tired\nand the dog"
 FEW_SHOT_SEGMENTS = [
     {"name": "ex1", "text": "the cat sat\non the mat"},

@@ -68,6 +68,7 @@ def _token_clauses(traced: TracedPrompt, evidence: Evidence, verdict: Verdict) -
         effect_words(_name(traced, i), evidence.causal[i].on_token(step)) for i in verdict.depends_on[:SUPPORTERS_SHOWN]
     ]
     against = [effect_words(_name(traced, i), evidence.causal[i].on_token(step)) for i in verdict.works_against[:1]]
+    supporters = supporters[:1] + [c.replace("depends on ", "on ", 1) for c in supporters[1:]]
     clauses = supporters + against
     if not clauses:
         return f"no named segment moves it by more than {NEGLIGIBLE_NATS} nats when removed"
@@ -95,7 +96,7 @@ def causal_lead(
             text += f" The whole answer {effect_words(_name(traced, whole), delta, of='Σ log p')} most."
     else:
         text += f"{token!r} {_token_clauses(traced, evidence, verdict)}."
-    return text + _apart_clause(traced, evidence, verdict) + _agreement_clause(traced, numbers, verdict) + " "
+    return text + _apart_clause(traced, evidence, verdict) + _agreement_clause(traced, numbers, verdict)
 
 
 def removal_words(delta: float, *, of: str = "log p") -> str:

@@ -26,15 +26,9 @@ DEFAULT_CHECKS: tuple[Check, ...] = ("causal", "value")
 MAX_IG_STEPS = 256
 
 PROMPT_DESCRIPTION = "text, or chat messages [{role, content}] (rendered with the model's chat template)"
-TARGET_DESCRIPTION = (
-    "last: the answer is the model's next token at the prompt's end, so the checks cover that one token (or the "
-    "tokens of 'answer'); generate: the model writes its answer (ending per answer_stop) and every token is traced "
-    "and checked"
-)
+TARGET_DESCRIPTION = "last: the next token only (the checks cover that one token); generate: the answer per answer_stop"
 ANSWER_STOP_DESCRIPTION = (
-    "target 'generate': where the answer ends: line (end of the model's turn or its first line break after some "
-    "text), eos (end of turn only), sentence (also after . ! ?), tokens (exactly max_new_tokens unless the turn "
-    "ends); max_new_tokens caps every mode"
+    "generate ends at: line (turn end or first line break), eos, sentence, tokens (max_new_tokens)"
 )
 SINK_DESCRIPTION = (
     "a token read by at least 4 later queries that receives, on average over them and all layers and heads, at "
@@ -44,8 +38,8 @@ SINK_DESCRIPTION = (
 
 
 CHECKS_DESCRIPTION = (
-    "evidence per segment: causal (Δ log p(answer) when it is removed), value (‖α·v·W_O‖ share), gradient "
-    "(integrated gradients: an approximation of removal, slow); omitted = causal, value"
+    "evidence per segment: causal (Δ log p(answer) when removed), value (‖α·v·W_O‖ share), gradient (an "
+    "approximation of removal, slow); omitted = causal, value"
 )
 ANSWER_DESCRIPTION = "the answer the checks measure (mind a leading space); omitted = the model's own"
 NEUTRAL_DESCRIPTION = (

@@ -47,7 +47,7 @@ class ComparePromptsInput(ModelInput):
         default=16,
         ge=1,
         le=MAX_NEW_TOKENS,
-        description=f"tokens to generate at most with target='generate' (1..{MAX_NEW_TOKENS})",
+        description=f"at most this many answer tokens (1..{MAX_NEW_TOKENS})",
     )
     answer_stop: AnswerStop = Field(default=DEFAULT_ANSWER_STOP, description=ANSWER_STOP_DESCRIPTION)
     sink_threshold: float = Field(default=DEFAULT_SINK_THRESHOLD, gt=0, le=1, description=SINK_DESCRIPTION)

@@ -45,9 +45,9 @@ SPEC = ToolSpec(
     summary_lists=(
         Top("segments", MAX_NAMED_SEGMENTS, by=segment_rank, label=SEGMENT_RANK_LABEL),
         Top("segments[].positions", 24, order="first"),
-        Top("segments[].token_shares", 5, by="share"),
+        Top("segments[].token_shares", 3, by="share"),
         Top("filler", 8, by="share"),
-        Top("generated", 16, order="first"),
+        Top("generated", 8, order="first"),
     ),
     advanced=("top_k", "sink_threshold", "neutral_token", "ig_steps", "exclude_filler"),
 )

@@ -49,7 +49,7 @@ class TracePromptInput(ModelInput):
         default=16,
         ge=1,
         le=MAX_NEW_TOKENS,
-        description=f"tokens to generate at most with target='generate' (1..{MAX_NEW_TOKENS})",
+        description=f"at most this many answer tokens (1..{MAX_NEW_TOKENS})",
     )
     answer_stop: AnswerStop = Field(default=DEFAULT_ANSWER_STOP, description=ANSWER_STOP_DESCRIPTION)
     top_k: int = Field(default=3, ge=1, le=10, description="most-read tokens listed per segment")
