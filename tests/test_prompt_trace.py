@@ -100,7 +100,13 @@ def test_trace_last_equals_a_hand_reduction_of_the_captured_rows(tiny_models, in
     loaded = tiny_models["llama"]
     report = get_tool("trace_prompt_attention")(
         inspector,
-        {"model": "tiny-llama", "prompt": TINY_TEXT, "segments": [{"name": "dog", "text": "the dog sat"}], "top_k": 2},
+        {
+            "model": "tiny-llama",
+            "prompt": TINY_TEXT,
+            "segments": [{"name": "dog", "text": "the dog sat"}],
+            "top_k": 2,
+            "detail": "full",
+        },
     )
     assert isinstance(report, PromptTrace)
     encoded = inspector.encode(loaded, TINY_TEXT)
@@ -315,7 +321,7 @@ def test_value_shares_equal_a_hand_reduction_and_uniform_shares_count_tokens(tin
     loaded = tiny_models["llama"]
     segments = [{"name": "dog", "text": "the dog sat"}]
     report = get_tool("trace_prompt_attention")(
-        inspector, {"model": "tiny-llama", "prompt": TINY_TEXT, "segments": segments}
+        inspector, {"model": "tiny-llama", "prompt": TINY_TEXT, "segments": segments, "detail": "full"}
     )
     encoded = inspector.encode(loaded, TINY_TEXT)
     reference = ValueRows()
@@ -431,7 +437,7 @@ def test_text_the_template_inserts_is_its_own_segment_and_reported_apart(inserti
     assert report.rendered_prompt.startswith("<bos> system the cat sat on the mat <eos>")
     assert inserted.causal is not None  # measured like any content ...
     assert report.depends_on_most in {"user#1", "assistant#1", None} and report.moves_most != "inserted#1"
-    assert "None" not in report.summary
+    assert "None" not in report.summary and "'inserted#1' (inserted by the chat template, 6 tokens)" in report.summary
     with_system = [{"role": "system", "content": "the dog sat"}, *user_only]
     given = tool(inspector, {"model": "tiny-inserting-llama", "prompt": with_system})
     assert not any(s.kind == "inserted" for s in given.segments)

@@ -114,10 +114,11 @@ def _apart_clause(traced: TracedPrompt, evidence: Evidence, verdict: Verdict) ->
     for i in verdict.apart:
         segment = traced.prompt.segments[i]
         delta = evidence.causal[i].on_token(verdict.deciding) if i in evidence.causal else None
-        if delta is None or direction(delta) == "negligible":
+        inserted = segment.kind == "inserted"  # always said: the model read text nobody sent
+        if delta is None or (direction(delta) == "negligible" and not inserted):
             continue
-        what = "inserted by the chat template" if segment.kind == "inserted" else "unnamed text between the named"
-        parts.append(f"{segment.name!r} ({what}): {removal_words(delta)}")
+        what = "inserted by the chat template" if inserted else "unnamed text between the named"
+        parts.append(f"{segment.name!r} ({what}, {len(segment.positions)} tokens): {removal_words(delta)}")
     if not parts:
         return ""
     return " Reported apart: " + "; ".join(parts) + "."

@@ -213,7 +213,7 @@ def _reading_if_missing(traced: TracedPrompt, numbers: TraceNumbers, lead: str) 
     """With fewer than two named segments the causal lead says nothing of reading: say it here."""
     if "among the named segments" in lead:
         return ""
-    return reading_sentence(traced, numbers, prefix="Attention")
+    return " " + reading_sentence(traced, numbers, prefix="Attention")
 
 
 def _summary(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer, peaks: list[Finding]) -> str:
@@ -236,8 +236,7 @@ def _answer_clause(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer, 
     if answer.generated:
         best = _best(traced, numbers)
         count = sum(1 for g in answer.generated if g.read_most == best)
-        text = f" {count} of {len(answer.generated)} generated tokens read {best!r} most."
-        return text + (f" Sharpest peak: {peaks[0].detail}." if peaks else "")
+        return f" {count} of {len(answer.generated)} generated tokens read {best!r} most (per-token peaks: findings)."
     if answer.next_token is not None:
         return f" Next token: {answer.next_token.token!r} ({answer.next_token.probability:.1%})."
     return ""

@@ -44,10 +44,11 @@ SPEC = ToolSpec(
     },
     summary_lists=(
         Top("segments", MAX_NAMED_SEGMENTS, by=segment_rank, label=SEGMENT_RANK_LABEL),
-        Top("segments[].positions", 24, order="first"),
-        Top("segments[].token_shares", 3, by="share"),
+        Top("segments[].positions", 12, order="first"),
+        Top("segments[].token_shares", 2, by="share"),
         Top("filler", 8, by="share"),
-        Top("generated", 8, order="first"),
+        Top("findings", 8, order="first"),
+        Top("generated", 6, order="first"),
     ),
     advanced=("top_k", "sink_threshold", "neutral_token", "ig_steps", "exclude_filler"),
 )
