@@ -617,9 +617,11 @@ class Inspector:
         prompt_consumers: Sequence[AttentionConsumer] = (),
         step_consumers: Sequence[AttentionConsumer] = (),
         on_step: Callable[[int, int], None] | None = None,
+        stop_when: runner.StopRule | None = None,
     ) -> runner.Generation:
         """Greedy generation under capture (see :func:`agent_tools.runner.greedy_generate`), after checking that
-        the model can generate and that prompt + ``max_new_tokens`` fit the token limit.
+        the model can generate and that prompt + ``max_new_tokens`` fit the token limit. ``stop_when`` (token ids
+        so far -> a stop reason or None) ends the answer early, e.g. at its first line break.
 
         An encoder–decoder answers with :func:`agent_tools.runner.seq2seq_generate` (encoder once, decoder steps
         on the cache); it takes no consumers: its maps come from a teacher-forced pass over the answer
@@ -638,6 +640,7 @@ class Inspector:
                 encoded.attention_mask,
                 max_new_tokens=max_new_tokens,
                 checkpoint=_checkpoint(),
+                stop_when=stop_when,
             )
         limit = self.limit_for(loaded)
         if encoded.length + max_new_tokens > limit:
@@ -655,6 +658,7 @@ class Inspector:
             step_consumers=step_consumers,
             on_step=on_step,
             checkpoint=_checkpoint(),
+            stop_when=stop_when,
         )
 
     def ablate(

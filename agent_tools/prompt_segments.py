@@ -15,11 +15,18 @@ tokenizer's character offsets, so nothing is guessed:
   its characters when it is only whitespace; earlier and more specific owners win ties). Tokens that share
   characters (a multi-byte character split over several byte-level tokens) each count the shared characters.
   Tokens with no characters (a BOS the tokenizer adds) go to ``template`` (chat) or ``special`` (plain text).
+
+Text the chat template adds on its own (a default system prompt when none is given, date lines) is not a marker:
+each run of template text is split at the tokenizer's special tokens and line breaks, and a piece holding at
+least :data:`INSERTED_MIN_WORDS` words besides role names becomes its own segment, ``inserted#1`` ... (kind
+``inserted``), so a report can say the model read text nobody sent. Role and text segments that hold named spans
+are marked ``gap``: what is left of them is the unnamed text between the named segments.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
@@ -32,12 +39,18 @@ from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.schemas import ROLES, ChatMessage, ToolInput
 
-SegmentKind = Literal["system", "user", "assistant", "text", "named", "template", "special", "sink", "generated"]
+SegmentKind = Literal[
+    "system", "user", "assistant", "text", "named", "inserted", "template", "special", "sink", "generated"
+]
 SEGMENT_KINDS: tuple[str, ...] = get_args(SegmentKind)
 # Segments no caller may name: they are made here.
 RESERVED_NAMES = ("template", "special", "sink", "generated", "text")
-CONTENT_KINDS = frozenset({"system", "user", "assistant", "text", "named"})
-DROPPABLE_KINDS = frozenset({"template", "special", "text"})  # made here, not asked for: dropped when empty
+CONTENT_KINDS = frozenset({"system", "user", "assistant", "text", "named", "inserted"})
+DROPPABLE_KINDS = frozenset({"template", "special", "text", "inserted"})  # made here, not asked for: dropped when empty
+INSERTED_MIN_WORDS = 3  # a piece of template text with this many words besides role names is inserted content
+ROLE_WORDS = frozenset({*ROLES, "model", "human", "bot", "ai"})  # role labels templates write around messages
+_WORD = re.compile(r"[^\W\d_]+")
+_ROLE_LABEL = re.compile(r"([^\W\d_]+)[\s:]+")
 MAX_NAMED_SEGMENTS = 16
 _PLACEHOLDER = "\ue000{}\ue001"  # private-use characters: never produced by a template, refused in content
 
@@ -76,6 +89,7 @@ class Segment:
     message: int | None = None
     char_start: int | None = None
     char_end: int | None = None
+    gap: bool = False  # a message or text segment that holds named spans: what is left is the text between them
 
     @property
     def role(self) -> str | None:
@@ -234,6 +248,59 @@ def role_spans(messages: Sequence[ChatMessage], content_spans: Sequence[tuple[in
     return spans
 
 
+def inserted_spans(
+    rendered: str, content_spans: Sequence[tuple[int, int]], markers: Sequence[str]
+) -> list[tuple[int, int]]:
+    """Character spans of text the chat template writes on its own (not markers, not role names).
+
+    The template's text (everything outside the messages' contents) is split at ``markers`` (the tokenizer's
+    special tokens) and at line breaks; a piece with at least :data:`INSERTED_MIN_WORDS` words that are not role
+    labels is inserted text. Inserted pieces of one run of template text separated only by whitespace are one span.
+    """
+    runs: list[tuple[int, int]] = []
+    cursor = 0
+    for start, end in sorted(content_spans):
+        if start > cursor:
+            runs.append((cursor, start))
+        cursor = max(cursor, end)
+    if cursor < len(rendered):
+        runs.append((cursor, len(rendered)))
+    split = "|".join([re.escape(m) for m in sorted(set(markers), key=len, reverse=True) if m] + [r"\n"])
+    found: list[tuple[int, int]] = []
+    for run_start, run_end in runs:
+        pieces: list[tuple[int, int]] = []
+        at = run_start
+        for match in re.finditer(split, rendered[run_start:run_end]):
+            pieces.append((at, run_start + match.start()))
+            at = run_start + match.end()
+        pieces.append((at, run_end))
+        merged: list[tuple[int, int]] = []
+        for start, end in pieces:
+            text = rendered[start:end]
+            words = [w for w in _WORD.findall(text) if w.lower() not in ROLE_WORDS]
+            if len(words) < INSERTED_MIN_WORDS:
+                continue
+            start += len(text) - len(text.lstrip())
+            end -= len(text) - len(text.rstrip())
+            while (label := _ROLE_LABEL.match(rendered, start, end)) and label.group(1).lower() in ROLE_WORDS:
+                start = label.end()  # a role label on the same line ("system You are ...") is the template's
+            if merged and not rendered[merged[-1][1] : start].strip():
+                merged[-1] = (merged[-1][0], end)
+            else:
+                merged.append((start, end))
+        found.extend(merged)
+    return found
+
+
+def template_markers(loaded: LoadedModel) -> list[str]:
+    """The tokenizer's special and added tokens' texts: the markers a chat template writes."""
+    tokenizer = loaded.tokenizer
+    markers = [str(t) for t in getattr(tokenizer, "all_special_tokens", []) or []]
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    markers += [str(getattr(t, "content", t)) for t in added.values()]
+    return markers
+
+
 # --- named spans -------------------------------------------------------------------------------------------------
 def _scopes(spec: SegmentSpec, bases: Sequence[tuple[int, int]], text: str, chat: bool) -> list[tuple[int, int, str]]:
     """(start, end, description) of where a named span may lie, in rendered-text coordinates."""
@@ -352,6 +419,8 @@ def segment_prompt(
         skeleton = inspector.render_messages(loaded, placeholders)
         bases = locate_contents(rendered, skeleton, [m.content for m in messages])
         spans = role_spans(messages, bases)
+        inserted = inserted_spans(rendered, bases, template_markers(loaded))
+        spans += [CharSpan(f"inserted#{i + 1}", "inserted", a, b, 1) for i, (a, b) in enumerate(inserted)]
         # the template already holds its special tokens: adding the tokenizer's own would double a BOS
         encoded = inspector.encode(loaded, rendered, add_special_tokens=False)
         fallback = Segment("template", "template", ())
@@ -359,6 +428,7 @@ def segment_prompt(
     check_named(specs, [s.name for s in spans])
     named_spans = [named_span(spec, encoded.text, bases, chat=chat) for spec in specs]
     _check_disjoint(named_spans)
+    holders = {span.message for span in named_spans}  # messages (None: the plain text) that hold named spans
     all_spans = spans + named_spans
     owners = assign_tokens(encoded.text, encoded.offsets, all_spans)
     # segments in order of first appearance: spans by start, the fallback where its first token is
@@ -373,7 +443,8 @@ def segment_prompt(
         if span.kind == "named" and not positions:
             msg = f"segment {span.name!r} (characters {span.start}..{span.end}) covers no whole token; widen it"
             raise InvalidInputError(msg, field="segments")
-        segments.append(Segment(span.name, span.kind, positions, span.message, span.start, span.end))
+        gap = span.kind in {*ROLES, "text"} and span.message in holders
+        segments.append(Segment(span.name, span.kind, positions, span.message, span.start, span.end, gap))
     fallback_positions = tuple(p for p, o in enumerate(token_owner) if o == fallback_index)
     index_of = {i: position_of[i] for i in range(len(all_spans))}
     if fallback_positions:

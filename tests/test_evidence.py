@@ -222,7 +222,9 @@ def test_known_answer_causal_and_gradient_rank_the_fact_first_where_attention_do
     # attention reads the long distractor most; the answer depends on the three-token fact
     assert report.read_most == "distractor" and distractor.share > fact.share
     assert report.depends_on_most == "fact" and report.measures_agree is False
-    assert fact.causal.effect > 5 and abs(distractor.causal.effect) < 0.5
+    # one sign convention: Δ log p(answer) when removed; the fact's removal lowers it, the distractor's barely moves it
+    assert fact.causal.removed < -5 and abs(distractor.causal.removed) < 0.5
+    assert fact.causal.direction == "depends_on" and fact.causal.removed == fact.causal.answer_removed
     assert fact.causal.top_token_changed_removed and not distractor.causal.top_token_changed_removed
     assert fact.gradient.integrated_gradients > distractor.gradient.integrated_gradients
     # completeness: the segments' IG add up to log p(input) − log p(baseline), up to the reported delta
@@ -231,16 +233,19 @@ def test_known_answer_causal_and_gradient_rank_the_fact_first_where_attention_do
     assert total - (run.value - run.baseline_value) == pytest.approx(run.delta, abs=2e-3)
     attention_causal = next(a for a in report.agreement if {a.measure_a, a.measure_b} == {"attention", "causal"})
     assert attention_causal.spearman == pytest.approx(-1.0) and not attention_causal.same_top
-    assert report.summary.startswith("The answer '7' depends most on 'fact'")
-    assert "Attention disagrees" in report.summary and "The segment that matters is 'fact'" in report.summary
+    assert report.summary.startswith("Measured answer '7': one token: the model's most likely next token '7'")
+    assert f"'7' depends on 'fact' (removing it lowers log p by {-fact.causal.removed:.2f})" in report.summary
+    assert "They disagree: removal moves 'fact' most, attention ranks it 2 of 2" in report.summary
+    assert "Integrated gradients (an approximation of removal, whole answer) put 'fact' first" in report.summary
+    assert "independent" not in report.summary
     assert {v.view for v in report.views} == {"share", "last_layer", "rollout", "value", "causal", "gradient"}
-    assert {f.kind for f in report.findings} >= {"depends_on", "attention_vs_causal", "rank_agreement"}
+    assert {f.kind for f in report.findings} >= {"depends_on", "rank_agreement"}
     assert report.checks == ["causal", "gradient", "value"] and report.neutral_token == "."
     # the distractor's share against uniform attention: its 27 tokens of the prompt's 33 (<bos>, fact, "code ?")
     assert report.num_tokens == 33 and distractor.token_count == len(DISTRACTOR.split()) == 27
     assert distractor.uniform_share == pytest.approx(27 / 33, abs=1e-4)
     call = next(c for c in report.next_calls if c.tool == "compare_prompts")
-    assert call.arguments["prompt_b"] == [{"role": "user", "content": DISTRACTOR}]  # the fact left out
+    assert call.arguments["prompt_b"] == [{"role": "user", "content": DISTRACTOR + " "}]  # exactly the fact cut out
 
 
 def test_default_checks_skip_a_whole_prompt_segment_and_explicit_ones_refuse_it(
@@ -307,7 +312,7 @@ def test_given_answer_is_teacher_forced_and_compare_prompts_reports_effects(tiny
         },
     )
     row = next(r for r in comparison.segments if r.name == "a")
-    assert row.effect_a == comparison.trace_a.segments[1].causal.effect and row.effect_b is not None
+    assert row.removed_a == comparison.trace_a.segments[1].causal.removed and row.removed_b is not None
     assert comparison.next_calls and all(c.tool == "trace_prompt_attention" for c in comparison.next_calls)
 
 
@@ -336,7 +341,9 @@ def test_filler_is_set_apart_on_the_default_model(smol, inspector: Inspector) ->
     doc3 = next(s for s in report.segments if s.name == "doc3")
     assert report.answer_evidence.tokens == ["Can", "berra"] and report.depends_on_most == "doc3"
     assert doc3.causal.answer_removed < -2 and abs(doc3.causal.first_token_removed) < 1
-    assert report.summary.startswith("The answer 'Canberra' depends most on 'doc3'")
+    assert report.deciding_token.token == "berra" and report.deciding_token.effects[0].segment == "doc3"
+    assert report.summary.startswith("Measured answer 'Canberra': the given answer, 2 token(s)")
+    assert "Deciding token 'berra' (step 1 of 2" in report.summary
 
 
 def test_gradient_check_is_refused_over_the_memory_budget_before_any_pass(tiny_models) -> None:
@@ -345,3 +352,52 @@ def test_gradient_check_is_refused_over_the_memory_budget_before_any_pass(tiny_m
     with pytest.raises(ResourceLimitError, match=r"a gradient pass over 14 tokens would hold about .* of activations"):
         get_tool("trace_prompt_attention")(tight, {**arguments, "checks": ["gradient"]})
     assert get_tool("trace_prompt_attention")(tight, arguments).checks == ["causal", "value"]
+
+
+# --- one sign convention, per-token effects, the deciding token -----------------------------------------------------
+def test_a_segment_that_suppresses_the_answer_is_said_to_work_against_it(
+    retrieval: LoadedModel, inspector: Inspector
+) -> None:
+    """Two facts, 'code is 3' then 'code is 7'; the model answers '7'. For the given answer '3', the segment holding
+    '7' suppresses it: removing it leaves '3' the only fact, so log p('3') must rise (known by construction)."""
+    rival, fact = "code is 3", "code is 7"
+    arguments = {
+        "model": "tiny-retrieval",
+        "prompt": [{"role": "user", "content": f"{DISTRACTOR} {rival} {fact}"}],
+        "segments": [
+            {"name": "distractor", "text": DISTRACTOR},
+            {"name": "rival", "text": rival},
+            {"name": "fact", "text": fact},
+        ],
+        "answer": "3 .",  # two tokens: the digit decides, the '.' after it is boilerplate
+        "neutral_token": ".",
+        "detail": "full",
+    }
+    report = get_tool("trace_prompt_attention")(inspector, arguments)
+    assert report.next_tokens[0].token == "7"
+    segments = {s.name: s for s in report.segments}
+    prompt_ids = inspector.encode(retrieval, report.rendered_prompt, add_special_tokens=False).input_ids[0].tolist()
+    answer = report.answer_evidence.token_ids
+    clean = _full_logprobs(retrieval, prompt_ids, answer)
+    for name in ("rival", "fact", "distractor"):  # per-token Δ equals removing the segment's tokens by hand
+        taken = set(segments[name].positions)
+        removed = _full_logprobs(retrieval, [t for p, t in enumerate(prompt_ids) if p not in taken], answer)
+        causal = segments[name].causal
+        assert causal.per_token_removed == pytest.approx((removed - clean).tolist(), abs=1e-3)
+        assert sum(causal.per_token_removed) == pytest.approx(causal.answer_removed, abs=2e-3)
+    deciding = report.deciding_token
+    assert deciding.step == 0 and deciding.token == "3" and report.answer_evidence.tokens == ["3", "."]
+    assert deciding.effects[0].segment == "fact" and deciding.effects[0].direction == "works_against"
+    fact_delta = segments["fact"].causal.removed
+    assert fact_delta == segments["fact"].causal.per_token_removed[0] and fact_delta > 5
+    assert segments["fact"].causal.direction == "works_against" and report.works_against_most == "fact"
+    assert report.moves_most == "fact" and report.depends_on_most != "fact"
+    assert f"is pulled against by 'fact' (removing it raises log p by {fact_delta:.2f})" in report.summary
+    assert "Deciding token '3' (step 0 of 2" in report.summary and "depends on 'fact'" not in report.summary
+    assert report.answer_evidence.per_token[0].moved_most_by == "fact"
+    finding = next(f for f in report.findings if f.kind == "works_against")
+    assert finding.value == pytest.approx(fact_delta) and finding.severity == "high"
+    # agreement over the named segments: the same top and ρ ≥ 0.5 (attention reads the distractor most here)
+    rho = next(a.spearman for a in report.agreement if (a.measure_a, a.measure_b) == ("attention", "causal"))
+    assert report.measures_agree == (report.read_most == "fact" and rho is not None and rho >= 0.5)
+    assert report.read_most == "distractor" and report.measures_agree is False

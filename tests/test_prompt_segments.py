@@ -277,3 +277,26 @@ def test_plain_text_segments(smol) -> None:
         InvalidInputError, match=r"character span 0\.\.999 out of range; the text is 58 characters long"
     ):
         segment_prompt(Inspector(), smol, text, [SegmentSpec(name="x", start=0, end=999)])
+
+
+def test_inserted_spans_find_default_system_prompts_and_date_lines_not_markers() -> None:
+    from agent_tools.prompt_segments import inserted_spans
+
+    qwen = (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    at = qwen.index("hi there")
+    spans = inserted_spans(qwen, [(at, at + 8)], ["<|im_start|>", "<|im_end|>"])
+    assert [qwen[a:b] for a, b in spans] == ["You are a helpful assistant."]
+    llama = (
+        "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024"
+        "\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nhello<|eot_id|>"
+    )
+    at = llama.index("hello")
+    markers = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    assert [llama[a:b] for a, b in inserted_spans(llama, [(at, at + 5)], markers)] == [
+        "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024"
+    ]
+    plain = "### Instruction:\nhello\n### Response:\n"  # role labels of two words or fewer: markers, not inserted
+    assert inserted_spans(plain, [(17, 22)], []) == []

@@ -100,7 +100,13 @@ def test_trace_last_equals_a_hand_reduction_of_the_captured_rows(tiny_models, in
     loaded = tiny_models["llama"]
     report = get_tool("trace_prompt_attention")(
         inspector,
-        {"model": "tiny-llama", "prompt": TINY_TEXT, "segments": [{"name": "dog", "text": "the dog sat"}], "top_k": 2},
+        {
+            "model": "tiny-llama",
+            "prompt": TINY_TEXT,
+            "segments": [{"name": "dog", "text": "the dog sat"}],
+            "top_k": 2,
+            "detail": "full",
+        },
     )
     assert isinstance(report, PromptTrace)
     encoded = inspector.encode(loaded, TINY_TEXT)
@@ -126,7 +132,9 @@ def test_trace_last_equals_a_hand_reduction_of_the_captured_rows(tiny_models, in
     assert sum(free) == pytest.approx(1.0, abs=1e-3)
     assert "".join(encoded.tokens[p].text + " " for p in by_name["dog"].positions).strip() == "the dog sat"
     assert report.read_most in {"text", "dog"} and report.next_tokens and len(report.next_tokens) == 5
-    assert report.read_most in report.summary and f"{by_name[report.read_most].share:.1%}" in report.summary
+    # 'dog' is the only named segment ('text' is the unnamed rest): the summary prints the share it is read by
+    assert report.read_most == "dog" and by_name["text"].tier == "gap" and by_name["dog"].tier == "named"
+    assert f"'dog', the only named segment, with {by_name['dog'].content_share:.1%}" in report.summary
 
 
 def test_trace_generate_on_chat_is_consistent_with_last(tiny_chat, inspector: Inspector) -> None:
@@ -211,6 +219,17 @@ BAD = [
     ),
     ({"prompt": CHAT, "target": "next"}, InvalidInputError, "'last' or 'generate'"),
     ({"prompt": CHAT, "sink_threshold": 0}, InvalidInputError, "sink_threshold"),
+    (
+        {"prompt": CHAT, "target": "generate", "answer_stop": "paragraph"},
+        InvalidInputError,
+        "'line', 'eos', 'sentence'",
+    ),
+    ({"prompt": CHAT, "target": "generate", "answer_stop": "tokens x"}, InvalidInputError, "'tokens N' with a whole"),
+    (
+        {"prompt": CHAT, "target": "generate", "answer_stop": "tokens 3", "max_new_tokens": 4},
+        InvalidInputError,
+        "disagree; give the count once",
+    ),
 ]
 
 
@@ -253,6 +272,7 @@ def test_default_model_generates_and_traces(smol, inspector: Inspector) -> None:
             "segments": [{"name": "code", "text": "4721"}],
             "target": "generate",
             "max_new_tokens": 4,
+            "answer_stop": "tokens",
         },
     )
     assert report.rendered_prompt.startswith("<|im_start|>system\nYou are a helpful assistant.")
@@ -265,6 +285,7 @@ def test_default_model_generates_and_traces(smol, inspector: Inspector) -> None:
     assert sum(s.share for s in report.segments) == pytest.approx(1.0, abs=1e-3)
     assert report.seconds_per_token and report.seconds_per_token > 0
     assert report.read_most in report.summary and "points over" in report.summary
+    assert report.answer_stop == "tokens" and report.answer_evidence.tokens == [g.token for g in report.generated]
 
 
 @pytest.mark.real_model
@@ -300,7 +321,7 @@ def test_value_shares_equal_a_hand_reduction_and_uniform_shares_count_tokens(tin
     loaded = tiny_models["llama"]
     segments = [{"name": "dog", "text": "the dog sat"}]
     report = get_tool("trace_prompt_attention")(
-        inspector, {"model": "tiny-llama", "prompt": TINY_TEXT, "segments": segments}
+        inspector, {"model": "tiny-llama", "prompt": TINY_TEXT, "segments": segments, "detail": "full"}
     )
     encoded = inspector.encode(loaded, TINY_TEXT)
     reference = ValueRows()
@@ -335,3 +356,130 @@ def test_chat_trace_next_calls_drop_the_segment_it_depends_on(tiny_chat, inspect
     assert {c.tool for c in report.next_calls} == {"compare_prompts", "trace_prompt_attention", "ablate_heads"}
     follow = get_tool("compare_prompts")(inspector, compare.arguments)  # the suggested call is valid as written
     assert follow.next_token_kl is not None
+
+
+# --- answer_stop: where a generated answer ends, and which tokens are measured --------------------------------------
+class WordTokenizer:
+    """decode() over a fixed list of token texts (ids index it): enough for the stop rules."""
+
+    def __init__(self, words: list[str]) -> None:
+        self.words = words
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(self.words[i] for i in ids if not (skip_special_tokens and self.words[i] == "<eos>"))
+
+
+def test_stop_rules_and_measured_tokens_by_hand() -> None:
+    from types import SimpleNamespace
+
+    from agent_tools.prompt_trace.answer import measured_ids, stop_rule
+
+    words = ["\n", " Paris", ".", " It", "<eos>", " is", "\n\n", "3", ".14"]
+    loaded = SimpleNamespace(tokenizer=WordTokenizer(words))
+    line, sentence = stop_rule(loaded, "line"), stop_rule(loaded, "sentence")
+    assert stop_rule(loaded, "eos") is None and stop_rule(loaded, "tokens") is None
+    assert line([0]) is None and line([0, 1]) is None  # a leading line break does not end the answer
+    assert line([0, 1, 6]) == "line" and measured_ids(loaded, [0, 1, 6], "line") == [0, 1]  # the break left out
+    assert sentence([1, 2]) is None and sentence([1, 2, 3]) == "sentence"  # ". It": the sentence ended
+    assert measured_ids(loaded, [1, 2, 3], "sentence") == [1, 2]
+    assert sentence([7, 8]) is None and sentence([7, 8, 5]) is None  # "3.14 is": no sentence end
+    assert measured_ids(loaded, [1, 2, 4], "eos") == [1, 2] and measured_ids(loaded, [4], "eos") == [4]
+    assert measured_ids(loaded, [1, 3, 5], "max_new_tokens") == [1, 3, 5]
+
+
+def test_generation_stops_where_the_rule_says(tiny_models, inspector: Inspector) -> None:
+    loaded = tiny_models["llama"]
+    encoded = inspector.encode(loaded, "the cat sat on the mat")
+    free = inspector.generate(loaded, encoded, max_new_tokens=5)
+    ruled = inspector.generate(
+        loaded, encoded, max_new_tokens=5, stop_when=lambda ids: "line" if len(ids) == 2 else None
+    )
+    if free.stopped == "max_new_tokens":  # no EOS in the first two tokens: the rule stops after the second
+        assert ruled.token_ids == free.token_ids[:2] and ruled.stopped == "line"
+
+
+def test_answer_stop_tokens_n_form_and_the_report_lists_the_measured_tokens(tiny_chat, inspector: Inspector) -> None:
+    tool = get_tool("trace_prompt_attention")
+    assert tool.parse({"prompt": "hi", "answer_stop": "tokens 3"}).max_new_tokens == 3
+    report = tool(
+        inspector, {"model": "tiny-chat-llama", "prompt": CHAT, "target": "generate", "answer_stop": "tokens 3"}
+    )
+    assert report.answer_stop == "tokens" and report.stopped in {"eos", "max_new_tokens"}
+    generated = [g.token_id for g in report.generated]
+    measured = report.answer_evidence.token_ids
+    assert measured == (generated[:-1] if report.stopped == "eos" and len(generated) > 1 else generated)
+    assert report.answer_evidence.covers.startswith(f"the model's generated answer, {len(measured)} token(s)")
+    last = tool(inspector, {"model": "tiny-chat-llama", "prompt": CHAT})
+    assert last.answer_evidence.covers.startswith("one token: the model's most likely next token")
+    assert len(last.answer_evidence.tokens) == 1 and "one token" in last.summary
+
+
+# --- template-inserted text -------------------------------------------------------------------------------------------
+INSERTING_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<bos> system the cat sat on the mat <eos> {% endif %}" + CHAT_TEMPLATE
+)
+
+
+@pytest.fixture(scope="module")
+def inserting_chat(tiny_models) -> LoadedModel:
+    """The tiny chat model with a Qwen2-style template: a default system prompt when none is given."""
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = INSERTING_TEMPLATE
+    return register_model("tiny-inserting-llama", copy.deepcopy(tiny_models["llama"].model), tokenizer)
+
+
+def test_text_the_template_inserts_is_its_own_segment_and_reported_apart(inserting_chat, inspector: Inspector) -> None:
+    tool = get_tool("trace_prompt_attention")
+    user_only = [{"role": "user", "content": "the dog was tired"}, {"role": "assistant", "content": "it sat"}]
+    report = tool(inspector, {"model": "tiny-inserting-llama", "prompt": user_only})
+    inserted = next(s for s in report.segments if s.kind == "inserted")
+    assert inserted.name == "inserted#1" and inserted.tier == "inserted" and inserted.text == "the cat sat on the mat"
+    assert report.rendered_prompt.startswith("<bos> system the cat sat on the mat <eos>")
+    assert inserted.causal is not None  # measured like any content ...
+    assert report.depends_on_most in {"user#1", "assistant#1", None} and report.moves_most != "inserted#1"
+    assert "None" not in report.summary and "'inserted#1' (inserted by the chat template, 6 tokens)" in report.summary
+    with_system = [{"role": "system", "content": "the dog sat"}, *user_only]
+    given = tool(inspector, {"model": "tiny-inserting-llama", "prompt": with_system})
+    assert not any(s.kind == "inserted" for s in given.segments)
+    comparison = get_tool("compare_prompts")(
+        inspector, {"model": "tiny-inserting-llama", "prompt_a": with_system, "prompt_b": user_only}
+    )
+    assert comparison.inserted_a == [] and comparison.inserted_b == ["inserted#1"]
+    assert "B's chat template inserted 'the cat sat on the mat' (6 tokens); the other variant did not get it" in (
+        comparison.summary
+    )
+    assert "None" not in comparison.summary and "template_inserted" in {f.kind for f in comparison.findings}
+
+
+# --- suggested calls are exact -----------------------------------------------------------------------------------
+FEW_SHOT = "the cat sat\non the mat\n\nthe dog sat\non the mat\n\nthe cat was tired\nand the dog"
+FEW_SHOT_SEGMENTS = [
+    {"name": "ex1", "text": "the cat sat\non the mat"},
+    {"name": "ex2", "text": "the dog sat\non the mat"},
+    {"name": "query", "text": "the cat was tired\nand the dog"},
+]
+
+
+def test_suggested_calls_reproduce_the_texts_character_for_character(tiny_models, inspector: Inspector) -> None:
+    arguments = {"model": "tiny-llama", "prompt": FEW_SHOT, "segments": FEW_SHOT_SEGMENTS}
+    report = get_tool("trace_prompt_attention")(inspector, arguments)
+    calls = {c.tool: c for c in report.next_calls}
+    compare = calls["compare_prompts"]
+    lead = report.moves_most
+    cut = next(s["text"] for s in FEW_SHOT_SEGMENTS if s["name"] == lead)
+    assert compare.arguments["prompt_a"] == FEW_SHOT
+    assert compare.arguments["prompt_b"] == FEW_SHOT.replace(cut, "", 1)  # newlines kept, nothing joined on spaces
+    followed = get_tool("compare_prompts")(inspector, compare.arguments)
+    assert followed.trace_a.rendered_prompt == FEW_SHOT
+    assert followed.trace_b.rendered_prompt == FEW_SHOT.replace(cut, "", 1)
+    gradient = get_tool("trace_prompt_attention")(
+        inspector, {**calls["trace_prompt_attention"].arguments, "ig_steps": 4}
+    )
+    assert gradient.rendered_prompt == FEW_SHOT and [s.name for s in gradient.segments] == [
+        s.name for s in report.segments
+    ]
+    assert "independent" not in calls["trace_prompt_attention"].why
+    ablated = get_tool("ablate_heads")(inspector, calls["ablate_heads"].arguments)
+    assert (
+        calls["ablate_heads"].arguments["text"] == report.rendered_prompt == FEW_SHOT and ablated.model == "tiny-llama"
+    )

@@ -208,3 +208,12 @@ def content_shares(token_weights: Tensor, segment_index: Tensor, num_segments: i
 def segment_sums(values: Tensor, segment_index: Tensor, num_segments: int) -> Tensor:
     """(T,) per-token values (gradients, attributions) -> (S,) summed per segment."""
     return values.new_zeros(num_segments).index_add(0, segment_index.to(values.device), values)
+
+
+def deciding_step(deltas: Tensor) -> int:
+    """(S, A) Δ log p of each answer token when each segment is removed -> the step whose |Δ| is largest over the
+    segments: the answer token the segments move most (the first on ties)."""
+    if deltas.numel() == 0:
+        raise ValueError("deciding_step needs at least one segment and one answer token")
+    moved = deltas.abs().amax(0)  # (A,)
+    return int(torch.nonzero(moved == moved.max()).flatten()[0])

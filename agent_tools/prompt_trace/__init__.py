@@ -8,6 +8,7 @@ so that neither tool imports the other:
 * :mod:`.measure` — the traced pass through the inspector (:func:`trace_pass`) and the numbers it yields
   (:func:`measure`);
 * :mod:`.narrative` — the findings and summary, written from those numbers;
+* :mod:`.answer` — where a generated answer ends (``answer_stop``) and which tokens the checks measure;
 * :mod:`.evidence` — the checks beside attention (causal effects, gradient attribution) and how the measures
   rank the segments; :mod:`.claims` — their words; :mod:`.next_calls` — the calls that would test the lead;
 * :mod:`.report` — :func:`trace`: pass, numbers, checks, rows and narrative assembled into a :class:`PromptTrace`.
@@ -22,17 +23,22 @@ from agent_tools.prompt_trace.evidence import prepare as prepare_evidence
 from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers, check_traceable, measure, trace_pass
 from agent_tools.prompt_trace.models import (
     ANSWER_DESCRIPTION,
+    ANSWER_STOP_DESCRIPTION,
+    ANSWER_STOPS,
     CHECKS,
     CHECKS_DESCRIPTION,
+    DEFAULT_ANSWER_STOP,
     DEFAULT_SINK_THRESHOLD,
     FILLER_DESCRIPTION,
     IG_STEPS_DESCRIPTION,
     MAX_IG_STEPS,
     NEUTRAL_DESCRIPTION,
     PROMPT_DESCRIPTION,
+    SEGMENT_RANK_LABEL,
     SINK_DESCRIPTION,
     TARGET_DESCRIPTION,
     TARGETS,
+    AnswerStop,
     CausalEffect,
     Check,
     GeneratedToken,
@@ -42,23 +48,30 @@ from agent_tools.prompt_trace.models import (
     SegmentShare,
     Target,
     TokenProbability,
+    answer_stop_form,
     max_new_tokens_in_range,
+    segment_rank,
 )
 from agent_tools.prompt_trace.report import TraceRun, build_report, next_token_table, trace
 
 __all__ = [
     "ANSWER_DESCRIPTION",
+    "ANSWER_STOPS",
+    "ANSWER_STOP_DESCRIPTION",
     "CHECKS",
     "CHECKS_DESCRIPTION",
+    "DEFAULT_ANSWER_STOP",
     "DEFAULT_SINK_THRESHOLD",
     "FILLER_DESCRIPTION",
     "IG_STEPS_DESCRIPTION",
     "MAX_IG_STEPS",
     "NEUTRAL_DESCRIPTION",
     "PROMPT_DESCRIPTION",
+    "SEGMENT_RANK_LABEL",
     "SINK_DESCRIPTION",
     "TARGETS",
     "TARGET_DESCRIPTION",
+    "AnswerStop",
     "CausalEffect",
     "Check",
     "EvidenceRequest",
@@ -72,12 +85,14 @@ __all__ = [
     "TraceNumbers",
     "TraceRun",
     "TracedPrompt",
+    "answer_stop_form",
     "build_report",
     "check_traceable",
     "max_new_tokens_in_range",
     "measure",
     "next_token_table",
     "prepare_evidence",
+    "segment_rank",
     "trace",
     "trace_pass",
 ]

@@ -1,33 +1,47 @@
-"""The words for a trace's evidence: what the answer *depends on* (causal) before what it *reads* (attention).
+"""The words for a trace's evidence: what the answer *depends on* (removal) before what it *reads* (attention).
 
-Pure functions of numbers already measured (:mod:`.measure`, :mod:`.evidence`): the summary's leading sentence,
-the filler clause, the findings of the checks, and the explanation of each view (mean share, last layer, rollout,
-value-weighted share, causal effect, gradient) with the segment it puts first. Attention claims are worded
-"reads" and name the uniform baseline; causal claims are worded "depends on".
+Pure functions of numbers already measured (:mod:`.measure`, :mod:`.evidence`). One sign convention: every causal
+number is Δ log p(answer) when the segment is removed, and every sentence says which way it goes — "the answer
+depends on X (removing it lowers log p by 3.9)" or "X works against this answer (removing it raises log p by 1.5)".
+Rankings and the headline are over the named segments; gaps and template-inserted text are reported apart.
+Attention claims are worded "reads" and print the one share they are ranked by; gradients are described as an
+approximation of removal, with their agreement, never as a confirmation.
 """
 
 from __future__ import annotations
 
-from agent_tools.prompt_trace.evidence import MEASURE_NAMES, Evidence, Verdict
+from dataclasses import dataclass
+
+from agent_tools.prompt_trace.evidence import MEASURE_NAMES, Evidence, Verdict, direction
 from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers
-from agent_tools.prompt_trace.models import ViewLead
+from agent_tools.prompt_trace.models import AGREEMENT_RHO, NEGLIGIBLE_NATS, ViewLead
 from agent_tools.schemas import Finding, rounded
 
 FILLER_SHOWN = 5
+SUPPORTERS_SHOWN = 2
 
 VIEW_MEANINGS = {
-    "share": "the answer position's attention summed per segment, mean over every layer and head: what it reads",
-    "content": "the same with the sink and the filler tokens set aside (renormalised): what 'read most' ranks",
+    "share": "the answer's attention on the named segments (sink, filler, template and gaps set aside, "
+    "renormalised), mean over every layer and head: what it reads",
     "last_layer": "the last layer alone (mean over its heads): the reading closest to the output, not the whole path",
     "rollout": "attention rollout (Abnar & Zuidema 2020): head-averaged attention multiplied through the layers with "
     "the residual, sink set aside — how reading composes across layers, still not influence",
     "value": "attention weighted by what each key writes, ‖α·v·W_O‖ (Kobayashi et al. 2020): discounts tokens "
     "that are read but write little",
-    "causal": "how much the answer's log-probability falls when the segment is removed or replaced by neutral "
-    "tokens (mean of both): what the answer depends on",
-    "gradient": "integrated gradients of the answer's log-probability w.r.t. the segment's input embeddings, from "
-    "neutral tokens: a first-order account of the dependence",
+    "causal": "Δ log p of the deciding token when the segment is removed (negative: the answer depends on it; "
+    "positive: it works against the answer); the leader has the largest |Δ|",
+    "gradient": "integrated gradients of the whole answer's log p w.r.t. the segment's input embeddings, from "
+    "neutral tokens: an approximation of removal, with its agreement reported per prompt",
 }
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The answer the checks measured, decoded: its text, its tokens and what it covers."""
+
+    text: str
+    tokens: list[str]
+    covers: str
 
 
 def _name(traced: TracedPrompt, index: int) -> str:
@@ -35,43 +49,143 @@ def _name(traced: TracedPrompt, index: int) -> str:
 
 
 def _rho(verdict: Verdict, a: str, b: str) -> float | None:
-    return next((rho for x, y, rho, _ in verdict.agreement if {x, y} == {a, b}), None)
+    return next((rho for x, y, rho, _ in verdict.agreement if (x, y) == (a, b)), None)
 
 
-def causal_lead(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict, answer: str) -> str:
-    """The summary's first sentences: what the answer depends on, then whether attention agrees."""
-    if not verdict.depends_on:
+def effect_words(name: str, delta: float, *, of: str = "log p") -> str:
+    """One segment's removal effect in words, the direction named: 'depends on', 'works against' or barely moves."""
+    kind = direction(delta)
+    if kind == "depends_on":
+        return f"depends on {name!r} (removing it lowers {of} by {-delta:.2f})"
+    if kind == "works_against":
+        return f"is pulled against by {name!r} (removing it raises {of} by {delta:.2f})"
+    return f"barely moves without {name!r} ({delta:+.2f}, under {NEGLIGIBLE_NATS} nats)"
+
+
+def _token_clauses(traced: TracedPrompt, evidence: Evidence, verdict: Verdict) -> str:
+    step = verdict.deciding
+    supporters = [
+        effect_words(_name(traced, i), evidence.causal[i].on_token(step)) for i in verdict.depends_on[:SUPPORTERS_SHOWN]
+    ]
+    against = [effect_words(_name(traced, i), evidence.causal[i].on_token(step)) for i in verdict.works_against[:1]]
+    supporters = supporters[:1] + [c.replace("depends on ", "on ", 1) for c in supporters[1:]]
+    clauses = supporters + against
+    if not clauses:
+        return f"no named segment moves it by more than {NEGLIGIBLE_NATS} nats when removed"
+    return " and ".join(clauses)
+
+
+def causal_lead(
+    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict, measured: Measured
+) -> str:
+    """The summary's first sentences: the measured answer, its deciding token and the named segments that move
+    it (direction named), the gaps and inserted text apart, then whether attention agrees."""
+    if verdict.deciding is None:
         return ""
-    best = verdict.depends_on[0]
-    effect = evidence.causal[best]
-    text = (
-        f"The answer {answer!r} depends most on {_name(traced, best)!r}: removing it changes its log-probability by "
-        f"{effect.answer_removed:+.2f} nats, replacing it with neutral tokens by {effect.answer_neutral:+.2f}"
-    )
-    if len(verdict.depends_on) > 1:
-        second = verdict.depends_on[1]
-        text += f" (next: {_name(traced, second)!r}, {evidence.causal[second].effect:.2f} nats)"
-    return text + "." + _agreement_clause(traced, numbers, evidence, verdict) + " "
-
-
-def _agreement_clause(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict) -> str:
-    best, read = verdict.depends_on[0], verdict.read_first
-    if read is None:
-        return ""
-    view = "content" if numbers.exclude_filler else "share"
-    share, uniform = numbers.views[view][read], numbers.views["uniform"][read]
-    if read == best:
-        return (
-            f" Attention agrees: the answer reads {_name(traced, read)!r} most ({share:.1%} of its attention; "
-            f"uniform attention would give {uniform:.1%})."
+    step, tokens = verdict.deciding, measured.tokens
+    text = f"Measured answer {measured.text!r}: {measured.covers}. "
+    token = tokens[step] if step < len(tokens) else measured.text
+    if len(tokens) > 1:
+        text += (
+            f"Deciding token {token!r} (step {step} of {len(tokens)}, the one removals move most): it "
+            f"{_token_clauses(traced, evidence, verdict)}."
         )
-    rho = _rho(verdict, "attention", "causal")
-    rank = f"; rank agreement attention–causal ρ = {rho:.2f}" if rho is not None else ""
+        whole = min(verdict.segments, key=lambda i: evidence.causal[i].answer_removed)
+        delta = evidence.causal[whole].answer_removed
+        if direction(delta) == "depends_on":
+            text += f" The whole answer {effect_words(_name(traced, whole), delta, of='Σ log p')} most."
+    else:
+        text += f"{token!r} {_token_clauses(traced, evidence, verdict)}."
+    return text + _apart_clause(traced, evidence, verdict) + _agreement_clause(traced, numbers, verdict)
+
+
+def removal_words(delta: float, *, of: str = "log p") -> str:
+    """'removing it lowers log p by X' / 'raises' / 'barely moves it': the sign said in words."""
+    if direction(delta) == "depends_on":
+        return f"removing it lowers {of} by {-delta:.2f}"
+    if direction(delta) == "works_against":
+        return f"removing it raises {of} by {delta:.2f}"
+    return f"removing it barely moves {of} ({delta:+.2f})"
+
+
+def _apart_clause(traced: TracedPrompt, evidence: Evidence, verdict: Verdict) -> str:
+    """Gaps and inserted text: measured like the named segments but never the headline."""
+    parts = []
+    for i in verdict.apart:
+        segment = traced.prompt.segments[i]
+        delta = evidence.causal[i].on_token(verdict.deciding) if i in evidence.causal else None
+        inserted = segment.kind == "inserted"  # always said: the model read text nobody sent
+        if delta is None or (direction(delta) == "negligible" and not inserted):
+            continue
+        what = "inserted by the chat template" if inserted else "unnamed text between the named"
+        parts.append(f"{segment.name!r} ({what}, {len(segment.positions)} tokens): {removal_words(delta)}")
+    if not parts:
+        return ""
+    return " Reported apart: " + "; ".join(parts) + "."
+
+
+def _exclusions(traced: TracedPrompt, numbers: TraceNumbers) -> str:
+    kinds = {s.kind for s in traced.prompt.segments}
+    left = []
+    if "sink" in kinds:
+        left.append("sink")
+    if numbers.exclude_filler and numbers.filler:
+        left.append("filler")
+    if kinds & {"template", "special"}:
+        left.append("template")
+    if any(t in ("gap", "inserted") for t in numbers.tiers):
+        left.append("gaps" if "inserted" not in numbers.tiers else "gaps and inserted text")
+    return ", ".join(left) + " set aside" if left else "nothing set aside"
+
+
+def reading_sentence(traced: TracedPrompt, numbers: TraceNumbers, *, prefix: str) -> str:
+    """What attention reads most among the named segments, on the one share it is ranked by."""
+    best, named, uniform = numbers.lead.best, numbers.views["named"], numbers.views["named_uniform"]
+    runner_up = numbers.lead.runner_up
+    if runner_up is None:  # one named segment: nothing to rank; its share of the content, the rest apart
+        content = numbers.views["content" if numbers.exclude_filler else "free"]
+        left = "sink and filler set aside" if numbers.exclude_filler and numbers.filler else "sink set aside"
+        return (
+            f"{prefix} reads {_name(traced, best)!r}, the only named segment, with {content[best]:.1%} of its "
+            f"attention ({left}; uniform would give {numbers.views['uniform'][best]:.1%} of the prompt); name "
+            "spans with segments to compare parts."
+        )
     return (
-        f" Attention disagrees: the answer reads {_name(traced, read)!r} most ({share:.1%}; uniform "
-        f"{uniform:.1%}), yet depends on it by only {evidence.causal[read].effect:.2f} nats{rank}. The segment "
-        f"that matters is {_name(traced, best)!r}."
+        f"{prefix} reads {_name(traced, best)!r} most among the named segments: {named[best]:.1%} of the attention "
+        f"on them ({_exclusions(traced, numbers)}; uniform would give {uniform[best]:.1%}), "
+        f"{numbers.lead.margin * 100:.1f} points over {_name(traced, runner_up)!r} ({named[runner_up]:.1%})."
     )
+
+
+def _agreement_clause(traced: TracedPrompt, numbers: TraceNumbers, verdict: Verdict) -> str:
+    read, moves = verdict.read_first, verdict.moves_most
+    if read is None or moves is None or len(verdict.segments) < 2:
+        return ""
+    text = " " + reading_sentence(traced, numbers, prefix="Attention")
+    rho = _rho(verdict, "attention", "causal")
+    order = f"ρ = {rho:.2f}" if rho is not None else "ρ undefined"
+    count = len(verdict.segments)
+    if verdict.agree:
+        text += f" Attention and removal agree (same top segment, {order} ≥ {AGREEMENT_RHO} over {count} named)."
+    else:
+        ranking = sorted(verdict.segments, key=lambda i: -numbers.views["named"][i])
+        place = ranking.index(moves) + 1
+        text += (
+            f" They disagree: removal moves {_name(traced, moves)!r} most, attention ranks it {place} of {count} "
+            f"({order}; agreement needs the same top and ρ ≥ {AGREEMENT_RHO})."
+        )
+    gradient_rho = _rho(verdict, "gradient", "removal")
+    if "gradient" in verdict.measures and "removal" in verdict.measures:
+        values = verdict.measures["gradient"]
+        top = verdict.segments[max(range(len(values)), key=lambda i: values[i])]
+        same = next((s for a, b, _, s in verdict.agreement if (a, b) == ("gradient", "removal")), False)
+        shown = f"ρ = {gradient_rho:.2f}" if gradient_rho is not None else "ρ undefined"
+        text += (
+            f" Integrated gradients (an approximation of removal, whole answer) put {_name(traced, top)!r} first, "
+            + ("as removal does" if same else "unlike removal")
+            + f" ({shown})."
+        )
+    return text
 
 
 def filler_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
@@ -81,37 +195,44 @@ def filler_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
     tokens = traced.prompt.encoded.tokens
     shown = ", ".join(f"{tokens[p].text!r} ({p})" for p in numbers.filler[:FILLER_SHOWN])
     more = f" and {len(numbers.filler) - FILLER_SHOWN} more" if len(numbers.filler) > FILLER_SHOWN else ""
-    taken = sum(numbers.views["filler"])
     verb = "set apart from" if numbers.exclude_filler else "counted in"
-    return f" Filler / secondary sinks {verb} 'read most': {shown}{more}, {taken:.1%} of the attention."
+    return f" Filler / secondary sinks {verb} 'read most': {shown}{more}."
 
 
 def evidence_findings(
-    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict
+    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict, measured: Measured
 ) -> list[Finding]:
-    """Findings of the checks: the segment depended on, a disagreement with attention, the filler, agreement."""
+    """Findings of the checks: the deciding token's movers (each direction named), gaps and inserted text apart,
+    the filler, and the rank agreements."""
     findings: list[Finding] = []
-    if verdict.depends_on:
-        best = verdict.depends_on[0]
-        effect = evidence.causal[best]
+    step = verdict.deciding
+    token = measured.tokens[step] if step is not None and step < len(measured.tokens) else measured.text
+    ranked = sorted(verdict.segments, key=lambda i: -abs(evidence.causal[i].on_token(step))) if evidence.causal else []
+    for i in ranked[:3]:
+        delta = evidence.causal[i].on_token(step)
         findings.append(
             Finding(
-                kind="depends_on",
-                value=rounded(effect.effect),
-                detail=f"the answer depends most on {_name(traced, best)!r}: Δ log p {effect.answer_removed:+.3f} nats "
-                f"removed, {effect.answer_neutral:+.3f} replaced by neutral tokens",
+                kind=direction(delta),
+                severity="high" if i == verdict.moves_most else "medium",
+                value=rounded(delta),
+                detail=f"{token!r} {effect_words(_name(traced, i), delta)}; whole answer Δ Σ log p "
+                f"{evidence.causal[i].answer_removed:+.2f} removed, {evidence.causal[i].answer_neutral:+.2f} "
+                "replaced by neutral tokens",
             )
         )
-        read = verdict.read_first
-        if read is not None and read != best:
-            findings.append(
-                Finding(
-                    kind="attention_vs_causal",
-                    value=rounded(evidence.causal[read].effect),
-                    detail=f"attention misleads here: {_name(traced, read)!r} is read most but the answer depends on "
-                    f"it by {evidence.causal[read].effect:.3f} nats, on {_name(traced, best)!r} by {effect.effect:.3f}",
-                )
+    for i in verdict.apart:
+        if i not in evidence.causal:
+            continue
+        delta = evidence.causal[i].on_token(step)
+        segment = traced.prompt.segments[i]
+        what = "inserted by the chat template" if segment.kind == "inserted" else "the unnamed text between"
+        findings.append(
+            Finding(
+                kind="gap" if segment.kind != "inserted" else "template_inserted",
+                value=rounded(delta),
+                detail=f"{segment.name!r} ({what}, reported apart): {token!r} {effect_words(segment.name, delta)}",
             )
+        )
     if numbers.filler:
         findings.append(
             Finding(
@@ -125,19 +246,25 @@ def evidence_findings(
             findings.append(
                 Finding(
                     kind="rank_agreement",
+                    severity="low",
                     value=rounded(rho),
                     detail=f"{MEASURE_NAMES[a]} vs {MEASURE_NAMES[b]}: Spearman ρ = {rho:.2f} over "
-                    f"{len(verdict.segments)} segments" + ("; same segment first" if same else "; different first"),
+                    f"{len(verdict.segments)} named segments" + ("; same first" if same else "; different first"),
                 )
             )
     return findings
 
 
 def view_leads(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict) -> list[ViewLead]:
-    """Every view, what it measures, and the content segment it puts first."""
+    """Every view, what it measures, and the segment it puts first."""
     views = numbers.views
     rows = [
-        ViewLead(view="share", measures=VIEW_MEANINGS["share"], leader=_name(traced, numbers.lead.best), value=None),
+        ViewLead(
+            view="share",
+            measures=VIEW_MEANINGS["share"],
+            leader=_name(traced, numbers.lead.best),
+            value=rounded(views["named"][numbers.lead.best]),
+        ),
         ViewLead(
             view="last_layer",
             measures=VIEW_MEANINGS["last_layer"],
@@ -151,17 +278,35 @@ def view_leads(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, 
             value=rounded(views["rollout_free"][numbers.rollout_lead.best]),
         ),
     ]
-    rows[0].value = rounded(views["content" if numbers.exclude_filler else "share"][numbers.lead.best])
-    for name in ("value", "causal", "gradient"):
-        values = verdict.measures.get(name)
-        if values:
-            best = max(range(len(values)), key=lambda i: values[i])
-            rows.append(
-                ViewLead(
-                    view=name,
-                    measures=VIEW_MEANINGS[name],
-                    leader=_name(traced, verdict.segments[best]),
-                    value=rounded(values[best]),
-                )
+    if "value" in verdict.measures and verdict.segments:
+        values = verdict.measures["value"]
+        best = max(range(len(values)), key=lambda i: values[i])
+        rows.append(
+            ViewLead(
+                view="value",
+                measures=VIEW_MEANINGS["value"],
+                leader=_name(traced, verdict.segments[best]),
+                value=rounded(values[best]),
             )
+        )
+    if verdict.moves_most is not None:
+        rows.append(
+            ViewLead(
+                view="causal",
+                measures=VIEW_MEANINGS["causal"],
+                leader=_name(traced, verdict.moves_most),
+                value=rounded(evidence.causal[verdict.moves_most].on_token(verdict.deciding)),
+            )
+        )
+    if "gradient" in verdict.measures and verdict.segments:
+        values = verdict.measures["gradient"]
+        best = max(range(len(values)), key=lambda i: values[i])
+        rows.append(
+            ViewLead(
+                view="gradient",
+                measures=VIEW_MEANINGS["gradient"],
+                leader=_name(traced, verdict.segments[best]),
+                value=rounded(values[best]),
+            )
+        )
     return rows

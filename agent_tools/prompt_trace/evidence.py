@@ -20,14 +20,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agent_tools.analysis.attribution import logprob_changes, rank_agreement, segment_sums, top_index
+from agent_tools.analysis.attribution import (
+    deciding_step,
+    logprob_changes,
+    rank_agreement,
+    segment_sums,
+    spearman,
+    top_index,
+)
 from agent_tools.consumers.collapse import output_grams_for
 from agent_tools.errors import AttentionToolError, InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import CONTENT_KINDS, SegmentedPrompt
+from agent_tools.prompt_trace.answer import measured_ids
 from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers
-from agent_tools.prompt_trace.models import CHECKS, DEFAULT_CHECKS, Check
+from agent_tools.prompt_trace.models import AGREEMENT_RHO, CHECKS, DEFAULT_CHECKS, NEGLIGIBLE_NATS, Check, Direction
 from agent_tools.runner.attribution import SegmentVariant, input_embeddings
 
 CHECK_ORDER: tuple[Check, ...] = ("causal", "gradient", "value")
@@ -177,17 +185,30 @@ def prepare(inspector: Inspector, loaded: LoadedModel, prompt: SegmentedPrompt, 
 # --- after the traced pass -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SegmentCausal:
+    """Δ log p when the segment is removed (or replaced by neutral tokens): negative = the answer depends on it."""
+
     first_removed: float
     first_neutral: float
     answer_removed: float
     answer_neutral: float
     top_changed_removed: bool
     top_changed_neutral: bool
+    per_token_removed: tuple[float, ...] = ()  # (A,) Δ log p of each answer token, removed
 
-    @property
-    def effect(self) -> float:
-        """−(Δ removed + Δ neutral) / 2 of the whole answer: nats the answer loses without the segment."""
-        return -(self.answer_removed + self.answer_neutral) / 2
+    def on_token(self, step: int | None) -> float:
+        """Δ log p of answer token ``step`` when removed (the whole answer's Σ when ``step`` is None)."""
+        if step is None or not self.per_token_removed:
+            return self.answer_removed
+        return self.per_token_removed[step]
+
+
+def direction(delta: float) -> Direction:
+    """Which way removing a segment moves log p: down (the answer depends on it), up (it works against it)."""
+    if delta < -NEGLIGIBLE_NATS:
+        return "depends_on"
+    if delta > NEGLIGIBLE_NATS:
+        return "works_against"
+    return "negligible"
 
 
 @dataclass(frozen=True)
@@ -207,16 +228,18 @@ class Evidence:
     answer_ids: list[int]
     source: str  # "model" or "given"
     clean: torch.Tensor | None = None  # (A,) clean log-probabilities of the answer tokens
+    generated_ids: list[int] = field(default_factory=list)  # what the model wrote (the answer may drop its stop)
     causal: dict[int, SegmentCausal] = field(default_factory=dict)
     gradient: GradientNumbers | None = None
     notes: list[str] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
 
 
-def model_answer(traced: TracedPrompt) -> list[int]:
-    """The model's own answer: its top next token (target 'last') or every token it generated."""
+def model_answer(loaded: LoadedModel, traced: TracedPrompt) -> list[int]:
+    """The model's own answer: its top next token (target 'last') or what it generated, less the stop token."""
     if traced.target == "generate" and traced.generated_ids:
-        return list(traced.generated_ids)
+        stopped = traced.generation.stopped if traced.generation is not None else None
+        return measured_ids(loaded, list(traced.generated_ids), stopped)
     assert traced.answer_logits is not None
     return [int(traced.answer_logits.argmax())]
 
@@ -257,6 +280,7 @@ def _causal(
             answer_neutral=float(whole_neutral[row]),
             top_changed_removed=result.removed_top[row] != result.clean_top,
             top_changed_neutral=result.neutral_top[row] != result.clean_top,
+            per_token_removed=tuple((result.removed[row] - result.clean).tolist()),
         )
     evidence.checks.append("causal")
 
@@ -295,7 +319,7 @@ def gather(inspector: Inspector, loaded: LoadedModel, traced: TracedPrompt, prep
     if prepared.answer_ids is not None:
         evidence = Evidence(list(prepared.answer_ids), "given", notes=list(prepared.notes))
     elif traced.answer_logits is not None:
-        evidence = Evidence(model_answer(traced), "model", notes=list(prepared.notes))
+        evidence = Evidence(model_answer(loaded, traced), "model", notes=list(prepared.notes))
     else:
         return Evidence([], "model", notes=list(prepared.notes))
     if prepared.causal:
@@ -311,33 +335,78 @@ def gather(inspector: Inspector, loaded: LoadedModel, traced: TracedPrompt, prep
 MEASURE_NAMES = {
     "attention": "attention share",
     "value": "value-weighted share",
-    "causal": "causal effect",
+    "causal": "|Δ log p| removed",
+    "removal": "Δ log p removed (whole answer)",
     "gradient": "integrated gradients",
 }
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """How the measures rank the content segments, and whether they agree."""
+    """How the measures rank the named segments, what moves the deciding token, and whether attention agrees.
 
-    segments: list[int]  # the content segments compared
+    Rankings and the headline are over the *named* segments (spans the caller named, whole messages); gaps (the
+    unnamed text between named spans) and text the template inserted are measured but reported apart.
+    """
+
+    segments: list[int]  # the named segments compared
+    apart: list[int]  # gaps and inserted text: measured, reported apart
     measures: dict[str, list[float]]  # measure -> value per compared segment (larger = more)
     agreement: list[tuple[str, str, float | None, bool]]  # (a, b, Spearman ρ, same top)
-    depends_on: list[int]  # compared segments by causal effect, largest first (empty without causal)
-    read_first: int | None  # the segment attention ranks first among the compared
+    deciding: int | None  # the answer token the named segments' removal moves most (None without causal)
+    depends_on: list[int]  # named segments whose removal lowers the deciding token's log p, most first
+    works_against: list[int]  # ... whose removal raises it, most first
+    moves_most: int | None  # the named segment with the largest |Δ| either way
+    read_first: int | None  # the named segment attention ranks first
+    agree: bool | None  # attention and removal: the same top and ρ ≥ AGREEMENT_RHO
 
 
 def verdict(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence) -> Verdict:
-    """Rank the content segments by each measure that ran, and every pair's rank agreement."""
-    segments = [i for i in content_segments(traced.prompt) if traced.prompt.segments[i].kind != "generated"]
-    attention = numbers.views["content"] if numbers.exclude_filler else numbers.views["share"]
+    """Rank the named segments by each measure that ran, find the deciding token, and compare the rankings."""
+    content = [i for i in content_segments(traced.prompt) if traced.prompt.segments[i].kind != "generated"]
+    tiers = numbers.tiers or ["named"] * len(traced.prompt.segments)
+    segments = [i for i in content if tiers[i] == "named"] or content
+    apart = [i for i in content if i not in segments]
+    attention = numbers.views.get("named", numbers.views["share"])
     measures = {"attention": [attention[i] for i in segments]}
     if "value" in numbers.views:
         measures["value"] = [numbers.views["value"][i] for i in segments]
-    if evidence.causal:
-        measures["causal"] = [evidence.causal[i].effect for i in segments]
+    deciding: int | None = None
+    depends: list[int] = []
+    against: list[int] = []
+    moves: int | None = None
+    causal = evidence.causal
+    if causal and segments:
+        per_token = [list(causal[i].per_token_removed) or [causal[i].answer_removed] for i in segments]
+        deciding = deciding_step(torch.tensor(per_token, dtype=torch.float64))  # (S, A) -> step
+        delta = {i: causal[i].on_token(deciding) for i in segments}
+        measures["causal"] = [abs(delta[i]) for i in segments]
+        depends = sorted((i for i in segments if direction(delta[i]) == "depends_on"), key=lambda i: delta[i])
+        against = sorted((i for i in segments if direction(delta[i]) == "works_against"), key=lambda i: -delta[i])
+        moves = segments[top_index(measures["causal"])]
     if evidence.gradient is not None:
         measures["gradient"] = [evidence.gradient.integrated[i] for i in segments]
-    depends = sorted(segments, key=lambda i: -evidence.causal[i].effect) if evidence.causal else []
+        if causal:
+            measures["removal"] = [-causal[i].answer_removed for i in segments]  # support, as IG's sign
     read_first = segments[top_index(measures["attention"])] if segments else None
-    return Verdict(segments, measures, rank_agreement(measures) if len(segments) >= 2 else [], depends, read_first)
+    agreement = _agreement(measures) if len(segments) >= 2 else []
+    agree: bool | None = None
+    if moves is not None and read_first is not None and len(segments) >= 2:
+        rho = next((r for a, b, r, _ in agreement if (a, b) == ("attention", "causal")), None)
+        agree = read_first == moves and (rho is None or rho >= AGREEMENT_RHO)
+    return Verdict(segments, apart, measures, agreement, deciding, depends, against, moves, read_first, agree)
+
+
+AGREEMENT_PAIRS = (("attention", "causal"), ("value", "causal"), ("attention", "value"), ("gradient", "removal"))
+
+
+def _agreement(measures: dict[str, list[float]]) -> list[tuple[str, str, float | None, bool]]:
+    """The pairs worth comparing: attention and value against |Δ| removed, and gradients against removal's Δ on
+    the same quantity (the whole answer's log p)."""
+    rows = []
+    for a, b in AGREEMENT_PAIRS:
+        if a in measures and b in measures:
+            rows.append((a, b, spearman(measures[a], measures[b]), top_index(measures[a]) == top_index(measures[b])))
+    if not rows:
+        rows = rank_agreement({k: v for k, v in measures.items() if k in ("attention", "value")})
+    return rows

@@ -26,11 +26,23 @@ from agent_tools.consumers.value_rows import ValueRowConsumer
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.prompt_segments import CONTENT_KINDS, SegmentedPrompt, SegmentSpec, segment_prompt
-from agent_tools.prompt_trace.models import DEFAULT_SINK_THRESHOLD, Target
-from agent_tools.runner import Generation
+from agent_tools.prompt_segments import CONTENT_KINDS, Segment, SegmentedPrompt, SegmentSpec, segment_prompt
+from agent_tools.prompt_trace.models import DEFAULT_SINK_THRESHOLD, SegmentTier, Target
+from agent_tools.runner import Generation, StopRule
 from agent_tools.runner.attribution import TracedAnswer
-from agent_tools.schemas import ChatMessage
+from agent_tools.schemas import ROLES, ChatMessage
+
+
+def segment_tier(segment: Segment) -> SegmentTier:
+    """named: a span the caller named or a whole message (what rankings and headlines are about); gap: the unnamed
+    rest of a message or text that holds named spans; inserted: text the chat template added; other: the rest."""
+    if segment.kind == "named":
+        return "named"
+    if segment.kind in ROLES or segment.kind == "text":
+        return "gap" if segment.gap else "named"
+    if segment.kind == "inserted":
+        return "inserted"
+    return "other"
 
 
 def check_traceable(prompt: SegmentedPrompt, *, field: str = "prompt") -> SegmentedPrompt:
@@ -148,6 +160,7 @@ def trace_pass(
     value_grams: dict[int, Tensor] | None = None,
     segmented: SegmentedPrompt | None = None,
     keep_cache: bool = False,
+    stop_when: StopRule | None = None,
 ) -> TracedPrompt:
     """Segment the prompt and run it through the inspector: one captured forward, or greedy generation.
 
@@ -172,6 +185,7 @@ def trace_pass(
             prompt_consumers=[run.received, run.rollout],
             step_consumers=step_consumers,
             on_step=run.on_step,
+            stop_when=stop_when,
         )
         return run.traced(generation.first_logits, generation)
     consumers = [*step_consumers, run.received, run.rollout]
@@ -190,6 +204,7 @@ def seq2seq_trace_pass(
     target: Target = "last",
     max_new_tokens: int = 16,
     sink_threshold: float = DEFAULT_SINK_THRESHOLD,
+    stop_when: StopRule | None = None,
 ) -> TracedPrompt:
     """An encoder–decoder's trace: which part of the input each answer token's cross-attention read.
 
@@ -205,7 +220,9 @@ def seq2seq_trace_pass(
     length = encoded.length
     inspector.check_budget(3 * length * length * 4, "attention rollout over the prompt")
     steps = max_new_tokens if target == "generate" else 1
-    generation = inspector.generate(loaded, encoded, max_new_tokens=steps)
+    generation = inspector.generate(
+        loaded, encoded, max_new_tokens=steps, stop_when=stop_when if target == "generate" else None
+    )
     cross = inspector.attention_stack(loaded, "cross")
     decoded = encoded.on_stack(cross.name, inspector.answer_input(loaded, encoded, generation))
     rows = CrossRowsConsumer()
@@ -239,13 +256,15 @@ class TraceNumbers:
     ``views`` holds one value per segment for ``share`` (mean over layers and heads), ``free`` (share with the
     sink set aside), ``last`` (last layer), ``rollout``, ``rollout_free``, ``content`` (share with the sink and
     the filler set aside, renormalised), ``filler`` (the segment's share on its filler tokens), ``uniform`` (what
-    uniform attention over the prompt would give it) and, with value evidence, ``value`` (‖α·v·W_O‖ shares).
+    uniform attention over the prompt would give it), ``named`` (the content share renormalised over the named
+    segments: what 'read most' ranks), ``named_uniform`` (uniform attention on that scale) and, with value
+    evidence, ``value`` (‖α·v·W_O‖ shares).
     """
 
     head_shares: Tensor  # (L, H, S) mean over the answer steps
     views: dict[str, list[float]]
-    eligible: Tensor  # (S,) bool: segments that compete for 'read most'
-    lead: Lead  # by content share (filler set aside) or by share
+    eligible: Tensor  # (S,) bool: content segments (what the checks measure)
+    lead: Lead  # among the named segments, by named share (filler, sink, template and gaps set aside)
     last_lead: Lead  # in the last layer
     rollout_lead: Lead  # by rollout, sink set aside
     top_head: tuple[int, int, float]  # (layer, head, share) of the head that reads the leader hardest
@@ -255,6 +274,8 @@ class TraceNumbers:
     filler_ratio: Tensor | None = None  # (T,) received / uniform, per prompt token
     relative_norms: Tensor | None = None  # (T,) ‖v W_O‖ relative to the text's median token
     exclude_filler: bool = True
+    ranked: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # (S,) named segments
+    tiers: list[SegmentTier] = field(default_factory=list)
 
     @property
     def num_layers(self) -> int:
@@ -351,8 +372,20 @@ def measure(traced: TracedPrompt, *, exclude_filler: bool = True) -> TraceNumber
     if traced.value_shares is not None:
         views["value"] = traced.value_shares.mean_head_shares().mean((0, 1)).tolist()
     eligible = _eligible(prompt)
-    by_content = exclude_filler and bool(filler.positions)  # without filler both give the same order: keep share's
-    lead = leading_segment(torch.tensor(content) if by_content else shares, eligible)
+    tiers = [segment_tier(s) for s in prompt.segments]
+    ranked = eligible & torch.tensor([t == "named" for t in tiers])
+    ranked = ranked if bool(ranked.any()) else eligible
+    base = torch.tensor(content) if exclude_filler else torch.tensor(views["free"])  # (S,)
+    on_ranked = torch.where(ranked, base, torch.zeros_like(base))
+    named = on_ranked / on_ranked.sum().clamp_min(1e-12)  # (S,) renormalised over the named segments
+    filler_set = set(filler.positions) if exclude_filler else set()
+    counts = torch.tensor(
+        [sum(1 for p in s.positions if p not in filler_set) for s in prompt.segments], dtype=torch.float64
+    )
+    ranked_counts = torch.where(ranked, counts, torch.zeros_like(counts))
+    views["named"] = named.tolist()
+    views["named_uniform"] = (ranked_counts / ranked_counts.sum().clamp_min(1)).tolist()
+    lead = leading_segment(named, ranked)
     rollout_eligible = eligible & torch.tensor([s.kind != "generated" for s in prompt.segments])
     per_head = head_shares[..., lead.best]  # (L, H)
     top_layer, top_head = divmod(int(per_head.argmax()), head_shares.shape[1])
@@ -370,4 +403,6 @@ def measure(traced: TracedPrompt, *, exclude_filler: bool = True) -> TraceNumber
         filler_ratio=filler.ratio,
         relative_norms=filler.norms,
         exclude_filler=exclude_filler,
+        ranked=ranked,
+        tiers=tiers,
     )

@@ -12,6 +12,13 @@ from agent_tools.stack_input import StackReport
 
 Target = Literal["last", "generate"]
 TARGETS: tuple[str, ...] = get_args(Target)
+AnswerStop = Literal["line", "eos", "sentence", "tokens"]
+ANSWER_STOPS: tuple[str, ...] = get_args(AnswerStop)
+DEFAULT_ANSWER_STOP: AnswerStop = "line"
+Direction = Literal["depends_on", "works_against", "negligible"]
+SegmentTier = Literal["named", "gap", "inserted", "other"]
+NEGLIGIBLE_NATS = 0.1  # |Δ log p| below this (p changes by under ~10%) is worded "barely moves"
+AGREEMENT_RHO = 0.5  # attention "agrees" with removal: the same top named segment and Spearman ρ at least this
 DEFAULT_SINK_THRESHOLD = 0.1
 Check = Literal["causal", "gradient", "value"]
 CHECKS: tuple[str, ...] = get_args(Check)
@@ -19,7 +26,10 @@ DEFAULT_CHECKS: tuple[Check, ...] = ("causal", "value")
 MAX_IG_STEPS = 256
 
 PROMPT_DESCRIPTION = "text, or chat messages [{role, content}] (rendered with the model's chat template)"
-TARGET_DESCRIPTION = "generate: trace every token the model generates"
+TARGET_DESCRIPTION = "last: the next token only (the checks cover that one token); generate: the answer per answer_stop"
+ANSWER_STOP_DESCRIPTION = (
+    "generate ends at: line (turn end or first line break), eos, sentence, tokens (max_new_tokens)"
+)
 SINK_DESCRIPTION = (
     "a token read by at least 4 later queries that receives, on average over them and all layers and heads, at "
     "least this share of their attention (and 2× what uniform attention would give it) joins position 0 in the "
@@ -28,8 +38,8 @@ SINK_DESCRIPTION = (
 
 
 CHECKS_DESCRIPTION = (
-    "evidence per segment: causal (answer's Δ log p without it), value (‖α·v·W_O‖ share), gradient (integrated "
-    "gradients, slow); omitted = causal, value"
+    "evidence per segment: causal (Δ log p(answer) when removed), value (‖α·v·W_O‖ share), gradient (an "
+    "approximation of removal, slow); omitted = causal, value"
 )
 ANSWER_DESCRIPTION = "the answer the checks measure (mind a leading space); omitted = the model's own"
 NEUTRAL_DESCRIPTION = (
@@ -41,6 +51,24 @@ FILLER_DESCRIPTION = (
     "set filler and secondary sinks (tokens read by many queries well above uniform that write little: small "
     "‖v·W_O‖) apart from 'read most' and from each segment's top tokens"
 )
+
+
+def answer_stop_form(data: object) -> object:
+    """Model validator (mode 'before'): ``answer_stop: "tokens N"`` is ``answer_stop: "tokens"`` with
+    ``max_new_tokens: N``; any other value is left to the enum check (which names the valid values)."""
+    if not isinstance(data, dict):
+        return data
+    stop = data.get("answer_stop")
+    if isinstance(stop, str) and stop.strip().startswith("tokens ") and stop.split()[1:2]:
+        count = stop.split()[1]
+        if not count.isdigit():
+            raise ValueError(f"answer_stop {stop!r}: give 'tokens N' with a whole number N, or one of {ANSWER_STOPS}")
+        given = data.get("max_new_tokens")
+        if given is not None and given != int(count):
+            msg = f"answer_stop {stop!r} and max_new_tokens {given} disagree; give the count once"
+            raise ValueError(msg)
+        return {**data, "answer_stop": "tokens", "max_new_tokens": int(count)}
+    return data
 
 
 def max_new_tokens_in_range(value: object) -> object:
@@ -59,17 +87,24 @@ class TokenShare(BaseModel):
 
 
 class CausalEffect(BaseModel):
-    """How the answer's log-probability changes when the segment is taken out (nats; negative = it mattered)."""
+    """Δ log p(answer) when the segment is removed (nats): negative = the answer depends on it, positive = the
+    segment works against the answer. The neutral replacement (same length, positions kept) is a second ablation."""
 
+    removed: float = Field(
+        description="Δ log p of the deciding token when the segment is removed (the number rankings and summary use)"
+    )
+    direction: Direction = Field(
+        description=f"depends_on (removed < -{NEGLIGIBLE_NATS}), works_against (> +{NEGLIGIBLE_NATS}), else negligible"
+    )
+    per_token_removed: list[float] = Field(
+        default_factory=list, description="Δ log p of each answer token when removed (answer_evidence.tokens order)"
+    )
     first_token_removed: float = Field(description="Δ log p(first answer token), segment removed")
     first_token_neutral: float = Field(description="Δ log p(first answer token), segment replaced by neutral tokens")
     answer_removed: float = Field(description="Δ Σ log p(answer tokens), teacher-forced, segment removed")
     answer_neutral: float = Field(description="Δ Σ log p(answer tokens), segment replaced by neutral tokens")
     top_token_changed_removed: bool = Field(description="the most likely first answer token differs when removed")
     top_token_changed_neutral: bool
-    effect: float = Field(
-        description="how much the answer depends on the segment: −(answer_removed + answer_neutral) / 2, nats"
-    )
 
 
 class GradientAttribution(BaseModel):
@@ -92,8 +127,8 @@ class FillerToken(BaseModel):
 class RankAgreement(BaseModel):
     measure_a: str
     measure_b: str
-    spearman: float | None = Field(description="rank correlation over the segments (1 same order, −1 reversed)")
-    same_top: bool = Field(description="both measures put the same segment first")
+    spearman: float | None = Field(description="rank correlation over the named segments (1 same order, −1 reversed)")
+    same_top: bool = Field(description="both measures put the same named segment first")
 
 
 class ViewLead(BaseModel):
@@ -103,13 +138,38 @@ class ViewLead(BaseModel):
     value: float | None
 
 
+class AnswerToken(BaseModel):
+    step: int = Field(description="0 = first answer token")
+    token: str
+    logprob: float = Field(description="log p of the token after the clean prompt and the answer before it")
+    moved_most_by: str | None = Field(description="the named segment whose removal moves this token's log p most")
+    removed: float | None = Field(description="Δ log p of this token when that segment is removed")
+
+
 class AnswerEvidence(BaseModel):
-    text: str
+    text: str = Field(description="exactly the answer the checks measured (teacher-forced)")
     token_ids: list[int]
-    tokens: list[str]
+    tokens: list[str] = Field(description="the exact tokens measured")
     source: Literal["model", "given"] = Field(description="the model's own answer, or the one given as 'answer'")
+    covers: str = Field(description="what the measured answer is, in words (target 'last': one token)")
     logprob: float = Field(description="Σ log p of its tokens after the clean prompt, teacher-forced")
     first_token_logprob: float
+    per_token: list[AnswerToken] = Field(default_factory=list, description="each measured token and what moves it")
+
+
+class SegmentEffect(BaseModel):
+    segment: str
+    removed: float = Field(description="Δ log p when the segment is removed (negative: the answer depends on it)")
+    direction: Direction
+
+
+class DecidingToken(BaseModel):
+    """The answer token whose log-probability the named segments' removal moves most: what decides the answer."""
+
+    step: int
+    token: str
+    logprob: float
+    effects: list[SegmentEffect] = Field(description="every named segment's removal effect on it, largest |Δ| first")
 
 
 class GradientRun(BaseModel):
@@ -122,8 +182,16 @@ class GradientRun(BaseModel):
 
 
 class SegmentShare(BaseModel):
-    name: str = Field(description="role and turn (system#1, user#2), a named span, template, sink, generated, text")
+    name: str = Field(
+        description="role and turn (system#1, user#2), a named span, inserted#1 (added by the chat template), "
+        "template, sink, generated, text"
+    )
     kind: str
+    tier: SegmentTier = Field(
+        default="other",
+        description="named: a span you named or a whole message (ranked, headlined); gap: the unnamed text between "
+        "named spans; inserted: text the chat template added; other: sink, markers, special, generated",
+    )
     message: int | None = Field(default=None, description="0-based message index the segment lies in")
     token_count: int
     positions: list[int] = Field(description="token positions in the segment (generated: keys written by the model)")
@@ -149,7 +217,12 @@ class SegmentShare(BaseModel):
         default=None, description="the share uniform attention over the prompt would give it: token_count / tokens"
     )
     content_share: float | None = Field(
-        default=None, description="share with the sink and the filler set aside (renormalised): what 'read most' ranks"
+        default=None, description="share with the sink and the filler set aside (renormalised over every segment)"
+    )
+    named_share: float | None = Field(
+        default=None,
+        description="share of the attention on the named segments (sink, filler, template, gaps set aside): what "
+        "'read most' ranks and the summary prints",
     )
     filler_share: float | None = Field(default=None, description="part of share that falls on its filler tokens")
     value_share: float | None = Field(
@@ -188,36 +261,55 @@ class PromptTrace(Report, StackReport):
     segments: list[SegmentShare]
     sink_positions: list[int]
     sink_threshold: float
-    read_most: str = Field(
-        description="the prompt content segment read most (not sink, template or generated; by content_share when "
-        "filler is set apart)"
-    )
+    read_most: str = Field(description="the named segment read most (by named_share)")
     runner_up: str | None
-    margin: float = Field(
-        description="read_most minus runner_up, on the share read_most is ranked by (mean over layers and heads)"
-    )
+    margin: float = Field(description="read_most minus runner_up, in named_share")
     next_tokens: list[TokenProbability] | None = Field(
         default=None, description="the model's top next tokens at the last prompt position"
     )
     generated_text: str | None = None
     generated: list[GeneratedToken] | None = None
-    stopped: Literal["eos", "max_new_tokens"] | None = None
+    answer_stop: AnswerStop | None = Field(default=None, description="where generation was asked to end")
+    stopped: Literal["eos", "max_new_tokens", "line", "sentence"] | None = Field(
+        default=None, description="why generation ended: end of turn, the cap, a line break, a sentence end"
+    )
     seconds_per_token: float | None = Field(default=None, description="wall time per KV-cache step, with capture")
     checks: list[Check] = Field(default_factory=list, description="the evidence checks that ran")
     answer_evidence: AnswerEvidence | None = Field(default=None, description="the answer the checks measured")
     neutral_token: str | None = Field(default=None, description="the token segments were replaced with")
+    deciding_token: DecidingToken | None = Field(
+        default=None, description="the answer token the segments move most, and each named segment's effect on it"
+    )
     depends_on_most: str | None = Field(
-        default=None, description="the content segment the answer depends on most (largest causal effect)"
+        default=None,
+        description="the named segment whose removal lowers the deciding token's log p most (None: none lowers it)",
     )
     depends_on_runner_up: str | None = None
+    works_against_most: str | None = Field(
+        default=None, description="the named segment whose removal raises the deciding token's log p most"
+    )
+    moves_most: str | None = Field(default=None, description="the named segment with the largest |Δ| either way")
     agreement: list[RankAgreement] = Field(
-        default_factory=list, description="rank agreement between attention, value-weighted, causal and gradient"
+        default_factory=list,
+        description="rank agreement over the named segments: attention, value-weighted, |Δ| removed, gradient",
     )
     measures_agree: bool | None = Field(
-        default=None, description="attention and the causal effect put the same segment first"
+        default=None,
+        description=f"attention and removal agree: the same top named segment (by share and by |Δ|) and Spearman ρ "
+        f">= {AGREEMENT_RHO} (None: fewer than two named segments or no causal check)",
     )
     filler: list[FillerToken] = Field(default_factory=list, description="filler / secondary sinks set apart")
     gradient_run: GradientRun | None = None
     views: list[ViewLead] = Field(default_factory=list, description="what each view measures and whom it puts first")
     evidence_notes: list[str] = Field(default_factory=list, description="checks skipped, and why")
     next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")
+
+
+SEGMENT_RANK_LABEL = "segments you named first, then |Δ log p removed| where the causal check ran, then share"
+
+
+def segment_rank(row: SegmentShare) -> float:
+    """How ``detail: "summary"`` ranks segments: the ones the caller named always kept (first), then by removal's
+    magnitude where the causal check ran (above any unchecked row), else by attention share."""
+    named = 1e6 if row.kind == "named" else 0.0
+    return named + (1.0 + abs(row.causal.removed) if row.causal is not None else row.share)

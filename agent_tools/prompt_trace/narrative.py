@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from agent_tools.prompt_trace.answer import STOP_WORDS
+from agent_tools.prompt_trace.claims import reading_sentence
 from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers
 from agent_tools.prompt_trace.models import GeneratedToken, TokenProbability
 from agent_tools.schemas import Finding, rounded
@@ -37,11 +39,15 @@ def narrate(
 ) -> tuple[str, list[Finding]]:
     """The summary and the findings of one trace.
 
-    ``lead``: the causal sentences that open the summary (what the answer depends on) when the checks ran;
-    ``evidence``: their findings, listed first; ``filler``: the clause naming the filler set apart.
+    ``lead``: the causal sentences that open the summary (the measured answer, what its deciding token depends
+    on, whether attention agrees) when the checks ran; ``evidence``: their findings, listed first; ``filler``:
+    the clause naming the filler set apart.
     """
     peaks = peak_findings(traced, numbers, answer.generated) if answer.generated is not None else []
-    summary = lead + _summary(traced, numbers, answer, peaks) + filler
+    if lead:
+        summary = lead + _reading_if_missing(traced, numbers, lead) + filler
+    else:
+        summary = _summary(traced, numbers, answer, peaks) + filler
     return summary, list(evidence or []) + _findings(traced, numbers, answer, peaks)
 
 
@@ -72,7 +78,7 @@ def _answer_position(traced: TracedPrompt) -> int:
 
 
 def _read_most(traced: TracedPrompt, numbers: TraceNumbers) -> Finding:
-    share, free, best = numbers.views["share"], numbers.views["free"], numbers.lead.best
+    named, best = numbers.views["named"], numbers.lead.best
     answer = _answer_position(traced)
     reader = (
         "the answer"
@@ -81,20 +87,22 @@ def _read_most(traced: TracedPrompt, numbers: TraceNumbers) -> Finding:
     )
     return Finding(
         kind="read_most",
-        value=rounded(share[best]),
-        detail=f"{reader} reads {_best(traced, numbers)!r} most: {share[best]:.1%} of its attention (mean over "
-        f"{numbers.num_layers} layers × {numbers.num_heads} heads; uniform attention would give "
-        f"{numbers.views['uniform'][best]:.1%}), {free[best]:.1%} with the sink set aside",
+        severity="low",
+        value=rounded(named[best]),
+        detail=f"{reader} reads {_best(traced, numbers)!r} most among the named segments: {named[best]:.1%} of the "
+        f"attention on them (mean over {numbers.num_layers} layers × {numbers.num_heads} heads; uniform would give "
+        f"{numbers.views['named_uniform'][best]:.1%})",
     )
 
 
 def _runner_up(traced: TracedPrompt, numbers: TraceNumbers, runner_up: int) -> Finding:
-    share = numbers.views["share"]
+    named = numbers.views["named"]
     return Finding(
         kind="runner_up",
-        value=rounded(share[runner_up]),
-        detail=f"next is {traced.prompt.names[runner_up]!r} with {share[runner_up]:.1%}, "
-        f"{numbers.lead.margin * 100:.1f} points less",
+        severity="low",
+        value=rounded(named[runner_up]),
+        detail=f"next is {traced.prompt.names[runner_up]!r} with {named[runner_up]:.1%} of the attention on the "
+        f"named segments, {numbers.lead.margin * 100:.1f} points less",
     )
 
 
@@ -184,7 +192,7 @@ def peak_findings(traced: TracedPrompt, numbers: TraceNumbers, generated: list[G
     mean = per_step.mean(0)  # (S,)
     peak_values, peak_steps = per_step.max(0)  # (S,) each
     rows = []
-    for index in torch.nonzero(numbers.eligible).flatten().tolist():
+    for index in torch.nonzero(numbers.ranked).flatten().tolist():
         if mean[index] <= 0:
             continue
         step, value = int(peak_steps[index]), float(peak_values[index])
@@ -201,94 +209,34 @@ def peak_findings(traced: TracedPrompt, numbers: TraceNumbers, generated: list[G
 
 
 # --- summary -----------------------------------------------------------------------------------------------------
-def _summary(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer, peaks: list[Finding]) -> str:
-    return (
-        _opening(traced, numbers, answer)
-        + _runner_up_clause(traced, numbers)
-        + _sink_clause(traced, numbers)
-        + _views_clause(traced, numbers)
-        + _extra_segments_clause(traced, numbers)
-        + _answer_clause(traced, numbers, answer, peaks)
-    )
-
-
-def _opening(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer) -> str:
-    share, best = numbers.views["share"][numbers.lead.best], _best(traced, numbers)
-    layers, heads = numbers.num_layers, numbers.num_heads
-    uniform = numbers.views["uniform"][numbers.lead.best]
-    if answer.generated is not None and traced.generation is not None:
-        end = "EOS" if traced.generation.stopped == "eos" else "max_new_tokens"
-        return (
-            f"Generating {answer.text!r} ({len(answer.generated)} tokens, stopped at {end}), the answer read "
-            f"{best!r} most: {share:.1%} of its attention (mean over {layers} layers × {heads} heads, and over the "
-            f"generated tokens; uniform attention over the prompt would give {uniform:.1%})"
-        )
-    if traced.stack == "cross":
-        return (
-            f"Choosing the first answer token, the decoder's cross-attention reads {best!r} of the input most: "
-            f"{share:.1%} of its attention (mean over {layers} layers × {heads} heads; uniform attention would give "
-            f"{uniform:.1%})"
-        )
-    position = _answer_position(traced)
-    return (
-        f"At the last prompt position {position} {traced.prompt.encoded.tokens[position].text!r}, the model reads "
-        f"{best!r} most: {share:.1%} of its attention (mean over {layers} layers × {heads} heads; uniform "
-        f"attention would give {uniform:.1%})"
-    )
-
-
-def _runner_up_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
-    runner_up = numbers.lead.runner_up
-    if runner_up is None:
-        return "; it is the only content segment (name spans with segments to split it)."
-    share = numbers.views["share"][runner_up]
-    return f", {numbers.lead.margin * 100:.1f} points over {traced.prompt.names[runner_up]!r} ({share:.1%})."
-
-
-def _sink_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
-    sink = traced.prompt.index("sink")
-    if sink is None:
+def _reading_if_missing(traced: TracedPrompt, numbers: TraceNumbers, lead: str) -> str:
+    """With fewer than two named segments the causal lead says nothing of reading: say it here."""
+    if "among the named segments" in lead:
         return ""
-    share, free = numbers.views["share"][sink], numbers.views["free"][numbers.lead.best]
-    return (
-        f" The sink ({len(traced.prompt.segments[sink].positions)} token(s) from position 0) took {share:.1%}; "
-        f"without it {_best(traced, numbers)!r} has {free:.1%}."
+    return " " + reading_sentence(traced, numbers, prefix="Attention")
+
+
+def _summary(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer, peaks: list[Finding]) -> str:
+    return reading_sentence(traced, numbers, prefix=_opening(traced, answer)) + _answer_clause(
+        traced, numbers, answer, peaks
     )
 
 
-def _views_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
-    """The last layer's and rollout's leaders: not rival headlines but other measures (the report's ``views``)."""
-    names, last, rollout = traced.prompt.names, numbers.last_lead.best, numbers.rollout_lead.best
-    text = (
-        f" Last layer: {names[last]!r} {numbers.views['last'][last]:.1%}; rollout (sink set aside): "
-        f"{names[rollout]!r} {numbers.views['rollout_free'][rollout]:.1%}"
-    )
-    if last == rollout == numbers.lead.best:
-        return text + " — the three attention views agree."
-    return (
-        text
-        + " — other measures of reading (one layer; attention composed through the layers: see views), not influence."
-    )
-
-
-def _extra_segments_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
-    """What the template's own tokens (when they out-draw the leader) and the answer's own tokens took."""
-    share, text = numbers.views["share"], ""
-    template = _winning_template(traced, numbers)
-    if template is not None:
-        text += f" The template's own tokens took {share[template]:.1%}."
-    written = traced.prompt.index("generated")
-    if written is not None:
-        text += f" The answer's own earlier tokens took {share[written]:.1%}."
-    return text
+def _opening(traced: TracedPrompt, answer: Answer) -> str:
+    if answer.generated is not None and traced.generation is not None:
+        end = STOP_WORDS.get(traced.generation.stopped, traced.generation.stopped).split(" (")[0]
+        return f"Generating {answer.text!r} ({len(answer.generated)} tokens, stopped at {end}), the answer"
+    if traced.stack == "cross":
+        return "Choosing the first answer token, the decoder's cross-attention"
+    position = _answer_position(traced)
+    return f"At the last prompt position {position} {traced.prompt.encoded.tokens[position].text!r}, the model"
 
 
 def _answer_clause(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer, peaks: list[Finding]) -> str:
     if answer.generated:
         best = _best(traced, numbers)
         count = sum(1 for g in answer.generated if g.read_most == best)
-        text = f" {count} of {len(answer.generated)} generated tokens read {best!r} most."
-        return text + (f" Sharpest peak: {peaks[0].detail}." if peaks else "")
+        return f" {count} of {len(answer.generated)} generated tokens read {best!r} most (per-token peaks: findings)."
     if answer.next_token is not None:
         return f" Next token: {answer.next_token.token!r} ({answer.next_token.probability:.1%})."
     return ""

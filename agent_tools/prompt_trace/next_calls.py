@@ -1,9 +1,11 @@
 """The calls that would confirm or refute a trace's lead, written out with their arguments (``next_calls``).
 
 A trace's lead is a claim ("the answer depends on doc2", "it reads doc4 most"). The next call tests it from
-another side: the whole output without that segment (``compare_prompts``), a second, independent account of the
-dependence (the ``gradient`` check), and whether the head that reads the leader hardest matters
-(``ablate_heads``). Pure: built from the report and the prompt as given.
+another side: the whole output without that segment (``compare_prompts``), the gradient check (an approximation
+of removal whose agreement with it the report states), and whether the head that reads the leader hardest
+matters (``ablate_heads``). Pure: built from the report and the prompt as given. Every text argument is exact:
+the prompt as given, character for character, and a variant is that prompt with exactly the segment's characters
+cut out (no whitespace joined, trimmed or collapsed).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from agent_tools.prompt_segments import SegmentSpec
 from agent_tools.prompt_trace.evidence import EvidenceRequest
 from agent_tools.prompt_trace.measure import TracedPrompt
-from agent_tools.prompt_trace.models import NextCall, PromptTrace, Target
+from agent_tools.prompt_trace.models import DEFAULT_ANSWER_STOP, AnswerStop, NextCall, PromptTrace, Target
 from agent_tools.schemas import ROLES, ChatMessage
 
 
@@ -35,33 +37,79 @@ def prompt_without(traced: TracedPrompt, prompt: str | Sequence[ChatMessage], na
     segment = traced.prompt.segments[index]
     if segment.char_start is None or segment.char_end is None:
         return None
-    if isinstance(prompt, str):  # cut the characters of the segment's own tokens (a 'text' segment has holes)
-        offsets = traced.prompt.encoded.offsets
-        cut = sorted(offsets[p] for p in segment.positions if p < len(offsets))
-        pieces, cursor = [], 0
-        for start, end in cut:
-            pieces.append(prompt[cursor:start])
-            cursor = max(cursor, end)
-        rest = " ".join(" ".join([*pieces, prompt[cursor:]]).split())
-        return rest or None
+    if isinstance(prompt, str):  # cut exactly the segment's characters (a gap: the text outside the named spans)
+        rest = _cut(prompt, _owned_characters(traced, name))
+        return rest if rest.strip() else None
     messages = _messages(prompt)
-    if segment.kind in ROLES and segment.message is not None:
+    if segment.kind in ROLES and segment.message is not None and not segment.gap:
         kept = [m for i, m in enumerate(messages) if i != segment.message]
         return kept or None
-    span = traced.prompt.encoded.text[segment.char_start : segment.char_end]
-    if segment.message is None or span not in messages[segment.message]["content"]:
+    if segment.message is None:
         return None
-    content = messages[segment.message]["content"].replace(span, "", 1).strip()
-    if not content:
+    base = _content_start(traced, segment.message)
+    content = messages[segment.message]["content"]
+    if base is None or traced.prompt.encoded.text[base : base + len(content)] != content:
+        return None  # the template stripped or changed the content: no exact cut
+    content = _cut(content, [(a - base, b - base) for a, b in _owned_characters(traced, name)])
+    if not content.strip():
         return None
     messages[segment.message] = {**messages[segment.message], "content": content}
     return messages
 
 
+def _owned_characters(traced: TracedPrompt, name: str) -> list[tuple[int, int]]:
+    """Character spans (rendered text) the segment owns: its span less the named spans inside it (a gap)."""
+    prompt = traced.prompt
+    segment = prompt.segments[prompt.index(name) or 0]
+    assert segment.char_start is not None and segment.char_end is not None
+    inner = sorted(
+        (s.char_start, s.char_end)
+        for s in prompt.segments
+        if s.kind == "named"
+        and s.name != name
+        and s.char_start is not None
+        and s.char_end is not None
+        and segment.char_start <= s.char_start
+        and s.char_end <= segment.char_end
+    )
+    spans, cursor = [], segment.char_start
+    for start, end in inner:
+        if start > cursor:
+            spans.append((cursor, start))
+        cursor = max(cursor, end)
+    if cursor < segment.char_end:
+        spans.append((cursor, segment.char_end))
+    return spans
+
+
+def _cut(text: str, spans: Sequence[tuple[int, int]]) -> str:
+    """``text`` with exactly the characters of ``spans`` removed; nothing else changes."""
+    pieces, cursor = [], 0
+    for start, end in sorted(spans):
+        pieces.append(text[cursor:start])
+        cursor = max(cursor, end)
+    return "".join([*pieces, text[cursor:]])
+
+
+def _content_start(traced: TracedPrompt, message: int) -> int | None:
+    """Where message ``message``'s content starts in the rendered text (its role segment's first character)."""
+    return next((s.char_start for s in traced.prompt.segments if s.kind in ROLES and s.message == message), None)
+
+
+def _generation_arguments(target: Target, answer_stop: AnswerStop, max_new_tokens: int) -> dict[str, Any]:
+    """target, and for 'generate' the stop rule and cap, so a follow-up measures the same answer."""
+    if target != "generate":
+        return {"target": target}
+    return {"target": target, "answer_stop": answer_stop, "max_new_tokens": max_new_tokens}
+
+
 def _trace_arguments(
-    report: PromptTrace, prompt: str | Sequence[ChatMessage], named: Sequence[SegmentSpec] | None, target: Target
+    report: PromptTrace,
+    prompt: str | Sequence[ChatMessage],
+    named: Sequence[SegmentSpec] | None,
+    generation: dict[str, Any],
 ) -> dict[str, Any]:
-    arguments: dict[str, Any] = {"model": report.model, "prompt": _as_argument(prompt), "target": target}
+    arguments: dict[str, Any] = {"model": report.model, "prompt": _as_argument(prompt), **generation}
     if named:
         arguments["segments"] = [spec.model_dump(exclude_none=True) for spec in named]
     return arguments
@@ -75,35 +123,37 @@ def trace_next_calls(
     *,
     request: EvidenceRequest,
     target: Target,
+    answer_stop: AnswerStop = DEFAULT_ANSWER_STOP,
+    max_new_tokens: int = 16,
 ) -> list[NextCall]:
     """Up to three calls that test the trace's lead from another side."""
     calls: list[NextCall] = []
-    lead = report.depends_on_most or report.read_most
+    generation = _generation_arguments(target, answer_stop, max_new_tokens)
+    lead = report.moves_most or report.read_most
     without = prompt_without(traced, prompt, lead)
     if without is not None:
-        verb = "depends on" if report.depends_on_most else "reads"
+        verb = "moves with" if report.moves_most else "reads"
+        arguments = {"model": report.model, "prompt_a": _as_argument(prompt), "prompt_b": without, **generation}
+        if request.answer is not None:
+            arguments["answer"] = request.answer
         calls.append(
             NextCall(
                 tool="compare_prompts",
-                arguments={
-                    "model": report.model,
-                    "prompt_a": _as_argument(prompt),
-                    "prompt_b": without,
-                    "target": target,
-                },
-                why=f"the whole next-token distribution with {lead!r} left out: a large KL confirms the answer {verb} "
-                "it, a small one refutes it",
+                arguments=arguments,
+                why=f"prompt_b is the prompt with exactly {lead!r}'s characters cut out: the whole next-token "
+                f"distribution without it (a large KL confirms the answer {verb} it, a small one refutes it)",
             )
         )
     if "gradient" not in report.checks and report.answer_evidence is not None:
-        arguments = _trace_arguments(report, prompt, named, target) | {"checks": ["causal", "gradient", "value"]}
+        arguments = _trace_arguments(report, prompt, named, generation) | {"checks": ["causal", "gradient", "value"]}
         if request.answer is not None:
             arguments["answer"] = request.answer
         calls.append(
             NextCall(
                 tool="trace_prompt_attention",
                 arguments=arguments,
-                why="integrated gradients: a second, independent account of which segment the answer depends on",
+                why="integrated gradients: an approximation of removal (slow); the report says how well it agrees "
+                "with the removal ranking on this prompt",
             )
         )
     top = next((f for f in report.findings if f.kind == "top_head"), None)

@@ -18,8 +18,9 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import Segment, SegmentSpec, segment_prompt
-from agent_tools.prompt_trace.claims import causal_lead, evidence_findings, filler_clause, view_leads
-from agent_tools.prompt_trace.evidence import Evidence, EvidenceRequest, Verdict, gather, prepare, verdict
+from agent_tools.prompt_trace.answer import covers, stop_rule
+from agent_tools.prompt_trace.claims import Measured, causal_lead, evidence_findings, filler_clause, view_leads
+from agent_tools.prompt_trace.evidence import Evidence, EvidenceRequest, Verdict, direction, gather, prepare, verdict
 from agent_tools.prompt_trace.measure import (
     TracedPrompt,
     TraceNumbers,
@@ -29,15 +30,20 @@ from agent_tools.prompt_trace.measure import (
     trace_pass,
 )
 from agent_tools.prompt_trace.models import (
+    DEFAULT_ANSWER_STOP,
     DEFAULT_SINK_THRESHOLD,
     AnswerEvidence,
+    AnswerStop,
+    AnswerToken,
     CausalEffect,
+    DecidingToken,
     FillerToken,
     GeneratedToken,
     GradientAttribution,
     GradientRun,
     PromptTrace,
     RankAgreement,
+    SegmentEffect,
     SegmentShare,
     Target,
     TokenProbability,
@@ -73,9 +79,10 @@ def trace(
     sink_threshold: float = DEFAULT_SINK_THRESHOLD,
     evidence: EvidenceRequest | None = None,
     attention: str | None = None,
+    answer_stop: AnswerStop = DEFAULT_ANSWER_STOP,
 ) -> TraceRun:
-    """Segment the prompt, check the evidence request, run it (and generate, for target 'generate'), run the
-    checks, and build the report.
+    """Segment the prompt, check the evidence request, run it (and generate, for target 'generate', ending the
+    answer per ``answer_stop``), run the checks, and build the report.
 
     On an encoder–decoder the trace is of the cross-attention (``attention`` 'cross', the default): the answer's
     tokens reading the input (:func:`~agent_tools.prompt_trace.measure.seq2seq_trace_pass`)."""
@@ -83,7 +90,9 @@ def trace(
     stack = inspector.attention_stack(loaded, attention, seq2seq_default="cross")
     if loaded.facts.is_encoder_decoder:
         inspector.require_stack(loaded, stack, ("cross",), SEQ2SEQ_STACKS)
-        return _seq2seq_trace(inspector, loaded, prompt, named, request, target, max_new_tokens, top_k, sink_threshold)
+        return _seq2seq_trace(
+            inspector, loaded, prompt, named, request, target, max_new_tokens, top_k, sink_threshold, answer_stop
+        )
     segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
     prepared = prepare(inspector, loaded, segmented, request)
     traced = trace_pass(
@@ -97,13 +106,26 @@ def trace(
         value_grams=prepared.value_grams,
         segmented=segmented,
         keep_cache=prepared.causal and target == "last",
+        stop_when=stop_rule(loaded, answer_stop) if target == "generate" else None,
     )
     numbers = measure(traced, exclude_filler=request.exclude_filler)
     found = gather(inspector, loaded, traced, prepared)
-    report = build_report(loaded, traced, numbers, found, top_k=top_k, sink_threshold=sink_threshold)
+    report = build_report(
+        loaded, traced, numbers, found, top_k=top_k, sink_threshold=sink_threshold, max_new_tokens=max_new_tokens
+    )
     if prepared.neutral_id is not None:
         report.neutral_token = _decode(loaded, [prepared.neutral_id])
-    report.next_calls = trace_next_calls(report, traced, prompt, named, request=request, target=target)
+    report.answer_stop = answer_stop if target == "generate" else None
+    report.next_calls = trace_next_calls(
+        report,
+        traced,
+        prompt,
+        named,
+        request=request,
+        target=target,
+        answer_stop=answer_stop,
+        max_new_tokens=max_new_tokens,
+    )
     return TraceRun(report, traced.answer_logits)
 
 
@@ -133,13 +155,20 @@ def _seq2seq_trace(
     max_new_tokens: int,
     top_k: int,
     sink_threshold: float,
+    answer_stop: AnswerStop,
 ) -> TraceRun:
     """The cross-attention trace of an encoder–decoder: which input segments the generated tokens read."""
     if request.explicit and request.checks:
         raise InvalidInputError(f"{SEQ2SEQ_CHECKS}; omit checks", field="checks")
     segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
     traced = seq2seq_trace_pass(
-        inspector, loaded, segmented, target=target, max_new_tokens=max_new_tokens, sink_threshold=sink_threshold
+        inspector,
+        loaded,
+        segmented,
+        target=target,
+        max_new_tokens=max_new_tokens,
+        sink_threshold=sink_threshold,
+        stop_when=stop_rule(loaded, answer_stop),
     )
     numbers = measure(traced, exclude_filler=request.exclude_filler)
     notes = [f"{SEQ2SEQ_CHECKS} (skipped)"] if request.checks else []
@@ -151,7 +180,17 @@ def _seq2seq_trace(
     report.summary = on_stack("cross", report.summary)
     for row in report.generated or []:
         row.position = row.step  # the decoder row that chose the token: the rows are the answer's, not the input's
-    report.next_calls = trace_next_calls(report, traced, prompt, named, request=request, target=target)
+    report.answer_stop = answer_stop if target == "generate" else None
+    report.next_calls = trace_next_calls(
+        report,
+        traced,
+        prompt,
+        named,
+        request=request,
+        target=target,
+        answer_stop=answer_stop,
+        max_new_tokens=max_new_tokens,
+    )
     return TraceRun(report, traced.answer_logits)
 
 
@@ -163,10 +202,12 @@ def build_report(
     *,
     top_k: int,
     sink_threshold: float,
+    max_new_tokens: int = 16,
 ) -> PromptTrace:
     """The :class:`PromptTrace` of one traced pass (and of the checks that ran on it)."""
     evidence = evidence if evidence is not None else Evidence([], "model")
     checked = verdict(traced, numbers, evidence)
+    measured = _measured(loaded, traced, evidence, max_new_tokens)
     prompt, names = traced.prompt, traced.prompt.names
     length, logits, generation = traced.prompt.encoded.length, traced.answer_logits, traced.generation
     generated = _generated_rows(loaded, traced, numbers) if traced.target == "generate" else None
@@ -179,12 +220,15 @@ def build_report(
         traced,
         numbers,
         answer,
-        lead=causal_lead(traced, numbers, evidence, checked, _decode(loaded, evidence.answer_ids)),
-        evidence=evidence_findings(traced, numbers, evidence, checked),
+        lead=causal_lead(traced, numbers, evidence, checked, measured),
+        evidence=evidence_findings(traced, numbers, evidence, checked, measured),
         filler=filler_clause(traced, numbers),
     )
     sink, lead = prompt.index("sink"), numbers.lead
-    rows = [_segment_row(loaded, traced, numbers, evidence, i, top_k=top_k) for i in range(len(prompt.segments))]
+    rows = [
+        _segment_row(loaded, traced, numbers, evidence, i, top_k=top_k, deciding=checked.deciding)
+        for i in range(len(prompt.segments))
+    ]
     return PromptTrace(
         model=loaded.name,
         summary=summary,
@@ -198,6 +242,7 @@ def build_report(
         sink_positions=list(prompt.segments[sink].positions) if sink is not None else [],
         sink_threshold=sink_threshold,
         read_most=names[lead.best],
+        answer_stop=None,
         runner_up=names[lead.runner_up] if lead.runner_up is not None else None,
         margin=rounded(lead.margin),
         next_tokens=next_token_table(loaded, logits) if logits is not None else None,
@@ -205,26 +250,70 @@ def build_report(
         generated=generated,
         stopped=generation.stopped if generation is not None else None,
         seconds_per_token=rounded(s) if generation is not None and (s := generation.seconds_per_token) else None,
-        **_evidence_fields(loaded, traced, numbers, evidence, checked),
+        **_evidence_fields(traced, numbers, evidence, checked, measured),
+    )
+
+
+def _measured(loaded: LoadedModel, traced: TracedPrompt, evidence: Evidence, max_new_tokens: int) -> Measured:
+    """The answer the checks measured, decoded, and what it covers in words."""
+    tokens = [_decode(loaded, [i]) for i in evidence.answer_ids]
+    stopped = traced.generation.stopped if traced.generation is not None else None
+    return Measured(
+        text=_decode(loaded, evidence.answer_ids),
+        tokens=tokens,
+        covers=covers(
+            target=traced.target,
+            source=evidence.source,
+            count=len(tokens),
+            stopped=stopped,
+            token=tokens[0] if tokens else "",
+            cap=max_new_tokens,
+        ),
+    )
+
+
+def _deciding_token(
+    traced: TracedPrompt, evidence: Evidence, checked: Verdict, measured: Measured
+) -> DecidingToken | None:
+    step = checked.deciding
+    if step is None or evidence.clean is None:
+        return None
+    names = traced.prompt.names
+    ranked = sorted(checked.segments, key=lambda i: -abs(evidence.causal[i].on_token(step)))
+    return DecidingToken(
+        step=step,
+        token=measured.tokens[step],
+        logprob=rounded(float(evidence.clean[step])),
+        effects=[
+            SegmentEffect(
+                segment=names[i],
+                removed=rounded(evidence.causal[i].on_token(step)),
+                direction=direction(evidence.causal[i].on_token(step)),
+            )
+            for i in ranked
+        ],
     )
 
 
 def _evidence_fields(
-    loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, checked: Verdict
+    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, checked: Verdict, measured: Measured
 ) -> dict[str, Any]:
     """The report-level evidence: the answer measured, the verdict, the agreement, the filler, the views."""
     names = traced.prompt.names
-    depends = checked.depends_on
+    depends, against = checked.depends_on, checked.works_against
     return {
         "checks": list(evidence.checks),
-        "answer_evidence": _answer_evidence(loaded, evidence),
+        "answer_evidence": _answer_evidence(traced, evidence, checked, measured),
+        "deciding_token": _deciding_token(traced, evidence, checked, measured),
         "depends_on_most": names[depends[0]] if depends else None,
         "depends_on_runner_up": names[depends[1]] if len(depends) > 1 else None,
+        "works_against_most": names[against[0]] if against else None,
+        "moves_most": names[checked.moves_most] if checked.moves_most is not None else None,
         "agreement": [
             RankAgreement(measure_a=a, measure_b=b, spearman=rounded(rho) if rho is not None else None, same_top=same)
             for a, b, rho, same in checked.agreement
         ],
-        "measures_agree": (checked.read_first == depends[0]) if depends and checked.read_first is not None else None,
+        "measures_agree": checked.agree,
         "filler": _filler_rows(traced, numbers),
         "gradient_run": _gradient_run(evidence),
         "views": view_leads(traced, numbers, evidence, checked),
@@ -232,16 +321,34 @@ def _evidence_fields(
     }
 
 
-def _answer_evidence(loaded: LoadedModel, evidence: Evidence) -> AnswerEvidence | None:
+def _answer_evidence(
+    traced: TracedPrompt, evidence: Evidence, checked: Verdict, measured: Measured
+) -> AnswerEvidence | None:
     if not evidence.answer_ids or evidence.clean is None:
         return None
+    names = traced.prompt.names
+    per_token = []
+    for step, token in enumerate(measured.tokens):
+        mover = max(checked.segments, key=lambda i: abs(evidence.causal[i].on_token(step)), default=None)
+        mover = mover if evidence.causal and mover is not None else None
+        per_token.append(
+            AnswerToken(
+                step=step,
+                token=token,
+                logprob=rounded(float(evidence.clean[step])),
+                moved_most_by=names[mover] if mover is not None else None,
+                removed=rounded(evidence.causal[mover].on_token(step)) if mover is not None else None,
+            )
+        )
     return AnswerEvidence(
-        text=_decode(loaded, evidence.answer_ids),
+        text=measured.text,
         token_ids=list(evidence.answer_ids),
-        tokens=[_decode(loaded, [i]) for i in evidence.answer_ids],
+        tokens=measured.tokens,
         source="given" if evidence.source == "given" else "model",
+        covers=measured.covers,
         logprob=rounded(float(evidence.clean.sum())),
         first_token_logprob=rounded(float(evidence.clean[0])),
+        per_token=per_token,
     )
 
 
@@ -344,19 +451,21 @@ def _token_shares(
     ]
 
 
-def _checks_of(evidence: Evidence, index: int) -> dict[str, Any]:
+def _checks_of(evidence: Evidence, index: int, deciding: int | None) -> dict[str, Any]:
     """The segment's causal effect and gradient attribution, where the checks measured it."""
     fields: dict[str, Any] = {}
     causal = evidence.causal.get(index)
     if causal is not None:
         fields["causal"] = CausalEffect(
+            removed=rounded(causal.on_token(deciding)),
+            direction=direction(causal.on_token(deciding)),
+            per_token_removed=[rounded(d) for d in causal.per_token_removed],
             first_token_removed=rounded(causal.first_removed),
             first_token_neutral=rounded(causal.first_neutral),
             answer_removed=rounded(causal.answer_removed),
             answer_neutral=rounded(causal.answer_neutral),
             top_token_changed_removed=causal.top_changed_removed,
             top_token_changed_neutral=causal.top_changed_neutral,
-            effect=rounded(causal.effect),
         )
     gradient = evidence.gradient
     if gradient is not None and index in gradient.integrated:
@@ -368,7 +477,14 @@ def _checks_of(evidence: Evidence, index: int) -> dict[str, Any]:
 
 
 def _segment_row(
-    loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, index: int, *, top_k: int
+    loaded: LoadedModel,
+    traced: TracedPrompt,
+    numbers: TraceNumbers,
+    evidence: Evidence,
+    index: int,
+    *,
+    top_k: int,
+    deciding: int | None = None,
 ) -> SegmentShare:
     segment, views, sink = traced.prompt.segments[index], numbers.views, traced.prompt.index("sink")
     positions = _segment_positions(traced, segment)
@@ -379,9 +495,12 @@ def _segment_row(
     share = views["share"][index]
     no_rollout = segment.kind == "generated"
     value = views.get("value")
+    ranked = bool(numbers.ranked[index]) if numbers.ranked.numel() else False
     return SegmentShare(
         name=segment.name,
         kind=segment.kind,
+        tier=numbers.tiers[index] if numbers.tiers else "other",
+        named_share=rounded(views["named"][index]) if ranked and "named" in views else None,
         message=segment.message,
         token_count=len(positions),
         positions=positions,
@@ -398,7 +517,7 @@ def _segment_row(
         filler_share=rounded(views["filler"][index]),
         value_share=rounded(value[index]) if value is not None else None,
         token_shares=_token_shares(loaded, traced, numbers, positions),
-        **_checks_of(evidence, index),
+        **_checks_of(evidence, index, deciding),
     )
 
 
@@ -408,7 +527,7 @@ def _generated_rows(loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNum
     rows = []
     steps = zip(traced.generated_ids, accumulator.step_shares, accumulator.step_top_keys, strict=True)
     for step, (token_id, step_shares, (key, key_weight)) in enumerate(steps):
-        step_lead = leading_segment(step_shares, numbers.eligible)
+        step_lead = leading_segment(step_shares, numbers.ranked)
         rows.append(
             GeneratedToken(
                 step=step,

@@ -12,6 +12,7 @@ from agent_tools.runner.forward import answer_logits, captured_forward, encoder_
 from agent_tools.runner.generation import (
     Generation,
     StopReason,
+    StopRule,
     decoder_start_id,
     greedy_generate,
     seq2seq_generate,
@@ -22,6 +23,7 @@ __all__ = [
     "AblationEffect",
     "Generation",
     "StopReason",
+    "StopRule",
     "ablated_forward",
     "answer_logits",
     "captured_forward",

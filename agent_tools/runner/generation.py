@@ -16,7 +16,8 @@ from agent_tools.errors import UnsupportedModelError
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import _mask_on_device, encoder_of, locked, on_device
 
-StopReason = Literal["eos", "max_new_tokens"]
+StopReason = Literal["eos", "max_new_tokens", "line", "sentence"]
+StopRule = Callable[[list[int]], StopReason | None]  # token ids so far -> why to stop now (None: go on)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ def greedy_generate(
     step_consumers: Sequence[AttentionConsumer] = (),
     on_step: Callable[[int, int], None] | None = None,
     checkpoint: Callable[[], None] | None = None,
+    stop_when: StopRule | None = None,
 ) -> Generation:
     """Generate greedily (argmax) with the KV cache, capturing attention on the prompt and on every step.
 
@@ -87,6 +89,8 @@ def greedy_generate(
             + 1 keys), while the step consumers still hold that forward's rows.
         checkpoint: the call's cancel and deadline check; it runs while waiting for the lock, before every layer
             (prompt and steps) and between steps, and raises to stop the generation.
+        stop_when: called with the token ids so far after every token; a reason (e.g. "line") stops the
+            generation there (the token is kept), None goes on. EOS and ``max_new_tokens`` always stop.
     """
     input_ids = on_device(loaded, input_ids)
     model = loaded.model
@@ -107,8 +111,9 @@ def greedy_generate(
         if on_step is not None:
             on_step(0, token)
         cache = _returned_cache(output)
+        rule_stop = stop_when(token_ids) if stop_when is not None and token not in stops else None
         with capture_attention(model, list(step_consumers), checkpoint=checkpoint):
-            while token not in stops and len(token_ids) < max_new_tokens:
+            while token not in stops and rule_stop is None and len(token_ids) < max_new_tokens:
                 if checkpoint is not None:
                     checkpoint()  # between steps, before the next token's forward
                 start = time.perf_counter()
@@ -120,8 +125,12 @@ def greedy_generate(
                 token_ids.append(token)
                 if on_step is not None:
                     on_step(len(token_ids) - 1, token)
+                if stop_when is not None and token not in stops:
+                    rule_stop = stop_when(token_ids)
         if token in stops:
             stopped = "eos"
+        elif rule_stop is not None:
+            stopped = rule_stop
     return Generation(
         prompt_length=int(input_ids.shape[-1]),
         token_ids=token_ids,
@@ -152,12 +161,14 @@ def seq2seq_generate(
     *,
     max_new_tokens: int,
     checkpoint: Callable[[], None] | None = None,
+    stop_when: StopRule | None = None,
 ) -> Generation:
     """An encoder–decoder's greedy (argmax) answer: the encoder once, then one decoder step per token on the cache.
 
     No capture (the model's own attention): the maps of the answer come from one teacher-forced pass over it
     (``captured_forward`` with ``decoder_input_ids``), which computes the same rows. Stops after
-    ``max_new_tokens`` or an EOS token (kept). ``prompt_length`` is the encoder input's length.
+    ``max_new_tokens``, an EOS token (kept) or when ``stop_when`` gives a reason. ``prompt_length`` is the encoder
+    input's length.
     """
     input_ids, attention_mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
     model = loaded.model
@@ -177,7 +188,8 @@ def seq2seq_generate(
         token = int(first_logits.argmax())
         token_ids.append(token)
         cache = _returned_cache(output)
-        while token not in stops and len(token_ids) < max_new_tokens:
+        rule_stop = stop_when(token_ids) if stop_when is not None and token not in stops else None
+        while token not in stops and rule_stop is None and len(token_ids) < max_new_tokens:
             if checkpoint is not None:
                 checkpoint()
             start = time.perf_counter()
@@ -193,10 +205,13 @@ def seq2seq_generate(
             token = int(output.logits[0, -1].argmax())
             step_seconds.append(time.perf_counter() - start)
             token_ids.append(token)
+            if stop_when is not None and token not in stops:
+                rule_stop = stop_when(token_ids)
+    stopped: StopReason = "eos" if token in stops else rule_stop if rule_stop is not None else "max_new_tokens"
     return Generation(
         prompt_length=int(input_ids.shape[-1]),
         token_ids=token_ids,
-        stopped="eos" if token in stops else "max_new_tokens",
+        stopped=stopped,
         first_logits=first_logits,
         prompt_seconds=prompt_seconds,
         step_seconds=step_seconds,

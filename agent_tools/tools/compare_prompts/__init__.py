@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from agent_tools.prompt_segments import MAX_NAMED_SEGMENTS
+from agent_tools.prompt_trace import SEGMENT_RANK_LABEL, segment_rank
 from agent_tools.tools.compare_prompts.models import (
     DESCRIPTION,
     ComparePromptsInput,
@@ -16,6 +18,12 @@ from agent_tools.tools.compare_prompts.plan import compare_prompts
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = ["SPEC", "ComparePromptsInput", "PromptComparison", "SegmentComparison", "compare_prompts"]
+
+
+def _compared_rank(row: SegmentComparison) -> float:
+    """Segments named in either variant always kept (first), then by |share change|."""
+    return (1e6 if row.kind == "named" else 0.0) + abs(row.change)
+
 
 SPEC = ToolSpec(
     name="compare_prompts",
@@ -28,19 +36,19 @@ SPEC = ToolSpec(
         "prompt_b": "Question: what is the secret code? The secret code is 4721. Answer:",
     },
     summary_lists=(
-        Top("segments", 12, by="change", order="largest_abs"),
-        Top("trace_a.segments", 12, by="share"),
-        Top("trace_a.segments[].positions", 24, order="first"),
-        Top("trace_a.segments[].token_shares", 5, by="share"),
+        Top("segments", MAX_NAMED_SEGMENTS, by=_compared_rank, label="segments you named first, then |change|"),
+        Top("trace_a.segments", MAX_NAMED_SEGMENTS, by=segment_rank, label=SEGMENT_RANK_LABEL),
+        Top("trace_a.segments[].positions", 12, order="first"),
+        Top("trace_a.segments[].token_shares", 2, by="share"),
         Top("trace_a.filler", 8, by="share"),
-        Top("trace_a.generated", 16, order="first"),
+        Top("trace_a.generated", 6, order="first"),
         Top("trace_a.findings", 3, order="first"),
         Top("trace_a.next_calls", 0, order="first"),
-        Top("trace_b.segments", 12, by="share"),
-        Top("trace_b.segments[].positions", 24, order="first"),
-        Top("trace_b.segments[].token_shares", 5, by="share"),
+        Top("trace_b.segments", MAX_NAMED_SEGMENTS, by=segment_rank, label=SEGMENT_RANK_LABEL),
+        Top("trace_b.segments[].positions", 12, order="first"),
+        Top("trace_b.segments[].token_shares", 2, by="share"),
         Top("trace_b.filler", 8, by="share"),
-        Top("trace_b.generated", 16, order="first"),
+        Top("trace_b.generated", 6, order="first"),
         Top("trace_b.findings", 3, order="first"),
         Top("trace_b.next_calls", 0, order="first"),
     ),
@@ -52,5 +60,6 @@ SPEC = ToolSpec(
         "segments_a",
         "segments_b",
         "max_new_tokens",
+        "answer_stop",
     ),
 )

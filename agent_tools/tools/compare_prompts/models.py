@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from agent_tools.inspector import MAX_NEW_TOKENS
 from agent_tools.prompt_segments import SegmentSpec
 from agent_tools.prompt_trace import (
     ANSWER_DESCRIPTION,
+    ANSWER_STOP_DESCRIPTION,
     CHECKS_DESCRIPTION,
+    DEFAULT_ANSWER_STOP,
     DEFAULT_SINK_THRESHOLD,
     FILLER_DESCRIPTION,
     IG_STEPS_DESCRIPTION,
@@ -17,11 +19,13 @@ from agent_tools.prompt_trace import (
     PROMPT_DESCRIPTION,
     SINK_DESCRIPTION,
     TARGET_DESCRIPTION,
+    AnswerStop,
     Check,
     NextCall,
     PromptTrace,
     Target,
     TokenProbability,
+    answer_stop_form,
     max_new_tokens_in_range,
 )
 from agent_tools.schemas import ChatMessage, ModelInput, Report
@@ -43,8 +47,9 @@ class ComparePromptsInput(ModelInput):
         default=16,
         ge=1,
         le=MAX_NEW_TOKENS,
-        description=f"tokens to generate with target='generate' (1..{MAX_NEW_TOKENS})",
+        description=f"at most this many answer tokens (1..{MAX_NEW_TOKENS})",
     )
+    answer_stop: AnswerStop = Field(default=DEFAULT_ANSWER_STOP, description=ANSWER_STOP_DESCRIPTION)
     sink_threshold: float = Field(default=DEFAULT_SINK_THRESHOLD, gt=0, le=1, description=SINK_DESCRIPTION)
     checks: list[Check] | None = Field(default=None, description=CHECKS_DESCRIPTION)
     answer: str | None = Field(default=None, min_length=1, description=ANSWER_DESCRIPTION)
@@ -54,6 +59,7 @@ class ComparePromptsInput(ModelInput):
     attention: AttentionStack | None = Field(default=None, description=TRACE_ATTENTION_DESCRIPTION)
 
     _max_new_tokens_range = field_validator("max_new_tokens", mode="before")(max_new_tokens_in_range)
+    _answer_stop_form = model_validator(mode="before")(answer_stop_form)
 
 
 class SegmentComparison(BaseModel):
@@ -70,10 +76,12 @@ class SegmentComparison(BaseModel):
     rollout_without_sink_b: float | None
     token_count_a: int
     token_count_b: int
-    effect_a: float | None = Field(
-        default=None, description="causal effect in variant A: nats its answer loses without the segment"
+    removed_a: float | None = Field(
+        default=None,
+        description="Δ log p of A's deciding answer token when the segment is removed (negative: A's answer depends "
+        "on it; positive: it works against it)",
     )
-    effect_b: float | None = None
+    removed_b: float | None = None
     value_share_a: float | None = Field(default=None, description="value-weighted share ‖α·v·W_O‖ in variant A")
     value_share_b: float | None = None
 
@@ -94,8 +102,12 @@ class PromptComparison(Report, StackReport):
     first_difference: int | None = Field(
         default=None, description="first generated step where the variants chose different tokens (None: same)"
     )
-    depends_on_most_a: str | None = Field(default=None, description="the segment variant A's answer depends on most")
+    depends_on_most_a: str | None = Field(
+        default=None, description="the named segment whose removal lowers A's deciding token's log p most"
+    )
     depends_on_most_b: str | None = None
+    inserted_a: list[str] = Field(default_factory=list, description="text A's chat template inserted (segments)")
+    inserted_b: list[str] = Field(default_factory=list, description="text B's chat template inserted (segments)")
     trace_a: PromptTrace
     trace_b: PromptTrace
     next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

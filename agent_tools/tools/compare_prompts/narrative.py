@@ -28,6 +28,9 @@ class Comparison:
 def narrate(comparison: Comparison) -> tuple[str, list[Finding]]:
     """The summary and the findings of one comparison."""
     findings = [_share_shift(row) for row in comparison.rows[:SHIFTS_SHOWN]]
+    inserted = _inserted_clause(comparison.a, comparison.b).strip()
+    if inserted:
+        findings.append(Finding(kind="template_inserted", detail=inserted))
     if comparison.kl is not None and comparison.top_tokens is not None:
         findings.append(_next_token_kl(comparison.kl, *comparison.top_tokens))
     if comparison.generated:
@@ -66,6 +69,34 @@ def _generated(comparison: Comparison) -> Finding:
     )
 
 
+def _depends(label: str, trace: PromptTrace) -> str:
+    """What the variant's answer depends on, in words — never 'depends on None'."""
+    if "causal" not in trace.checks:
+        return f"{label}'s answer was not checked ({'; '.join(trace.evidence_notes) or 'no causal check'})"
+    deciding = trace.deciding_token
+    token = f"{deciding.token!r}" if deciding is not None else "its answer"
+    if trace.depends_on_most is None:
+        return f"{label}'s {token} depends on no named segment (removing none lowers its log p)"
+    effect = next((e for e in deciding.effects if e.segment == trace.depends_on_most), None) if deciding else None
+    size = f" (removing it lowers log p by {-effect.removed:.2f})" if effect is not None else ""
+    return f"{label}'s {token} depends most on {trace.depends_on_most!r}{size}"
+
+
+def _inserted_clause(a: PromptTrace, b: PromptTrace) -> str:
+    """Say when a variant's chat template inserted text (e.g. a default system prompt) the other did not get."""
+    inserted = {label: [s for s in t.segments if s.kind == "inserted"] for label, t in (("A", a), ("B", b))}
+    parts = []
+    for label, segments in inserted.items():
+        if segments:
+            shown = ", ".join(f"{s.text!r}" for s in segments[:2])
+            parts.append(f"{label}'s chat template inserted {shown} ({sum(s.token_count for s in segments)} tokens)")
+    if not parts:
+        return ""
+    if bool(inserted["A"]) != bool(inserted["B"]):
+        parts[-1] += "; the other variant did not get it"
+    return " " + "; ".join(parts) + "."
+
+
 def _summary(comparison: Comparison) -> str:
     a, b, rows = comparison.a, comparison.b, comparison.rows
     biggest = rows[0]
@@ -76,10 +107,9 @@ def _summary(comparison: Comparison) -> str:
     if len(rows) > 1:
         summary += f", then {rows[1].name!r} ({rows[1].change * 100:+.1f} points)"
     summary += "."
-    if a.depends_on_most is not None or b.depends_on_most is not None:
-        summary += (
-            f" By the causal checks A's answer depends most on {a.depends_on_most!r}, B's on {b.depends_on_most!r}."
-        )
+    if "causal" in a.checks or "causal" in b.checks:
+        summary += f" By removal, {_depends('A', a)}; {_depends('B', b)}."
+    summary += _inserted_clause(a, b)
     if comparison.kl is not None and comparison.top_tokens is not None:
         top_a, top_b = comparison.top_tokens
         summary += f" Next-token KL(A‖B) = {comparison.kl:.3f} nats; top token {top_a.token!r} -> {top_b.token!r}."

@@ -62,6 +62,8 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
         first_difference=comparison.first_difference,
         depends_on_most_a=a.depends_on_most,
         depends_on_most_b=b.depends_on_most,
+        inserted_a=[s.name for s in a.segments if s.kind == "inserted"],
+        inserted_b=[s.name for s in b.segments if s.kind == "inserted"],
         trace_a=a,
         trace_b=b,
         next_calls=_next_calls(args, comparison),
@@ -76,16 +78,20 @@ def _next_calls(args: ComparePromptsInput, comparison: Comparison) -> list[NextC
         ("B", comparison.b, args.prompt_b, args.segments_b),
     ):
         arguments: dict = {"model": trace_report.model, "prompt": _argument(prompt), "target": args.target}
+        if args.target == "generate":
+            arguments |= {"answer_stop": args.answer_stop, "max_new_tokens": args.max_new_tokens}
+        if args.answer is not None:
+            arguments["answer"] = args.answer
         if named:
             arguments["segments"] = [spec.model_dump(exclude_none=True) for spec in named]
         arguments["checks"] = ["causal", "gradient", "value"]
-        lead = trace_report.depends_on_most or trace_report.read_most
+        lead = trace_report.moves_most or trace_report.read_most
         calls.append(
             NextCall(
                 tool="trace_prompt_attention",
                 arguments=arguments,
-                why=f"variant {name} alone with gradient checks: does its answer depend on {lead!r} by a second "
-                "measure",
+                why=f"variant {name} alone with the gradient check too (an approximation of removal, its agreement "
+                f"reported): per-token effects around {lead!r}",
             )
         )
     return calls
@@ -113,6 +119,7 @@ def _trace(
         sink_threshold=args.sink_threshold,
         evidence=_request(args),
         attention=args.attention,
+        answer_stop=args.answer_stop,
     )
 
 
@@ -160,8 +167,8 @@ def segment_rows(a: PromptTrace, b: PromptTrace) -> list[SegmentComparison]:
     counts_b = {s.name: s.token_count for s in b.segments}
     columns = {f: (_by_name(a, f), _by_name(b, f)) for f in COMPARED_COLUMNS}
     effects = (
-        {s.name: s.causal.effect for s in a.segments if s.causal},
-        {s.name: s.causal.effect for s in b.segments if s.causal},
+        {s.name: s.causal.removed for s in a.segments if s.causal},
+        {s.name: s.causal.removed for s in b.segments if s.causal},
     )
     return [
         SegmentComparison(
@@ -178,8 +185,8 @@ def segment_rows(a: PromptTrace, b: PromptTrace) -> list[SegmentComparison]:
             rollout_without_sink_b=columns["rollout_share_without_sink"][1].get(name),
             token_count_a=counts_a.get(name, 0),
             token_count_b=counts_b.get(name, 0),
-            effect_a=effects[0].get(name),
-            effect_b=effects[1].get(name),
+            removed_a=effects[0].get(name),
+            removed_b=effects[1].get(name),
             value_share_a=columns["value_share"][0].get(name),
             value_share_b=columns["value_share"][1].get(name),
         )

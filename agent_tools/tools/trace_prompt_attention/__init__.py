@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from agent_tools.prompt_segments import MAX_NAMED_SEGMENTS
+from agent_tools.prompt_trace import SEGMENT_RANK_LABEL, segment_rank
 from agent_tools.tools.registry import ToolSpec, Top
 from agent_tools.tools.trace_prompt_attention.models import (
     DESCRIPTION,
@@ -41,11 +43,12 @@ SPEC = ToolSpec(
         "target": "last",
     },
     summary_lists=(
-        Top("segments", 12, by="share"),
-        Top("segments[].positions", 24, order="first"),
-        Top("segments[].token_shares", 5, by="share"),
+        Top("segments", MAX_NAMED_SEGMENTS, by=segment_rank, label=SEGMENT_RANK_LABEL),
+        Top("segments[].positions", 12, order="first"),
+        Top("segments[].token_shares", 2, by="share"),
         Top("filler", 8, by="share"),
-        Top("generated", 16, order="first"),
+        Top("findings", 8, order="first"),
+        Top("generated", 6, order="first"),
     ),
-    advanced=("top_k", "sink_threshold", "neutral_token", "ig_steps", "exclude_filler", "max_new_tokens"),
+    advanced=("top_k", "sink_threshold", "neutral_token", "ig_steps", "exclude_filler"),
 )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from agent_tools.inspector import MAX_NEW_TOKENS
 from agent_tools.prompt_segments import SegmentSpec
 from agent_tools.prompt_trace import (
     ANSWER_DESCRIPTION,
+    ANSWER_STOP_DESCRIPTION,
     CHECKS_DESCRIPTION,
+    DEFAULT_ANSWER_STOP,
     DEFAULT_SINK_THRESHOLD,
     FILLER_DESCRIPTION,
     IG_STEPS_DESCRIPTION,
@@ -17,12 +19,14 @@ from agent_tools.prompt_trace import (
     PROMPT_DESCRIPTION,
     SINK_DESCRIPTION,
     TARGET_DESCRIPTION,
+    AnswerStop,
     Check,
     GeneratedToken,
     PromptTrace,
     SegmentShare,
     Target,
     TokenProbability,
+    answer_stop_form,
     max_new_tokens_in_range,
 )
 from agent_tools.schemas import ChatMessage, ModelInput
@@ -45,8 +49,9 @@ class TracePromptInput(ModelInput):
         default=16,
         ge=1,
         le=MAX_NEW_TOKENS,
-        description=f"tokens to generate with target='generate' (1..{MAX_NEW_TOKENS})",
+        description=f"at most this many answer tokens (1..{MAX_NEW_TOKENS})",
     )
+    answer_stop: AnswerStop = Field(default=DEFAULT_ANSWER_STOP, description=ANSWER_STOP_DESCRIPTION)
     top_k: int = Field(default=3, ge=1, le=10, description="most-read tokens listed per segment")
     sink_threshold: float = Field(default=DEFAULT_SINK_THRESHOLD, gt=0, le=1, description=SINK_DESCRIPTION)
     checks: list[Check] | None = Field(default=None, description=CHECKS_DESCRIPTION)
@@ -57,3 +62,4 @@ class TracePromptInput(ModelInput):
     attention: AttentionStack | None = Field(default=None, description=TRACE_ATTENTION_DESCRIPTION)
 
     _max_new_tokens_range = field_validator("max_new_tokens", mode="before")(max_new_tokens_in_range)
+    _answer_stop_form = model_validator(mode="before")(answer_stop_form)

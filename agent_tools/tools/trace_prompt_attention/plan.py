@@ -38,4 +38,5 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
             exclude_filler=args.exclude_filler,
         ),
         attention=args.attention,
+        answer_stop=args.answer_stop,
     ).report
