@@ -29,7 +29,7 @@ from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
 from agent_tools.placement import Placement
 from agent_tools.runner import attribution as evidence
-from agent_tools.runner import patching, replay
+from agent_tools.runner import attribution_patching, patching, replay
 from agent_tools.runner.forward import locked
 from agent_tools.schemas import ChatMessage, Token
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
@@ -814,6 +814,35 @@ class Inspector:
             return patching.patched_outputs(
                 loaded, encoded.input_ids, patches, sources=sources, keep_last=keep_last, max_rows=rows, prefix=prefix
             )
+
+    def attribution_passes(
+        self,
+        loaded: LoadedModel,
+        clean: Encoded,
+        corrupted: Encoded,
+        metric: attribution_patching.Metric,
+        *,
+        grad_drop: bool,
+        field: str = "method",
+    ) -> attribution_patching.AttributionPasses:
+        """Attribution patching's clean pass and corrupted pass with a backward (rows: 1, or 1 + L with GradDrop),
+        refused when the backward's activations would not fit the budget."""
+        rows = 1 + (loaded.facts.num_layers if grad_drop else 0)
+        self.check_gradient_budget(loaded, corrupted.length * rows)
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return attribution_patching.attribution_passes(
+                loaded, clean.input_ids, corrupted.input_ids, metric, grad_drop=grad_drop, field=field
+            )
+
+    def embedding_attribution(
+        self, loaded: LoadedModel, ids: list[int], answer: list[int], variants: Sequence[Sequence[int]]
+    ) -> attribution_patching.SegmentEstimates:
+        """The answer's log-probability change, to first order, when each same-length variant replaces the prompt."""
+        self.check_gradient_budget(loaded, len(ids))
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return attribution_patching.embedding_attribution(loaded, ids, answer, variants)
 
 
 def text_digest(text: str) -> str:
