@@ -201,4 +201,4 @@ def embedding_attribution(
                     continue
                 other = embeddings(on_device(loaded, torch.tensor([list(variant)])))[0].double()
                 estimates.append(float(((other - embedded) * grad).sum()))
-    return SegmentEstimates(estimates=torch.tensor(estimates, dtype=torch.float64), value=float(value))
+    return SegmentEstimates(estimates=torch.tensor(estimates, dtype=torch.float64), value=float(value.detach()))
