@@ -46,5 +46,5 @@ SPEC = ToolSpec(
         Top("heads", 20, by="restored", order="largest_abs"),
         Top("positions[].positions", 8, by="restored", order="largest_abs"),
     ),
-    advanced=("top_k", "per_position"),
+    advanced=("top_k", "per_position", "verify", "grad_drop"),
 )

@@ -11,18 +11,15 @@ from agent_tools.schemas import ModelInput, Report
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Activation patching between a clean prompt and a corrupted one of the same token length: how much of the "
-    "answer's logit difference each head and layer restores, sized against patching as many random heads. Use to "
-    "find the heads that carry an answer. On large models it ranks heads by attribution patching (gradients) and "
-    "patches the candidates exactly."
+    "Activation patching clean → corrupted prompt (same token length): how much of the answer's logit difference "
+    "each head and layer restores, against random heads. Use to find the heads that carry an answer."
 )
 PatchMethod = Literal["exact", "attribution", "auto"]
 PATCH_METHODS: tuple[PatchMethod, ...] = get_args(PatchMethod)
 AUTO_ATTRIBUTION_ABOVE = 16_384  # auto: attribution when heads × positions after the first difference exceed this
 METHOD_DESCRIPTION = (
-    "exact: patch every head (one batched row each); attribution: estimate every head from one clean pass, one "
-    "corrupted pass and a backward, then patch the top candidates and a random sample exactly (only exact values "
-    f"are reported); auto: attribution when heads × positions exceed {AUTO_ATTRIBUTION_ABOVE:,}"
+    "exact: patch every head; attribution: rank heads by gradients, patch the top ones exactly; auto: attribution "
+    f"above {AUTO_ATTRIBUTION_ABOVE:,} heads × positions"
 )
 CLEAN_DESCRIPTION = "the prompt whose answer to explain, e.g. '… John gave a drink to'"
 CORRUPTED_DESCRIPTION = "the same prompt, one fact changed, same token length, e.g. '… Mary gave a drink to'"
