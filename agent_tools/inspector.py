@@ -835,6 +835,14 @@ class Inspector:
                 loaded, clean.input_ids, corrupted.input_ids, metric, grad_drop=grad_drop, field=field
             )
 
+    def mlp_patched_logits(
+        self, loaded: LoadedModel, encoded: Encoded, sources: dict[int, torch.Tensor]
+    ) -> torch.Tensor:
+        """(R, V) last-position logits with one layer's MLP output replaced per row (layer -> (T, C) source)."""
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return attribution_patching.mlp_patched_logits(loaded, encoded.input_ids, sources)
+
     def embedding_attribution(
         self, loaded: LoadedModel, ids: list[int], answer: list[int], variants: Sequence[Sequence[int]]
     ) -> attribution_patching.SegmentEstimates:

@@ -467,3 +467,33 @@ def residual_gradients_dropped(model: nn.Module, rows: Mapping[int, int]) -> Ite
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def mlp_outputs_replaced(model: nn.Module, replaced: Mapping[int, tuple[int, Tensor]]) -> Iterator[None]:
+    """Inside the block, batch row ``row`` of layer ``layer``'s MLP output is replaced by ``source`` (T, C), for
+    each ``layer -> (row, source)`` (exact patching of one layer's MLP output per row)."""
+    modules = mlp_modules(model)
+    missing = [layer for layer in replaced if layer not in modules]
+    if missing:
+        raise ValueError(f"layers {missing} have no MLP module named 'mlp'")
+
+    def hook_for(layer: int):
+        row, source = replaced[layer]
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            hidden = output[0] if isinstance(output, tuple) else output
+            patched = hidden.clone()
+            patched[row] = source.to(device=hidden.device, dtype=hidden.dtype)
+            return (patched, *output[1:]) if isinstance(output, tuple) else patched
+
+        return hook
+
+    handles = []
+    try:
+        for layer in replaced:
+            handles.append(modules[layer].register_forward_hook(hook_for(layer)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -107,6 +107,36 @@ def test_the_estimate_is_the_derivative_exact_patching_measures(family: str, tin
     assert ld == pytest.approx(float(values[1][0] + values[-1][0]) / 2, abs=1e-2)  # the corrupted run's LD
 
 
+def test_the_mlp_estimate_is_the_derivative_of_exact_mlp_patching(tiny_models, inspector) -> None:
+    """Each layer's whole MLP output patched to mlp_corrupted ± ε·(mlp_clean − mlp_corrupted), one row per layer:
+    the central difference equals the MLP's attribution estimate."""
+    loaded = tiny_models["llama"]
+    clean, corrupted = inspector.encode(loaded, CLEAN), inspector.encode(loaded, CORRUPTED)
+    answer, wrong = (loaded.tokenizer.convert_tokens_to_ids(w) for w in ("was", "tired"))
+    passes = inspector.attribution_passes(loaded, clean, corrupted, _metric(answer, wrong), grad_drop=False)
+    recorded: dict[int, torch.Tensor] = {}
+    blocks = loaded.model.model.layers
+    handles = [
+        block.mlp.register_forward_hook(lambda m, a, out, i=i: recorded.__setitem__(i, out[0].detach().clone()))
+        for i, block in enumerate(blocks)
+    ]
+    try:
+        with torch.inference_mode():
+            loaded.model(input_ids=corrupted.input_ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    epsilon, values = 1e-2, {}
+    for sign in (1, -1):
+        sources = {i: recorded[i] + sign * epsilon * (passes.clean_mlp[i] - recorded[i]) for i in recorded}
+        logits = inspector.mlp_patched_logits(loaded, corrupted, sources)
+        values[sign] = (logits[:, answer] - logits[:, wrong]).double()
+    derivative = (values[1] - values[-1]) / (2 * epsilon)
+    estimate = passes.mlp.sum(1)
+    assert estimate.abs().max() > 1e-3
+    torch.testing.assert_close(estimate, derivative, atol=2e-4 + 2e-3 * float(estimate.abs().max()), rtol=0)
+
+
 def test_grad_drop_of_a_last_layer_head_is_its_plain_estimate(tiny_models, inspector) -> None:
     """A last-layer head reaches the logits only through the last block: dropping that block's gradient zeroes its
     estimate, dropping any earlier one leaves it, so Σ_l |estimate_l| / (L − 1) = |estimate| (two layers)."""

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from agent_tools.analysis.attribution_patching import grad_drop_scores, head_estimates, output_estimates
 from agent_tools.errors import InvalidInputError
-from agent_tools.intervene import attribution_taps, residual_gradients_dropped
+from agent_tools.intervene import attribution_taps, mlp_outputs_replaced, residual_gradients_dropped
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import on_device
 
@@ -46,6 +46,7 @@ class AttributionPasses:
     mlp: Tensor  # (L, T) float64; NaN rows where a layer's MLP output was not found
     grad_drop: Tensor | None  # (L, H) GradDrop score per head (None without grad_drop)
     clean_heads: dict[int, Tensor]  # layer -> (T, H, D) the clean run's head outputs (what exact patching copies)
+    clean_mlp: dict[int, Tensor]  # layer -> (T, C) the clean run's MLP outputs
     clean_logits: Tensor  # (V,) float32 at the last position
     corrupted_logits: Tensor  # (V,)
     gradient_dtype: str  # the backward's dtype, and the loss scale when one was used
@@ -149,11 +150,22 @@ def attribution_passes(
         mlp=mlp,
         grad_drop=drop,
         clean_heads=clean_heads,
+        clean_mlp=clean_mlp,
         clean_logits=clean_logits.detach().cpu(),
         corrupted_logits=logits[0].detach().cpu(),
         gradient_dtype=_dtype_note(loaded),
         rows=rows,
     )
+
+
+def mlp_patched_logits(loaded: LoadedModel, input_ids: Tensor, sources: dict[int, Tensor]) -> Tensor:
+    """(1, T) ids and layer -> (T, C) MLP outputs to copy in -> (R, V) last-position logits, row r patching the
+    r-th layer of ``sources`` alone (exact patching of whole MLP outputs; one batch, every row from layer 0)."""
+    ids = on_device(loaded, input_ids)
+    layers = list(sources)
+    replaced = {layer: (row, sources[layer]) for row, layer in enumerate(layers)}
+    with loaded.lock, torch.inference_mode(), mlp_outputs_replaced(loaded.model, replaced):
+        return _last_logits(loaded, ids.expand(len(layers), -1)).clone()
 
 
 @dataclass(frozen=True)

@@ -114,12 +114,15 @@ class HeadPositions(BaseModel):
 
 
 class LayerEstimate(BaseModel):
-    """A layer's attention output and MLP output: attribution estimate, and the exact value where patched."""
+    """A layer's attention output and MLP output: attribution estimate beside the exact value (restored fractions)."""
 
     layer: int
     attention_estimate: float
-    mlp_estimate: float | None = Field(description="None where the layer's MLP output was not found")
     attention_exact: float | None = Field(default=None, description="every head of the layer patched at once")
+    mlp_estimate: float | None = Field(
+        default=None, description="set only for the MLPs patched exactly (the 3 largest |estimates|)"
+    )
+    mlp_exact: float | None = Field(default=None, description="the layer's whole MLP output patched")
 
 
 class AttributionCheck(BaseModel):

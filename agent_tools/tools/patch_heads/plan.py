@@ -8,7 +8,6 @@ same, so a patch there restores exactly nothing). Every forward goes through the
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_trace import NextCall
+from agent_tools.runner.attribution_patching import AttributionPasses
 from agent_tools.runner.patching import HeadPatch
 from agent_tools.schemas import head_label, rounded
 from agent_tools.tools.patch_heads.models import (
@@ -218,6 +218,7 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
     )
     differing = (pair.clean.input_ids[0] != pair.corrupted.input_ids[0]).nonzero().flatten().tolist()
     set_rows = (1 + SET_DRAWS) if top_set is not None else 0
+    mlp_rows = sum(r.mlp_exact is not None for r in attribution.layers) if attribution is not None else 0
     return PatchReport(
         model=loaded.name,
         summary=summary(numbers),
@@ -246,6 +247,7 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
         patched_runs=len(head_rows)
         + len(layer_rows)
         + set_rows
+        + mlp_rows
         + len(top) * (pair.clean.length - pair.first) * bool(positions),
         next_calls=_next_calls(loaded, args, top),
     )
@@ -324,6 +326,35 @@ def _top_set(
     )
 
 
+MLPS_VERIFIED = 3  # attribution: the MLP outputs with the largest |estimate| patched exactly
+
+
+def _layer_estimates(
+    inspector: Inspector, loaded: LoadedModel, pair: _Pair, passes: AttributionPasses, layers: list[int]
+) -> list[LayerEstimate]:
+    """Each layer's attention-output estimate (its exact value is filled in from the whole-layer patches), and the
+    MLP estimate beside the exact value for the :data:`MLPS_VERIFIED` largest (no MLP estimate is shown alone)."""
+    gap = pair.ld_clean - pair.ld_corrupted
+    mlp = {layer: float(passes.mlp[layer].sum()) for layer in layers if layer in passes.clean_mlp}
+    chosen = sorted(mlp, key=lambda layer: -abs(mlp[layer]))[:MLPS_VERIFIED]
+    exact: dict[int, float] = {}
+    if chosen:
+        logits = inspector.mlp_patched_logits(
+            loaded, pair.corrupted, {layer: passes.clean_mlp[layer] for layer in chosen}
+        )
+        fractions, _ = pair.restored(logits[:, None])
+        exact = dict(zip(chosen, fractions.tolist(), strict=True))
+    return [
+        LayerEstimate(
+            layer=layer,
+            attention_estimate=rounded(float(passes.heads[layer].sum()) / gap),
+            mlp_estimate=rounded(mlp[layer] / gap) if layer in exact else None,
+            mlp_exact=rounded(exact[layer]) if layer in exact else None,
+        )
+        for layer in layers
+    ]
+
+
 def _attribution(
     inspector: Inspector, loaded: LoadedModel, args: PatchHeadsInput, prompts: tuple, layers: list[int]
 ) -> tuple[_Pair, list[HeadPatchResult], list[LayerPatchResult], AttributionCheck, list[HeadPatchResult]]:
@@ -370,16 +401,7 @@ def _attribution(
         missed=missed,
         grad_drop=passes.grad_drop is not None,
         gradient_dtype=passes.gradient_dtype,
-        layers=[
-            LayerEstimate(
-                layer=layer,
-                attention_estimate=rounded(float(per_head[layer].sum()) / gap),
-                mlp_estimate=None
-                if math.isnan(float(passes.mlp[layer].sum()))
-                else rounded(float(passes.mlp[layer].sum()) / gap),
-            )
-            for layer in layers
-        ],
+        layers=_layer_estimates(inspector, loaded, pair, passes, layers),
         forward_equivalents=rounded(1 + 3 * passes.rows, 1),
     )
     return pair, rows, layer_rows, check, outside_rows
