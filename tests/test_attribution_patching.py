@@ -177,6 +177,13 @@ def test_saturated_attention_hides_the_previous_token_head_and_verification_find
     assert all(h.estimate is not None for h in report.heads)  # every row reported was patched exactly
     assert [(r.layer, r.attention_exact) for r in check.layers] == [(0, 1.0), (1, 1.0)]
     assert "only exact values reported" in report.summary
+    # per position, the exact value beside the estimate: L1H0 acts at the last position only, to first order too
+    induction = next(p for p in report.positions if (p.layer, p.head) == (1, 0))
+    assert [x.restored for x in induction.positions] == [0.0] * 5 + [1.0]
+    assert [x.estimate for x in induction.positions] == pytest.approx([0.0] * 5 + [0.97], abs=0.01)
+    with_drop = get_tool("patch_heads")(inspector, {**arguments, "grad_drop": True})
+    assert with_drop.attribution is not None and with_drop.attribution.grad_drop
+    assert with_drop.attribution.verified_top == 3  # 2 by |estimate|, then 1 more by GradDrop's score
 
 
 # --- the segment service function ----------------------------------------------------------------------------------

@@ -102,6 +102,7 @@ class PositionPatch(BaseModel):
     position: int
     token: str = Field(description="the corrupted prompt's token there")
     restored: float
+    estimate: float | None = Field(default=None, description="attribution's estimate there, beside the exact value")
 
 
 class HeadPositions(BaseModel):

@@ -9,7 +9,7 @@ same, so a patch there restores exactly nothing). Every forward goes through the
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -114,6 +114,7 @@ class _Pair:
     gap_threshold: float
     sources: dict[int, torch.Tensor]  # the clean run's head outputs, layer -> (T, H, D)
     corrupted_logits: torch.Tensor  # (V,) the corrupted run's next-token logits
+    estimates: torch.Tensor | None = None  # attribution: (L, T, H) estimated restored fraction per position
 
     def restored(self, outputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(R, 1, V) patched logits -> (R,) restored fractions, (R,) logit differences."""
@@ -373,6 +374,7 @@ def _attribution(
     passes = inspector.attribution_passes(loaded, prompts[0], prompts[1], metric, grad_drop=args.grad_drop)
     pair = _pair(loaded, args, prompts, (passes.clean_logits, passes.corrupted_logits), passes.clean_heads)
     gap = pair.ld_clean - pair.ld_corrupted
+    pair = replace(pair, estimates=passes.heads / gap)
     per_head = passes.heads.sum(1)  # (L, H) estimated Δ LD
     heads = [(layer, head) for layer in layers for head in range(loaded.facts.num_heads)]
     by_estimate = sorted(heads, key=lambda x: -abs(float(per_head[x])))
@@ -423,6 +425,7 @@ def _positions(inspector: Inspector, loaded: LoadedModel, pair: _Pair, top: list
                     position=p,
                     token=corrupted.tokens[p].text,
                     restored=rounded(float(fractions[k, p - first])) if p >= first else 0.0,
+                    estimate=rounded(float(pair.estimates[r.layer, p, r.head])) if pair.estimates is not None else None,
                 )
                 for p in range(corrupted.length)
             ],
