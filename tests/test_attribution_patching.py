@@ -219,3 +219,37 @@ def test_a_model_without_float_embeddings_is_refused(inspector) -> None:
     )
     with pytest.raises(InvalidInputError, match=r"no floating-point embedding table \(quantized or missing\): use "):
         inspector.attribution_passes(loaded, clean, corrupted, _metric(5, 6), grad_drop=False)
+
+
+def test_a_row_patching_heads_in_several_layers_equals_a_plain_forward(tiny_models, inspector) -> None:
+    """``HeadPatch.also``: one batched row patches heads of two layers together (the random-set baseline); it
+    equals a forward with those heads' outputs replaced by hooks, next to single-layer rows in the same batch."""
+    from agent_tools.layout import output_projection
+
+    loaded = tiny_models["llama"]
+    clean, corrupted = inspector.encode(loaded, CLEAN), inspector.encode(loaded, CORRUPTED)
+    sources = inspector.recorded_run(loaded, clean).heads
+    sets = [((0, 1), (1, 2)), ((0, 0), (0, 3), (1, 0)), ((1, 1),)]
+    patches = [HeadPatch(0, (1,), also=((1, 2),)), HeadPatch(0, (0, 3), also=((1, 0),)), HeadPatch(1, (1,))]
+    batched = inspector.patched_outputs(loaded, corrupted, patches, sources=sources, prefix=2)
+    facts, width = loaded.facts, loaded.facts.head_dim
+    for row, chosen in enumerate(sets):
+        handles = []
+        for layer in {layer for layer, _ in chosen}:
+            heads = [h for l_, h in chosen if l_ == layer]
+            projection = output_projection(loaded.model, layer, in_features=facts.num_heads * width)
+
+            def hook(module, args, layer=layer, heads=heads):
+                x = args[0].clone()
+                for head in heads:
+                    x[0, :, head * width : (head + 1) * width] = sources[layer][:, head].reshape(x.shape[1], width)
+                return (x, *args[1:])
+
+            handles.append(projection.register_forward_pre_hook(hook))
+        try:
+            with torch.inference_mode():
+                expected = loaded.model(input_ids=corrupted.input_ids).logits[0, -1].float()
+        finally:
+            for handle in handles:
+                handle.remove()
+        torch.testing.assert_close(batched[row, -1], expected, atol=1e-5, rtol=1e-5)
