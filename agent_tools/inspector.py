@@ -828,7 +828,14 @@ class Inspector:
         """Attribution patching's clean pass and corrupted pass with a backward (rows: 1, or 1 + L with GradDrop),
         refused when the backward's activations would not fit the budget."""
         rows = 1 + (loaded.facts.num_layers if grad_drop else 0)
-        self.check_gradient_budget(loaded, corrupted.length * rows)
+        held = evidence.gradient_bytes(loaded, corrupted.length) * rows
+        if held > self.memory_budget:
+            msg = (
+                f"attribution patching's backward over {corrupted.length} tokens × {rows} rows would hold about "
+                f"{readable_size(held)} of activations, over the budget of {readable_size(self.memory_budget)}; use "
+                "method 'exact', a shorter pair" + (" or grad_drop false" if grad_drop else "")
+            )
+            raise ResourceLimitError(msg, field=field)
         checkpoint = _checkpoint()
         with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
             return attribution_patching.attribution_passes(

@@ -23,6 +23,7 @@ from agent_tools.analysis.attribution_patching import (
     verify,
 )
 from agent_tools.errors import InvalidInputError
+from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, register_model
 from agent_tools.runner.patching import HeadPatch
 from agent_tools.segment_attribution import verified_segment_effects
@@ -253,3 +254,13 @@ def test_a_row_patching_heads_in_several_layers_equals_a_plain_forward(tiny_mode
             for handle in handles:
                 handle.remove()
         torch.testing.assert_close(batched[row, -1], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_backward_over_the_budget_is_refused_before_it_runs(tiny_models) -> None:
+    from agent_tools.errors import ResourceLimitError
+    from agent_tools.tools import get_tool
+
+    small = Inspector(memory_budget=1024)
+    arguments = {"model": "tiny-llama", "clean": CLEAN, "corrupted": CORRUPTED, "method": "attribution"}
+    with pytest.raises(ResourceLimitError, match=r"attribution patching's backward over 9 tokens × 1 rows .* use "):
+        get_tool("patch_heads")(small, arguments)
