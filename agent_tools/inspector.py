@@ -29,7 +29,7 @@ from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
 from agent_tools.placement import Placement
 from agent_tools.runner import attribution as evidence
-from agent_tools.runner import patching, replay
+from agent_tools.runner import attribution_patching, patching, replay
 from agent_tools.runner.forward import locked
 from agent_tools.schemas import ChatMessage, Token
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
@@ -818,6 +818,50 @@ class Inspector:
             return patching.patched_outputs(
                 loaded, encoded.input_ids, patches, sources=sources, keep_last=keep_last, max_rows=rows, prefix=prefix
             )
+
+    def attribution_passes(
+        self,
+        loaded: LoadedModel,
+        clean: Encoded,
+        corrupted: Encoded,
+        metric: attribution_patching.Metric,
+        *,
+        grad_drop: bool,
+        field: str = "method",
+    ) -> attribution_patching.AttributionPasses:
+        """Attribution patching's clean pass and corrupted pass with a backward (rows: 1, or 1 + L with GradDrop),
+        refused when the backward's activations would not fit the budget."""
+        rows = 1 + (loaded.facts.num_layers if grad_drop else 0)
+        held = evidence.gradient_bytes(loaded, corrupted.length) * rows
+        if held > self.memory_budget:
+            msg = (
+                f"attribution patching's backward over {corrupted.length} tokens × {rows} rows would hold about "
+                f"{readable_size(held)} of activations, over the budget of {readable_size(self.memory_budget)}; use "
+                "method 'exact', a shorter pair" + (" or grad_drop false" if grad_drop else "")
+            )
+            raise ResourceLimitError(msg, field=field)
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return attribution_patching.attribution_passes(
+                loaded, clean.input_ids, corrupted.input_ids, metric, grad_drop=grad_drop, field=field
+            )
+
+    def mlp_patched_logits(
+        self, loaded: LoadedModel, encoded: Encoded, sources: dict[int, torch.Tensor]
+    ) -> torch.Tensor:
+        """(R, V) last-position logits with one layer's MLP output replaced per row (layer -> (T, C) source)."""
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return attribution_patching.mlp_patched_logits(loaded, encoded.input_ids, sources)
+
+    def embedding_attribution(
+        self, loaded: LoadedModel, ids: list[int], answer: list[int], variants: Sequence[Sequence[int]]
+    ) -> attribution_patching.SegmentEstimates:
+        """The answer's log-probability change, to first order, when each same-length variant replaces the prompt."""
+        self.check_gradient_budget(loaded, len(ids))
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return attribution_patching.embedding_attribution(loaded, ids, answer, variants)
 
 
 def text_digest(text: str) -> str:

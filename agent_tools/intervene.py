@@ -329,3 +329,171 @@ def _pre_hooks(projections: Mapping[int, nn.Module], hook_for: Callable[[int], C
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def head_sets_patched_joining(
+    model: nn.Module,
+    masks: Mapping[int, Tensor],
+    joining: Mapping[int, int],
+    *,
+    num_heads: int,
+    head_dim: int,
+    sources: Mapping[int, Tensor] | None = None,
+) -> Iterator[None]:
+    """:func:`heads_patched_joining` for rows that patch heads in several layers (a set of heads patched together).
+
+    Args:
+        masks: layer -> (R_l, T, H) bool for every layer where some row patches a head; ``R_l`` counts row 0 and
+            every row that joined at or before ``l``.
+        joining: layer -> how many rows join the batch at that layer (as copies of row 0), each at the first layer
+            it patches; a layer may hold a mask without rows joining there.
+        sources: layer -> (T, H, D) what replaces the marked heads (None: zeros).
+    """
+    alive = 1
+    for layer in sorted(set(masks) | set(joining)):
+        alive += joining.get(layer, 0)
+        if layer in masks and int(masks[layer].shape[0]) != alive:
+            raise ValueError(f"layer {layer}'s mask must have {alive} rows, got {int(masks[layer].shape[0])}")
+    first = min(joining) if joining else 0
+    blocks = _blocks_from(model, first)
+
+    def join_for(layer: int):
+        extra = joining.get(layer, 0)
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            positional = bool(args) and isinstance(args[0], Tensor)
+            hidden = args[0] if positional else kwargs["hidden_states"]
+            if extra:
+                hidden = torch.cat([hidden, hidden[:1].expand(extra, *hidden.shape[1:])])
+            alibi = kwargs.get("alibi")
+            if isinstance(alibi, Tensor) and alibi.shape[0] == num_heads and hidden.shape[0] > 1:
+                kwargs = {**kwargs, "alibi": alibi.repeat(hidden.shape[0], 1, 1)}  # BLOOM: (B·H, 1, T)
+            if positional:
+                return (hidden, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": hidden}
+
+        return hook
+
+    handles = [blocks[layer].register_forward_pre_hook(join_for(layer), with_kwargs=True) for layer in blocks]
+    try:
+        with _patched_projections(model, masks, num_heads=num_heads, head_dim=head_dim, sources=sources):
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+# --- attribution patching: taps that keep outputs in the autograd graph, and GradDrop ------------------------------
+def mlp_modules(model: nn.Module) -> dict[int, nn.Module]:
+    """Layer -> its block's MLP (the child named ``mlp``; layers whose block has none are left out)."""
+    found = {}
+    for layer, block in _blocks_from(model, 0).items():
+        mlp = getattr(block, "mlp", None)
+        if isinstance(mlp, nn.Module):
+            found[layer] = mlp
+    return found
+
+
+@contextmanager
+def attribution_taps(
+    model: nn.Module, layers: Sequence[int], *, num_heads: int, head_dim: int, embeddings: nn.Module
+) -> Iterator[dict[str, dict[int, Tensor]]]:
+    """Inside the block, a forward keeps (by reference, in the autograd graph) every layer's head outputs before
+    W_O, ``taps["heads"][layer]`` (B, T, H·D), and its MLP output, ``taps["mlp"][layer]`` (B, T, C); the input
+    embeddings' output is made to require grad, so a backward reaches every tap without any weight needing one."""
+    projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in layers}
+    mlps = {layer: module for layer, module in mlp_modules(model).items() if layer in projections}
+    taps: dict[str, dict[int, Tensor]] = {"heads": {}, "mlp": {}}
+
+    def head_hook(layer: int):
+        def hook(module: nn.Module, args: tuple) -> None:
+            taps["heads"][layer] = args[0]
+
+        return hook
+
+    def mlp_hook(layer: int):
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            taps["mlp"][layer] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    def embedding_hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        return output if output.requires_grad else output.detach().requires_grad_(True)
+
+    handles = [embeddings.register_forward_hook(embedding_hook)]
+    handles += [module.register_forward_hook(mlp_hook(layer)) for layer, module in mlps.items()]
+    try:
+        with _pre_hooks(projections, head_hook):
+            yield taps
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def residual_gradients_dropped(model: nn.Module, rows: Mapping[int, int]) -> Iterator[None]:
+    """Inside the block, batch row ``rows[layer]`` passes its block's residual contribution forward unchanged but
+    lets no gradient through it (GradDrop): output = input + (output − input).detach() for that row only."""
+    blocks = _blocks_from(model, 0)
+    inputs: dict[int, Tensor] = {}
+
+    def pre_for(layer: int):
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            hidden = args[0] if args and isinstance(args[0], Tensor) else kwargs["hidden_states"]
+            inputs[layer] = hidden
+
+        return hook
+
+    def post_for(layer: int):
+        row = rows[layer]
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            hidden = output[0] if isinstance(output, tuple) else output
+            change = hidden - inputs.pop(layer)
+            chosen = torch.zeros(hidden.shape[0], 1, 1, dtype=hidden.dtype, device=hidden.device)
+            chosen[row] = 1
+            dropped = hidden - chosen * change + chosen * change.detach()
+            return (dropped, *output[1:]) if isinstance(output, tuple) else dropped
+
+        return hook
+
+    handles = []
+    try:
+        for layer in rows:
+            handles.append(blocks[layer].register_forward_pre_hook(pre_for(layer), with_kwargs=True))
+            handles.append(blocks[layer].register_forward_hook(post_for(layer)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def mlp_outputs_replaced(model: nn.Module, replaced: Mapping[int, tuple[int, Tensor]]) -> Iterator[None]:
+    """Inside the block, batch row ``row`` of layer ``layer``'s MLP output is replaced by ``source`` (T, C), for
+    each ``layer -> (row, source)`` (exact patching of one layer's MLP output per row)."""
+    modules = mlp_modules(model)
+    missing = [layer for layer in replaced if layer not in modules]
+    if missing:
+        raise ValueError(f"layers {missing} have no MLP module named 'mlp'")
+
+    def hook_for(layer: int):
+        row, source = replaced[layer]
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            hidden = output[0] if isinstance(output, tuple) else output
+            patched = hidden.clone()
+            patched[row] = source.to(device=hidden.device, dtype=hidden.dtype)
+            return (patched, *output[1:]) if isinstance(output, tuple) else patched
+
+        return hook
+
+    handles = []
+    try:
+        for layer in replaced:
+            handles.append(modules[layer].register_forward_hook(hook_for(layer)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

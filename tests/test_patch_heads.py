@@ -46,7 +46,23 @@ def test_known_circuit_previous_token_and_induction_heads_restore_everything(cir
     # 'moon' equally, LD 0 -> half); at position 4 it removes the corrupted match (no key matches: LD 0 -> half)
     assert positions[INDUCTION_HEAD] == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert positions[PREVIOUS_HEAD] == [0.0, 0.0, 0.5, 0.0, 0.5, 0.0]
-    assert report.patched_runs == 8 + 2 + 3 * 5
+    # every head alone, every layer's heads together, the top 3 together and 8 random sets of 3, 3 heads × 5 positions
+    assert report.patched_runs == 8 + 2 + (1 + 8) + 3 * 5
+    assert report.method == "exact" and report.attribution is None
+    # sized against the rest: the 5 heads outside the top 3 restore exactly 0 each, so the top two are large and
+    # L0H1 (third by |restored|, 0) small; the top 3 together restore all of it, 8 random sets of 3 heads from the
+    # other 5 restore 0 (none holds a circuit head)
+    assert report.single_head_baseline.model_dump() == {"mean": 0.0, "spread": 0.0, "draws": 5, "heads": 1}
+    assert [h.size for h in report.top_heads] == ["large", "large", "small"]
+    top_set = report.top_set
+    assert top_set is not None and top_set.heads == ["0.0", "1.0", "0.1"] and top_set.restored == 1.0
+    assert top_set.baseline.model_dump() == {"mean": 0.0, "spread": 0.0, "draws": 8, "heads": 3}
+    assert (top_set.size, top_set.top_token_corrupted, top_set.top_token_patched) == ("large", "moon", "dog")
+    assert top_set.change == "flip" and top_set.p_new - top_set.p_old >= report.tie_margin
+    logits = inspector.recorded_run(circuit, inspector.encode(circuit, CLEAN)).output[-1]
+    assert report.gap_threshold == pytest.approx(0.25 * float(logits.double().std()), abs=1e-4)
+    assert "restores +100.0% of it, toward 'dog' (large: one random head +0.0% ± 0.0%, 5 heads)" in report.summary
+    assert "the top token flips: 'moon' → 'dog'" in report.summary
     assert report.summary.startswith("Logit difference 'dog' − 'moon'")
     assert [c.tool for c in report.next_calls] == ["ablate_heads", "profile_heads"]
     assert report.next_calls[0].arguments["heads"][:2] == ["0.0", "1.0"]
@@ -55,7 +71,7 @@ def test_known_circuit_previous_token_and_induction_heads_restore_everything(cir
 def test_layers_subset_and_explicit_tokens(circuit, inspector: Inspector) -> None:
     report = _patch(inspector, layers=[1], answer="dog", wrong="moon", per_position=False, top_k=1)
     assert [(h.layer, h.head) for h in report.heads] == [(1, h) for h in range(4)]
-    assert report.top_heads[0].restored == 1.0 and report.positions == [] and report.patched_runs == 5
+    assert report.top_heads[0].restored == 1.0 and report.positions == [] and report.patched_runs == 5 + (1 + 8)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "bloom", "falcon_alibi", "falcon"])
@@ -70,18 +86,23 @@ def test_batched_rows_equal_one_patched_forward_each(family: str, tiny_models, i
     arguments = {
         "model": name,
         "clean": "the cat sat on the mat because it",
-        "corrupted": "the dog sat on the mat because it",
-        "answer": "was",
-        "wrong": "tired",
+        "corrupted": "the dog sat on the mat because the",  # the last word too: random weights move little else
         "top_k": 8,
         "detail": "full",
     }
-    report = get_tool("patch_heads")(inspector, arguments)
-    assert {row.layer for row in report.heads} == {0, 1}  # rows joining at both layers
     facts = loaded.facts
     clean = inspector.encode(loaded, arguments["clean"])
     corrupted = inspector.encode(loaded, arguments["corrupted"])
-    was, tired = (loaded.tokenizer.convert_tokens_to_ids(w) for w in ("was", "tired"))
+    # the two answer words whose logit difference the prompts move most (random weights: a gap worth dividing by)
+    with torch.inference_mode():
+        change = loaded.model(input_ids=clean.input_ids).logits[0, -1] - loaded.model(corrupted.input_ids).logits[0, -1]
+    tokenizer = loaded.tokenizer
+    words = [w for w, i in tokenizer.get_vocab().items() if tokenizer(w, add_special_tokens=False)["input_ids"] == [i]]
+    ranked = sorted(words, key=lambda w: float(change[tokenizer.convert_tokens_to_ids(w)]))
+    arguments.update(answer=ranked[-1], wrong=ranked[0])
+    was, tired = (tokenizer.convert_tokens_to_ids(w) for w in (ranked[-1], ranked[0]))
+    report = get_tool("patch_heads")(inspector, arguments)
+    assert {row.layer for row in report.heads} == {0, 1}  # rows joining at both layers
     recorded = inspector.recorded_run(loaded, clean).heads
     model, width = loaded.model, facts.head_dim
     for row in report.heads:  # one forward per head with a plain replacement hook
@@ -112,13 +133,57 @@ def test_batched_rows_equal_one_patched_forward_each(family: str, tiny_models, i
         ({"answer": "dog moon"}, r"answer 'dog moon' is 2 tokens \(\['dog', 'moon'\]\) .* give exactly one token"),
         ({"answer": "dog", "wrong": "dog"}, r"answer and wrong are the same token 'dog'; give two different"),
         ({"corrupted": CLEAN}, r"clean and corrupted are the same tokens"),
-        ({"answer": "red", "wrong": "blue"}, r"same logit difference .* nothing to restore"),
+        (
+            {"answer": "red", "wrong": "blue"},
+            r"logit differences .* apart: below 0\.418 \(0\.25 × the standard .* too small .* nothing to restore",
+        ),
+        ({"verify": 0}, r"verify"),
         ({"layers": [2]}, r"out of range 0\.\.1"),
     ],
 )
 def test_bad_input(arguments: dict, message: str, circuit, inspector: Inspector) -> None:
     with pytest.raises(InvalidInputError, match=message):
         _patch(inspector, **arguments)
+
+
+def test_a_gap_too_small_to_divide_by_is_refused_with_the_threshold(tiny_models, inspector: Inspector) -> None:
+    """On the tiny Llama, LD(tired − cat) is 0.0031 apart between the prompts: above the old 1e-4 floor, below
+    0.25 × the clean logits' standard deviation (0.115), so no percentage is printed."""
+    arguments = {
+        "model": "tiny-llama",
+        "clean": "the cat sat on the mat because it",
+        "corrupted": "the dog sat on the mat because it",
+        "answer": "tired",
+        "wrong": "cat",
+    }
+    with pytest.raises(InvalidInputError, match=r"0\.00\d+ apart: below 0\.02\d+ \(0\.25 × the standard deviation"):
+        get_tool("patch_heads")(inspector, arguments)
+
+
+@pytest.mark.real_model
+def test_attribution_recalls_exact_patching_top_heads_on_the_default_model(smol, inspector: Inspector) -> None:
+    """A factual-recall pair on SmolLM2-135M: attribution's top-10 heads hold at least 8 of exact patching's top-10
+    (measured 9/10; benchmarks/bench_attribution_patching.py also runs an IOI and an induction pair), and the
+    report's verification patches the candidates exactly."""
+    arguments = {
+        "model": "smollm2-135m-instruct",
+        "clean": "The capital of France is the city of",
+        "corrupted": "The capital of Italy is the city of",
+        "answer": " Paris",
+        "wrong": " Rome",
+        "per_position": False,
+        "detail": "full",
+    }
+    exact = get_tool("patch_heads")(inspector, {**arguments, "method": "exact"})
+    attribution = get_tool("patch_heads")(inspector, {**arguments, "method": "attribution", "top_k": 10})
+    exact_top = {(h.layer, h.head) for h in sorted(exact.heads, key=lambda h: -abs(h.restored))[:10]}
+    check = attribution.attribution
+    assert check is not None and check.verified_top == 20 and check.verified_random == 10
+    candidates = [(h.layer, h.head) for h in attribution.heads[:10]]  # the estimate's top 10, patched exactly
+    assert len(exact_top & set(candidates)) >= 8
+    values = {(h.layer, h.head): h.restored for h in exact.heads}
+    assert all(values[(h.layer, h.head)] == pytest.approx(h.restored, abs=1e-3) for h in attribution.heads)
+    assert check.recall >= 8 and check.k == 10
 
 
 def test_an_encoder_is_refused(tiny_models, inspector: Inspector) -> None:

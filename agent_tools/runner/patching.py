@@ -20,7 +20,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agent_tools.intervene import contiguous_input, heads_patched_joining, recorded_head_inputs
+from agent_tools.intervene import (
+    contiguous_input,
+    head_sets_patched_joining,
+    heads_patched_joining,
+    recorded_head_inputs,
+)
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import encoder_of, model_output, on_device
 from agent_tools.runner.generation import _cache_argument, _returned_cache
@@ -31,11 +36,24 @@ ROW_ACTIVATION_FLOATS = 24  # floats held per row, position and model width whil
 
 @dataclass(frozen=True)
 class HeadPatch:
-    """One variant: in ``layer``, replace ``heads`` at ``positions`` (None: every position)."""
+    """One variant: in ``layer``, replace ``heads`` at ``positions`` (None: every position); ``also``: more
+    (layer, head) pairs of ``layer`` or later layers replaced in the same row (a set of heads patched together)."""
 
     layer: int
     heads: tuple[int, ...]
     positions: tuple[int, ...] | None = None
+    also: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if any(layer < self.layer for layer, _ in self.also):
+            raise ValueError("a patch's extra heads must be in its layer or later ones (the row joins at its layer)")
+
+    def by_layer(self) -> dict[int, list[int]]:
+        """Layer -> the heads this row replaces there."""
+        chosen: dict[int, list[int]] = {self.layer: list(self.heads)}
+        for layer, head in self.also:
+            chosen.setdefault(layer, []).append(head)
+        return chosen
 
 
 @dataclass(frozen=True)
@@ -69,24 +87,30 @@ def recorded_run(loaded: LoadedModel, input_ids: Tensor, *, keep_last: bool = Tr
         return RecordedRun(output=output[0].float().clone(), heads=dict(heads))
 
 
-def patch_masks(patches: Sequence[HeadPatch], length: int, num_heads: int, *, start: int = 0) -> dict[int, Tensor]:
-    """Rows of patches, sorted by layer, as the masks of one joining batch (:func:`heads_patched_joining`).
+def set_masks(
+    patches: Sequence[HeadPatch], length: int, num_heads: int, *, start: int = 0
+) -> tuple[dict[int, Tensor], dict[int, int]]:
+    """Rows of patches sorted by layer (rows may patch several layers: ``HeadPatch.also``) as the masks and joining
+    counts of :func:`agent_tools.intervene.head_sets_patched_joining`.
 
-    Row 0 is the unpatched run; patch ``i`` is row ``i + 1``. Returns layer -> (R_l, T − start, H) bool masks
-    (True: replace that head at that position in that row) for the positions ``start..T-1``, where R_l counts row 0
-    and every patch of a layer up to ``l``.
+    Row 0 is the unpatched run, patch ``i`` row ``i + 1``, joining at ``patch.layer``. Returns (layer -> (R_l,
+    T − start, H) bool masks for every layer some row patches, layer -> rows joining there).
     """
     if any(a.layer > b.layer for a, b in itertools.pairwise(patches)):
         raise ValueError("patches must be sorted by layer")
+    joining: dict[int, int] = {}
+    for patch in patches:
+        joining[patch.layer] = joining.get(patch.layer, 0) + 1
     masks: dict[int, Tensor] = {}
     for row, patch in enumerate(patches, start=1):
-        alive = 1 + sum(1 for other in patches if other.layer <= patch.layer)
-        mask = masks.setdefault(patch.layer, torch.zeros(alive, length - start, num_heads, dtype=torch.bool))
         positions = list(patch.positions) if patch.positions is not None else list(range(length))
         kept = [p - start for p in positions if p >= start]
-        if kept:
-            mask[row, torch.tensor(kept, dtype=torch.long)[:, None], torch.tensor(list(patch.heads))] = True
-    return masks
+        for layer, heads in patch.by_layer().items():
+            alive = 1 + sum(1 for other in patches if other.layer <= layer)
+            mask = masks.setdefault(layer, torch.zeros(alive, length - start, num_heads, dtype=torch.bool))
+            if kept:
+                mask[row, torch.tensor(kept, dtype=torch.long)[:, None], torch.tensor(heads)] = True
+    return masks, joining
 
 
 def _prefix_cache(loaded: LoadedModel, ids: Tensor, prefix: int) -> list[tuple[Tensor, Tensor]] | None:
@@ -155,17 +179,19 @@ def patched_outputs(
             group = order[start : start + max_rows]
             start += len(group)
             batch = [patches[i] for i in group]
-            masks = patch_masks(batch, length, facts.num_heads, start=skip)
+            sets = any(patch.also for patch in batch)
+            masks, joining = set_masks(batch, length, facts.num_heads, start=skip)
             used = {key: sources[key][skip:] for key in masks} if sources is not None else None
             extra: dict[str, object] = {"use_cache": cached is not None, **_keep(loaded, keep_last)}
             if cached is not None:
                 extra[_cache_argument(loaded.model)] = _group_cache(cached, batch)
-            with (
-                heads_patched_joining(
-                    loaded.model, masks, num_heads=facts.num_heads, head_dim=facts.head_dim, sources=used
-                ),
-                contiguous_input(_output_head(loaded)),
-            ):
+            heads, width = facts.num_heads, facts.head_dim
+            patching = (
+                head_sets_patched_joining(loaded.model, masks, joining, num_heads=heads, head_dim=width, sources=used)
+                if sets
+                else heads_patched_joining(loaded.model, masks, num_heads=heads, head_dim=width, sources=used)
+            )
+            with patching, contiguous_input(_output_head(loaded)):
                 output, _ = model_output(_forward(loaded, ids[:, skip:], extra))  # row 0: unpatched
             for row, index in enumerate(group, start=1):
                 results[index] = output[row].float().clone()

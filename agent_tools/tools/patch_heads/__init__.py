@@ -45,6 +45,8 @@ SPEC = ToolSpec(
     summary_lists=(
         Top("heads", 20, by="restored", order="largest_abs"),
         Top("positions[].positions", 8, by="restored", order="largest_abs"),
+        Top("layer_results", 10, by="restored", order="largest_abs"),
+        Top("attribution.layers", 8, by="attention_exact", order="largest_abs"),
     ),
-    advanced=("top_k", "per_position"),
+    advanced=("top_k", "per_position", "verify", "grad_drop"),
 )

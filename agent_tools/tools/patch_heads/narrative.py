@@ -5,9 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_tools.schemas import Finding, head_label
-from agent_tools.tools.patch_heads.models import HeadPatchResult, HeadPositions, LayerPatchResult
+from agent_tools.tools.patch_heads.models import (
+    AttributionCheck,
+    Baseline,
+    HeadPatchResult,
+    HeadPositions,
+    LayerPatchResult,
+    SetPatch,
+)
 
 POSITIONS_SHOWN = 3
+NO_CHANGE = 0.005  # |restored| below half a percent moves the logit difference neither way
 
 
 @dataclass(frozen=True)
@@ -22,6 +30,56 @@ class Patched:
     top: list[HeadPatchResult]
     layers: list[LayerPatchResult]
     positions: list[HeadPositions]
+    single: Baseline  # one random head patched
+    top_set: SetPatch | None = None
+    attribution: AttributionCheck | None = None
+
+    def toward(self, restored: float) -> str:
+        """The direction of a restored fraction in words."""
+        if abs(restored) < NO_CHANGE:
+            return "no measurable change"
+        if restored > 0:
+            return f"toward {self.answer!r}"
+        return f"the other way, toward {self.wrong!r}"
+
+
+def _spread(reference: Baseline) -> str:
+    return f"{reference.mean:+.1%} ± {reference.spread:.1%}"
+
+
+def _sized(numbers: Patched, result: HeadPatchResult) -> str:
+    """'large: one random head restores +0.1% ± 0.4% (261 heads)'."""
+    single = numbers.single
+    return f"{result.size}: one random head {_spread(single)}, {single.draws} heads"
+
+
+def _set_text(numbers: Patched, top_set: SetPatch) -> str:
+    reference = top_set.baseline
+    text = (
+        f"The top {len(top_set.heads)} together restore {top_set.restored:+.1%} ({numbers.toward(top_set.restored)}; "
+        f"{top_set.size} against {reference.draws} random sets of {reference.heads} heads: {_spread(reference)})"
+    )
+    if top_set.change == "unchanged":
+        return text + f"; the top token stays {top_set.top_token_corrupted!r}."
+    word = "flips" if top_set.change == "flip" else "ties"
+    return (
+        text + f"; the top token {word}: {top_set.top_token_corrupted!r} → {top_set.top_token_patched!r} (p "
+        f"{top_set.p_old:.3f} → {top_set.p_new:.3f}{', within the tie margin' if word == 'ties' else ''})."
+    )
+
+
+def _attribution_text(check: AttributionCheck) -> str:
+    rho = f"rank agreement ρ {check.spearman:.2f}" if check.spearman is not None else "no rank agreement"
+    missed = (
+        f"; largest exact effect outside the candidates {_head(check.missed)} {check.missed.restored:+.1%}"
+        if check.missed is not None
+        else ""
+    )
+    return (
+        f" Ranked by attribution patching ({check.estimated} heads estimated by gradients; {check.verified_top} "
+        f"candidates and {check.verified_random} random heads patched exactly, only exact values reported; {rho}; "
+        f"the estimate's top {check.k} holds {check.recall} of the exact top {check.k}{missed})."
+    )
 
 
 def _head(result: HeadPatchResult) -> str:
@@ -41,11 +99,17 @@ def summary(numbers: Patched) -> str:
     text = (
         f"Logit difference {numbers.answer!r} − {numbers.wrong!r}: {numbers.clean:.3f} clean, {numbers.corrupted:.3f} "
         f"corrupted. Copying one head's clean output into the corrupted run, {_head(top)} restores {top.restored:+.1%} "
-        "of it (negative: pushes it the other way)"
+        f"of it, {numbers.toward(top.restored)} ({_sized(numbers, top)})"
     )
     if rest:
-        text += "; then " + ", ".join(f"{_head(r)} {r.restored:+.1%}" for r in rest)
-    text += f" (of {numbers.heads} heads patched)."
+        text += "; then " + ", ".join(f"{_head(r)} {r.restored:+.1%} ({r.size})" for r in rest)
+    text += f" (of {numbers.heads} heads)."
+    if numbers.top_set is not None:
+        text += " " + _set_text(numbers, numbers.top_set)
+    else:
+        text += " Too few other heads to draw random sets of the same size: the top set is not sized."
+    if numbers.attribution is not None:
+        text += _attribution_text(numbers.attribution)
     layers = sorted(numbers.layers, key=lambda r: -abs(r.restored))[:3]
     text += " By layer (all its heads at once): " + ", ".join(f"{r.layer} {r.restored:+.1%}" for r in layers) + "."
     if numbers.positions:
@@ -61,18 +125,23 @@ def findings(numbers: Patched) -> list[Finding]:
             layer=r.layer,
             head=r.head,
             value=r.restored,
-            detail=f"patching {head_label(r.layer, r.head)} restores {r.restored:.1%} of the logit difference "
-            f"{numbers.answer!r} − {numbers.wrong!r} (LD {r.logit_difference:.3f})",
+            severity="high" if r.size == "large" else "low",
+            detail=f"patching {head_label(r.layer, r.head)} restores {r.restored:+.1%} of the logit difference "
+            f"{numbers.answer!r} − {numbers.wrong!r}, {numbers.toward(r.restored)} (LD {r.logit_difference:.3f}; "
+            f"{_sized(numbers, r)})" + (f"; attribution estimated {r.estimate:+.1%}" if r.estimate is not None else ""),
         )
         for r in numbers.top
     ]
+    if numbers.top_set is not None:
+        rows.append(Finding(kind="top_set", value=numbers.top_set.restored, detail=_set_text(numbers, numbers.top_set)))
     best = max(numbers.layers, key=lambda r: abs(r.restored))
     rows.append(
         Finding(
             kind="layer_restores",
             layer=best.layer,
             value=best.restored,
-            detail=f"all heads of layer {best.layer} together restore {best.restored:.1%}",
+            detail=f"all heads of layer {best.layer} together restore {best.restored:+.1%}, "
+            f"{numbers.toward(best.restored)}",
         )
     )
     for item in numbers.positions[:1]:
@@ -87,6 +156,16 @@ def findings(numbers: Patched) -> list[Finding]:
                 value=peak.restored,
                 detail=f"L{item.layer}H{item.head} restores most at position {peak.position} {peak.token!r} "
                 f"({peak.restored:.1%})",
+            )
+        )
+    if numbers.attribution is not None:
+        check = numbers.attribution
+        rows.append(
+            Finding(
+                kind="attribution_check",
+                value=check.spearman,
+                detail=_attribution_text(check).strip(" ().").removeprefix("Ranked by ") + f"; gradients in "
+                f"{check.gradient_dtype}",
             )
         )
     return rows

@@ -8,24 +8,41 @@ same, so a patch there restores exactly nothing). Every forward goes through the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
 
 import torch
 
 from agent_tools.analysis.attribution import restored_fraction
+from agent_tools.analysis.attribution_patching import (
+    MIN_RELATIVE_GAP,
+    TIE_MARGIN,
+    baseline,
+    effect_size,
+    minimum_gap,
+    top_token_change,
+    verify,
+)
+from agent_tools.analysis.attribution_patching import Baseline as SizeBaseline
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_trace import NextCall
+from agent_tools.runner.attribution_patching import AttributionPasses
 from agent_tools.runner.patching import HeadPatch
 from agent_tools.schemas import head_label, rounded
 from agent_tools.tools.patch_heads.models import (
+    AUTO_ATTRIBUTION_ABOVE,
+    AttributionCheck,
+    Baseline,
     HeadPatchResult,
     HeadPositions,
+    LayerEstimate,
     LayerPatchResult,
     PatchHeadsInput,
     PatchReport,
     PositionPatch,
+    SetPatch,
 )
 from agent_tools.tools.patch_heads.narrative import Patched, findings, summary
 
@@ -94,7 +111,10 @@ class _Pair:
     wrong: int
     ld_clean: float
     ld_corrupted: float
+    gap_threshold: float
     sources: dict[int, torch.Tensor]  # the clean run's head outputs, layer -> (T, H, D)
+    corrupted_logits: torch.Tensor  # (V,) the corrupted run's next-token logits
+    estimates: torch.Tensor | None = None  # attribution: (L, T, H) estimated restored fraction per position
 
     def restored(self, outputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(R, 1, V) patched logits -> (R,) restored fractions, (R,) logit differences."""
@@ -102,73 +122,104 @@ class _Pair:
         return restored_fraction(differences, self.ld_clean, self.ld_corrupted), differences
 
 
-def _pair(inspector: Inspector, loaded: LoadedModel, args: PatchHeadsInput) -> _Pair:
-    """Encode and check both prompts, run them, and resolve the answer tokens; refuse a pair with nothing to restore."""
-    clean, corrupted = _encode_pair(inspector, loaded, args)
-    recorded = inspector.recorded_run(loaded, clean)
-    corrupted_logits = inspector.recorded_run(loaded, corrupted).output
-    answer, wrong = _answer_ids(loaded, args, recorded.output[-1], corrupted_logits[-1])
-    ld_clean = float(_differences(recorded.output[None], answer, wrong)[0])
-    ld_corrupted = float(_differences(corrupted_logits[None], answer, wrong)[0])
-    if abs(ld_clean - ld_corrupted) < MIN_LOGIT_GAP:
+def _pair(
+    loaded: LoadedModel,
+    args: PatchHeadsInput,
+    prompts: tuple[Encoded, Encoded],
+    logits: tuple[torch.Tensor, torch.Tensor],
+    sources: dict[int, torch.Tensor],
+) -> _Pair:
+    """The answer tokens and logit differences of both runs ((V,) logits each); refuse a gap too small to divide by."""
+    clean, corrupted = prompts
+    answer, wrong = _answer_ids(loaded, args, logits[0], logits[1])
+    ld_clean = float(logits[0][answer] - logits[0][wrong])
+    ld_corrupted = float(logits[1][answer] - logits[1][wrong])
+    threshold = max(MIN_LOGIT_GAP, minimum_gap(logits[0]))
+    if abs(ld_clean - ld_corrupted) < threshold:
         msg = (
-            f"clean and corrupted give the same logit difference ({ld_clean:.4g}) between the two answers: nothing "
-            "to restore; corrupt the information the answer depends on, or choose answer/wrong tokens that differ"
+            f"clean and corrupted give logit differences {ld_clean:.4g} and {ld_corrupted:.4g} between the two "
+            f"answers, {abs(ld_clean - ld_corrupted):.3g} apart: below {threshold:.3g} ({MIN_RELATIVE_GAP} × the "
+            "standard deviation of the clean next-token logits), too small to state fractions of — nothing to "
+            "restore; corrupt the information the answer depends on, or choose answer/wrong tokens that differ"
         )
         raise InvalidInputError(msg, field="corrupted")
     first = int((clean.input_ids[0] != corrupted.input_ids[0]).nonzero()[0])
-    return _Pair(clean, corrupted, first, answer, wrong, ld_clean, ld_corrupted, recorded.heads)
+    return _Pair(clean, corrupted, first, answer, wrong, ld_clean, ld_corrupted, threshold, sources, logits[1])
 
 
-def _patch_every_head(
-    inspector: Inspector, loaded: LoadedModel, pair: _Pair, layers: list[int]
-) -> tuple[list[HeadPatchResult], list[LayerPatchResult]]:
-    """Every head of ``layers`` patched alone, and every layer's heads together: one batched row each."""
-    count = loaded.facts.num_heads
-    heads = [HeadPatch(layer, (head,)) for layer in layers for head in range(count)]
-    whole = [HeadPatch(layer, tuple(range(count))) for layer in layers]
-    outputs = inspector.patched_outputs(loaded, pair.corrupted, heads + whole, sources=pair.sources, prefix=pair.first)
-    fractions, differences = pair.restored(outputs)
-    head_rows = [
-        HeadPatchResult(layer=p.layer, head=p.heads[0], restored=rounded(float(f)), logit_difference=rounded(float(d)))
-        for p, f, d in zip(heads, fractions[: len(heads)], differences[: len(heads)], strict=True)
-    ]
-    layer_rows = [
-        LayerPatchResult(layer=p.layer, restored=rounded(float(f)))
-        for p, f in zip(whole, fractions[len(heads) :], strict=True)
-    ]
-    return head_rows, layer_rows
+def _exact_pair(inspector: Inspector, loaded: LoadedModel, args: PatchHeadsInput, prompts: tuple) -> _Pair:
+    """Run both prompts (recording the clean head outputs) and build the pair."""
+    recorded = inspector.recorded_run(loaded, prompts[0])
+    corrupted_logits = inspector.recorded_run(loaded, prompts[1]).output
+    return _pair(loaded, args, prompts, (recorded.output[-1], corrupted_logits[-1]), recorded.heads)
 
 
 STACK_REFUSAL = (
     "patch_heads copies head outputs between two runs of a decoder-only language model and reads the next-token "
     "logits; an encoder–decoder's logits come from its decoder reading the encoder, which this tool does not patch"
 )
+SET_DRAWS = 8  # random head sets the top set is compared with
+SAMPLE_OUTSIDE = 10  # attribution: heads drawn at random outside the candidates and patched exactly (at most)
+SEED = 0  # every random draw is seeded: the same call gives the same baseline
+
+
+def _method(loaded: LoadedModel, args: PatchHeadsInput, layers: list[int], span: int) -> str:
+    """exact or attribution; auto picks attribution when heads × positions after the first difference exceed
+    :data:`AUTO_ATTRIBUTION_ABOVE`."""
+    if args.method != "auto":
+        return args.method
+    return "attribution" if len(layers) * loaded.facts.num_heads * span > AUTO_ATTRIBUTION_ABOVE else "exact"
+
+
+def _first_difference(prompts: tuple[Encoded, Encoded]) -> int:
+    return int((prompts[0].input_ids[0] != prompts[1].input_ids[0]).nonzero()[0])
 
 
 def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
-    """Patch every head's clean output into the corrupted run; the fraction of the logit difference it restores."""
+    """Patch every head's clean output into the corrupted run (or estimate every head by attribution patching and
+    patch the candidates exactly); size the top heads against random heads patched the same way."""
     loaded = inspector.model(args.model)
     stack = inspector.attention_stack(loaded, args.attention)
     inspector.require_stack(loaded, stack, ("self",), STACK_REFUSAL)
     if not loaded.facts.is_language_model:
         raise InvalidInputError(f"model {loaded.name!r} has no next-token head; patch_heads needs a language model")
     layers = inspector.check_layers(loaded, args.layers, stack, "layers")
-    pair = _pair(inspector, loaded, args)
-    head_rows, layer_rows = _patch_every_head(inspector, loaded, pair, layers)
-    top = sorted(head_rows, key=lambda r: -abs(r.restored))[: args.top_k]
+    prompts = _encode_pair(inspector, loaded, args)
+    method = _method(loaded, args, layers, prompts[0].length - _first_difference(prompts))
+    attribution = None
+    if method == "attribution":
+        pair, head_rows, layer_rows, attribution, sample = _attribution(inspector, loaded, args, prompts, layers)
+    else:
+        pair = _exact_pair(inspector, loaded, args, prompts)
+        every = [(layer, head) for layer in layers for head in range(loaded.facts.num_heads)]
+        head_rows, layer_rows = _patch_heads_exactly(inspector, loaded, pair, every, layers)
+        sample = head_rows
+    if attribution is not None:
+        exact = {row.layer: row.restored for row in layer_rows}
+        estimated = [r.model_copy(update={"attention_exact": exact.get(r.layer)}) for r in attribution.layers]
+        attribution = attribution.model_copy(update={"layers": estimated})
+    ranked = sorted(head_rows, key=lambda r: -abs(r.restored))
+    chosen = {(r.layer, r.head) for r in ranked[: args.top_k]}
+    single = _baseline([r.restored for r in sample if (r.layer, r.head) not in chosen], 1)
+    top = [r.model_copy(update={"size": effect_size(r.restored, _raw(single))}) for r in ranked[: args.top_k]]
+    top_set = _top_set(inspector, loaded, pair, layers, top)
     positions = _positions(inspector, loaded, pair, top) if args.per_position else []
     numbers = Patched(
         answer=str(loaded.tokenizer.decode([pair.answer])),
         wrong=str(loaded.tokenizer.decode([pair.wrong])),
         clean=pair.ld_clean,
         corrupted=pair.ld_corrupted,
-        heads=len(head_rows),
+        heads=len(layers) * loaded.facts.num_heads,
         top=top,
         layers=layer_rows,
         positions=positions,
+        single=single,
+        top_set=top_set,
+        attribution=attribution,
     )
     differing = (pair.clean.input_ids[0] != pair.corrupted.input_ids[0]).nonzero().flatten().tolist()
+    set_rows = (1 + SET_DRAWS) if top_set is not None else 0
+    mlp_rows = sum(r.mlp_exact is not None for r in attribution.layers) if attribution is not None else 0
     return PatchReport(
         model=loaded.name,
         summary=summary(numbers),
@@ -182,15 +233,180 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
         wrong_id=pair.wrong,
         logit_difference_clean=rounded(pair.ld_clean),
         logit_difference_corrupted=rounded(pair.ld_corrupted),
+        gap_threshold=rounded(pair.gap_threshold),
+        method="attribution" if attribution is not None else "exact",
+        single_head_baseline=single,
+        top_set=top_set,
+        tie_margin=TIE_MARGIN,
         direction="the clean run's head outputs copied into the corrupted run (denoising)",
         layers=layers,
         top_heads=top,
         heads=head_rows,
         layer_results=layer_rows,
         positions=positions,
-        patched_runs=len(head_rows) + len(layer_rows) + len(top) * (pair.clean.length - pair.first) * bool(positions),
+        attribution=attribution,
+        patched_runs=len(head_rows)
+        + len(layer_rows)
+        + set_rows
+        + mlp_rows
+        + len(top) * (pair.clean.length - pair.first) * bool(positions),
         next_calls=_next_calls(loaded, args, top),
     )
+
+
+def _raw(reference: Baseline) -> SizeBaseline:
+    return SizeBaseline(mean=reference.mean, spread=reference.spread, draws=reference.draws, size=reference.heads)
+
+
+def _baseline(values: list[float], size: int) -> Baseline:
+    """The report's baseline (rounded) of the draws' restored fractions; an empty pool gives no spread."""
+    measured = baseline(values or [0.0], size)
+    return Baseline(
+        mean=rounded(measured.mean), spread=rounded(measured.spread), draws=len(values), heads=measured.size
+    )
+
+
+def _patch_heads_exactly(
+    inspector: Inspector, loaded: LoadedModel, pair: _Pair, heads: list[tuple[int, int]], layers: list[int]
+) -> tuple[list[HeadPatchResult], list[LayerPatchResult]]:
+    """The given heads patched alone (in the given order) and every layer's heads together (its whole attention
+    output): one row each of the same batched forwards."""
+    single = [HeadPatch(layer, (head,)) for layer, head in heads]
+    whole = [HeadPatch(layer, tuple(range(loaded.facts.num_heads))) for layer in layers]
+    patches = single + whole
+    outputs = inspector.patched_outputs(loaded, pair.corrupted, patches, sources=pair.sources, prefix=pair.first)
+    fractions, differences = (values.tolist() for values in pair.restored(outputs))
+    head_rows = [
+        HeadPatchResult(layer=p.layer, head=p.heads[0], restored=rounded(f), logit_difference=rounded(d))
+        for p, f, d in zip(single, fractions, differences, strict=False)
+    ]
+    layer_rows = [
+        LayerPatchResult(layer=p.layer, restored=rounded(f))
+        for p, f in zip(whole, fractions[len(single) :], strict=True)
+    ]
+    return head_rows, layer_rows
+
+
+def _head_set(heads: list[tuple[int, int]]) -> HeadPatch:
+    """One row patching every head of ``heads`` (any layers) together."""
+    ordered = sorted(heads)
+    first = ordered[0][0]
+    return HeadPatch(
+        first, tuple(h for layer, h in ordered if layer == first), also=tuple(x for x in ordered if x[0] != first)
+    )
+
+
+def _top_set(
+    inspector: Inspector, loaded: LoadedModel, pair: _Pair, layers: list[int], top: list[HeadPatchResult]
+) -> SetPatch | None:
+    """The top heads patched together, and :data:`SET_DRAWS` random sets of as many heads from the rest (None
+    when the rest has fewer heads than the set)."""
+    chosen = [(r.layer, r.head) for r in top]
+    pool = [(layer, head) for layer in layers for head in range(loaded.facts.num_heads) if (layer, head) not in chosen]
+    if len(pool) < len(chosen):
+        return None
+    generator = random.Random(SEED)
+    draws = [generator.sample(pool, len(chosen)) for _ in range(SET_DRAWS)]
+    patches = [_head_set(chosen)] + [_head_set(draw) for draw in draws]
+    outputs = inspector.patched_outputs(loaded, pair.corrupted, patches, sources=pair.sources, prefix=pair.first)
+    fractions, _ = pair.restored(outputs)
+    values = fractions.tolist()
+    reference = _baseline(values[1:], len(chosen))
+    change = top_token_change(pair.corrupted_logits, outputs[0, -1])
+    decode = loaded.tokenizer.decode
+    return SetPatch(
+        heads=[head_label(layer, head) for layer, head in chosen],
+        restored=rounded(values[0]),
+        baseline=reference,
+        size=effect_size(values[0], baseline(values[1:], len(chosen))),
+        top_token_corrupted=str(decode([change.before])),
+        top_token_patched=str(decode([change.after])),
+        change=change.kind,
+        p_old=rounded(change.p_before),
+        p_new=rounded(change.p_after),
+    )
+
+
+MLPS_VERIFIED = 3  # attribution: the MLP outputs with the largest |estimate| patched exactly
+
+
+def _layer_estimates(
+    inspector: Inspector, loaded: LoadedModel, pair: _Pair, passes: AttributionPasses, layers: list[int]
+) -> list[LayerEstimate]:
+    """Each layer's attention-output estimate (its exact value is filled in from the whole-layer patches), and the
+    MLP estimate beside the exact value for the :data:`MLPS_VERIFIED` largest (no MLP estimate is shown alone)."""
+    gap = pair.ld_clean - pair.ld_corrupted
+    mlp = {layer: float(passes.mlp[layer].sum()) for layer in layers if layer in passes.clean_mlp}
+    chosen = sorted(mlp, key=lambda layer: -abs(mlp[layer]))[:MLPS_VERIFIED]
+    exact: dict[int, float] = {}
+    if chosen:
+        logits = inspector.mlp_patched_logits(
+            loaded, pair.corrupted, {layer: passes.clean_mlp[layer] for layer in chosen}
+        )
+        fractions, _ = pair.restored(logits[:, None])
+        exact = dict(zip(chosen, fractions.tolist(), strict=True))
+    return [
+        LayerEstimate(
+            layer=layer,
+            attention_estimate=rounded(float(passes.heads[layer].sum()) / gap),
+            mlp_estimate=rounded(mlp[layer] / gap) if layer in exact else None,
+            mlp_exact=rounded(exact[layer]) if layer in exact else None,
+        )
+        for layer in layers
+    ]
+
+
+def _attribution(
+    inspector: Inspector, loaded: LoadedModel, args: PatchHeadsInput, prompts: tuple, layers: list[int]
+) -> tuple[_Pair, list[HeadPatchResult], list[LayerPatchResult], AttributionCheck, list[HeadPatchResult]]:
+    """Estimate every head by attribution patching, patch the candidates and a random sample outside them exactly.
+
+    Returns the pair, the exactly patched heads (candidates first, each with its estimate beside), the check, and
+    the random sample's rows (the single-head baseline)."""
+    resolved: dict[str, int] = {}
+
+    def metric(clean: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        if not resolved:
+            answer, wrong = _answer_ids(loaded, args, clean, logits[0].detach())
+            resolved.update(answer=answer, wrong=wrong)
+        return logits[:, resolved["answer"]] - logits[:, resolved["wrong"]]
+
+    passes = inspector.attribution_passes(loaded, prompts[0], prompts[1], metric, grad_drop=args.grad_drop)
+    pair = _pair(loaded, args, prompts, (passes.clean_logits, passes.corrupted_logits), passes.clean_heads)
+    gap = pair.ld_clean - pair.ld_corrupted
+    pair = replace(pair, estimates=passes.heads / gap)
+    per_head = passes.heads.sum(1)  # (L, H) estimated Δ LD
+    heads = [(layer, head) for layer in layers for head in range(loaded.facts.num_heads)]
+    by_estimate = sorted(heads, key=lambda x: -abs(float(per_head[x])))
+    candidates = by_estimate[: args.verify]
+    if passes.grad_drop is not None:
+        extra = sorted(heads, key=lambda x: -float(passes.grad_drop[x]))  # type: ignore[index]
+        candidates += [x for x in extra if x not in candidates][: max(1, args.verify // 2)]
+    outside = [x for x in heads if x not in candidates]
+    sample = random.Random(SEED).sample(outside, min(len(outside), SAMPLE_OUTSIDE, args.verify))
+    rows, layer_rows = _patch_heads_exactly(inspector, loaded, pair, candidates + sample, layers)
+    rows = [r.model_copy(update={"estimate": rounded(float(per_head[r.layer, r.head]) / gap)}) for r in rows]
+    estimates = [float(per_head[r.layer, r.head]) for r in rows]
+    exact = [r.restored for r in rows]
+    k = min(args.top_k, len(candidates))
+    top_estimated = sorted(range(len(rows)), key=lambda i: -abs(estimates[i]))[:k]
+    checked = verify(estimates, exact, top_estimated, k)
+    outside_rows = [rows[i] for i in range(len(candidates), len(rows))]
+    missed = max(outside_rows, key=lambda r: abs(r.restored)) if outside_rows else None
+    check = AttributionCheck(
+        estimated=len(heads),
+        verified_top=len(candidates),
+        verified_random=len(sample),
+        spearman=rounded(checked.spearman) if checked.spearman is not None else None,
+        recall=checked.recall,
+        k=k,
+        missed=missed,
+        grad_drop=passes.grad_drop is not None,
+        gradient_dtype=passes.gradient_dtype,
+        layers=_layer_estimates(inspector, loaded, pair, passes, layers),
+        forward_equivalents=rounded(1 + 3 * passes.rows, 1),
+    )
+    return pair, rows, layer_rows, check, outside_rows
 
 
 def _positions(inspector: Inspector, loaded: LoadedModel, pair: _Pair, top: list[HeadPatchResult]) -> list:
@@ -209,6 +425,7 @@ def _positions(inspector: Inspector, loaded: LoadedModel, pair: _Pair, top: list
                     position=p,
                     token=corrupted.tokens[p].text,
                     restored=rounded(float(fractions[k, p - first])) if p >= first else 0.0,
+                    estimate=rounded(float(pair.estimates[r.layer, p, r.head])) if pair.estimates is not None else None,
                 )
                 for p in range(corrupted.length)
             ],

@@ -1,0 +1,137 @@
+"""Attribution patching and the numbers that size a patching effect, as pure functions.
+
+Activation patching asks what the metric becomes when a component's clean output replaces its corrupted one;
+attribution patching (Nanda 2023; Kramár et al. 2024, "AtP*") estimates that for every component from one
+corrupted pass with a backward and one clean pass: the first-order change ``(z_clean − z_corrupted) · ∂M/∂z``,
+with ``z`` the component's output and the gradient taken in the corrupted run. GradDrop (AtP*) repeats the backward
+with the gradient through one layer's residual contribution dropped, L times, and scores a component by
+``Σ_l |estimate_l| / (L − 1)``: where the direct and indirect paths of a component cancel in the plain estimate,
+dropping one of them shows the size each has alone, so a cancelling component still ranks high enough to be
+patched exactly.
+
+The sizing helpers say whether an effect is large against patching the same number of random components
+(:func:`baseline`, :func:`effect_size`), whether a change of the top token is a flip or a tie
+(:func:`top_token_change`), and whether a clean–corrupted gap is large enough to divide by (:func:`minimum_gap`).
+
+Tensors in, tensors or floats out; inputs are never modified. Shapes: ``T`` positions, ``H`` heads, ``D`` head
+dims, ``L`` layers, ``C`` model width, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from agent_tools.analysis.attribution import spearman
+
+LARGE_SPREADS = 3.0  # an effect is large when it is this many baseline spreads from the baseline mean ...
+LARGE_FLOOR = 0.05  # ... and at least this far (5% of the clean–corrupted gap), so a zero-spread baseline
+TIE_MARGIN = 0.02  # a top-token change between tokens whose probabilities differ by less than this is a tie
+MIN_RELATIVE_GAP = 0.25  # a clean–corrupted gap below this × the clean logits' standard deviation is refused
+
+EffectSize = Literal["large", "small"]
+TokenChange = Literal["unchanged", "flip", "tie"]
+
+
+def head_estimates(clean: Tensor, corrupted: Tensor, gradient: Tensor) -> Tensor:
+    """(T, H, D) clean and corrupted head outputs and ∂M/∂z in the corrupted run -> (T, H) first-order effect of
+    patching each head's clean output in at each position: Σ_D (z_clean − z_corrupted) · ∂M/∂z, in float32 (float64
+    sums). A head's estimate over every position is the sum over T (the metric is linear in the first order)."""
+    delta = clean.double() - corrupted.double()
+    return (delta * gradient.double()).sum(-1)  # (T, H)
+
+
+def output_estimates(clean: Tensor, corrupted: Tensor, gradient: Tensor) -> Tensor:
+    """(T, C) clean and corrupted outputs of a module (a layer's attention or MLP) and ∂M/∂output -> the (T,)
+    first-order effect of patching its clean output in at each position."""
+    return ((clean.double() - corrupted.double()) * gradient.double()).sum(-1)
+
+
+def grad_drop_scores(estimates: Tensor) -> Tensor:
+    """(L, ...) estimates, each with the gradient through layer l's residual contribution dropped -> (...) the
+    GradDrop score Σ_l |estimate_l| / (L − 1) (Kramár et al. 2024, eq. 11; L = 1: |estimate_0|)."""
+    count = int(estimates.shape[0])
+    return estimates.abs().sum(0) / max(1, count - 1)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What patching ``size`` random components gives: the mean and standard deviation over ``draws`` draws."""
+
+    mean: float
+    spread: float
+    draws: int
+    size: int
+
+
+def baseline(values: Sequence[float], size: int) -> Baseline:
+    """The mean and sample standard deviation (n − 1; 0 for one draw) of the draws' effects."""
+    if not values:
+        raise ValueError("a baseline needs at least one draw")
+    mean = sum(values) / len(values)
+    spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return Baseline(mean=mean, spread=spread, draws=len(values), size=size)
+
+
+def effect_size(value: float, reference: Baseline) -> EffectSize:
+    """``large`` when |value − mean| exceeds both LARGE_SPREADS × the baseline's spread and LARGE_FLOOR."""
+    distance = abs(value - reference.mean)
+    return "large" if distance > max(LARGE_SPREADS * reference.spread, LARGE_FLOOR) else "small"
+
+
+@dataclass(frozen=True)
+class TopTokenChange:
+    """The top next token before and after an intervention, and whether the change is a flip or a tie."""
+
+    before: int
+    after: int
+    kind: TokenChange
+    p_before: float  # after the intervention: the probability of the token that was on top before
+    p_after: float  # ... and of the token on top now
+
+
+def top_token_change(before: Tensor, after: Tensor, *, margin: float = TIE_MARGIN) -> TopTokenChange:
+    """(V,) logits before and after -> the top tokens and ``unchanged``, ``flip`` (the new top token leads the old
+    one by at least ``margin`` in probability after the intervention) or ``tie`` (it leads by less)."""
+    old, new = int(before.argmax()), int(after.argmax())
+    probabilities = torch.softmax(after.double(), dim=-1)
+    p_old, p_new = float(probabilities[old]), float(probabilities[new])
+    if old == new:
+        kind: TokenChange = "unchanged"
+    else:
+        kind = "flip" if p_new - p_old >= margin else "tie"
+    return TopTokenChange(before=old, after=new, kind=kind, p_before=p_old, p_after=p_new)
+
+
+def minimum_gap(clean_logits: Tensor, *, relative: float = MIN_RELATIVE_GAP) -> float:
+    """(V,) the clean run's next-token logits -> the smallest clean–corrupted logit-difference gap worth dividing
+    by: ``relative`` × the standard deviation of those logits (how far apart two ordinary tokens' logits are)."""
+    return relative * float(clean_logits.double().std())
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Estimates against exact patching on the components that were patched exactly."""
+
+    spearman: float | None  # rank agreement of estimate and exact value over every verified component
+    recall: int  # of the exact top-k (among the verified), how many the estimate's top-k holds
+    k: int
+    missed: int | None  # index of the largest exact |effect| outside the estimate's top-k (None: none verified)
+
+
+def verify(estimates: Sequence[float], exact: Sequence[float], top: Sequence[int], k: int) -> Verification:
+    """``estimates`` and ``exact`` of the verified components (same order); ``top``: the indices (into them) of
+    the estimate's top-k. Ranks by magnitude (a patch that pushes the other way matters as much)."""
+    if len(estimates) != len(exact):
+        raise ValueError("estimates and exact values must be paired")
+    chosen = set(top)
+    exact_top = sorted(range(len(exact)), key=lambda i: -abs(exact[i]))[:k]
+    outside = [i for i in range(len(exact)) if i not in chosen]
+    missed = max(outside, key=lambda i: abs(exact[i])) if outside else None
+    rho = spearman([abs(v) for v in estimates], [abs(v) for v in exact])
+    return Verification(spearman=rho, recall=len(chosen & set(exact_top)), k=k, missed=missed)

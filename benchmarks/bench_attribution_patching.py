@@ -1,0 +1,180 @@
+"""Attribution patching against exact patching of every head: recall and time (issue 26).
+
+For each prompt pair (an IOI-style pair, a repeated-sequence induction pair, a factual-recall pair), on the default
+model or a random-weight model of a real shape:
+
+* exact: every head patched alone, batched (``patch_heads`` method ``exact``'s passes), timed;
+* attribution: one clean pass, one corrupted pass and a backward (the estimate of every head), timed, with GradDrop
+  rows when ``--grad-drop``;
+* recall: how many of exact patching's top-10 heads (by |restored|) attribution's top-10 holds, and Spearman's ρ of
+  |estimate| and |exact| over every head.
+
+    python benchmarks/bench_attribution_patching.py                       # default model, three pairs (~1 min)
+    python benchmarks/bench_attribution_patching.py --shape llama-3.2-1b  # random weights, the real shape
+    python benchmarks/bench_attribution_patching.py --out benchmarks/results-attribution.md
+
+Timing targets live here, never in the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PAIRS = {  # name -> (clean, corrupted, answer, wrong)
+    "ioi": (
+        "When John and Mary went to the store, John gave a drink to",
+        "When John and Mary went to the store, Mary gave a drink to",
+        " Mary",
+        " John",
+    ),
+    "induction": (
+        "tree lamp sun river blue cat door moon. tree lamp sun river blue cat door",
+        "tree lamp sun river blue cat door fish. tree lamp sun river blue cat door",
+        " moon",
+        " fish",
+    ),
+    "factual": (
+        "The capital of France is the city of",
+        "The capital of Italy is the city of",
+        " Paris",
+        " Rome",
+    ),
+}
+SHAPES = {  # random-weight models of real configs (no download: the config only)
+    "llama-3.2-1b": {
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+    },
+    "qwen2.5-1.5b": {
+        "model_type": "qwen2",
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+    },
+}
+TOP = 10
+
+
+def _model(shape: str | None):
+    from agent_tools.loading import load_model, register_model
+
+    if shape is None:
+        return load_model("smollm2-135m-instruct")
+    import torch
+    import transformers as tf
+
+    spec = dict(SHAPES[shape])
+    config = tf.AutoConfig.for_model(spec.pop("model_type"), **spec)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    tokenizer = load_model("smollm2-135m-instruct").tokenizer  # ids stay below every shape's vocabulary
+    return register_model(f"bench-{shape}", model, tokenizer)
+
+
+def measure(loaded, inspector, name: str, pair: tuple[str, str, str, str], *, grad_drop: bool) -> dict:
+    import torch
+
+    from agent_tools.analysis.attribution import spearman
+    from agent_tools.tools import get_tool
+
+    clean, corrupted, answer, wrong = pair
+    arguments = {
+        "model": loaded.name,
+        "clean": clean,
+        "corrupted": corrupted,
+        "answer": answer,
+        "wrong": wrong,
+        "method": "exact",
+        "per_position": False,
+        "detail": "full",
+    }
+    started = time.perf_counter()
+    report = get_tool("patch_heads")(inspector, arguments)
+    exact_seconds = time.perf_counter() - started
+    exact = {(h.layer, h.head): h.logit_difference - report.logit_difference_corrupted for h in report.heads}
+    encoded = [inspector.encode(loaded, text) for text in (clean, corrupted)]
+    answer_id, wrong_id = report.answer_id, report.wrong_id
+
+    def metric(_clean: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, answer_id] - logits[:, wrong_id]
+
+    started = time.perf_counter()
+    passes = inspector.attribution_passes(loaded, encoded[0], encoded[1], metric, grad_drop=grad_drop)
+    attribution_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    with torch.inference_mode():
+        loaded.model(input_ids=encoded[1].input_ids, use_cache=False, logits_to_keep=1)
+    forward_seconds = time.perf_counter() - started
+    estimate = {key: float(passes.heads.sum(1)[key]) for key in exact}
+    exact_top = sorted(exact, key=lambda k: -abs(exact[k]))[:TOP]
+    estimate_top = sorted(estimate, key=lambda k: -abs(estimate[k]))[:TOP]
+    keys = list(exact)
+    rho = spearman([abs(estimate[k]) for k in keys], [abs(exact[k]) for k in keys])
+    return {
+        "pair": name,
+        "tokens": encoded[0].length,
+        "heads": len(keys),
+        "recall": len(set(exact_top) & set(estimate_top)),
+        "rho": rho,
+        "exact_s": exact_seconds,
+        "attribution_s": attribution_seconds,
+        "forward_s": forward_seconds,
+        "gap": report.logit_difference_clean - report.logit_difference_corrupted,
+        "missed": [f"L{k[0]}H{k[1]}" for k in exact_top if k not in estimate_top],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="random weights of a real shape")
+    parser.add_argument("--pairs", default=",".join(PAIRS))
+    parser.add_argument("--grad-drop", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from agent_tools.inspector import Inspector
+
+    loaded = _model(args.shape)
+    inspector = Inspector()
+    rows = [measure(loaded, inspector, name, PAIRS[name], grad_drop=args.grad_drop) for name in args.pairs.split(",")]
+    lines = [
+        f"model: {loaded.name}; GradDrop: {args.grad_drop}",
+        "",
+        "| pair | tokens | heads | LD gap | recall@10 | ρ | exact s | attribution s | forward s | missed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rho = f"{r['rho']:.2f}" if r["rho"] is not None else "-"
+        lines.append(
+            f"| {r['pair']} | {r['tokens']} | {r['heads']} | {r['gap']:.2f} | {r['recall']}/10 | {rho} | "
+            f"{r['exact_s']:.2f} | {r['attribution_s']:.2f} | {r['forward_s']:.3f} | {' '.join(r['missed'])} |"
+        )
+    lines.append("")
+    lines.append(
+        f"median attribution/forward: {statistics.median(r['attribution_s'] / r['forward_s'] for r in rows):.1f}×"
+    )
+    text = "\n".join(lines)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Attribution patching: the estimate equals the derivative exact patching measures (finite differences through
+the batched patched forwards), GradDrop's score is hand-derivable for a last-layer head, the sizing helpers give
+hand-computed numbers, the segment estimate is verified by exact segment ablation, and a model without float
+embeddings is refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from crafted import circuit_tokenizer, induction_circuit
+
+from agent_tools.analysis.attribution_patching import (
+    LARGE_FLOOR,
+    Baseline,
+    baseline,
+    effect_size,
+    grad_drop_scores,
+    head_estimates,
+    minimum_gap,
+    top_token_change,
+    verify,
+)
+from agent_tools.errors import InvalidInputError
+from agent_tools.inspector import Inspector
+from agent_tools.loading import LoadedModel, register_model
+from agent_tools.runner.patching import HeadPatch
+from agent_tools.segment_attribution import verified_segment_effects
+
+CLEAN, CORRUPTED = "the cat sat on the mat because it", "the dog sat on the mat because it"
+
+
+# --- pure numbers --------------------------------------------------------------------------------------------------
+def test_head_estimates_are_the_difference_times_the_gradient_summed_over_dims() -> None:
+    clean = torch.tensor([[[1.0, 2.0], [0.0, 1.0]]])  # (T=1, H=2, D=2)
+    corrupted = torch.tensor([[[0.0, 1.0], [1.0, 1.0]]])
+    gradient = torch.tensor([[[3.0, -1.0], [2.0, 5.0]]])
+    # head 0: (1, 1)·(3, −1) = 2; head 1: (−1, 0)·(2, 5) = −2
+    assert head_estimates(clean, corrupted, gradient).tolist() == [[2.0, -2.0]]
+
+
+def test_grad_drop_score_is_the_mean_absolute_dropped_estimate_over_l_minus_one() -> None:
+    dropped = torch.tensor([[1.0, -2.0], [-3.0, 0.0], [2.0, 4.0]])  # (L=3, components=2)
+    assert grad_drop_scores(dropped).tolist() == [3.0, 3.0]  # (1 + 3 + 2) / 2, (2 + 0 + 4) / 2
+
+
+def test_baseline_effect_size_and_ties() -> None:
+    reference = baseline([0.1, 0.3, 0.2], size=2)
+    assert (reference.mean, reference.spread, reference.draws, reference.size) == pytest.approx((0.2, 0.1, 3, 2))
+    assert effect_size(0.2 + 3.01 * 0.1, reference) == "large"
+    assert effect_size(0.2 - 0.29, reference) == "small"  # 2.9 spreads below the mean
+    flat = Baseline(mean=0.0, spread=0.0, draws=8, size=1)
+    assert effect_size(LARGE_FLOOR * 0.9, flat) == "small" and effect_size(LARGE_FLOOR * 1.1, flat) == "large"
+    before = torch.tensor([2.0, 1.0, 0.0])
+    # after: token 1 on top by ln(1.05) over token 0: p 0.4083 vs 0.4287 (< 0.02 apart) -> a tie, not a flip
+    tied = top_token_change(before, torch.tensor([0.0, math.log(1.05), -0.5]))
+    assert (tied.before, tied.after, tied.kind) == (0, 1, "tie")
+    assert tied.p_after - tied.p_before == pytest.approx(0.05 / (2.05 + math.exp(-0.5)))
+    assert top_token_change(before, torch.tensor([0.0, 1.0, 0.0])).kind == "flip"
+    assert top_token_change(before, before).kind == "unchanged"
+    logits = torch.tensor([1.0, 3.0, 5.0])  # standard deviation 2
+    assert minimum_gap(logits) == pytest.approx(0.5)
+
+
+def test_verification_numbers() -> None:
+    estimates, exact = [5.0, 4.0, 0.1, 0.2], [4.5, -0.1, 3.0, 0.0]
+    checked = verify(estimates, exact, top=[0, 1], k=2)
+    assert checked.recall == 1  # the exact top 2 are items 0 and 2; the estimate's top 2 are 0 and 1
+    assert checked.missed == 2  # the largest exact effect outside the estimate's top 2
+    assert checked.spearman == pytest.approx(0.4)  # |estimate| ranks 1 2 4 3, |exact| ranks 1 3 2 4
+
+
+# --- passes on tiny models -----------------------------------------------------------------------------------------
+def _metric(answer: int, wrong: int):
+    def metric(_clean: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, answer] - logits[:, wrong]
+
+    return metric
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_the_estimate_is_the_derivative_exact_patching_measures(family: str, tiny_models, inspector) -> None:
+    """Patch each head with z_corrupted + ε·(z_clean − z_corrupted) exactly (batched rows); (M(ε) − M(−ε)) / 2ε
+    equals the attribution estimate of that head, and the per-position estimates sum to it."""
+    loaded = tiny_models[family]
+    clean, corrupted = inspector.encode(loaded, CLEAN), inspector.encode(loaded, CORRUPTED)
+    answer, wrong = (loaded.tokenizer.convert_tokens_to_ids(w) for w in ("was", "tired"))
+    passes = inspector.attribution_passes(loaded, clean, corrupted, _metric(answer, wrong), grad_drop=False)
+    recorded = inspector.recorded_run(loaded, corrupted).heads
+    facts = loaded.facts
+    heads = [(layer, head) for layer in range(facts.num_layers) for head in range(facts.num_heads)]
+    epsilon = 1e-2
+    values = {}
+    for sign in (1, -1):
+        sources = {
+            layer: recorded[layer] + sign * epsilon * (passes.clean_heads[layer] - recorded[layer])
+            for layer in recorded
+        }
+        patches = [HeadPatch(layer, (head,)) for layer, head in heads]
+        outputs = inspector.patched_outputs(loaded, corrupted, patches, sources=sources)
+        values[sign] = (outputs[:, -1, answer] - outputs[:, -1, wrong]).double()
+    derivative = (values[1] - values[-1]) / (2 * epsilon)
+    estimate = passes.heads.sum(1).reshape(-1)
+    assert estimate.abs().max() > 1e-3  # something to compare
+    torch.testing.assert_close(estimate, derivative, atol=2e-4 + 2e-3 * float(estimate.abs().max()), rtol=0)
+    ld = float(passes.corrupted_logits[answer] - passes.corrupted_logits[wrong])
+    assert ld == pytest.approx(float(values[1][0] + values[-1][0]) / 2, abs=1e-2)  # the corrupted run's LD
+
+
+def test_the_mlp_estimate_is_the_derivative_of_exact_mlp_patching(tiny_models, inspector) -> None:
+    """Each layer's whole MLP output patched to mlp_corrupted ± ε·(mlp_clean − mlp_corrupted), one row per layer:
+    the central difference equals the MLP's attribution estimate."""
+    loaded = tiny_models["llama"]
+    clean, corrupted = inspector.encode(loaded, CLEAN), inspector.encode(loaded, CORRUPTED)
+    answer, wrong = (loaded.tokenizer.convert_tokens_to_ids(w) for w in ("was", "tired"))
+    passes = inspector.attribution_passes(loaded, clean, corrupted, _metric(answer, wrong), grad_drop=False)
+    recorded: dict[int, torch.Tensor] = {}
+    blocks = loaded.model.model.layers
+    handles = [
+        block.mlp.register_forward_hook(lambda m, a, out, i=i: recorded.__setitem__(i, out[0].detach().clone()))
+        for i, block in enumerate(blocks)
+    ]
+    try:
+        with torch.inference_mode():
+            loaded.model(input_ids=corrupted.input_ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    epsilon, values = 1e-2, {}
+    for sign in (1, -1):
+        sources = {i: recorded[i] + sign * epsilon * (passes.clean_mlp[i] - recorded[i]) for i in recorded}
+        logits = inspector.mlp_patched_logits(loaded, corrupted, sources)
+        values[sign] = (logits[:, answer] - logits[:, wrong]).double()
+    derivative = (values[1] - values[-1]) / (2 * epsilon)
+    estimate = passes.mlp.sum(1)
+    assert estimate.abs().max() > 1e-3
+    torch.testing.assert_close(estimate, derivative, atol=2e-4 + 2e-3 * float(estimate.abs().max()), rtol=0)
+
+
+def test_grad_drop_of_a_last_layer_head_is_its_plain_estimate(tiny_models, inspector) -> None:
+    """A last-layer head reaches the logits only through the last block: dropping that block's gradient zeroes its
+    estimate, dropping any earlier one leaves it, so Σ_l |estimate_l| / (L − 1) = |estimate| (two layers)."""
+    loaded = tiny_models["llama"]
+    clean, corrupted = inspector.encode(loaded, CLEAN), inspector.encode(loaded, CORRUPTED)
+    answer, wrong = (loaded.tokenizer.convert_tokens_to_ids(w) for w in ("was", "tired"))
+    plain = inspector.attribution_passes(loaded, clean, corrupted, _metric(answer, wrong), grad_drop=False)
+    dropped = inspector.attribution_passes(loaded, clean, corrupted, _metric(answer, wrong), grad_drop=True)
+    last = loaded.facts.num_layers - 1
+    assert dropped.rows == 1 + loaded.facts.num_layers
+    torch.testing.assert_close(dropped.heads, plain.heads, atol=1e-6, rtol=1e-5)  # row 0 is the plain estimate
+    assert dropped.grad_drop is not None
+    torch.testing.assert_close(dropped.grad_drop[last], plain.heads[last].sum(0).abs(), atol=1e-6, rtol=1e-5)
+
+
+def test_saturated_attention_hides_the_previous_token_head_and_verification_finds_it(inspector) -> None:
+    """In the hand-built induction circuit L1H0's softmax is saturated (scores near 60), so the gradient through
+    its keys is ~0 and the first-order estimate of L0H0 is far from its exact +100% (the failure AtP* names).
+    patch_heads never reports the estimate alone: L0H0 is patched exactly, with the estimate beside it."""
+    register_model("circuit-attribution", induction_circuit(), circuit_tokenizer())
+    from agent_tools.tools import get_tool
+
+    arguments = {
+        "model": "circuit-attribution",
+        "clean": "cat dog sun moon cat",
+        "corrupted": "sun dog cat moon cat",
+        "method": "attribution",
+        "verify": 2,
+        "detail": "full",
+    }
+    report = get_tool("patch_heads")(inspector, arguments)
+    assert report.method == "attribution" and report.attribution is not None
+    rows = {(h.layer, h.head): h for h in report.heads}
+    assert rows[(1, 0)].restored == 1.0 and rows[(1, 0)].estimate == pytest.approx(0.97, abs=0.01)
+    assert rows[(0, 0)].restored == 1.0 and rows[(0, 0)].estimate < 0  # exact beside a wrong-signed estimate
+    check = report.attribution
+    assert check.verified_top == 2 and check.verified_random == 2 and len(report.heads) == 4
+    assert all(h.estimate is not None for h in report.heads)  # every row reported was patched exactly
+    assert [(r.layer, r.attention_exact) for r in check.layers] == [(0, 1.0), (1, 1.0)]
+    assert "only exact values reported" in report.summary
+    # per position, the exact value beside the estimate: L1H0 acts at the last position only, to first order too
+    induction = next(p for p in report.positions if (p.layer, p.head) == (1, 0))
+    assert [x.restored for x in induction.positions] == [0.0] * 5 + [1.0]
+    assert [x.estimate for x in induction.positions] == pytest.approx([0.0] * 5 + [0.97], abs=0.01)
+    with_drop = get_tool("patch_heads")(inspector, {**arguments, "grad_drop": True})
+    assert with_drop.attribution is not None and with_drop.attribution.grad_drop
+    assert with_drop.attribution.verified_top == 3  # 2 by |estimate|, then 1 more by GradDrop's score
+
+
+# --- the segment service function ----------------------------------------------------------------------------------
+def test_segment_effects_are_estimated_for_every_segment_and_verified_for_the_top_three(tiny_models, inspector):
+    loaded = tiny_models["llama"]
+    prompt = loaded.tokenizer("the cat sat on the mat because it was", add_special_tokens=False)["input_ids"]
+    answer = loaded.tokenizer(" tired", add_special_tokens=False)["input_ids"][:1]
+    neutral = loaded.tokenizer.convert_tokens_to_ids("the")
+    spans = [(0, 2), (2, 4), (4, 6), (6, 9)]
+    effects = verified_segment_effects(inspector, loaded, prompt, answer, spans, neutral_token=neutral, verify=3)
+    assert len(effects.estimates) == 4 and len(effects.exact) == 3
+    order = sorted(range(4), key=lambda i: -abs(effects.estimates[i]))
+    assert effects.verified == order[:3]
+    # exact: the teacher-forced log p of the answer with the segment replaced by 'the', run as a plain forward
+    for index, value in zip(effects.verified, effects.exact, strict=True):
+        start, end = spans[index]
+        variant = list(prompt)
+        variant[start:end] = [neutral] * (end - start)
+        with torch.inference_mode():
+            logits = loaded.model(input_ids=torch.tensor([prompt, variant])).logits[:, -1].float()
+        logp = torch.log_softmax(logits, -1)[:, answer[0]]
+        assert value == pytest.approx(float(logp[1] - logp[0]), abs=1e-4)
+
+
+def test_a_model_without_float_embeddings_is_refused(inspector) -> None:
+    model = induction_circuit()
+    table = model.transformer.wte.weight.detach()
+    model.transformer.wte.weight = torch.nn.Parameter((table * 100).round().to(torch.int8), requires_grad=False)
+    loaded: LoadedModel = register_model("circuit-int8-embeddings", model, circuit_tokenizer())
+    clean, corrupted = (
+        inspector.encode(loaded, "cat dog sun moon cat"),
+        inspector.encode(loaded, "sun dog cat moon cat"),
+    )
+    with pytest.raises(InvalidInputError, match=r"no floating-point embedding table \(quantized or missing\): use "):
+        inspector.attribution_passes(loaded, clean, corrupted, _metric(5, 6), grad_drop=False)
+
+
+def test_a_row_patching_heads_in_several_layers_equals_a_plain_forward(tiny_models, inspector) -> None:
+    """``HeadPatch.also``: one batched row patches heads of two layers together (the random-set baseline); it
+    equals a forward with those heads' outputs replaced by hooks, next to single-layer rows in the same batch."""
+    from agent_tools.layout import output_projection
+
+    loaded = tiny_models["llama"]
+    clean, corrupted = inspector.encode(loaded, CLEAN), inspector.encode(loaded, CORRUPTED)
+    sources = inspector.recorded_run(loaded, clean).heads
+    sets = [((0, 1), (1, 2)), ((0, 0), (0, 3), (1, 0)), ((1, 1),)]
+    patches = [HeadPatch(0, (1,), also=((1, 2),)), HeadPatch(0, (0, 3), also=((1, 0),)), HeadPatch(1, (1,))]
+    batched = inspector.patched_outputs(loaded, corrupted, patches, sources=sources, prefix=2)
+    facts, width = loaded.facts, loaded.facts.head_dim
+    for row, chosen in enumerate(sets):
+        handles = []
+        for layer in {layer for layer, _ in chosen}:
+            heads = [h for l_, h in chosen if l_ == layer]
+            projection = output_projection(loaded.model, layer, in_features=facts.num_heads * width)
+
+            def hook(module, args, layer=layer, heads=heads):
+                x = args[0].clone()
+                for head in heads:
+                    x[0, :, head * width : (head + 1) * width] = sources[layer][:, head].reshape(x.shape[1], width)
+                return (x, *args[1:])
+
+            handles.append(projection.register_forward_pre_hook(hook))
+        try:
+            with torch.inference_mode():
+                expected = loaded.model(input_ids=corrupted.input_ids).logits[0, -1].float()
+        finally:
+            for handle in handles:
+                handle.remove()
+        torch.testing.assert_close(batched[row, -1], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_backward_over_the_budget_is_refused_before_it_runs(tiny_models) -> None:
+    from agent_tools.errors import ResourceLimitError
+    from agent_tools.tools import get_tool
+
+    small = Inspector(memory_budget=1024)
+    arguments = {"model": "tiny-llama", "clean": CLEAN, "corrupted": CORRUPTED, "method": "attribution"}
+    with pytest.raises(ResourceLimitError, match=r"attribution patching's backward over 9 tokens × 1 rows .* use "):
+        get_tool("patch_heads")(small, arguments)
