@@ -88,6 +88,9 @@ def tiny_arguments(name: str, loaded: LoadedModel) -> dict[str, Any]:
             arguments[key] = min(int(value), facts.max_positions or int(value))
         elif key == "lengths":
             arguments[key] = [min(int(v), 48) for v in value]
+    if name == "position_sensitivity":  # movable pieces of the tiny text
+        pieces = [{"name": "first", "text": "the cat sat"}, {"name": "second", "text": "the dog sat"}]
+        arguments.update(segments=pieces, move="second", answer="mat")
     return arguments
 
 
