@@ -28,6 +28,7 @@ class PositionSensitivityInput(ModelInput):
 class PositionResult(BaseModel):
     slot: int = Field(description="0 = before every other segment; n = after the last")
     start_token: int = Field(description="token position where the moved segment starts")
+    prompt_tokens: int = Field(description="tokens of the prompt at this position (answer not counted)")
     relative_depth: float = Field(description="start_token / prompt length, 0..1")
     answer_logprob: float = Field(description="Σ log p of the answer tokens, nats")
     top_token_is_answer: bool = Field(description="the answer's first token is the top next token")

@@ -122,6 +122,7 @@ def position_sensitivity(inspector: Inspector, args: PositionSensitivityInput) -
             PositionResult(
                 slot=slot,
                 start_token=start,
+                prompt_tokens=encoded.length,
                 relative_depth=rounded(start / encoded.length),
                 answer_logprob=rounded(logprob),
                 top_token_is_answer=int(logits[0].argmax()) == answer[0],
