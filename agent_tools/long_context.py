@@ -25,7 +25,7 @@ from agent_tools.settings import readable_size
 MAX_RESTRICTED_ROWS = 32  # rows of one masked pass at most (row 0 and up to 31 restricted KV heads)
 
 
-def _checkpoint():  # noqa: ANN202 - Callable[[], None] | None
+def _checkpoint():
     context = current_call()
     return None if context is None else context.check
 

@@ -75,7 +75,9 @@ def bench_plan(args: argparse.Namespace) -> None:
         verified = float((losses[1] - losses[0]).double().mean())
         agree = float((top[1] == top[0]).double().mean())
         gap = abs(verified - plan.predicted)
-        print(f"| {budget:g} | {len(plan.chosen)} | {plan.predicted:+.4f} | {verified:+.4f} | {gap:.4f} | {agree:.3f} |")
+        print(
+            f"| {budget:g} | {len(plan.chosen)} | {plan.predicted:+.4f} | {verified:+.4f} | {gap:.4f} | {agree:.3f} |"
+        )
 
 
 def bench_retrieval(args: argparse.Namespace) -> None:

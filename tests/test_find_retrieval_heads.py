@@ -71,7 +71,7 @@ def test_bad_input_names_the_valid_range(circuit: LoadedModel, inspector: Inspec
         tool(inspector, {**base, "lengths": [100]})
     with pytest.raises(InvalidInputError, match=r"lengths 8\.\.64"):
         tool(inspector, {**base, "lengths": [6]})
-    with pytest.raises(InvalidInputError, match="outside 0..1"):
+    with pytest.raises(InvalidInputError, match=r"outside 0\.\.1"):
         tool(inspector, {**base, "depths": [1.5]})
     with pytest.raises(InvalidInputError, match="part of the needle"):
         tool(inspector, {**base, "answer": "moon"})

@@ -32,10 +32,18 @@ def test_position_task_rows_have_the_declared_columns(circuit: LoadedModel, insp
     assert [row["slot"] for row in outcome.rows] == [0, 1, 2] and sum(row["best"] for row in outcome.rows) == 1
 
 
-def test_long_context_tasks_record_a_too_short_text_as_an_input_error(circuit: LoadedModel, inspector: Inspector) -> None:
+def test_long_context_tasks_record_a_too_short_text_as_an_input_error(
+    circuit: LoadedModel, inspector: Inspector
+) -> None:
     item = CorpusItem(index=0, id="x", text=PROMPT)
     kv = analyse(inspector, "kv_cache", item, TaskOptions(model="circuit-corpus"))
     assert kv.error_kind == "invalid_input" and "covers the whole text" in (kv.error or "")
     retrieval = analyse(inspector, "retrieval", item, TaskOptions(model="circuit-corpus"))
     assert retrieval.error_kind == "resource_limit" and "limit" in (retrieval.error or "")
-    assert [n for n, _ in columns("kv_cache")][3:] == ["layer", "kv_head", "loss_change", "top_token_agreement", "planned"]
+    assert [n for n, _ in columns("kv_cache")][3:] == [
+        "layer",
+        "kv_head",
+        "loss_change",
+        "top_token_agreement",
+        "planned",
+    ]

@@ -108,6 +108,20 @@ def test_known_answer_local_heads_planned_with_zero_change_induction_head_kept(
     # 7 of 8 KV heads keep 4 tokens instead of the model's 64: 7 x 32 dims x 2 x 2 bytes x 60 tokens
     assert report.memory.context_length == 64 and report.memory.saved_bytes == 7 * 32 * 2 * 2 * 60
     assert report.masked_passes == 2 and "this text" in report.measured_on
+    assert report.plan.additive_kv_heads == 7
+
+
+@pytest.mark.real_model
+def test_default_model_plan_is_verified_within_its_budget(smol: LoadedModel, inspector: Inspector) -> None:
+    """The example (6 layers, 43 tokens): the verified change of the final plan stays within the budget, and the
+    additive prediction is within 0.05 nats of it (measured: −0.008 predicted, −0.028 verified, 18 KV heads)."""
+    spec = get_tool("plan_kv_cache")
+    report = spec(inspector, {**spec.example, "detail": "full"})
+    plan = report.plan
+    assert plan.verified_loss_change <= report.loss_budget + 1e-9
+    assert abs(plan.verified_loss_change - plan.predicted_loss_change) <= 0.05
+    assert plan.planned_kv_heads == sum(h.planned for h in report.heads) > 0
+    assert plan.loss_planned == pytest.approx(plan.loss_full + plan.verified_loss_change, abs=2e-4)
 
 
 def test_bad_input_names_the_valid_range(circuit: LoadedModel, inspector: Inspector) -> None:

@@ -72,4 +72,7 @@ def test_bad_input_names_what_is_valid(circuit: LoadedModel, inspector: Inspecto
     with pytest.raises(InvalidInputError, match="is not a segment"):
         tool(inspector, _arguments(move="nowhere"))
     with pytest.raises(InvalidInputError, match="verbatim substring"):
-        tool(inspector, {**_arguments(), "segments": [{"name": "needle", "text": "king queen"}, {"name": "x", "text": "bird"}]})
+        tool(
+            inspector,
+            {**_arguments(), "segments": [{"name": "needle", "text": "king queen"}, {"name": "x", "text": "bird"}]},
+        )

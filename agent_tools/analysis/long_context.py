@@ -56,9 +56,7 @@ def greedy_plan(changes: Sequence[float], budget: float) -> GreedyPlan:
     return GreedyPlan(chosen=tuple(chosen), predicted=total)
 
 
-def retrieval_hits(
-    top_keys: Tensor, query_positions: Sequence[int], ids: Tensor, needle: tuple[int, int]
-) -> Tensor:
+def retrieval_hits(top_keys: Tensor, query_positions: Sequence[int], ids: Tensor, needle: tuple[int, int]) -> Tensor:
     """Wu et al.'s retrieval hit per head and copy step.
 
     ``top_keys`` (H, A): the key each head attends most from each of the A query positions that produce an answer

@@ -14,6 +14,7 @@ position, and the per-position losses are computed from the kept input in chunks
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ def _losses(model: nn.Module, head: nn.Module, hidden: Tensor, ids: Tensor, firs
     predictions made at positions ``first..T−2``, in position chunks."""
     softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
     rows, length, _ = hidden.shape
-    vocab = int(getattr(head, "out_features", 0) or head.weight.shape[0])
+    vocab = int(getattr(head, "out_features", 0) or 0) or 50_000  # only sizes the chunks
     chunk = max(1, LOGIT_CHUNK_FLOATS // max(1, vocab))
     targets = ids[1:]
     count = length - 1 - first
@@ -106,8 +107,9 @@ def restricted_pass(
     length = int(ids.shape[-1])
     keep: dict[str, Tensor] = {}
     with loaded.lock, torch.inference_mode():
-        with _kept_head_input(loaded.model, keep) as head, heads_restricted(
-            loaded.model, restrictions, sink=sink, window=window
+        with (
+            _kept_head_input(loaded.model, keep) as head,
+            heads_restricted(loaded.model, restrictions, sink=sink, window=window),
         ):
             if joining:
                 masks, alive = {}, 1
@@ -139,7 +141,7 @@ def unit_losses(
     consecutive layers: one masked pass per layer group. Only the predictions at positions ``sink + window`` and
     later are scored (earlier queries read every earlier key either way).
     """
-    if any(a[0] > b[0] for a, b in zip(units, units[1:], strict=False)):
+    if any(a[0] > b[0] for a, b in itertools.pairwise(units)):
         raise ValueError("units must be sorted by layer")
     per_batch = max(1, max_rows - 1)
     rows_out, clean_out, top_out = [], [], []

@@ -34,8 +34,8 @@ def verdict(n: RetrievalNumbers) -> str:
         )
     if drop_top > drop_random + margin:
         return (
-            f"retrieval needs them: ablating the top heads drops answer accuracy by {drop_top:.2f} vs {drop_random:.2f} "
-            f"± {n.accuracy_random_sd:.2f} for random heads ({n.draws} draws)"
+            f"retrieval needs them: ablating the top heads drops answer accuracy by {drop_top:.2f} vs "
+            f"{drop_random:.2f} ± {n.accuracy_random_sd:.2f} for random heads ({n.draws} draws)"
         )
     return (
         f"not shown: ablating the top heads drops answer accuracy by {drop_top:.2f}, random heads by {drop_random:.2f} "
@@ -47,8 +47,9 @@ def summary(n: RetrievalNumbers) -> str:
     best = ", ".join(f"{label} {score:.2f}±{sd:.2f}" for label, score, sd in n.top[:4]) or "none"
     lengths = "/".join(str(x) for x in n.lengths)
     return (
-        f"Over {n.haystacks} needle-in-a-haystack prompts ({len(n.depths)} depths × lengths {lengths}) the model copies "
-        f"{n.accuracy_clean:.0%} of answer tokens; retrieval heads (Wu et al. score, mean ± sd over prompts): {best}. "
+        f"Over {n.haystacks} needle-in-a-haystack prompts ({len(n.depths)} depths × lengths {lengths}) the model "
+        f"copies {n.accuracy_clean:.0%} of answer tokens; retrieval heads (Wu et al. score, mean ± sd over "
+        f"prompts): {best}. "
         f"Causal check: {verdict(n)}."
     )
 

@@ -58,7 +58,9 @@ def _check(args: FindRetrievalHeadsInput, loaded: LoadedModel, inspector: Inspec
         raise InvalidInputError(f"depths {bad} outside 0..1 (0: start of the haystack, 1: its end)", field="depths")
     heads = facts.num_layers * facts.num_heads
     if args.top_k >= heads:
-        raise InvalidInputError(f"top_k {args.top_k} must be at most {heads - 1} (heads of the model - 1)", "top_k")
+        raise InvalidInputError(
+            f"top_k {args.top_k} must be at most {heads - 1} (heads of the model - 1)", field="top_k"
+        )
     vocab = int(getattr(loaded.model.config, "vocab_size", 0) or 0)
     held = 2 * max(args.lengths) * vocab * 4  # clean and ablated logits of the longest haystack
     if held > inspector.memory_budget:
@@ -84,7 +86,10 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
         consumer = TopKeyConsumer(hay.answer_queries, facts.num_layers, facts.num_heads)
         output = inspector.run(loaded, _encoded(hay.ids), [consumer])
         hits = torch.stack(
-            [retrieval_hits(consumer.top[layer], hay.answer_queries, hay.ids, hay.needle) for layer in range(len(consumer.top))]
+            [
+                retrieval_hits(consumer.top[layer], hay.answer_queries, hay.ids, hay.needle)
+                for layer in range(len(consumer.top))
+            ]
         )  # (L, H, A)
         scores.append(retrieval_score(hits))  # (L, H)
         clean.append(_answer_scores(output.logits[0], hay))

@@ -46,6 +46,10 @@ class PlanCheck(BaseModel):
     planned_kv_heads: int
     total_kv_heads: int = Field(description="KV heads of the whole model")
     predicted_loss_change: float = Field(description="Σ of the planned heads' own loss changes, nats")
+    additive_kv_heads: int = Field(description="heads the additive greedy plan chose before verification")
+    additive_verified_loss_change: float = Field(
+        description="its loss change run at once; over the budget, the plan was cut back to the longest prefix that fits"
+    )
     verified_loss_change: float = Field(description="loss change with every planned head restricted at once, nats")
     verified_top_token_agreement: float = Field(description="share of scored positions with the same top token")
     loss_full: float = Field(description="mean next-token loss over the scored positions, full cache, nats")
@@ -65,13 +69,17 @@ class PlanKvCacheReport(Report):
     tokens: int
     sink: int
     window: int
-    scored_positions: int = Field(description="predictions whose query lies past sink + window (the only ones affected)")
+    scored_positions: int = Field(
+        description="predictions whose query lies past sink + window (the only ones affected)"
+    )
     unit: str = Field(description="what is planned: KV heads (a KV head is shared by its query heads)")
     loss_budget: float
     layers: list[int] = Field(description="layers whose KV heads were measured and could be planned")
     heads: list[KvHeadEffect] = Field(description="every measured KV head, in layer order")
     plan: PlanCheck
     memory: MemorySaving
-    masked_passes: int = Field(description="masked forwards run to measure every KV head (one per layer group)")
+    masked_passes: int = Field(
+        description="masked forwards run: one per layer group to measure every KV head, then the verifying runs"
+    )
     measured_on: str = Field(description="what the plan was measured on: it holds for texts like it, not in general")
     next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

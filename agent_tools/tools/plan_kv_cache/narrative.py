@@ -27,6 +27,8 @@ class PlanNumbers:
     saved_bytes: int
     saved_fraction: float
     needs_full: Sequence[tuple[str, float]]  # (KV head label, loss change), the largest first
+    additive: int = 0  # heads the additive plan chose before verification
+    additive_verified: float = 0.0  # its verified loss change
 
 
 def summary(n: PlanNumbers) -> str:
@@ -36,9 +38,18 @@ def summary(n: PlanNumbers) -> str:
         f"On this text ({n.tokens} tokens) {n.planned} of {n.total} KV heads could keep only the first {n.sink} and "
         f"last {n.window} tokens within a loss budget of {n.budget:g} nats: predicted loss change {n.predicted:+.4f}, "
         f"verified {n.verified:+.4f} with all of them restricted at once (top next token unchanged at "
-        f"{n.agreement:.1%} of positions). At {n.context_length:,} tokens in {n.precision} that saves "
+        f"{n.agreement:.1%} of positions){_cut(n)}. At {n.context_length:,} tokens in {n.precision} that saves "
         f"{readable_size(n.saved_bytes)} ({n.saved_fraction:.1%} of the KV cache). Heads needing the full cache most: "
         f"{worst}. Measured on this text only: check on texts like the ones you serve."
+    )
+
+
+def _cut(n: PlanNumbers) -> str:
+    if n.additive <= n.planned:
+        return ""
+    return (
+        f"; single-head effects did not add up: the additive plan of {n.additive} heads verified at "
+        f"{n.additive_verified:+.4f}, over the budget, so it was cut back"
     )
 
 
@@ -59,8 +70,9 @@ def findings(n: PlanNumbers) -> list[Finding]:
             kind="plan_verified",
             severity="high",
             value=n.verified,
-            detail=f"the plan ({n.planned} KV heads) was run at once: loss change {n.verified:+.4f} vs {n.predicted:+.4f} "
-            f"predicted by adding single-head effects (gap {gap:+.4f}); top token agrees at {n.agreement:.1%}",
+            detail=f"the plan ({n.planned} KV heads) was run at once: loss change {n.verified:+.4f} vs "
+            f"{n.predicted:+.4f} predicted by adding single-head effects (gap {gap:+.4f}); top token agrees at "
+            f"{n.agreement:.1%}",
         )
     )
     found.append(

@@ -21,7 +21,9 @@ class PositionSensitivityInput(ModelInput):
         min_length=2, max_length=16, description="the movable pieces (documents), each a verbatim substring (text)"
     )
     move: str = Field(description="name of the segment to move among the others")
-    answer: str | None = Field(default=None, description="answer whose log-probability is measured; omitted = top token")
+    answer: str | None = Field(
+        default=None, description="answer whose log-probability is measured; omitted = top token"
+    )
     positions: int = Field(default=5, ge=2, le=16, description="positions tried, spread from first to last")
 
 
@@ -33,7 +35,7 @@ class PositionResult(BaseModel):
     answer_logprob: float = Field(description="Σ log p of the answer tokens, nats")
     top_token_is_answer: bool = Field(description="the answer's first token is the top next token")
     attention_share: float = Field(
-        description="mean over layers, heads and answer rows of the weight on the segment (its token 0, the sink, left out)"
+        description="mean over layers, heads and answer rows of the weight on the segment (token 0, the sink, left out)"
     )
 
 

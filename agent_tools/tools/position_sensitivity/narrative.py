@@ -44,8 +44,9 @@ def summary(n: CurveNumbers) -> str:
     }[shape]
     best, worst = n.logprobs[n.slots.index(n.best)], n.logprobs[n.slots.index(n.worst)]
     return (
-        f"Moving {n.moved!r} through {len(n.slots)} positions: log p({n.answer!r}) is best {_where(n.best, n.last_slot)} "
-        f"({best:.3f}) and worst {_where(n.worst, n.last_slot)} ({worst:.3f}), spread {best - worst:.3f} nats — {words}. "
+        f"Moving {n.moved!r} through {len(n.slots)} positions: log p({n.answer!r}) is best "
+        f"{_where(n.best, n.last_slot)} ({best:.3f}) and worst {_where(n.worst, n.last_slot)} ({worst:.3f}), spread "
+        f"{best - worst:.3f} nats — {words}. "
         f"Attention on the segment ranges {min(n.shares):.3f}..{max(n.shares):.3f}."
     )
 
@@ -56,7 +57,8 @@ def findings(n: CurveNumbers) -> list[Finding]:
             kind="position_effect",
             severity="high" if slot in (n.best, n.worst) else "low",
             value=logprob,
-            detail=f"{n.moved!r} at {_where(slot, n.last_slot)}: log p(answer) {logprob:.3f}, attention share {share:.3f}",
+            detail=f"{n.moved!r} at {_where(slot, n.last_slot)}: log p(answer) {logprob:.3f}, attention share "
+            f"{share:.3f}",
         )
         for slot, logprob, share in zip(n.slots, n.logprobs, n.shares, strict=True)
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from agent_tools.consumers.span_share import SpanShareConsumer
@@ -52,7 +54,7 @@ def _locate(args: PositionSensitivityInput) -> tuple[int | None, list[tuple[int,
             spans.append((at, at + len(spec.text or ""), spec.name))
         if len(spans) == len(args.segments):
             spans.sort()
-            if any(a[1] > b[0] for a, b in zip(spans, spans[1:], strict=False)):
+            if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
                 raise InvalidInputError("segments overlap; give disjoint pieces", field="segments")
             return index, spans
     msg = "every segment must be a verbatim substring of one and the same message (or of the text prompt)"
@@ -68,7 +70,9 @@ def _variant(args: PositionSensitivityInput, index: int | None, spans: list[tupl
     pieces = [content[: spans[0][0]]]
     for rank, name in enumerate(order):
         pieces.append(texts[name])
-        pieces.append(content[spans[rank][1] : spans[rank + 1][0]] if rank + 1 < len(spans) else content[spans[-1][1] :])
+        pieces.append(
+            content[spans[rank][1] : spans[rank + 1][0]] if rank + 1 < len(spans) else content[spans[-1][1] :]
+        )
     rebuilt = "".join(pieces)
     if isinstance(args.prompt, str):
         return rebuilt
@@ -158,7 +162,9 @@ def position_sensitivity(inspector: Inspector, args: PositionSensitivityInput) -
                 tool="trace_prompt_attention",
                 arguments={
                     "model": loaded.name,
-                    "prompt": [m.model_dump() for m in args.prompt] if not isinstance(args.prompt, str) else args.prompt,
+                    "prompt": [m.model_dump() for m in args.prompt]
+                    if not isinstance(args.prompt, str)
+                    else args.prompt,
                     "segments": [s.model_dump(exclude_none=True) for s in args.segments],
                 },
                 why="which segment the answer reads and depends on at the original position (causal check)",
