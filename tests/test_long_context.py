@@ -47,3 +47,14 @@ def test_long_context_tasks_record_a_too_short_text_as_an_input_error(
         "top_token_agreement",
         "planned",
     ]
+
+
+def test_analyze_long_context_steps_only_for_long_texts() -> None:
+    from agent_tools.report.long_context import LONG_CONTEXT_TOKENS, long_context_steps
+
+    assert "at least 1024" in str(long_context_steps("short", None, 40))
+    steps = long_context_steps("long text", "m", 3000)
+    assert isinstance(steps, list) and [name for name, _ in steps] == ["find_retrieval_heads", "plan_kv_cache"]
+    retrieval, plan = steps[0][1], steps[1][1]
+    assert retrieval["lengths"] == [1024] and plan["context_length"] == 3000 and plan["model"] == "m"
+    assert LONG_CONTEXT_TOKENS == 1024

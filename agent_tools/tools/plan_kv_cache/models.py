@@ -48,7 +48,7 @@ class PlanCheck(BaseModel):
     predicted_loss_change: float = Field(description="Σ of the planned heads' own loss changes, nats")
     additive_kv_heads: int = Field(description="heads the additive greedy plan chose before verification")
     additive_verified_loss_change: float = Field(
-        description="its loss change run at once; over the budget, the plan was cut back to the longest prefix that fits"
+        description="its loss change run at once; over the budget, the plan was cut back to the longest prefix fitting"
     )
     verified_loss_change: float = Field(description="loss change with every planned head restricted at once, nats")
     verified_top_token_agreement: float = Field(description="share of scored positions with the same top token")
