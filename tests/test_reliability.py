@@ -82,6 +82,15 @@ def tiny_arguments(name: str, loaded: LoadedModel) -> dict[str, Any]:
             arguments[key] = [_clip_head(v, facts) for v in value][:1]
         elif key == "max_new_tokens":
             arguments[key] = min(int(value), 3)
+        elif key in {"sink", "window"}:  # a short cache the tiny text outlasts
+            arguments[key] = 1 if key == "sink" else 4
+        elif key == "context_length":
+            arguments[key] = min(int(value), facts.max_positions or int(value))
+        elif key == "lengths":
+            arguments[key] = [min(int(v), 48) for v in value]
+    if name == "position_sensitivity":  # movable pieces of the tiny text
+        pieces = [{"name": "first", "text": "the cat sat"}, {"name": "second", "text": "the dog sat"}]
+        arguments.update(segments=pieces, move="second", answer="mat")
     return arguments
 
 

@@ -29,9 +29,16 @@ from agent_tools.inspector import Inspector, PassPlan
 from agent_tools.schemas import ChatMessage
 from agent_tools.tools import get_tool
 
-Task = Literal["profile", "trace", "collapse"]
+Task = Literal["profile", "trace", "collapse", "kv_cache", "retrieval", "position"]
 TASKS: tuple[str, ...] = get_args(Task)
-ROW_KEY = {"profile": "head", "collapse": "head", "trace": "segment"}  # what one row of the table is, per item
+ROW_KEY = {  # what one row of the table is, per item
+    "profile": "head",
+    "collapse": "head",
+    "trace": "segment",
+    "kv_cache": "kv_head",
+    "retrieval": "head",
+    "position": "slot",
+}
 PROFILE_COLLAPSE_FIELDS = (
     "verdict",
     "concentration",
@@ -190,10 +197,46 @@ def trace_rows(inspector: Inspector, item: CorpusItem, options: TaskOptions) -> 
     ]
 
 
+def kv_cache_rows(inspector: Inspector, item: CorpusItem, options: TaskOptions) -> list[Row]:
+    """plan_kv_cache (its defaults) on one text: one row per KV head with its loss change and whether it is planned."""
+    report = get_tool("plan_kv_cache")(inspector, options.base() | {"text": _text(inspector, item, options)})
+    return [
+        {"num_tokens": report.tokens, **{k: v for k, v in head.model_dump().items() if k != "query_heads"}}
+        for head in report.heads
+    ]
+
+
+def retrieval_rows(inspector: Inspector, item: CorpusItem, options: TaskOptions) -> list[Row]:
+    """find_retrieval_heads with the text as the haystack (built-in needle): one row per head with its score."""
+    report = get_tool("find_retrieval_heads")(inspector, options.base() | {"text": _text(inspector, item, options)})
+    tokens = max(h.length for h in report.haystacks)
+    return [
+        {"num_tokens": tokens, "layer": layer, "head": head, "score": score}
+        for layer, scores in enumerate(report.score_grid)
+        for head, score in enumerate(scores)
+    ]
+
+
+def position_rows(inspector: Inspector, item: CorpusItem, options: TaskOptions) -> list[Row]:
+    """position_sensitivity on one prompt, moving its FIRST named segment among the others: one row per position."""
+    if not item.segments or len(item.segments) < 2:
+        raise InvalidInputError("the position task needs at least two named segments per item", field="segments")
+    first = str(item.segments[0].get("name", ""))
+    arguments = options.base() | {"prompt": item.prompt, "segments": item.segments, "move": first}
+    report = get_tool("position_sensitivity")(inspector, arguments)
+    return [
+        {"num_tokens": position.prompt_tokens, **position.model_dump(), "best": position.slot == report.best_slot}
+        for position in report.positions
+    ]
+
+
 RUNNERS: dict[str, Callable[[Inspector, CorpusItem, TaskOptions], list[Row]]] = {
     "profile": profile_rows,
     "collapse": collapse_rows,
     "trace": trace_rows,
+    "kv_cache": kv_cache_rows,
+    "retrieval": retrieval_rows,
+    "position": position_rows,
 }
 
 
@@ -224,6 +267,28 @@ def _scalar_names(model: type[BaseModel]) -> set[str]:
     return {name for name, _ in _scalar_fields(model, TRACE_SKIPPED)}
 
 
+LONG_CONTEXT_COLUMNS: dict[str, list[tuple[str, ColumnType]]] = {
+    "kv_cache": [
+        ("layer", "int"),
+        ("kv_head", "int"),
+        ("loss_change", "float"),
+        ("top_token_agreement", "float"),
+        ("planned", "bool"),
+    ],
+    "retrieval": [("layer", "int"), ("head", "int"), ("score", "float")],
+    "position": [
+        ("slot", "int"),
+        ("start_token", "int"),
+        ("prompt_tokens", "int"),
+        ("relative_depth", "float"),
+        ("answer_logprob", "float"),
+        ("top_token_is_answer", "bool"),
+        ("attention_share", "float"),
+        ("best", "bool"),
+    ],
+}
+
+
 def columns(task: Task) -> list[tuple[str, ColumnType]]:
     """The table's columns and their types, from the tools' report models (a field added there joins the table)."""
     lead: list[tuple[str, ColumnType]] = [("item", "int"), ("id", "str"), ("num_tokens", "int")]
@@ -231,6 +296,8 @@ def columns(task: Task) -> list[tuple[str, ColumnType]]:
         segment = get_tool("trace_prompt_attention").output_model.model_fields["segments"].annotation
         (segment_model,) = get_args(segment)
         return [*lead, ("segment", "str"), *_scalar_fields(segment_model, TRACE_SKIPPED), ("read_most", "bool")]
+    if task in LONG_CONTEXT_COLUMNS:
+        return [*lead, *LONG_CONTEXT_COLUMNS[task]]
     collapse_row = get_args(get_tool("diagnose_collapse").output_model.model_fields["heads"].annotation)[0]
     collapse_fields = _scalar_fields(collapse_row)
     if task == "collapse":

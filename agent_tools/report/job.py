@@ -28,6 +28,7 @@ from agent_tools.consumers.grid import QuantisedMaps
 from agent_tools.errors import AttentionToolError
 from agent_tools.inspector import Encoded, Inspector, PassPlan, check_indices
 from agent_tools.loading import LoadedModel
+from agent_tools.report.long_context import long_context_steps
 from agent_tools.report.views import (
     NeuronData,
     ProbeHead,
@@ -343,10 +344,13 @@ def run_analysis(
     layers: list[int] | None = None,
     experiment: bool = True,
     progress: Progress | None = None,
+    long_context: bool = False,
 ) -> AnalysisResult:
     """Run every analysis on ``text`` (a built-in text when None); expected failures of the input raise.
 
     ``experiment=False`` skips the training experiment (a fixed ~1.5 s, independent of the text).
+    ``long_context=True`` adds retrieval heads and the short-cache plan for texts long enough
+    (:mod:`agent_tools.report.long_context`; many forwards).
     """
     outcomes = StepOutcomes(say=progress or (lambda _message: None))
     text = text if text is not None else DEFAULT_TEXT
@@ -377,6 +381,11 @@ def run_analysis(
         outcomes.attempt("scaling_experiment", partial(TOOLS["scaling_experiment"], inspector, EXPERIMENT_ARGUMENTS))
     elif not experiment:
         outcomes.skipped["scaling_experiment"] = "not asked for (--no-experiment)"
+    steps = long_context_steps(text, model, encoded.length) if long_context else []
+    for name, arguments in steps if isinstance(steps, list) else []:
+        outcomes.attempt(name, partial(TOOLS[name], inspector, arguments))
+    if isinstance(steps, str):
+        outcomes.skipped["long_context"] = steps
     return _result(loaded, encoded, maps, outcomes, shared=shared, probe=probe)
 
 

@@ -1,0 +1,187 @@
+"""Forward passes with heads restricted to a short KV cache (sink + window), batched per layer group.
+
+``plan_kv_cache`` asks, for every KV head, how much the next-token loss changes when that head reads only the first
+``sink`` and the last ``window`` keys. One forward per head would cost ``L·Hkv`` passes. Here a head is a *row* of a
+batch: the rows are sorted by layer and a row joins the batch at the layer it restricts, as a copy of the unrestricted
+row 0 (:func:`agent_tools.intervene.heads_patched_joining` with nothing patched), so the layers before it run once,
+in row 0. Each batch is one masked pass over a group of consecutive layers (as many rows as the memory budget
+allows). The loss of row ``r`` minus the loss of row 0 *of the same batch* is that head's effect: the two went
+through the same kernels, so nothing but the restriction differs.
+
+Logits are never held for the whole batch: the output head's input (R, T, C) is kept, the model's own head sees one
+position, and the per-position losses are computed from the kept input in chunks of positions.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from agent_tools.intervene import heads_patched_joining
+from agent_tools.loading import LoadedModel
+from agent_tools.restricted_attention import heads_restricted
+from agent_tools.runner.forward import on_device
+
+LOGIT_CHUNK_FLOATS = 1 << 24  # logits computed at once when turning kept hidden states into losses
+
+
+@dataclass(frozen=True)
+class RestrictedLosses:
+    """Per-position next-token losses of an unrestricted row and of restricted rows (tensors for the service)."""
+
+    clean: Tensor  # (S,) loss predicting token t+1 at scored position t (t ≥ sink + window), no head restricted
+    clean_top: Tensor  # (S,) the unrestricted model's top next token at each scored position
+    rows: Tensor  # (U, S) the same with unit u restricted
+    clean_rows: Tensor  # (U, S) the unrestricted row of the batch unit u ran in (same kernels, same batch)
+    top: Tensor  # (U, S) the top next token with unit u restricted
+    passes: int  # masked forwards run
+
+
+@contextmanager
+def _kept_head_input(model: nn.Module, keep: dict[str, Tensor]) -> Iterator[nn.Module]:
+    """Inside the block, the output head's input (R, T, C) is kept and the head itself sees the last position only."""
+    lookup = getattr(model, "get_output_embeddings", None)
+    head = lookup() if callable(lookup) else None
+    if not isinstance(head, nn.Module):
+        raise ValueError(f"{type(model).__name__} has no output embeddings to compute a next-token loss with")
+
+    def hook(module: nn.Module, args: tuple) -> tuple:
+        hidden = args[0]  # (R, T, C)
+        keep["hidden"] = hidden
+        return (hidden[:, -1:].contiguous(), *args[1:])
+
+    handle = head.register_forward_pre_hook(hook)
+    try:
+        yield head
+    finally:
+        handle.remove()
+
+
+def _losses(model: nn.Module, head: nn.Module, hidden: Tensor, ids: Tensor, first: int) -> tuple[Tensor, Tensor]:
+    """(R, T, C) final hidden states and (T,) ids -> (R, T−1−first) next-token losses and top tokens of the
+    predictions made at positions ``first..T−2``, in position chunks."""
+    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    rows, length, _ = hidden.shape
+    vocab = int(getattr(head, "out_features", 0) or 0) or 50_000  # only sizes the chunks
+    chunk = max(1, LOGIT_CHUNK_FLOATS // max(1, vocab))
+    targets = ids[1:]
+    count = length - 1 - first
+    losses = torch.empty(rows, count, dtype=torch.float32)
+    top = torch.empty(rows, count, dtype=torch.long)
+    for row in range(rows):
+        for start in range(0, count, chunk):
+            stop = min(start + chunk, count)
+            logits = head(hidden[row, first + start : first + stop]).float()  # (c, V)
+            if softcap:
+                logits = torch.tanh(logits / softcap) * softcap
+            target = targets[first + start : first + stop].to(logits.device)
+            losses[row, start:stop] = torch.nn.functional.cross_entropy(logits, target, reduction="none").cpu()
+            top[row, start:stop] = logits.argmax(-1).cpu()
+    return losses, top
+
+
+def restricted_pass(
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    restrictions: dict[int, list[tuple[int, Sequence[int]]]],
+    *,
+    rows: int,
+    sink: int,
+    window: int,
+    joining: dict[int, int] | None = None,
+    scored_from: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """One forward of (1, T) ids as a batch of ``rows`` rows with ``restrictions`` (layer -> [(row, query heads)]).
+
+    ``joining``: layer -> rows that join the batch at that layer (copies of row 0; rows 1.. join in layer order);
+    None runs all ``rows`` from the embedding on. Returns (rows, T−1−scored_from) next-token losses and top tokens of
+    the predictions made at positions ``scored_from..T−2``.
+    """
+    facts = loaded.facts
+    ids = on_device(loaded, input_ids)
+    length = int(ids.shape[-1])
+    keep: dict[str, Tensor] = {}
+    with loaded.lock, torch.inference_mode():
+        with (
+            _kept_head_input(loaded.model, keep) as head,
+            heads_restricted(loaded.model, restrictions, sink=sink, window=window),
+        ):
+            if joining:
+                masks, alive = {}, 1
+                for layer in sorted(joining):
+                    alive += joining[layer]
+                    masks[layer] = torch.zeros(alive, length, facts.num_heads, dtype=torch.bool)
+                with heads_patched_joining(loaded.model, masks, num_heads=facts.num_heads, head_dim=facts.head_dim):
+                    loaded.model(input_ids=ids, use_cache=False)
+            else:
+                loaded.model(input_ids=ids.expand(rows, -1), use_cache=False)
+        hidden = keep.pop("hidden")
+        if hidden.shape[0] != rows:
+            raise ValueError(f"the restricted pass ran {hidden.shape[0]} rows, expected {rows}")
+        return _losses(loaded.model, head, hidden, ids[0], scored_from)
+
+
+def unit_losses(
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    units: Sequence[tuple[int, Sequence[int]]],
+    *,
+    sink: int,
+    window: int,
+    max_rows: int,
+) -> RestrictedLosses:
+    """Every unit (layer, query heads) restricted on its own, as rows of joining batches of at most ``max_rows``.
+
+    Units must be sorted by layer. A batch holds row 0 (unrestricted) and up to ``max_rows − 1`` units of
+    consecutive layers: one masked pass per layer group. Only the predictions at positions ``sink + window`` and
+    later are scored (earlier queries read every earlier key either way).
+    """
+    if any(a[0] > b[0] for a, b in itertools.pairwise(units)):
+        raise ValueError("units must be sorted by layer")
+    per_batch = max(1, max_rows - 1)
+    rows_out, clean_out, top_out = [], [], []
+    clean = clean_top = None
+    passes = 0
+    for start in range(0, len(units), per_batch):
+        group = units[start : start + per_batch]
+        joining: dict[int, int] = {}
+        restrictions: dict[int, list[tuple[int, Sequence[int]]]] = {}
+        for row, (layer, heads) in enumerate(group, start=1):
+            joining[layer] = joining.get(layer, 0) + 1
+            restrictions.setdefault(layer, []).append((row, tuple(heads)))
+        losses, top = restricted_pass(
+            loaded,
+            input_ids,
+            restrictions,
+            rows=len(group) + 1,
+            sink=sink,
+            window=window,
+            joining=joining,
+            scored_from=sink + window,
+        )
+        passes += 1
+        if clean is None:
+            clean, clean_top = losses[0], top[0]
+        rows_out.append(losses[1:])
+        clean_out.append(losses[:1].expand(len(group), -1))
+        top_out.append(top[1:])
+    assert clean is not None and clean_top is not None
+    return RestrictedLosses(
+        clean=clean,
+        clean_top=clean_top,
+        rows=torch.cat(rows_out),
+        clean_rows=torch.cat(clean_out),
+        top=torch.cat(top_out),
+        passes=passes,
+    )
+
+
+def plain_losses(loaded: LoadedModel, input_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """(T−1,) next-token losses and top tokens of the unrestricted model (the baseline a benchmark times)."""
+    losses, top = restricted_pass(loaded, input_ids, {}, rows=1, sink=0, window=1)
+    return losses[0], top[0]

@@ -1,0 +1,68 @@
+"""find_retrieval_heads' arguments and report."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from agent_tools.long_context import DEFAULT_ANSWER, DEFAULT_NEEDLE, DEFAULT_QUESTION
+from agent_tools.schemas import ModelInput, NextCall, Report
+
+DESCRIPTION = (
+    "Which heads fetch information from far back? Builds needle-in-a-haystack prompts (your text or a built-in one) "
+    "at several depths and lengths, scores each head by Wu et al.'s retrieval score while the needle's answer is "
+    "copied, and ablates the top heads vs random heads to test whether retrieval needs them."
+)
+
+
+class FindRetrievalHeadsInput(ModelInput):
+    text: str | None = Field(default=None, description="haystack text (repeated to fill); omitted = a built-in one")
+    needle: str = Field(default=DEFAULT_NEEDLE, description="the sentence hidden in the haystack")
+    answer: str = Field(default=DEFAULT_ANSWER, description="the part of the needle the model must copy back")
+    question: str = Field(default=DEFAULT_QUESTION, description="asked after the haystack; the answer follows it")
+    depths: list[float] = Field(
+        default=[0.1, 0.3, 0.5, 0.7, 0.9], min_length=1, max_length=11, description="needle depths, 0 (start)..1 (end)"
+    )
+    lengths: list[int] = Field(default=[256, 512], min_length=1, max_length=4, description="context lengths, tokens")
+    top_k: int = Field(default=5, ge=1, le=50, description="top heads ablated together in the causal check")
+    random_draws: int = Field(default=3, ge=1, le=20, description="random head sets of the same size (baseline)")
+    seed: int = Field(default=0, description="seed of the random head draws")
+
+
+class RetrievalHead(BaseModel):
+    layer: int
+    head: int
+    score: float = Field(description="mean retrieval score over every depth and length, 0..1")
+    score_sd: float = Field(description="standard deviation of the score over depths and lengths")
+    score_min: float
+    score_max: float
+
+
+class Haystack(BaseModel):
+    length: int
+    depth: float
+    needle_start: int = Field(description="token position where the needle starts")
+    accuracy: float = Field(description="share of answer tokens the model predicts (teacher forced), full model")
+    top_head_score: float = Field(description="the best head's retrieval score on this haystack")
+
+
+class CausalCheck(BaseModel):
+    ablated: list[str] = Field(description='the top heads ablated together, as "L.H" (mean ablation)')
+    accuracy_clean: float = Field(description="answer-token accuracy over every haystack, full model")
+    accuracy_top_ablated: float
+    accuracy_random_mean: float = Field(description="the same with random heads of the same count ablated, mean")
+    accuracy_random_sd: float
+    random_draws: int
+    logprob_clean: float = Field(description="mean log-probability of the answer tokens, full model")
+    logprob_top_ablated: float
+    logprob_random_mean: float
+    verdict: str = Field(description="what the check says, with its baseline")
+
+
+class FindRetrievalHeadsReport(Report):
+    method: str = Field(description="how the score is computed and what it does not say")
+    haystacks: list[Haystack]
+    heads: list[RetrievalHead] = Field(description="heads with a non-zero score, best first")
+    layer_scores: list[float] = Field(description="per layer, the largest head score")
+    score_grid: list[list[float]] = Field(description="layer x head mean retrieval scores (for a picture)")
+    causal: CausalCheck
+    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

@@ -1,0 +1,185 @@
+"""find_retrieval_heads' passes: one captured pass per haystack (top key of every head at the answer rows), then
+mean ablations of the top heads and of random heads of the same count on every haystack."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+from torch import Tensor
+
+from agent_tools.analysis.long_context import retrieval_hits, retrieval_score
+from agent_tools.consumers.retrieval import TopKeyConsumer
+from agent_tools.errors import InvalidInputError, ResourceLimitError
+from agent_tools.inspector import Encoded, Inspector, validate_text
+from agent_tools.loading import LoadedModel
+from agent_tools.long_context import DEFAULT_HAYSTACK, Haystack, build_haystack, check_haystack, needle_tokens
+from agent_tools.schemas import NextCall, head_label, rounded
+from agent_tools.settings import readable_size
+from agent_tools.tools.find_retrieval_heads.models import (
+    CausalCheck,
+    FindRetrievalHeadsInput,
+    FindRetrievalHeadsReport,
+    RetrievalHead,
+)
+from agent_tools.tools.find_retrieval_heads.models import Haystack as HaystackRow
+from agent_tools.tools.find_retrieval_heads.narrative import RetrievalNumbers, findings, summary, verdict
+
+METHOD = (
+    "Wu et al. (2024) retrieval score: the answer is appended after the question (teacher forced); at each answer "
+    "token, a head scores a hit when its most-attended key lies in the needle and holds the token being produced. "
+    "Score = hits / answer tokens, averaged over haystacks. It says where a head looks while copying, not that the "
+    "copy depends on it: the causal check (mean ablation of the top heads vs random heads) tests that."
+)
+
+
+def _encoded(ids: Tensor) -> Encoded:
+    row = ids[None]
+    return Encoded(input_ids=row, attention_mask=torch.ones_like(row), tokens=[], offsets=[], text="")
+
+
+def _answer_scores(logits: Tensor, hay: Haystack) -> tuple[float, float]:
+    """(accuracy, mean log-probability) of the answer tokens from (T, V) logits."""
+    queries = torch.tensor(hay.answer_queries)
+    targets = hay.ids[queries + 1]
+    rows = logits[queries].float()
+    accuracy = float((rows.argmax(-1) == targets.to(rows.device)).float().mean())
+    logprob = float(torch.log_softmax(rows, -1).gather(-1, targets.to(rows.device)[:, None]).mean())
+    return accuracy, logprob
+
+
+def _check(args: FindRetrievalHeadsInput, loaded: LoadedModel, inspector: Inspector) -> None:
+    facts = loaded.facts
+    if not facts.is_language_model or facts.is_encoder_decoder:
+        msg = f"find_retrieval_heads needs a decoder-only causal LM that copies an answer; {loaded.name!r} is not"
+        raise InvalidInputError(msg, field="model")
+    bad = [d for d in args.depths if not 0.0 <= d <= 1.0]
+    if bad:
+        raise InvalidInputError(f"depths {bad} outside 0..1 (0: start of the haystack, 1: its end)", field="depths")
+    heads = facts.num_layers * facts.num_heads
+    if args.top_k >= heads:
+        raise InvalidInputError(
+            f"top_k {args.top_k} must be at most {heads - 1} (heads of the model - 1)", field="top_k"
+        )
+    vocab = int(getattr(loaded.model.config, "vocab_size", 0) or 0)
+    held = 2 * max(args.lengths) * vocab * 4  # clean and ablated logits of the longest haystack
+    if held > inspector.memory_budget:
+        most = inspector.memory_budget // max(1, 2 * vocab * 4)
+        msg = (
+            f"a haystack of {max(args.lengths)} tokens would hold about {readable_size(held)} of logits, over the "
+            f"budget of {readable_size(inspector.memory_budget)}; use lengths <= {most}"
+        )
+        raise ResourceLimitError(msg, field="lengths")
+
+
+def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) -> FindRetrievalHeadsReport:
+    """Score every head on needle-in-a-haystack prompts and test the top heads by ablation."""
+    loaded = inspector.model(args.model)
+    facts = loaded.facts
+    _check(args, loaded, inspector)
+    haystack = validate_text(args.text) if args.text is not None else DEFAULT_HAYSTACK
+    pieces = needle_tokens(loaded, haystack, args.needle, args.answer, args.question)
+    check_haystack(pieces, args.lengths, inspector.limit_for(loaded))
+    stacks = [build_haystack(pieces, length, depth) for length in args.lengths for depth in args.depths]
+    scores, clean = [], []
+    for hay in stacks:
+        consumer = TopKeyConsumer(hay.answer_queries, facts.num_layers, facts.num_heads)
+        output = inspector.run(loaded, _encoded(hay.ids), [consumer])
+        hits = torch.stack(
+            [
+                retrieval_hits(consumer.top[layer], hay.answer_queries, hay.ids, hay.needle)
+                for layer in range(len(consumer.top))
+            ]
+        )  # (L, H, A)
+        scores.append(retrieval_score(hits))  # (L, H)
+        clean.append(_answer_scores(output.logits[0], hay))
+    grid = torch.stack(scores)  # (N, L, H)
+    mean, spread = grid.mean(0), grid.std(0, unbiased=False)
+    order = [int(i) for i in mean.flatten().argsort(descending=True, stable=True)]
+    top = [divmod(i, facts.num_heads) for i in order[: args.top_k]]
+    rest = [divmod(i, facts.num_heads) for i in order[args.top_k :]]
+    generator = torch.Generator().manual_seed(args.seed)
+    draws = [
+        [rest[int(i)] for i in torch.randperm(len(rest), generator=generator)[: args.top_k]]
+        for _ in range(args.random_draws)
+    ]
+
+    def ablated(heads: list[tuple[int, int]]) -> tuple[float, float]:
+        results = []
+        for hay in stacks:
+            ids = hay.ids[None]
+            effect = inspector.ablate(loaded, ids, torch.ones_like(ids), heads, method="mean")
+            results.append(_answer_scores(effect.ablated[0], hay))
+        return statistics.fmean(r[0] for r in results), statistics.fmean(r[1] for r in results)
+
+    top_accuracy, top_logprob = ablated(top)
+    random_results = [ablated(heads) for heads in draws]
+    accuracy_clean = statistics.fmean(c[0] for c in clean)
+    random_accuracy = [r[0] for r in random_results]
+    random_sd = statistics.pstdev(random_accuracy) if len(random_accuracy) > 1 else 0.0
+    labelled = [
+        (head_label(layer, head), float(mean[layer, head]), float(spread[layer, head]))
+        for layer, head in top
+        if float(mean[layer, head]) > 0
+    ]
+    numbers = RetrievalNumbers(
+        haystacks=len(stacks),
+        lengths=args.lengths,
+        depths=args.depths,
+        top=labelled,
+        accuracy_clean=accuracy_clean,
+        accuracy_top=top_accuracy,
+        accuracy_random=statistics.fmean(random_accuracy),
+        accuracy_random_sd=random_sd,
+        draws=args.random_draws,
+    )
+    heads = [
+        RetrievalHead(
+            layer=layer,
+            head=head,
+            score=rounded(float(mean[layer, head])),
+            score_sd=rounded(float(spread[layer, head])),
+            score_min=rounded(float(grid[:, layer, head].min())),
+            score_max=rounded(float(grid[:, layer, head].max())),
+        )
+        for layer, head in (divmod(i, facts.num_heads) for i in order)
+        if float(mean[layer, head]) > 0
+    ]
+    return FindRetrievalHeadsReport(
+        model=loaded.name,
+        summary=summary(numbers),
+        findings=findings(numbers),
+        method=METHOD,
+        haystacks=[
+            HaystackRow(
+                length=hay.length,
+                depth=hay.depth,
+                needle_start=hay.needle[0],
+                accuracy=rounded(clean[index][0]),
+                top_head_score=rounded(float(grid[index].max())),
+            )
+            for index, hay in enumerate(stacks)
+        ],
+        heads=heads,
+        layer_scores=[rounded(float(v)) for v in mean.amax(-1)],
+        score_grid=[[rounded(float(v), 3) for v in row] for row in mean],
+        causal=CausalCheck(
+            ablated=[head_label(layer, head) for layer, head in top],
+            accuracy_clean=rounded(accuracy_clean),
+            accuracy_top_ablated=rounded(top_accuracy),
+            accuracy_random_mean=rounded(numbers.accuracy_random),
+            accuracy_random_sd=rounded(random_sd),
+            random_draws=args.random_draws,
+            logprob_clean=rounded(statistics.fmean(c[1] for c in clean)),
+            logprob_top_ablated=rounded(top_logprob),
+            logprob_random_mean=rounded(statistics.fmean(r[1] for r in random_results)),
+            verdict=verdict(numbers),
+        ),
+        next_calls=[
+            NextCall(
+                tool="plan_kv_cache",
+                arguments={"model": loaded.name, "text": haystack},
+                why="whether the retrieval heads are the ones that need the full KV cache on this text",
+            )
+        ],
+    )

@@ -1,0 +1,188 @@
+"""plan_kv_cache's passes: every KV head restricted on its own (one masked pass per layer group), the greedy plan,
+and one verifying pass with every planned head restricted at once."""
+
+from __future__ import annotations
+
+from agent_tools.analysis.long_context import (
+    KV_PRECISION_BYTES,
+    greedy_plan,
+    kv_cache_bytes,
+    short_cache_saving,
+)
+from agent_tools.errors import InvalidInputError, ResourceLimitError
+from agent_tools.inspector import Inspector, check_indices
+from agent_tools.long_context import all_restricted_losses, check_short_cache, short_cache_losses
+from agent_tools.schemas import NextCall, rounded
+from agent_tools.tools.plan_kv_cache.models import (
+    KvHeadEffect,
+    MemorySaving,
+    PlanCheck,
+    PlanKvCacheInput,
+    PlanKvCacheReport,
+)
+from agent_tools.tools.plan_kv_cache.narrative import PlanNumbers, findings, summary
+
+UNIT = (
+    "KV head: a KV head can be served from the short cache only when every query head sharing it is, so the query "
+    "heads of one KV head are restricted and planned together"
+)
+
+
+def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheReport:
+    """Measure each KV head's loss change on a short cache, plan greedily under the budget, verify the plan."""
+    if args.loss_budget < 0:
+        msg = f"loss_budget {args.loss_budget} is negative; use a loss budget >= 0 nats (e.g. 0.02)"
+        raise InvalidInputError(msg, field="loss_budget")
+    loaded = inspector.model(args.model)
+    facts = loaded.facts
+    if not facts.is_language_model or facts.is_encoder_decoder:
+        msg = f"plan_kv_cache needs a decoder-only causal LM (a next-token loss and a KV cache); {loaded.name!r} is not"
+        raise InvalidInputError(msg, field="model")
+    limit = inspector.limit_for(loaded)
+    context = args.context_length if args.context_length is not None else limit
+    if not 1 <= context <= limit:
+        msg = f"context_length {context} is outside 1..{limit}, the tokens {loaded.name!r} takes here"
+        raise ResourceLimitError(msg, field="context_length")
+    encoded = inspector.encode(loaded, args.text)
+    length = encoded.length
+    scored = check_short_cache(length, args.sink, args.window)
+    layers = sorted(check_indices(args.layers, facts.num_layers, "layers"))
+    groups = facts.num_heads // facts.num_kv_heads
+    units = [
+        (layer, tuple(range(kv * groups, (kv + 1) * groups))) for layer in layers for kv in range(facts.num_kv_heads)
+    ]
+    measured = short_cache_losses(inspector, loaded, encoded.input_ids, units, sink=args.sink, window=args.window)
+    changes = (measured.rows - measured.clean_rows).double().mean(-1).tolist()  # over the scored predictions
+    agreement = (measured.top == measured.clean_top[None]).double().mean(-1).tolist()
+    additive = greedy_plan(changes, args.loss_budget)
+    loss_full = float(measured.clean.double().mean())
+
+    def verify(count: int) -> tuple[float, float]:
+        """(loss change, top-token agreement) with the first ``count`` heads of the additive plan restricted."""
+        if count == 0:
+            return 0.0, 1.0
+        picked = [units[i] for i in sorted(additive.chosen[:count])]
+        losses, top = all_restricted_losses(loaded, encoded.input_ids, picked, sink=args.sink, window=args.window)
+        return float((losses[1] - losses[0]).double().mean()), float((top[1] == top[0]).double().mean())
+
+    # Effects need not add up: when the additive plan, run at once, exceeds the budget, the plan keeps the longest
+    # prefix of its order (smallest changes first) whose verified change fits, found by bisection (log2 n runs).
+    count = len(additive.chosen)
+    additive_verified, _ = checked = verify(count)
+    verifying_passes = 1 if count else 0
+    if additive_verified > args.loss_budget:
+        low, high, checked = 0, count, (0.0, 1.0)
+        while low < high:
+            middle = (low + high + 1) // 2
+            result = verify(middle)
+            verifying_passes += 1
+            if result[0] <= args.loss_budget:
+                low, checked = middle, result
+            else:
+                high = middle - 1
+        count = low
+    verified, verified_agreement = checked
+    chosen = set(additive.chosen[:count])
+    predicted = sum(changes[i] for i in chosen)
+    per_number = KV_PRECISION_BYTES[args.precision]
+    full = kv_cache_bytes(
+        layers=facts.num_layers,
+        kv_heads=facts.num_kv_heads,
+        head_dim=facts.head_dim,
+        tokens=context,
+        bytes_per_number=per_number,
+    )
+    saved = short_cache_saving(
+        planned_kv_heads=len(chosen),
+        head_dim=facts.head_dim,
+        tokens=context,
+        cache_tokens=args.sink + args.window,
+        bytes_per_number=per_number,
+    )
+    heads = [
+        KvHeadEffect(
+            layer=layer,
+            kv_head=index % facts.num_kv_heads,
+            query_heads=list(query_heads),
+            loss_change=rounded(changes[index], 6),
+            top_token_agreement=rounded(agreement[index]),
+            planned=index in chosen,
+        )
+        for index, (layer, query_heads) in enumerate(units)
+    ]
+    ranked = sorted(range(len(units)), key=lambda i: -changes[i])
+    numbers = PlanNumbers(
+        tokens=length,
+        sink=args.sink,
+        window=args.window,
+        budget=args.loss_budget,
+        planned=len(chosen),
+        total=facts.num_layers * facts.num_kv_heads,
+        predicted=predicted,
+        verified=verified,
+        agreement=verified_agreement,
+        context_length=context,
+        precision=args.precision,
+        saved_bytes=saved,
+        saved_fraction=saved / full if full else 0.0,
+        additive=len(additive.chosen),
+        additive_verified=additive_verified,
+        needs_full=[(_label(units[i][0], i % facts.num_kv_heads), changes[i]) for i in ranked[:3]],
+    )
+    return PlanKvCacheReport(
+        model=loaded.name,
+        summary=summary(numbers),
+        findings=findings(numbers),
+        tokens=length,
+        sink=args.sink,
+        window=args.window,
+        scored_positions=scored,
+        unit=UNIT,
+        loss_budget=args.loss_budget,
+        layers=layers,
+        heads=heads,
+        plan=PlanCheck(
+            planned_kv_heads=len(chosen),
+            total_kv_heads=facts.num_layers * facts.num_kv_heads,
+            predicted_loss_change=rounded(predicted, 6),
+            additive_kv_heads=len(additive.chosen),
+            additive_verified_loss_change=rounded(additive_verified, 6),
+            verified_loss_change=rounded(verified, 6),
+            verified_top_token_agreement=rounded(verified_agreement),
+            loss_full=rounded(loss_full),
+            loss_planned=rounded(loss_full + verified),
+        ),
+        memory=MemorySaving(
+            context_length=context,
+            precision=args.precision,
+            full_kv_bytes=full,
+            planned_kv_bytes=full - saved,
+            saved_bytes=saved,
+            saved_fraction=rounded(saved / full if full else 0.0),
+        ),
+        masked_passes=measured.passes + verifying_passes,
+        measured_on=(
+            f"this text ({length} tokens; {scored} predictions past sink + window scored): the plan holds for texts "
+            "like it, not in general"
+        ),
+        next_calls=_next_calls(loaded.name, args, units, ranked, facts.num_kv_heads),
+    )
+
+
+def _label(layer: int, kv_head: int) -> str:
+    return f"L{layer}KV{kv_head}"
+
+
+def _next_calls(
+    model: str, args: PlanKvCacheInput, units: list[tuple[int, tuple[int, ...]]], ranked: list[int], kv_heads: int
+) -> list[NextCall]:
+    """Remove the KV head that needs the full cache most (does the model depend on it at all?)."""
+    layer, query_heads = units[ranked[0]]
+    return [
+        NextCall(
+            tool="ablate_heads",
+            arguments={"model": model, "text": args.text, "heads": [f"{layer}.{h}" for h in query_heads]},
+            why=f"KV head {_label(layer, ranked[0] % kv_heads)} needs the full cache most; removing its query heads "
+            "shows how much the model relies on what they read",
+        )
+    ]

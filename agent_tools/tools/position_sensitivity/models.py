@@ -1,0 +1,50 @@
+"""position_sensitivity's arguments and report."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from agent_tools.prompt_segments import SegmentSpec
+from agent_tools.prompt_trace.models import PROMPT_DESCRIPTION
+from agent_tools.schemas import ChatMessage, ModelInput, NextCall, Report
+
+DESCRIPTION = (
+    "Does the answer depend on where the evidence sits (lost in the middle)? Moves one named segment through "
+    "positions among the other named segments and reports, per position, the answer's log-probability and the "
+    "attention the segment receives: the U-curve, with the best and worst position."
+)
+
+
+class PositionSensitivityInput(ModelInput):
+    prompt: str | list[ChatMessage] = Field(description=PROMPT_DESCRIPTION)
+    segments: list[SegmentSpec] = Field(
+        min_length=2, max_length=16, description="the movable pieces (documents), each a verbatim substring (text)"
+    )
+    move: str = Field(description="name of the segment to move among the others")
+    answer: str | None = Field(
+        default=None, description="answer whose log-probability is measured; omitted = top token"
+    )
+    positions: int = Field(default=5, ge=2, le=16, description="positions tried, spread from first to last")
+
+
+class PositionResult(BaseModel):
+    slot: int = Field(description="0 = before every other segment; n = after the last")
+    start_token: int = Field(description="token position where the moved segment starts")
+    prompt_tokens: int = Field(description="tokens of the prompt at this position (answer not counted)")
+    relative_depth: float = Field(description="start_token / prompt length, 0..1")
+    answer_logprob: float = Field(description="Σ log p of the answer tokens, nats")
+    top_token_is_answer: bool = Field(description="the answer's first token is the top next token")
+    attention_share: float = Field(
+        description="mean over layers, heads and answer rows of the weight on the segment (token 0, the sink, left out)"
+    )
+
+
+class PositionSensitivityReport(Report):
+    moved: str
+    answer: str
+    positions: list[PositionResult]
+    best_slot: int
+    worst_slot: int
+    spread: float = Field(description="best − worst answer log-probability, nats")
+    shape: str = Field(description="u_shaped, flat, or other (see summary)")
+    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")
