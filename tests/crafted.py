@@ -268,8 +268,7 @@ def retrieval_tokenizer():
     words = ["<bos>", "<eos>", "<unk>", "<pad>", *RETRIEVAL_WORDS]
     backend = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    if bos:
-        backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
     )

@@ -311,7 +311,7 @@ def test_effect_is_sized_against_random_heads(tiny_models, inspector: Inspector)
     assert report.baseline.effect[0] == pytest.approx(hand.mean, abs=1e-5)
     assert report.baseline.effect[1] == pytest.approx(hand.spread, abs=1e-5)
     way = "raises" if (report.loss_change or 0) > 0 else "lowers"
-    assert f"Removing 0.1, 1.2 (mean-ablation" in report.summary and f"{way} the loss on the text by" in report.summary
+    assert "Removing 0.1, 1.2 (mean-ablation" in report.summary and f"{way} the loss on the text by" in report.summary
     assert "5 random sets of 2 heads" in report.summary
     assert ("within chance" in report.summary) == (report.baseline.effect_direction == "within")
     zero = get_tool("ablate_heads")(inspector, {**args, "method": "zero"})
@@ -327,7 +327,7 @@ def test_resample_and_bad_input(tiny_models, inspector: Inspector) -> None:
         inspector, {**base, "method": "resample", "resample_text": TEXT + " and the dog sat too"}
     )
     assert given.resample_source == "the first 11 tokens of resample_text"
-    with pytest.raises(InvalidInputError, match="resample_text is 3 tokens; .* at least 11"):
+    with pytest.raises(InvalidInputError, match=r"resample_text is 3 tokens; .* at least 11"):
         get_tool("ablate_heads")(inspector, {**base, "method": "resample", "resample_text": "the cat"})
     with pytest.raises(InvalidInputError, match="only with method 'resample'"):
         get_tool("ablate_heads")(inspector, {**base, "resample_text": TEXT})
