@@ -174,14 +174,15 @@ def _direction_words(row: CollapseCheckRow, check: CollapseCheck) -> str:
     return f"; removing it {way} the loss by {abs(e.effect):.4f}{unit}"
 
 
-def check_sentence(row: CollapseCheckRow, check: CollapseCheck) -> str:
+def check_sentence(row: CollapseCheckRow, check: CollapseCheck, *, baseline: bool = True) -> str:
     """'L24H6 is a constant-output head (mean-ablation +0.0001 nats, resample −0.0003; 8 random heads:
     0.0000 ± 0.0020)'."""
     unit = _unit(check)
     resample = f", resample {_effect(row.resample_ablation.effect, '')}" if row.resample_ablation else ""
+    chance = f"; {_baseline_text(check.baseline, 'mean', unit)}" if baseline else ""
     return (
-        f"{_where(row)} is {KIND_WORDS[row.kind]} (mean-ablation {_effect(row.mean_ablation.effect, unit)}{resample}; "
-        f"{_baseline_text(check.baseline, 'mean', unit)}){_direction_words(row, check)}"
+        f"{_where(row)} is {KIND_WORDS[row.kind]} (mean-ablation {_effect(row.mean_ablation.effect, unit)}{resample}"
+        f"{chance}){_direction_words(row, check)}"
     )
 
 
@@ -354,18 +355,18 @@ def _check_summary(check: CollapseCheck) -> str:
     quiet = [r for r in ordered if r not in moved]
     what = "next-token loss" if check.measure == "next_token_loss" else "the output embedding"
     of = "" if check.checked == check.collapsed else f" (of {check.collapsed})"
-    head = f"Removing each of {check.checked} collapsed heads{of} ({what}): "
-    shown = [check_sentence(r, check) for r in moved[:3]] + [
-        check_sentence(r, check) for r in quiet[: max(0, 3 - len(moved))]
-    ]
-    rest = ordered[len(shown) :] if len(moved) <= 3 else [*moved[3:], *quiet]
+    unit = _unit(check)
+    head = (
+        f"Removing each of {check.checked} collapsed heads{of} ({what}; {_baseline_text(check.baseline, 'mean', unit)}"
+        f" for mean-ablation): "
+    )
+    shown = (moved[:3] + quiet)[:3]
+    rest = [r for r in ordered if r not in shown]
     tail = ""
     if rest:
         kinds: dict[str, int] = {}
         for r in rest:
-            kinds[KIND_WORDS[r.kind].removeprefix("a ").removeprefix("an ")] = (
-                kinds.get(KIND_WORDS[r.kind].removeprefix("a ").removeprefix("an "), 0) + 1
-            )
+            kinds[KIND_PLURAL[r.kind]] = kinds.get(KIND_PLURAL[r.kind], 0) + 1
         tail = "; " + ", ".join(f"{n} more {k}" for k, n in kinds.items())
     harmful = sum(1 for r in check.heads if r.kind == "harmful")
     verdict = (
@@ -374,7 +375,7 @@ def _check_summary(check: CollapseCheck) -> str:
         else ""
     )
     together = (" " + together_sentence(check)) if check.together is not None else ""
-    return head + "; ".join(shown) + tail + "." + together + verdict
+    return head + "; ".join(check_sentence(r, check, baseline=False) for r in shown) + tail + "." + together + verdict
 
 
 def summary(numbers: CollapseNumbers) -> str:
@@ -389,7 +390,7 @@ def summary(numbers: CollapseNumbers) -> str:
             f"{head}: none collapses. The sharpest is L{best.layer}H{best.head} (mean max weight "
             f"{best.mean_max_weight:.3f}, onto {_target(best)}).{tail}"
         )
-    named = "; ".join(_named(r) for r in concentrated[:3])
+    named = "; ".join(_named(r) for r in concentrated[: 2 if numbers.check is not None else 3])
     checked = (
         " " + _check_summary(numbers.check)
         if numbers.check is not None
