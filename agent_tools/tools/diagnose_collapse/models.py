@@ -131,6 +131,14 @@ class CollapseCheckRow(BaseModel):
     )
 
 
+class GroupCheckRow(BaseModel):
+    """Every checked head removed at once."""
+
+    heads: list[str] = Field(description='the heads removed together, "L.H"')
+    mean_ablation: AblationEffectRow
+    resample_ablation: AblationEffectRow | None = None
+
+
 class BaselineRow(BaseModel):
     """The same ablation on random heads: mean ± sample standard deviation over the draws."""
 
@@ -148,7 +156,7 @@ class CollapseCheck(BaseModel):
     rule: str = Field(description="when an effect counts as beyond chance")
     resample_source: str = Field(description="what resample-ablation copied head outputs from")
     baseline: BaselineRow | None = Field(default=None, description="single random non-collapsed heads")
-    together: CollapseCheckRow | None = Field(default=None, description="every checked head removed at once")
+    together: GroupCheckRow | None = Field(default=None, description="every checked head removed at once")
     together_baseline: BaselineRow | None = Field(default=None, description="as many random heads at once")
     heads: list[CollapseCheckRow]
     forward_equivalents: float = Field(description="cost of the check in forward passes of the text")

@@ -8,13 +8,12 @@ consumers from one forward pass; run alone, :func:`diagnose_collapse` hands the 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from agent_tools.ablation_check import (
     HeadSet,
-    SetEffect,
     baseline_of,
     measure_head_sets,
     random_sets,
@@ -32,7 +31,7 @@ from agent_tools.intervene import AblationMethod
 from agent_tools.layout import output_weight
 from agent_tools.loading import LoadedModel
 from agent_tools.render import grid_heatmap
-from agent_tools.schemas import Token, rounded
+from agent_tools.schemas import Token, head_label, rounded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.diagnose_collapse import narrative
 from agent_tools.tools.diagnose_collapse.models import (
@@ -43,6 +42,7 @@ from agent_tools.tools.diagnose_collapse.models import (
     CollapseCheckRow,
     CollapseReport,
     DiagnoseCollapseInput,
+    GroupCheckRow,
     HeadCollapseRow,
 )
 from agent_tools.tools.diagnose_collapse.narrative import CollapseNumbers
@@ -255,27 +255,37 @@ def _causal_check(
     def baseline(drawn: list[HeadSet], method: AblationMethod) -> Baseline:
         return baseline_of([found[(s, method)] for s in drawn])
 
-    def check_row(heads: HeadSet, verdict: str, drawn: list[HeadSet]) -> CollapseCheckRow:
-        effects = {m: found[(heads, m)] for m in methods}
-        directions = {m: compare_with_baseline(effects[m].effect, baseline(drawn, m)) for m in methods}
-        layer, head = heads[0]
+    def effect_rows(heads: HeadSet, drawn: list[HeadSet]) -> dict[AblationMethod, AblationEffectRow]:
+        """Each method's effect of removing ``heads``, compared with the same method on the ``drawn`` sets."""
+        rows = {}
+        for method in methods:
+            effect = found[(heads, method)].effect
+            rows[method] = AblationEffectRow(
+                effect=rounded(effect, 6), direction=compare_with_baseline(effect, baseline(drawn, method))
+            )
+        return rows
+
+    def check_row(row: HeadCollapseRow) -> CollapseCheckRow:
+        effects = effect_rows(((row.layer, row.head),), singles)
+        resample = effects.get("resample")
         return CollapseCheckRow(
-            layer=layer,
-            head=head,
-            verdict="no_op_sink" if verdict == "no_op_sink" else "writing_collapse",
-            kind=collapse_kind(
-                "no_op_sink" if verdict == "no_op_sink" else "writing_collapse",
-                directions["mean"],
-                directions.get("resample"),
-            ),
-            mean_ablation=_effect_row(effects["mean"], directions["mean"]),
-            resample_ablation=_effect_row(effects["resample"], directions["resample"])
-            if "resample" in effects
-            else None,
+            layer=row.layer,
+            head=row.head,
+            verdict=row.verdict,
+            kind=collapse_kind(row.verdict, effects["mean"].direction, resample.direction if resample else None),
+            mean_ablation=effects["mean"],
+            resample_ablation=resample,
         )
 
-    heads = [check_row(((r.layer, r.head),), r.verdict, singles) for r in checked]
-    all_sinks = all(r.verdict == "no_op_sink" for r in checked)
+    heads = [check_row(r) for r in checked]
+    group = None
+    if len(checked) > 1:
+        effects = effect_rows(together, groups)
+        group = GroupCheckRow(
+            heads=[head_label(layer, head) for layer, head in together],
+            mean_ablation=effects["mean"],
+            resample_ablation=effects.get("resample"),
+        )
     return CollapseCheck(
         measure="next_token_loss" if measured.loss_clean is not None else "embedding_cosine",
         loss_clean=rounded(measured.loss_clean) if measured.loss_clean is not None else None,
@@ -284,9 +294,7 @@ def _causal_check(
         rule=BEYOND_RULE,
         resample_source=resample.description,
         baseline=_baseline_row(singles, methods, baseline),
-        together=check_row(together, "no_op_sink" if all_sinks else "writing_collapse", groups)
-        if len(checked) > 1
-        else None,
+        together=group,
         together_baseline=_baseline_row(groups, methods, baseline) if len(checked) > 1 else None,
         heads=heads,
         forward_equivalents=round(measured.forward_equivalents, 1),
@@ -294,11 +302,10 @@ def _causal_check(
     )
 
 
-def _effect_row(effect: SetEffect, direction: str) -> AblationEffectRow:
-    return AblationEffectRow(effect=rounded(effect.effect, 6), direction=direction)  # type: ignore[arg-type]
-
-
-def _baseline_row(drawn: list[HeadSet], methods: list[AblationMethod], baseline) -> BaselineRow | None:
+def _baseline_row(
+    drawn: list[HeadSet], methods: list[AblationMethod], baseline: Callable[[list[HeadSet], AblationMethod], Baseline]
+) -> BaselineRow | None:
+    """The random draws' mean ± sd per method (None without draws)."""
     if not drawn:
         return None
     mean, resample = baseline(drawn, "mean"), baseline(drawn, "resample") if "resample" in methods else None
