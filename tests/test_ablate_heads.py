@@ -339,3 +339,34 @@ def test_resample_and_bad_input(tiny_models, inspector: Inspector) -> None:
     most = get_tool("ablate_heads")(inspector, {**base, "heads": ["0.*", "1.0", "1.1", "1.2"]})
     assert most.baseline is None and any("no baseline: it needs 7 heads" in n for n in most.notes)
     assert "no random-head baseline" in most.summary
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_batched_rows_equal_one_ablation_at_a_time(tiny_models, inspector: Inspector, family: str) -> None:
+    """Head sets over several layers, three methods, as rows of one batch joining at their first ablated layer:
+    each row's effect equals its own clean + ablated pair (``Inspector.ablate``), and the model is restored."""
+    from agent_tools.ablation_check import measure_head_sets, resample_source
+
+    loaded = inspector.model(f"tiny-{family}")
+    encoded = inspector.encode(loaded, TEXT)
+    source = resample_source(inspector, loaded, encoded, None, seed=0)
+    rows = [(((1, 2),), "mean"), (((0, 1), (1, 3)), "resample"), (((1, 0),), "zero"), (((0, 0), (0, 3)), "mean")]
+    before = _output(loaded.model, _ids())
+    measured = measure_head_sets(inspector, loaded, encoded, rows, source)
+    for (heads, method), found in zip(rows, measured.effects, strict=True):
+        alone = inspector.ablate(loaded, encoded.input_ids, None, list(heads), method=method, resample_ids=source.ids)
+        if alone.language_model:
+            change = (
+                token_losses(alone.ablated, encoded.input_ids).mean()
+                - token_losses(alone.clean, encoded.input_ids).mean()
+            )
+            assert found.loss_change == pytest.approx(float(change), abs=1e-5)
+            assert found.kl_mean == pytest.approx(
+                float(next_token_kl(alone.clean[0], alone.ablated[0]).mean()), abs=1e-6
+            )
+        else:
+            pooled = cosine_change(alone.clean[0].mean(0).double(), alone.ablated[0].mean(0).double())
+            assert found.cosine_change == pytest.approx(float(pooled), abs=1e-6)
+    assert torch.equal(before, _output(loaded.model, _ids()))
+    for layer in range(2):
+        assert not output_projection(loaded.model, layer)._forward_pre_hooks
