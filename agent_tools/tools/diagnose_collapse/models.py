@@ -155,7 +155,9 @@ class CollapseCheck(BaseModel):
     checked: int = Field(description="how many of them were checked (max_checked, most collapsed first)")
     rule: str = Field(description="when an effect counts as beyond chance")
     resample_source: str = Field(description="what resample-ablation copied head outputs from")
-    baseline: BaselineRow | None = Field(default=None, description="single random non-collapsed heads")
+    baseline: BaselineRow | None = Field(
+        default=None, description="single random heads drawn from the examined heads that did not collapse, seeded"
+    )
     together: GroupCheckRow | None = Field(default=None, description="every checked head removed at once")
     together_baseline: BaselineRow | None = Field(default=None, description="as many random heads at once")
     heads: list[CollapseCheckRow]
