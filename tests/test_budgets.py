@@ -234,8 +234,11 @@ def test_next_calls_are_runnable_and_shown(answers, name: str) -> None:
 @pytest.mark.real_model
 def test_next_calls_draw_on_the_results(answers) -> None:
     collapse, _ = answers["diagnose_collapse"]
-    harmful = [f"{f.layer}.{f.head}" for f in collapse.findings if f.kind == "harmful_collapse"]
-    assert collapse.next_calls[0].tool == "ablate_heads" and collapse.next_calls[0].arguments["heads"] == harmful
+    assert collapse.check is not None
+    moved = [f"{c.layer}.{c.head}" for c in collapse.check.heads if c.kind in ("harmful", "load_bearing", "mixed")]
+    most = next(f"{h.layer}.{h.head}" for h in collapse.heads if h.verdict != "not_collapsed")
+    expected = moved[:4] or [most]  # the heads whose removal moved the loss, else the most collapsed one
+    assert collapse.next_calls[0].tool == "ablate_heads" and collapse.next_calls[0].arguments["heads"] == expected
     shown, _ = answers["show_attention"]
     assert shown.next_calls[1].arguments == {"text": TOOLS["show_attention"].example["text"], "layers": [shown.layer]}
     scaling, _ = answers["explain_scaling"]
