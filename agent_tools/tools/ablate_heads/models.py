@@ -18,9 +18,9 @@ from agent_tools.schemas import Report, TextInput, head_label
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Remove heads (mean-ablation by default) and measure what changes — next-token KL, loss, top token (encoders: "
-    "embedding shift) — against removing as many random heads, plus each head's direct logit attribution. Use to "
-    "test whether heads another tool named matter."
+    "Remove heads (mean-ablation by default) and measure what changes vs as many random heads: next-token KL, "
+    "loss, top token (encoders: embedding shift), and each head's direct logit attribution. Use to test whether "
+    "named heads matter."
 )
 
 _HEAD_STRING = re.compile(r"^\s*[Ll]?\s*(-?\d+)\s*(?:\.|:|[Hh]|\.[Hh])\s*(-?\d+|\*)\s*$")
@@ -82,9 +82,8 @@ class AblateHeadsInput(TextInput, StackInput):
     method: AblationMethod = Field(
         default="mean",
         description=(
-            "mean: output set to its mean over the text's positions; resample: output taken from resample_text (or "
-            "the text's own tokens shuffled, seeded) at the same position; zero: output set to 0 "
-            "(out-of-distribution: the model never sees a head write 0)"
+            "mean: output set to its mean over positions; resample: taken from resample_text (or the text shuffled) "
+            "at each position; zero: set to 0 (out-of-distribution)"
         ),
     )
     resample_text: str | None = Field(

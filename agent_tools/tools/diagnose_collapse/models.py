@@ -18,9 +18,9 @@ from agent_tools.schemas import Report, TextInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Find heads that collapse (max weight near 1) on a text, onto which token, and what removing them does "
-    "(mean- and resample-ablation against random heads): no-op sink, constant-output, load-bearing or harmful. "
-    "Use when attention looks stuck or to find sinks."
+    "Find heads that collapse (max weight near 1) on a text, onto which token, and what removing each does vs "
+    "random heads: no-op sink, constant-output, load-bearing or harmful. Use when attention looks stuck or to find "
+    "sinks."
 )
 
 
@@ -32,16 +32,11 @@ class DiagnoseCollapseInput(TextInput, StackInput):
     )
     top_k: int = Field(default=10, ge=1, le=2000, description="heads listed, most collapsed first")
     png: bool = Field(default=False, description="write a layer × head PNG (artifact)")
-    causal_check: bool = Field(
-        default=True, description="measure what removing each collapsed head does to next-token loss (extra passes)"
-    )
+    causal_check: bool = Field(default=True, description="ablate each collapsed head vs random heads (extra passes)")
     resample_text: str | None = Field(
         default=None,
         min_length=1,
-        description=(
-            "another text, at least as many tokens, whose head outputs resample-ablation copies in; omitted = the "
-            "text's own tokens in a seeded random order"
-        ),
+        description="text (as many tokens or more) resample-ablation copies from; omitted = the text shuffled",
     )
     max_checked: int = Field(
         default=MAX_CHECKED_HEADS, ge=1, le=32, description="collapsed heads checked at most, most collapsed first"
