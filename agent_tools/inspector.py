@@ -670,6 +670,7 @@ class Inspector:
         *,
         method: AblationMethod = "zero",
         clean: torch.Tensor | None = None,
+        resample_ids: torch.Tensor | None = None,
     ) -> runner.AblationEffect:
         """Clean (unless given) and head-ablated forwards (see :func:`agent_tools.runner.ablated_forward`).
 
@@ -678,7 +679,34 @@ class Inspector:
         """
         checkpoint = _checkpoint()
         with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
-            return runner.ablated_forward(loaded, input_ids, attention_mask, heads, method=method, clean=clean)
+            return runner.ablated_forward(
+                loaded, input_ids, attention_mask, heads, method=method, clean=clean, resample_ids=resample_ids
+            )
+
+    def head_outputs(self, loaded: LoadedModel, input_ids: torch.Tensor, layers: Sequence[int]) -> dict:
+        """Layer -> (T, H, D) every head's output before W_O on a (1, T) input (see :func:`runner.head_outputs`)."""
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return runner.head_outputs(loaded, input_ids, layers)
+
+    def ablated_rows(
+        self,
+        loaded: LoadedModel,
+        input_ids: torch.Tensor,
+        rows: Sequence[runner.HeadSetAblation],
+        *,
+        replacements: dict,
+        reduce: Callable[[torch.Tensor], tuple[torch.Tensor, ...]],
+    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """What ``reduce`` keeps of the clean output and of each head set's ablated output, the sets batched as
+        rows (see :func:`agent_tools.runner.ablated_rows`)."""
+        length = int(input_ids.shape[-1])
+        max_rows = runner.ablation.rows_per_batch(loaded, length, self.memory_budget)
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return runner.ablated_rows(
+                loaded, input_ids, rows, replacements=replacements, reduce=reduce, max_rows=max_rows
+            )
 
     def execute(self, plan: PassPlan[Result]) -> Result:
         """Run one plan on its own: its forward pass (if any), then its finish."""

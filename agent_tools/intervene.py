@@ -9,6 +9,7 @@ model keeps its own implementation (sdpa). The projection's bias is shared by al
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, get_args
@@ -20,7 +21,7 @@ from agent_tools.analysis.ablation import masked_mean, replace_head_slices
 from agent_tools.families import find_attention_modules
 from agent_tools.layout import output_projection
 
-AblationMethod = Literal["zero", "mean"]
+AblationMethod = Literal["mean", "resample", "zero"]
 ABLATION_METHODS: tuple[AblationMethod, ...] = get_args(AblationMethod)
 
 
@@ -34,19 +35,22 @@ def heads_ablated(
     method: AblationMethod = "zero",
     means: Mapping[int, Tensor] | None = None,
 ) -> Iterator[None]:
-    """Inside the block, the named heads (layer -> heads) write zero (or their mean output) into the projection.
+    """Inside the block, the named heads (layer -> heads) write zero, their mean output, or another run's output
+    into the projection.
 
     Args:
         model: any family :func:`agent_tools.layout.output_projection` finds.
         heads: layer -> query heads to ablate.
         num_heads, head_dim: the layer's query heads and dims per head (the projection takes H·D features).
-        method: ``zero`` replaces the heads' outputs by 0; ``mean`` by ``means[layer]`` (H, D).
-        means: per-layer mean head outputs for ``method="mean"`` (see :func:`recorded_head_means`).
+        method: ``zero`` replaces the heads' outputs by 0; ``mean`` by ``means[layer]`` (H, D), the same at every
+            position; ``resample`` by ``means[layer]`` (T, H, D), another run's head outputs position by position
+            (:func:`recorded_head_inputs` on a text of the same length).
+        means: per-layer replacement head outputs for ``mean`` (see :func:`recorded_head_means`) or ``resample``.
     """
     if method not in ABLATION_METHODS:
         raise ValueError(f"method must be one of {ABLATION_METHODS}, got {method!r}")
-    if method == "mean" and (means is None or any(layer not in means for layer in heads)):
-        raise ValueError("mean ablation needs the mean head outputs of every ablated layer")
+    if method != "zero" and (means is None or any(layer not in means for layer in heads)):
+        raise ValueError(f"{method} ablation needs the replacement head outputs of every ablated layer")
     width = num_heads * head_dim
     projections = {
         layer: output_projection(model, layer, in_features=width) for layer, chosen in heads.items() if chosen
@@ -54,7 +58,7 @@ def heads_ablated(
 
     def hook_for(layer: int):
         chosen = list(heads[layer])
-        layer_means = means[layer] if method == "mean" and means is not None else None
+        layer_means = means[layer] if method != "zero" and means is not None else None
 
         def hook(module: nn.Module, args: tuple) -> tuple:
             return (replace_head_slices(args[0], chosen, head_dim, layer_means), *args[1:])
@@ -130,6 +134,16 @@ def heads_patched_joining(
         if count <= alive:
             raise ValueError(f"layer {layer}'s mask must add rows to the {alive} already running, got {count}")
         joining[layer], alive = count - alive, count
+    with (
+        _rows_joining(model, joining, num_heads=num_heads),
+        _patched_projections(model, masks, num_heads=num_heads, head_dim=head_dim, sources=sources),
+    ):
+        yield
+
+
+@contextmanager
+def _rows_joining(model: nn.Module, joining: Mapping[int, int], *, num_heads: int) -> Iterator[None]:
+    """Inside the block, ``joining[l]`` copies of batch row 0 join the batch at the block of layer ``l``."""
     first = min(joining) if joining else 0
     blocks = _blocks_from(model, first)
 
@@ -153,11 +167,67 @@ def heads_patched_joining(
 
     handles = [blocks[layer].register_forward_pre_hook(join_for(layer), with_kwargs=True) for layer in blocks]
     try:
-        with _patched_projections(model, masks, num_heads=num_heads, head_dim=head_dim, sources=sources):
-            yield
+        yield
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def head_sets_ablated_joining(
+    model: nn.Module,
+    rows: Sequence[tuple[Mapping[int, Sequence[int]], AblationMethod]],
+    *,
+    num_heads: int,
+    head_dim: int,
+    replacements: Mapping[AblationMethod, Mapping[int, Tensor]],
+) -> Iterator[None]:
+    """Inside the block, one forward of a sequence becomes a batch: row 0 unablated, row ``r + 1`` with the heads
+    ``rows[r][0]`` (layer -> heads, any number of layers) replaced by ``rows[r][1]``'s method.
+
+    Args:
+        rows: sorted by their first (lowest) ablated layer; every row names at least one head.
+        replacements: method -> layer -> what replaces a head's output: (H, D) means (``mean``) or (T, H, D)
+            another run's outputs (``resample``); ``zero`` needs none.
+
+    Row ``r + 1`` joins the batch as a copy of row 0 at the block of its first ablated layer (no row runs a layer
+    before the one it first changes); at each layer's output projection every method's heads are replaced in the
+    rows alive there. The output keeps row 0 first.
+    """
+    firsts = [min(heads) for heads, _ in rows]
+    if any(a > b for a, b in itertools.pairwise(firsts)):
+        raise ValueError("rows must be sorted by their first ablated layer")
+    joining: dict[int, int] = {}
+    for first in firsts:
+        joining[first] = joining.get(first, 0) + 1
+    layers = sorted({layer for heads, _ in rows for layer in heads})
+    masks: dict[int, dict[AblationMethod, Tensor]] = {}  # layer -> method -> (R_l, H) bool
+    for layer in layers:
+        alive = 1 + sum(1 for first in firsts if first <= layer)
+        for row, (heads, method) in enumerate(rows, start=1):
+            if heads.get(layer):
+                mask = masks.setdefault(layer, {}).setdefault(method, torch.zeros(alive, num_heads, dtype=torch.bool))
+                mask[row, list(heads[layer])] = True
+    projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in layers}
+
+    def hook_for(layer: int):
+        def hook(module: nn.Module, args: tuple) -> tuple:
+            hidden = args[0]  # (R_l, T, H·D)
+            count, length = hidden.shape[0], hidden.shape[1]
+            per_head = hidden.reshape(count, length, num_heads, head_dim)  # (R_l, T, H, D)
+            for method, mask in masks[layer].items():
+                chosen = mask.to(hidden.device)[:, None, :, None]  # (R_l, 1, H, 1)
+                source = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
+                if method != "zero":
+                    source = replacements[method][layer].to(device=hidden.device, dtype=hidden.dtype)
+                    source = source[None, None] if source.dim() == 2 else source[None]  # (1, 1|T, H, D)
+                per_head = torch.where(chosen, source, per_head)
+            return (per_head.reshape(count, length, num_heads * head_dim), *args[1:])
+
+        return hook
+
+    with _rows_joining(model, joining, num_heads=num_heads), _pre_hooks(projections, hook_for):
+        yield
 
 
 def _blocks_from(model: nn.Module, first: int) -> dict[int, nn.Module]:

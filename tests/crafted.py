@@ -113,15 +113,17 @@ _POS, _TOK, _PREV, _OUT = slice(0, 4), slice(4, 36), slice(36, 68), slice(68, 10
 _ASIDE, _SINK_OUT, _BOS = slice(100, 104), slice(104, 124), slice(126, 128)
 
 
-def circuit_tokenizer():
-    """A word-level tokenizer over :data:`CIRCUIT_WORDS` that puts <bos> first (offsets, no downloads)."""
+def circuit_tokenizer(*, bos: bool = True):
+    """A word-level tokenizer over :data:`CIRCUIT_WORDS` that puts <bos> first (offsets, no downloads); with
+    ``bos=False`` the first word is position 0."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     words = ["<bos>", "<eos>", "<unk>", "<pad>", *CIRCUIT_WORDS]
     backend = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    if bos:
+        backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
     )
@@ -217,6 +219,33 @@ def _induction_and_sink_heads(attention: torch.nn.Module, score: float, match: f
     weight[0:2, width + d : width + d + 2] = torch.eye(2)
     weight[_TOK, 2 * width + d : 2 * width + 2 * d] = eye
     attention.c_proj.weight[torch.arange(d, 2 * d), torch.arange(d) % 20 + _SINK_OUT.start] = 1.0
+
+
+def collapse_circuit(*, bias: float = 4.0) -> torch.nn.Module:
+    """:func:`induction_circuit` with two collapsed heads of known effect, for a tokenizer without <bos>
+    (``circuit_tokenizer(bos=False)``: position 0 is the first word).
+
+    * L1H1, load-bearing: it reads position 0 whatever the query (the sink head's query) and writes that word's
+      code into the output subspace, so every position predicts the first word. Its output is the same at every
+      position (mean-ablation changes nothing), but another text's first word changes it (resample-ablation does).
+    * L1H2, constant-output: the same collapse onto position 0, but its value is the constant bias (0.1, −0.1),
+      written ``bias`` times into the output subspace: a learned logit bias. Its output is exactly the same at every
+      position of every text, so mean- and resample-ablation change nothing (zero-ablation does).
+    * L0H1, L0H2, L0H3 and L1H3 stay uniform heads writing a constant aside: removing them changes nothing.
+    """
+    model = induction_circuit()
+    width, d = CIRCUIT_HIDDEN, CIRCUIT_HEAD_DIM
+    attention = model.transformer.h[1].attn
+    with torch.no_grad():
+        proj = attention.c_proj.weight  # Conv1D (in = H·D, out = C)
+        proj[d : 2 * d] = 0
+        proj[d : 2 * d, _OUT] = torch.eye(d)  # L1H1 writes the first word's code where the unembedding reads
+        head = 2
+        attention.c_attn.bias[head * d : head * d + 2] = 1e5 * torch.tensor([1.0, 0.0])  # query matches position 0
+        attention.c_attn.weight[0:2, width + head * d : width + head * d + 2] = torch.eye(2)  # key: position code
+        proj[head * d : (head + 1) * d] = 0
+        proj[head * d : head * d + 2, _OUT.start : _OUT.start + 2] = bias * torch.eye(2)
+    return model
 
 
 # --- a tiny model trained in seconds to retrieve a value past a distractor of filler ------------------------------

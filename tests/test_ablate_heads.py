@@ -185,8 +185,12 @@ def test_tool_restores_the_model_exactly(tiny_models, inspector: Inspector) -> N
 
 
 def test_encoder_reports_the_pooled_embedding_change(tiny_models, inspector: Inspector) -> None:
-    report = get_tool("ablate_heads")(inspector, {"model": "tiny-bert", "text": TEXT, "heads": ["0.1", "1.0"]})
+    # zero-ablation: tiny BERT's random heads attend almost uniformly in both directions, so each head writes about
+    # the same vector at every position and mean-ablation changes next to nothing
+    arguments = {"model": "tiny-bert", "text": TEXT, "heads": ["0.1", "1.0"], "method": "zero"}
+    report = get_tool("ablate_heads")(inspector, arguments)
     assert report.measure == "embedding" and report.kl_mean is None
+    assert report.baseline is not None and report.baseline.draws == 8 and "random sets of 2 heads" in report.summary
     assert report.pooled_cosine_change is not None and report.pooled_cosine_change > 0
     assert report.mean_token_cosine_change is not None and report.mean_token_cosine_change > 0
 
@@ -230,3 +234,139 @@ def test_direct_logit_attribution_target_and_bad_target(tiny_models, inspector: 
         get_tool("ablate_heads")(inspector, {**args, "target_token": "the cat"})
     encoder = get_tool("ablate_heads")(inspector, {"model": "tiny-bert", "text": TEXT, "heads": ["0.1"]})
     assert encoder.direct_logit_attribution is None
+
+
+# --- sizing an effect against random heads, ties, resample --------------------------------------------------------
+
+
+def test_baseline_statistics_by_hand() -> None:
+    from agent_tools.analysis.ablation import Baseline, compare_with_baseline, size_against
+
+    base = Baseline((1.0, 2.0, 3.0, 4.0))
+    assert base.mean == 2.5 and base.spread == pytest.approx(math.sqrt(5 / 3))  # Σ(x − 2.5)² = 5, n − 1 = 3
+    assert base.margin == pytest.approx(2 * math.sqrt(5 / 3))
+    assert compare_with_baseline(10.0, base) == "raises" and compare_with_baseline(-10.0, base) == "lowers"
+    assert compare_with_baseline(3.0, base) == "within" and compare_with_baseline(5.08, base) == "within"
+    assert compare_with_baseline(5.09, base) == "raises"  # 2.5 + 2·1.29099 = 5.082
+    zero = Baseline((0.0, 0.0, 0.0))
+    assert zero.spread == 0.0 and zero.margin == 1e-3  # the floor when random heads do exactly nothing
+    assert compare_with_baseline(0.0011, zero) == "raises" and compare_with_baseline(0.0009, zero) == "within"
+    # beyond chance AND beyond the floor from 0: less of a drop than random heads is not "raises"
+    assert compare_with_baseline(-0.5, Baseline((-1.0, -1.0))) == "within"
+    assert compare_with_baseline(0.0011, Baseline((-1.0, -1.0))) == "raises"
+    assert size_against(0.5, Baseline((0.1, 0.1))) == "larger" and size_against(0.0, Baseline((0.1, 0.1))) == "smaller"
+    assert compare_with_baseline(5.0, Baseline(())) == "within"
+
+
+def test_draws_and_derangement() -> None:
+    from agent_tools.analysis.ablation import derangement, draw_head_sets
+
+    pool = [(0, 0), (0, 1), (1, 0)]
+    assert draw_head_sets(pool, 2, 8) == [((0, 0), (0, 1)), ((0, 0), (1, 0)), ((0, 1), (1, 0))]  # every set
+    assert draw_head_sets(pool, 4, 8) == []  # fewer heads than a draw needs
+    big = [(layer, head) for layer in range(6) for head in range(4)]
+    drawn = draw_head_sets(big, 2, 8, seed=3)
+    assert len(drawn) == 8 and len(set(drawn)) == 8 and drawn == draw_head_sets(big, 2, 8, seed=3)
+    assert drawn != draw_head_sets(big, 2, 8, seed=4)
+    order = derangement(6, [0], seed=1)
+    assert order is not None and order[0] == 0 and sorted(order) == list(range(6))
+    assert all(order[p] != p for p in range(1, 6))
+    assert derangement(2, [0]) is None and derangement(1, []) is None
+
+
+def test_tie_margin() -> None:
+    from agent_tools.analysis.ablation import TIE_MARGIN, top_token_change
+
+    assert TIE_MARGIN == 0.02
+    clean = torch.tensor([0.40, 0.20, 0.05])  # ' He', '\n', other: ' He' on top
+    tie = top_token_change(clean, torch.tensor([0.148, 0.151, 0.05]))  # the issue's ' He' 0.148 vs '\n' 0.151
+    assert (tie.kind, tie.clean, tie.ablated) == ("tie", 0, 1)
+    assert tie.p_new_top_ablated == pytest.approx(0.151) and tie.p_clean_top_ablated == pytest.approx(0.148)
+    assert top_token_change(clean, torch.tensor([0.10, 0.121, 0.05])).kind == "flip"  # 0.021 apart
+    assert top_token_change(clean, torch.tensor([0.10, 0.119, 0.05])).kind == "tie"  # 0.019 apart
+    assert top_token_change(clean, torch.tensor([0.30, 0.20, 0.05])).kind == "same"
+
+
+def test_effect_is_sized_against_random_heads(tiny_models, inspector: Inspector) -> None:
+    """The baseline's mean and sd equal the draws ablated one at a time (unbatched), and the words follow them."""
+    from agent_tools.analysis.ablation import Baseline, draw_head_sets
+
+    args = {"model": "tiny-llama", "text": TEXT, "heads": ["0.1", "1.2"], "baseline_draws": 5, "seed": 2}
+    report = get_tool("ablate_heads")(inspector, args)
+    assert report.method == "mean" and report.baseline is not None  # mean-ablation by default
+    assert report.baseline.draws == 5 and report.baseline.heads_per_draw == 2
+    loaded = inspector.model("tiny-llama")
+    encoded = inspector.encode(loaded, TEXT)
+    pool = [(la, he) for la in range(2) for he in range(4) if (la, he) not in {(0, 1), (1, 2)}]
+    changes = []
+    for drawn in draw_head_sets(pool, 2, 5, seed=2):
+        effect = inspector.ablate(loaded, encoded.input_ids, None, list(drawn), method="mean")
+        changes.append(
+            float(
+                token_losses(effect.ablated, encoded.input_ids).mean()
+                - token_losses(effect.clean, encoded.input_ids).mean()
+            )
+        )
+    hand = Baseline(tuple(changes))
+    assert report.baseline.effect[0] == pytest.approx(hand.mean, abs=1e-5)
+    assert report.baseline.effect[1] == pytest.approx(hand.spread, abs=1e-5)
+    way = "raises" if (report.loss_change or 0) > 0 else "lowers"
+    assert "Removing 0.1, 1.2 (mean-ablation" in report.summary and f"{way} the loss on the text by" in report.summary
+    assert "5 random sets of 2 heads" in report.summary
+    assert ("within chance" in report.summary) == (report.baseline.effect_direction == "within")
+    zero = get_tool("ablate_heads")(inspector, {**args, "method": "zero"})
+    assert "out-of-distribution" in zero.summary
+
+
+def test_resample_and_bad_input(tiny_models, inspector: Inspector) -> None:
+    base = {"model": "tiny-llama", "text": TEXT, "heads": ["1.0"]}
+    shuffled = get_tool("ablate_heads")(inspector, {**base, "method": "resample"})
+    assert shuffled.resample_source is not None and "seeded random order (seed 0)" in shuffled.resample_source
+    assert "special tokens kept in place" in shuffled.resample_source and "resample-ablation" in shuffled.summary
+    given = get_tool("ablate_heads")(
+        inspector, {**base, "method": "resample", "resample_text": TEXT + " and the dog sat too"}
+    )
+    assert given.resample_source == "the first 11 tokens of resample_text"
+    with pytest.raises(InvalidInputError, match=r"resample_text is 3 tokens; .* at least 11"):
+        get_tool("ablate_heads")(inspector, {**base, "method": "resample", "resample_text": "the cat"})
+    with pytest.raises(InvalidInputError, match="only with method 'resample'"):
+        get_tool("ablate_heads")(inspector, {**base, "resample_text": TEXT})
+    with pytest.raises(InvalidInputError, match="fewer than 2 tokens that could be shuffled"):
+        get_tool("ablate_heads")(inspector, {**base, "text": "cat", "method": "resample"})
+    with pytest.raises(InvalidInputError, match="'mean', 'resample' or 'zero'"):
+        get_tool("ablate_heads")(inspector, {**base, "method": "half"})
+    # a baseline needs as many other heads as were removed: 7 of 8 leave 1, so no baseline, said so
+    most = get_tool("ablate_heads")(inspector, {**base, "heads": ["0.*", "1.0", "1.1", "1.2"]})
+    assert most.baseline is None and any("no baseline: it needs 7 heads" in n for n in most.notes)
+    assert "no random-head baseline" in most.summary
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_batched_rows_equal_one_ablation_at_a_time(tiny_models, inspector: Inspector, family: str) -> None:
+    """Head sets over several layers, three methods, as rows of one batch joining at their first ablated layer:
+    each row's effect equals its own clean + ablated pair (``Inspector.ablate``), and the model is restored."""
+    from agent_tools.ablation_check import measure_head_sets, resample_source
+
+    loaded = inspector.model(f"tiny-{family}")
+    encoded = inspector.encode(loaded, TEXT)
+    source = resample_source(inspector, loaded, encoded, None, seed=0)
+    rows = [(((1, 2),), "mean"), (((0, 1), (1, 3)), "resample"), (((1, 0),), "zero"), (((0, 0), (0, 3)), "mean")]
+    before = _output(loaded.model, _ids())
+    measured = measure_head_sets(inspector, loaded, encoded, rows, source)
+    for (heads, method), found in zip(rows, measured.effects, strict=True):
+        alone = inspector.ablate(loaded, encoded.input_ids, None, list(heads), method=method, resample_ids=source.ids)
+        if alone.language_model:
+            change = (
+                token_losses(alone.ablated, encoded.input_ids).mean()
+                - token_losses(alone.clean, encoded.input_ids).mean()
+            )
+            assert found.loss_change == pytest.approx(float(change), abs=1e-5)
+            assert found.kl_mean == pytest.approx(
+                float(next_token_kl(alone.clean[0], alone.ablated[0]).mean()), abs=1e-6
+            )
+        else:
+            pooled = cosine_change(alone.clean[0].mean(0).double(), alone.ablated[0].mean(0).double())
+            assert found.cosine_change == pytest.approx(float(pooled), abs=1e-6)
+    assert torch.equal(before, _output(loaded.model, _ids()))
+    for layer in range(2):
+        assert not output_projection(loaded.model, layer)._forward_pre_hooks

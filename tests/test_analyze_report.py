@@ -101,11 +101,15 @@ def test_the_story_states_this_models_numbers(analysed) -> None:
     rebuilt = result.reports["reconstruct_attention"]
     assert [s.divisor for s in rebuilt.stages] == pytest.approx([1.0, 8.0, 8.0, 8.0, 8.0])  # ÷ sqrt(d_k = 64)
     assert "stage 2 ÷ 8" in " ".join(steps["stages"].sentences)
-    harmful = [r for r in result.collapse_rows if r.verdict == "harmful_collapse"]
+    writing = [r for r in result.collapse_rows if r.verdict == "writing_collapse"]
     assert len(result.collapse_rows) == 270
     collapse = " ".join(steps["collapse"].sentences)
-    assert collapse.index("Harmful first") < collapse.index("no-op sinks")
-    for row in harmful[:3]:  # each harmful head named, wherever it ranks
+    check = result.reports["diagnose_collapse"].check
+    assert check is not None and check.heads
+    assert collapse.index("Removing each collapsed head") < collapse.index("Value side (norms, not effects)")
+    for row in check.heads[:3]:  # the measured kind of each checked head, with its effect, before the norms
+        assert f"L{row.layer}H{row.head} is " in collapse and f"{row.mean_ablation.effect:+.4f} nats" in collapse
+    for row in writing[:3]:  # each head that writes substantially named, wherever it ranks
         assert f"L{row.layer}H{row.head}" in collapse
     experiment = result.reports["scaling_experiment"]
     assert experiment.confident_wrong_loss == pytest.approx(math.log(math.exp(8) + 15), abs=1e-3)

@@ -185,19 +185,23 @@ def test_profile_heads_cuts_the_head_table_by_confidence(answers) -> None:
 
 
 @pytest.mark.real_model
-def test_the_concise_text_names_every_harmful_head_it_counts(answers) -> None:
+def test_the_concise_text_says_what_removing_the_collapsed_heads_did(answers) -> None:
     summary, _ = answers["diagnose_collapse"]
     text = concise_text(summary)
-    harmful = [f for f in summary.findings if f.kind == "harmful_collapse"]
-    count = summary.verdict_counts.get("harmful_collapse", 0)
-    assert count >= 1 and len(harmful) == count  # this text on this model: 3 harmful collapses
-    assert f"{count} collapse harmfully" in summary.summary
+    check = summary.check
+    assert check is not None and check.checked >= 1 and check.baseline is not None
+    kinds = [
+        f for f in summary.findings if f.kind in ("harmful", "load_bearing", "mixed", "constant_output", "no_op_sink")
+    ]
+    assert len(kinds) == check.checked  # one finding per checked head, with the kind measured
     lines = text.split("\n")
-    places = [next(i for i, line in enumerate(lines) if f"L{f.layer}H{f.head} " in line) for f in harmful]
-    sinks = [i for i, line in enumerate(lines) if "no-op: it writes almost nothing" in line]
-    assert all(f"L{f.layer}H{f.head}" in lines[0] for f in harmful)  # named in the summary itself
-    assert places == sorted(places) and all(p < s for p in places for s in sinks)  # before any no-op sink
-    first = harmful[0]
+    assert f"{check.baseline.draws} random heads" in lines[0]  # the baseline is in the summary itself
+    harmful = [c for c in check.heads if c.kind == "harmful"]
+    assert ("None is harmful" in lines[0]) == (not harmful)
+    for row in check.heads[:3]:
+        assert any(f"L{row.layer}H{row.head} is " in line for line in lines)
+    moved = [c for c in check.heads if c.kind in ("harmful", "load_bearing", "mixed")]
+    first = moved[0] if moved else next(h for h in summary.heads if h.verdict != "not_collapsed")
     assert f'next: ablate_heads {{"text": "{summary_text(summary)}", "heads": ["{first.layer}.{first.head}"' in text
 
 
@@ -230,8 +234,11 @@ def test_next_calls_are_runnable_and_shown(answers, name: str) -> None:
 @pytest.mark.real_model
 def test_next_calls_draw_on_the_results(answers) -> None:
     collapse, _ = answers["diagnose_collapse"]
-    harmful = [f"{f.layer}.{f.head}" for f in collapse.findings if f.kind == "harmful_collapse"]
-    assert collapse.next_calls[0].tool == "ablate_heads" and collapse.next_calls[0].arguments["heads"] == harmful
+    assert collapse.check is not None
+    moved = [f"{c.layer}.{c.head}" for c in collapse.check.heads if c.kind in ("harmful", "load_bearing", "mixed")]
+    most = next(f"{h.layer}.{h.head}" for h in collapse.heads if h.verdict != "not_collapsed")
+    expected = moved[:4] or [most]  # the heads whose removal moved the loss, else the most collapsed one
+    assert collapse.next_calls[0].tool == "ablate_heads" and collapse.next_calls[0].arguments["heads"] == expected
     shown, _ = answers["show_attention"]
     assert shown.next_calls[1].arguments == {"text": TOOLS["show_attention"].example["text"], "layers": [shown.layer]}
     scaling, _ = answers["explain_scaling"]

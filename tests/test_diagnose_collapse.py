@@ -80,9 +80,9 @@ def test_hand_computed_statistics_on_four_tokens() -> None:
     assert sink.value_norm_ratio == pytest.approx(0.05)
     assert sink.dominant_value_share == pytest.approx((0.09 / 0.29 + 0.08 / 0.48 + 0.07 / 0.67) / 3)
     assert sink.verdict == "no_op_sink"
-    # the same weights with a large sink value: 0.8 × 3 against 1 -> harmful
+    # the same weights with a large sink value: 0.8 × 3 against 1 -> a writing collapse (value side)
     assert harmful.contribution_ratio == pytest.approx(2.4)
-    assert harmful.verdict == "harmful_collapse"
+    assert harmful.verdict == "writing_collapse"
     assert self_head.mean_entropy == pytest.approx(0.0, abs=1e-9) and self_head.self_fraction == 1.0
     assert (self_head.concentration, self_head.verdict) == ("self", "positional")
     assert previous.previous_fraction == pytest.approx(2 / 3) and previous.sink_fraction == pytest.approx(1 / 3)
@@ -106,7 +106,7 @@ def test_one_content_token_whatever_the_query_bidirectional() -> None:
     assert stats.rows == 4 and stats.dominant_position == 2 and stats.top_other_position == 2
     assert stats.top_other_fraction == 1.0 and stats.concentration == "fixed_token"
     assert stats.self_fraction == pytest.approx(0.25)  # query 2 reads itself
-    assert stats.verdict == "harmful_collapse" and stats.contribution_ratio == pytest.approx(0.97)
+    assert stats.verdict == "writing_collapse" and stats.contribution_ratio == pytest.approx(0.97)
     expected = -(0.97 * math.log(0.97) + 3 * 0.01 * math.log(0.01))
     assert stats.mean_entropy == pytest.approx(expected, abs=1e-9)
     assert stats.mean_normalised_entropy == pytest.approx(expected / math.log(4), abs=1e-9)
@@ -330,6 +330,8 @@ BAD = [
     ({"text": "the cat", "threshold": 0}, InvalidInputError, "threshold"),
     ({"text": "the cat", "threshold": 1.5}, InvalidInputError, "threshold"),
     ({"text": "the cat", "top_k": 0}, InvalidInputError, "top_k"),
+    ({"text": "the cat", "baseline_draws": 1}, InvalidInputError, "baseline_draws"),
+    ({"text": "the cat", "max_checked": 0}, InvalidInputError, "max_checked"),
 ]
 
 
@@ -389,5 +391,100 @@ def test_head_whose_values_are_all_zero_is_a_no_op_not_a_crash(inspector: Inspec
     assert silent, "the zeroed heads were examined"
     for head in silent:
         assert head.value_norm_ratio is None and head.dominant_contribution == 0.0
-        assert head.verdict != "harmful_collapse"
+        assert head.verdict != "writing_collapse"
     assert all(h.value_norm_ratio is None or math.isfinite(h.value_norm_ratio) for h in report.heads)
+
+
+# --- the causal check: kinds named by what removing a head does, against random heads ----------------------
+
+CIRCUIT_TEXT = "cat dog cat sun cat moon cat"
+
+
+@pytest.fixture(scope="module")
+def collapse_circuit_model() -> str:
+    from crafted import circuit_tokenizer, collapse_circuit
+
+    from agent_tools.loading import register_model
+
+    register_model("collapse-circuit", collapse_circuit(), circuit_tokenizer(bos=False))
+    return "collapse-circuit"
+
+
+def test_kinds_by_hand() -> None:
+    from agent_tools.analysis.collapse import collapse_kind
+
+    assert collapse_kind("writing_collapse", "within", "within") == "constant_output"
+    assert collapse_kind("no_op_sink", "within", None) == "no_op_sink"
+    assert collapse_kind("no_op_sink", "raises", "within") == "load_bearing"  # the measured effect wins
+    assert collapse_kind("writing_collapse", "within", "lowers") == "harmful"
+    assert collapse_kind("writing_collapse", "raises", "lowers") == "mixed"
+
+
+def test_planted_constant_output_and_load_bearing_heads(collapse_circuit_model, inspector: Inspector) -> None:
+    """L1H2 writes a constant (its value is a bias): mean- and resample-ablation change the loss by exactly 0, so it
+    is a constant-output head, not harmful, although its value norms equal an ordinary key's. L1H1 writes the first
+    word everywhere: mean-ablation is exactly 0 (its output is the same at every position) but resample-ablation
+    from a text whose first word differs raises the loss far beyond the random heads (uniform heads writing
+    aside: exactly 0 ± 0)."""
+    arguments = {
+        "model": collapse_circuit_model,
+        "text": CIRCUIT_TEXT,
+        "heads": [1, 2, 3],
+        "resample_text": "dog dog dog dog dog dog dog dog",
+    }
+    report = get_tool("diagnose_collapse")(inspector, arguments)
+    check = report.check
+    assert check is not None and check.measure == "next_token_loss"
+    assert check.resample_source == "the first 7 tokens of resample_text"
+    kinds = {(c.layer, c.head): c for c in check.heads}
+    constant, bearing = kinds[(1, 2)], kinds[(1, 1)]
+    assert constant.verdict == "writing_collapse" and constant.kind == "constant_output"
+    assert constant.mean_ablation.effect == 0.0 and constant.resample_ablation is not None
+    assert constant.resample_ablation.effect == 0.0
+    assert bearing.kind == "load_bearing" and bearing.mean_ablation.effect == 0.0
+    assert bearing.resample_ablation is not None and bearing.resample_ablation.direction == "raises"
+    assert bearing.resample_ablation.effect > 0.5
+    # the baseline: every one of the 4 non-collapsed heads (fewer than the 8 draws asked, said so), all exactly 0
+    assert check.baseline is not None and check.baseline.draws == 4 and check.baseline.heads_per_draw == 1
+    assert check.baseline.mean_ablation == (0.0, 0.0) and check.baseline.resample_ablation == (0.0, 0.0)
+    assert any("4 draws" in note for note in check.notes)
+    assert check.together_baseline is not None and check.together_baseline.draws == 6  # C(4, 2)
+    # the resample effect equals an unbatched resample-ablation of the same head
+    loaded = inspector.model(collapse_circuit_model)
+    encoded = inspector.encode(loaded, CIRCUIT_TEXT)
+    other = inspector.encode(loaded, arguments["resample_text"]).input_ids[:, : encoded.length]
+    alone = inspector.ablate(loaded, encoded.input_ids, None, [(1, 1)], method="resample", resample_ids=other)
+    from agent_tools.analysis.metrics import next_token_losses
+
+    change = (
+        next_token_losses(alone.ablated, encoded.input_ids).mean()
+        - next_token_losses(alone.clean, encoded.input_ids).mean()
+    )
+    assert bearing.resample_ablation.effect == pytest.approx(float(change), abs=1e-5)
+    # the words say what was measured, and nothing is called harmful
+    assert "L1H2 is a constant-output head (mean-ablation +0.0000 nats" in report.summary
+    assert "L1H1 is load-bearing" in report.summary and "removing it raises the loss by" in report.summary
+    assert "None is harmful" in report.summary
+    assert [f.kind for f in report.findings[:2]] == ["load_bearing", "constant_output"]
+    assert report.findings[1].severity == "low"
+    rows = {(h.layer, h.head): h for h in report.heads}
+    assert rows[(1, 2)].kind == "constant_output" and rows[(0, 1)].kind is None
+
+
+def test_default_resample_source_is_a_stated_shuffle(collapse_circuit_model, inspector: Inspector) -> None:
+    arguments = {"model": collapse_circuit_model, "text": CIRCUIT_TEXT, "heads": [1, 2, 3]}
+    report = get_tool("diagnose_collapse")(inspector, arguments)
+    assert report.check is not None
+    assert report.check.resample_source == "the text's own tokens in a seeded random order (seed 0)"
+    with pytest.raises(InvalidInputError, match=r"resample_text is 2 tokens; .* at least 7"):
+        get_tool("diagnose_collapse")(inspector, {**arguments, "resample_text": "dog dog"})
+    off = get_tool("diagnose_collapse")(inspector, {**arguments, "causal_check": False})
+    assert off.check is None and "Not checked by ablation" in off.summary
+
+
+def test_no_baseline_when_every_examined_head_collapsed(collapse_circuit_model, inspector: Inspector) -> None:
+    arguments = {"model": collapse_circuit_model, "text": CIRCUIT_TEXT, "layers": [1], "heads": [1, 2]}
+    report = get_tool("diagnose_collapse")(inspector, arguments)
+    assert report.check is not None and report.check.baseline is None
+    assert any("no baseline" in note and "has 0 to draw from" in note for note in report.check.notes)
+    assert all(c.mean_ablation.direction == "within" for c in report.check.heads)  # nothing to compare with

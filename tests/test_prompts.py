@@ -80,7 +80,7 @@ def test_lines_about_tools_not_served_are_dropped() -> None:
     text = system_prompt(tools=["describe_model"], default_model="minilm-l6")
     assert "`describe_model`" in text and "`show_attention`" not in text
     assert "by default `minilm-l6`" in text
-    assert "Tell a harmless sink from harmful collapse" in text  # reasoning rules stay
+    assert "Tell a no-op sink from a collapse that matters" in text  # reasoning rules stay
     with pytest.raises(InvalidInputError, match="unknown tool"):
         system_prompt(tools=["nope"])
 

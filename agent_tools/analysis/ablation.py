@@ -9,7 +9,12 @@ Nothing here modifies its inputs.
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -24,7 +29,8 @@ def replace_head_slices(hidden: Tensor, heads: Sequence[int], head_dim: int, mea
         hidden: the input of the output projection; head ``h`` owns features ``h·D .. (h+1)·D − 1``.
         heads: query heads to ablate.
         head_dim: ``D``.
-        means: (H, D) per-head mean output to substitute (mean ablation); ``None`` zeroes (zero ablation).
+        means: (H, D) per-head mean output to substitute (mean ablation), or (T, H, D) another run's outputs
+            position by position (resample ablation); ``None`` zeroes (zero ablation).
     """
     shape = hidden.shape
     num_heads = shape[-1] // head_dim
@@ -33,7 +39,8 @@ def replace_head_slices(hidden: Tensor, heads: Sequence[int], head_dim: int, mea
     if means is None:
         per_head[..., index, :] = 0
     else:
-        per_head[..., index, :] = means[index].to(hidden.dtype)
+        chosen = means[index] if means.dim() == 2 else means[:, index]  # (k, D) or (T, k, D)
+        per_head[..., index, :] = chosen.to(hidden.dtype)
     return per_head.reshape(shape)  # (..., H·D)
 
 
@@ -60,3 +67,133 @@ def effect_size(clean: Tensor, ablated: Tensor, *, language_model: bool) -> floa
     if language_model:
         return float(kl_divergence(clean, ablated).mean())
     return float(cosine_change(clean.mean(1), ablated.mean(1)).mean())
+
+
+# --- sizing an effect against a baseline of random heads ---------------------------------------------------------
+
+BASELINE_DRAWS = 8  # random head sets drawn for a baseline unless the caller asks for another number
+BASELINE_SPREAD_MULTIPLE = 2.0  # an effect is beyond chance when it is more than 2 standard deviations from ...
+EFFECT_FLOOR = 1e-3  # ... the baseline's mean and more than this (nats) from it and from 0 (float noise, sd ≈ 0)
+TIE_MARGIN = 0.02  # two tokens whose probabilities differ by less than this are a tie, not a ranking
+
+Direction = Literal["raises", "lowers", "within"]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The same measure for ``draws`` random head sets: mean and sample standard deviation (n − 1; 0 for one)."""
+
+    values: tuple[float, ...]
+
+    @property
+    def draws(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values) if self.values else math.nan
+
+    @property
+    def spread(self) -> float:
+        """Sample standard deviation of the draws (0 with fewer than two)."""
+        n = len(self.values)
+        if n < 2:
+            return 0.0
+        mean = self.mean
+        return math.sqrt(sum((v - mean) ** 2 for v in self.values) / (n - 1))
+
+    @property
+    def margin(self) -> float:
+        """How far from the mean an effect must fall to be beyond chance: max(2·spread, the floor)."""
+        return max(BASELINE_SPREAD_MULTIPLE * self.spread, EFFECT_FLOOR)
+
+
+def compare_with_baseline(effect: float, baseline: Baseline) -> Direction:
+    """Where a signed effect (e.g. the loss change when heads are removed) falls against random heads' effects.
+
+    ``raises``: above the baseline's mean by more than :attr:`Baseline.margin` and above +floor; ``lowers``: below
+    the mean by more than the margin and below −floor; ``within`` otherwise (also with no draws: no comparison).
+    """
+    if baseline.draws == 0:
+        return "within"
+    if effect > baseline.mean + baseline.margin and effect > EFFECT_FLOOR:
+        return "raises"
+    if effect < baseline.mean - baseline.margin and effect < -EFFECT_FLOOR:
+        return "lowers"
+    return "within"
+
+
+def size_against(effect: float, baseline: Baseline) -> Literal["larger", "smaller", "within"]:
+    """An unsigned effect (a KL) against random heads': beyond :attr:`Baseline.margin` above or below the mean."""
+    if baseline.draws == 0:
+        return "within"
+    if effect > baseline.mean + baseline.margin:
+        return "larger"
+    if effect < baseline.mean - baseline.margin:
+        return "smaller"
+    return "within"
+
+
+def draw_head_sets(
+    pool: Sequence[tuple[int, int]], count: int, draws: int, *, seed: int = 0
+) -> list[tuple[tuple[int, int], ...]]:
+    """``draws`` distinct random sets of ``count`` heads from ``pool`` (each set sorted), seeded.
+
+    When the pool holds fewer distinct sets than ``draws`` every set is returned (in order); when it holds fewer
+    than ``count`` heads, none (the caller says why there is no baseline).
+    """
+    heads = sorted(set(pool))
+    if count <= 0 or len(heads) < count:
+        return []
+    if math.comb(len(heads), count) <= draws:
+        return [tuple(c) for c in itertools.combinations(heads, count)]
+    rng = random.Random(seed)
+    chosen: list[tuple[tuple[int, int], ...]] = []
+    seen: set[tuple[tuple[int, int], ...]] = set()
+    while len(chosen) < draws:
+        drawn = tuple(sorted(rng.sample(heads, count)))
+        if drawn not in seen:
+            seen.add(drawn)
+            chosen.append(drawn)
+    return chosen
+
+
+def derangement(length: int, fixed: Sequence[int], *, seed: int = 0) -> list[int] | None:
+    """A seeded permutation of positions ``0..length-1`` that keeps ``fixed`` in place and moves every other one
+    (None when fewer than two positions may move: no such permutation)."""
+    free = [p for p in range(length) if p not in set(fixed)]
+    if len(free) < 2:
+        return None
+    rng = random.Random(seed)
+    while True:
+        shuffled = free[:]
+        rng.shuffle(shuffled)
+        if all(a != b for a, b in zip(free, shuffled, strict=True)):
+            break
+    order = list(range(length))
+    for source, target in zip(free, shuffled, strict=True):
+        order[source] = target
+    return order
+
+
+@dataclass(frozen=True)
+class TopTokenChange:
+    """The top next token clean vs ablated, and whether a change is a real flip or a tie within the margin."""
+
+    clean: int  # token id, clean model
+    ablated: int  # token id, ablated model
+    p_clean_top_ablated: float  # the clean top token's probability under the ablation
+    p_new_top_ablated: float  # the ablated top token's probability under the ablation
+    kind: Literal["same", "tie", "flip"]
+
+
+def top_token_change(clean_probs: Tensor, ablated_probs: Tensor, *, margin: float = TIE_MARGIN) -> TopTokenChange:
+    """(V,) next-token probabilities clean and ablated -> same / tie / flip.
+
+    A change is a ``tie`` when, under the ablation, the new top token leads the old one by less than ``margin``
+    (probability); a ``flip`` otherwise.
+    """
+    clean, ablated = int(clean_probs.argmax()), int(ablated_probs.argmax())
+    old, new = float(ablated_probs[clean]), float(ablated_probs[ablated])
+    kind: Literal["same", "tie", "flip"] = "same" if clean == ablated else ("tie" if new - old < margin else "flip")
+    return TopTokenChange(clean=clean, ablated=ablated, p_clean_top_ablated=old, p_new_top_ablated=new, kind=kind)

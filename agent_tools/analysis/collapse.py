@@ -32,14 +32,20 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
+from agent_tools.analysis.ablation import Direction
 from agent_tools.analysis.metrics import upcast
 
 RowTarget = Literal["sink", "self", "previous_token", "other"]
 ROW_TARGETS: tuple[str, ...] = get_args(RowTarget)
 Concentration = Literal["sink", "self", "previous_token", "fixed_token", "mixed"]
 CONCENTRATIONS: tuple[str, ...] = get_args(Concentration)
-Verdict = Literal["no_op_sink", "harmful_collapse", "positional", "query_dependent", "not_collapsed"]
+Verdict = Literal["no_op_sink", "writing_collapse", "positional", "query_dependent", "not_collapsed"]
 VERDICTS: tuple[str, ...] = get_args(Verdict)
+COLLAPSED_VERDICTS: tuple[Verdict, ...] = ("writing_collapse", "no_op_sink")  # concentrated onto one key
+# What removing a collapsed head does, measured (see :func:`collapse_kind`)
+CollapseKind = Literal["no_op_sink", "constant_output", "load_bearing", "harmful", "mixed"]
+COLLAPSE_KINDS: tuple[str, ...] = get_args(CollapseKind)
+MAX_CHECKED_HEADS = 8  # collapsed heads whose removal is measured, most collapsed (writing collapses) first
 
 CONCENTRATED_MEAN_MAX = 0.9  # a head whose rows put ≥ 90% on one key on average is concentrated ...
 CONCENTRATED_SATURATED = 0.5  # ... as is one where half its rows reach the saturation threshold
@@ -168,10 +174,12 @@ def classify_concentration(
 
 
 def collapse_verdict(concentration: Concentration, concentrated: bool, contribution_ratio: float | None) -> Verdict:
-    """Harmful collapse vs harmless sink: a concentrated head is judged by what its dominant key writes.
+    """What a concentrated head's dominant key writes (value side only; whether it matters is :func:`collapse_kind`).
 
-    ``contribution_ratio`` = mean_i ‖α_ij* v_j* W_O‖ / mean_k≠j* ‖v_k W_O‖ (None without the value side: a
-    concentrated head onto one key is then reported as a collapse, the cautious reading).
+    ``contribution_ratio`` = mean_i ‖α_ij* v_j* W_O‖ / mean_k≠j* ‖v_k W_O‖: below :data:`NO_OP_CONTRIBUTION` a
+    ``no_op_sink`` (writes almost nothing), else a ``writing_collapse`` (writes about the same, substantial, vector
+    at every position). None without the value side: a concentrated head onto one key is then a writing collapse,
+    the cautious reading.
     """
     if not concentrated:
         return "not_collapsed"
@@ -181,7 +189,31 @@ def collapse_verdict(concentration: Concentration, concentrated: bool, contribut
         return "query_dependent"
     if contribution_ratio is not None and contribution_ratio < NO_OP_CONTRIBUTION:
         return "no_op_sink"
-    return "harmful_collapse"
+    return "writing_collapse"
+
+
+def collapse_kind(
+    verdict: Verdict, mean_ablation: Direction, resample_ablation: Direction | None = None
+) -> CollapseKind:
+    """A collapsed head named by what removing it did, each ablation already compared with random heads
+    (:func:`agent_tools.analysis.ablation.compare_with_baseline`: ``raises`` / ``lowers`` the loss beyond the
+    baseline's spread, or ``within`` it).
+
+    * ``load_bearing``: an ablation raises the loss beyond chance (and none lowers it);
+    * ``harmful``: an ablation lowers the loss beyond chance (the collapse makes predictions worse; none raises it);
+    * ``mixed``: one raises, the other lowers;
+    * else, nothing beyond chance: ``no_op_sink`` when the value side says it writes almost nothing, else
+      ``constant_output`` (a large but input-independent write, a learned bias: replacing it by its mean changes
+      nothing).
+    """
+    found = {mean_ablation, resample_ablation}
+    if "raises" in found and "lowers" in found:
+        return "mixed"
+    if "raises" in found:
+        return "load_bearing"
+    if "lowers" in found:
+        return "harmful"
+    return "no_op_sink" if verdict == "no_op_sink" else "constant_output"
 
 
 def rank_heads(heads: Sequence[HeadCollapse]) -> list[HeadCollapse]:

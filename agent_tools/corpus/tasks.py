@@ -124,7 +124,12 @@ def _collapse_plans(inspector: Inspector, arguments: dict[str, Any], options: Ta
         list(range(start, min(start + per_plan, facts.num_heads))) for start in range(0, facts.num_heads, per_plan)
     ]
     return [
-        _prepared(inspector, "diagnose_collapse", arguments | {"heads": heads, "top_k": len(heads) * facts.num_layers})
+        _prepared(
+            inspector,
+            "diagnose_collapse",
+            # per-head statistics per item: the ablation check (extra passes per item) is the tool's, not the corpus's
+            arguments | {"heads": heads, "top_k": len(heads) * facts.num_layers, "causal_check": False},
+        )
         for heads in groups
     ]
 

@@ -25,7 +25,8 @@ SECTION_QUESTIONS = {
     "diagnose_collapse": (
         "Does any head put (almost) all its weight on one token whatever the query — and does that hurt? A max "
         "weight near 1 means collapsed; the contribution ratio says whether the chosen key writes anything "
-        "(below 0.5: a harmless no-op sink; above: a harmful collapse)."
+        "(below 0.5: a no-op sink); whether a collapse matters is measured by removing the head (mean- and "
+        "resample-ablation against random heads)."
     ),
     "explain_scaling": (
         "What would the softmax do without 1/sqrt(d_k)? Var(q·k) far above 1 means saturated rows; a Jacobian "

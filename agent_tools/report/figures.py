@@ -130,18 +130,18 @@ def _sweep(result: AnalysisResult, name: str) -> bytes | None:
 
 
 def _value_norms(result: AnalysisResult) -> bytes | None:
-    """The concentrated heads' contribution ratio (harmful first), the no-op threshold marked."""
+    """The concentrated heads' contribution ratio (writing collapses first), the no-op threshold marked."""
     collapse = result.report("diagnose_collapse", CollapseReport)
     if collapse is None:
         return None
     rows = [r for r in (result.collapse_rows or collapse.heads) if r.contribution_ratio is not None]
-    concentrated = [r for r in rows if r.verdict in ("harmful_collapse", "no_op_sink")]
-    shown = sorted(concentrated, key=lambda r: (r.verdict != "harmful_collapse", -r.mean_max_weight))[:20]
+    concentrated = [r for r in rows if r.verdict in ("writing_collapse", "no_op_sink")]
+    shown = sorted(concentrated, key=lambda r: (r.verdict != "writing_collapse", -r.mean_max_weight))[:20]
     if not shown:
         shown = rows[:10]
     if not shown:
         return None
-    colour = {"harmful_collapse": HARMFUL, "no_op_sink": SINK}
+    colour = {"writing_collapse": HARMFUL, "no_op_sink": SINK}
     bars = [
         Bar(
             f"L{r.layer}H{r.head} → {r.dominant_position}:{r.dominant_token.strip() or repr(r.dominant_token)}",
@@ -156,7 +156,7 @@ def _value_norms(result: AnalysisResult) -> bytes | None:
         title="What the collapsed key writes, relative to an ordinary key",
         xlabel="contribution ratio = ‖α·v W_O‖ of the dominant key / ‖v W_O‖ of an ordinary key",
         threshold=(NO_OP_CONTRIBUTION, f"no-op below {NO_OP_CONTRIBUTION}"),
-        legend=[(HARMFUL, "harmful collapse"), (SINK, "no-op sink")],
+        legend=[(HARMFUL, "writes substantially (value norms)"), (SINK, "no-op sink")],
     )
 
 

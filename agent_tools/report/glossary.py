@@ -186,8 +186,8 @@ def _collapse_terms() -> list[Term]:
             "contribution-ratio",
             "contribution ratio",
             "mean_i ‖α_ij v_j W_O‖ of the dominant key / mean ‖v_k W_O‖ of the other keys",
-            f"below {NO_OP_CONTRIBUTION} the head is a no-op sink; above, a collapse that writes the same vector "
-            "everywhere (harmful)",
+            f"below {NO_OP_CONTRIBUTION} the head is a no-op sink; above, a collapse that writes about the same "
+            "vector everywhere (value norms only: whether it matters is the ablation check's answer)",
         ),
         _t(
             "no-op-sink",
@@ -199,10 +199,32 @@ def _collapse_terms() -> list[Term]:
             "sink",
         ),
         _t(
+            "writing-collapse",
+            "writing collapse",
+            f"concentrated on one key whatever the query, contribution ratio ≥ {NO_OP_CONTRIBUTION}",
+            "the head writes about the same vector at every position (value side only; see constant-output)",
+            "writing_collapse",
+        ),
+        _t(
+            "constant-output",
+            "constant-output head",
+            "collapsed, and replacing its output by its mean over positions (mean-ablation) or by its output on "
+            "another text (resample-ablation) changes next-token loss no more than removing random heads",
+            "a large but input-independent write: a learned bias, not a failure",
+            "constant-output",
+        ),
+        _t(
+            "load-bearing",
+            "load-bearing head",
+            "removing the head raises next-token loss beyond the random-head baseline's spread",
+            "the model uses what the head writes",
+            "load-bearing",
+        ),
+        _t(
             "harmful",
             "harmful collapse",
-            f"concentrated on one key whatever the query, contribution ratio ≥ {NO_OP_CONTRIBUTION}",
-            "the head writes about the same vector at every position: information is lost",
+            "removing the collapsed head lowers next-token loss beyond the random-head baseline's spread",
+            "the collapse makes predictions worse (measured, never read off value norms)",
             "harmfully",
             "harmful",
         ),

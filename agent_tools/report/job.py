@@ -311,7 +311,8 @@ def _head_maps(inspector: Inspector, loaded: LoadedModel, encoded: Encoded) -> Q
 
 def _collapse_rows(plans: dict[str, PassPlan[Report]], loaded: LoadedModel, encoded: Encoded) -> list[HeadCollapseRow]:
     """Every examined head's collapse row, most collapsed first, from the shared pass's consumer (the report lists
-    only the top few; the story names every harmful head wherever it ranks). Empty when collapse ran alone."""
+    only the top few; the story names every head that writes substantially, wherever it ranks). Empty when collapse ran
+    alone."""
     plan = plans.get("diagnose_collapse")
     consumers = [c for c in (plan.consumers if plan is not None else []) if isinstance(c, CollapseConsumer)]
     if not consumers:

@@ -71,7 +71,7 @@ def _collapse_figure(report: Any) -> KeyFigure | None:
     rows = [r for r in report.heads if r.contribution_ratio is not None][:16]
     if not rows:
         return None
-    colour = {"harmful_collapse": "#c92a2a", "no_op_sink": "#868e96"}
+    colour = {"writing_collapse": "#c92a2a", "no_op_sink": "#868e96"}
     bars = [
         Bar(
             f"L{r.layer}H{r.head} ({r.verdict})",
@@ -86,7 +86,7 @@ def _collapse_figure(report: Any) -> KeyFigure | None:
         title="most collapsed heads: what the dominant key writes",
         xlabel="contribution ratio",
         threshold=(NO_OP_CONTRIBUTION, f"no-op below {NO_OP_CONTRIBUTION}"),
-        legend=[("#c92a2a", "harmful collapse"), ("#868e96", "no-op sink")],
+        legend=[("#c92a2a", "writes substantially (value norms)"), ("#868e96", "no-op sink")],
     )
     table = [(f"L{r.layer}H{r.head} {r.verdict}", f"ratio {r.contribution_ratio:.2f}") for r in rows]
     return KeyFigure(png, "contribution ratio of the most collapsed heads", table)

@@ -5,7 +5,8 @@ plain sentences written from *this model's* measured numbers, and the pictures t
 2. the scale: Var(q·k) grows with d_k, and what the softmax does across scales (the model's marked);
 3. the projections added one by one (the reconstruction's stages) and the ingredient that changes the map most;
 4. Q = K = V = x next to the real head ("what I look for" vs "what I offer");
-5. collapse: harmful heads first, each named, the value-norm evidence, sinks as no-ops;
+5. collapse: what removing each collapsed head does against random heads (kinds), then the value-norm evidence
+   labelled as such, sinks as no-ops;
 6. what each head does, the induction head shown on the probe where its behaviour is visible;
 7. the training experiment: loss, accuracy and ‖∂L/∂W_q‖ with and without the scale.
 
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION
 from agent_tools.analysis.scaling import SATURATION
 from agent_tools.report.views import ProbeView
-from agent_tools.tools.diagnose_collapse.models import CollapseReport, HeadCollapseRow
+from agent_tools.tools.diagnose_collapse.models import CollapseCheck, CollapseReport, HeadCollapseRow
+from agent_tools.tools.diagnose_collapse.narrative import check_sentence, ordered_checks, together_sentence
 from agent_tools.tools.explain_scaling.models import ScalingReport
 from agent_tools.tools.inspect_projections.models import ProjectionReport
 from agent_tools.tools.profile_heads.models import HeadProfiles
@@ -249,7 +251,7 @@ def no_projection_step(result: AnalysisResult) -> StoryStep | None:
 # --- 5. collapse ------------------------------------------------------------------------------------------
 
 
-def _harmful_sentence(row: HeadCollapseRow) -> str:
+def _writing_sentence(row: HeadCollapseRow) -> str:
     values = ""
     if row.dominant_contribution is not None and row.other_value_norm is not None:
         values = (
@@ -260,6 +262,25 @@ def _harmful_sentence(row: HeadCollapseRow) -> str:
         f"{_head(row.layer, row.head)} collapses onto {row.dominant_position}:{row.dominant_token!r} whatever the "
         f"query (mean max weight {row.mean_max_weight:.3f}){values}"
     )
+
+
+def _check_sentences(check: CollapseCheck) -> list[str]:
+    """What removing the collapsed heads did, in the tool's own words (the same sentences the agent reads)."""
+    ordered = ordered_checks(check)
+    named = "; ".join(check_sentence(r, check) for r in ordered[:3])
+    more = ""
+    if len(ordered) > 3:
+        more = f" ({len(ordered) - 3} more checked: {', '.join(_head(r.layer, r.head) for r in ordered[3:])})"
+    harmful = [r for r in check.heads if r.kind == "harmful"]
+    sentences = [
+        f"Removing each collapsed head shows whether it matters ({check.checked} of {check.collapsed} checked, "
+        f"mean- and resample-ablation, {check.rule}): {named}{more}."
+    ]
+    if check.together is not None:
+        sentences.append(together_sentence(check))
+    if not harmful and check.measure == "next_token_loss":
+        sentences.append("None is harmful: no removal lowers the loss beyond what removing random heads does.")
+    return sentences
 
 
 def _other_verdicts(rows: list[HeadCollapseRow]) -> str:
@@ -276,12 +297,13 @@ def _other_verdicts(rows: list[HeadCollapseRow]) -> str:
 
 
 def collapse_step(result: AnalysisResult) -> StoryStep | None:
-    """Harmful heads first, each named; then the sinks, explained as no-ops."""
+    """What removing the collapsed heads did (kinds against random heads), then the value side: the heads that
+    write substantially, each named, and the sinks, explained as no-ops."""
     collapse = result.report("diagnose_collapse", CollapseReport)
     if collapse is None:
         return None
     rows = result.collapse_rows or collapse.heads
-    harmful = [r for r in rows if r.verdict == "harmful_collapse"]
+    writing = [r for r in rows if r.verdict == "writing_collapse"]
     sinks = [r for r in rows if r.verdict == "no_op_sink"]
     many = collapse.concentrated_heads != 1
     sentences = [
@@ -289,18 +311,20 @@ def collapse_step(result: AnalysisResult) -> StoryStep | None:
         f"{'their' if many else 'its'} weight on one key (the essay's '99% of the attention regardless of the "
         "context')."
     ]
-    if harmful:
-        named = "; ".join(_harmful_sentence(r) for r in harmful[:3])
-        more = f" ({len(harmful) - 3} more: {', '.join(_head(r.layer, r.head) for r in harmful[3:])})"
-        sentences.append(
-            f"Harmful first: {named}{more if len(harmful) > 3 else ''}. Such a head writes about the same vector at "
-            "every position."
-        )
+    if collapse.check is not None:
+        sentences += _check_sentences(collapse.check)
     else:
-        sentences.append("None collapses harmfully.")
+        sentences.append("Removing the heads was not measured, so nothing here says whether a collapse matters.")
+    if writing:
+        named = "; ".join(_writing_sentence(r) for r in writing[:3])
+        more = f" ({len(writing) - 3} more: {', '.join(_head(r.layer, r.head) for r in writing[3:])})"
+        sentences.append(
+            f"Value side (norms, not effects): {named}{more if len(writing) > 3 else ''}. Such a head writes about "
+            "the same vector at every position."
+        )
     if sinks:
         largest = max((r.contribution_ratio or 0.0) for r in sinks)
-        who = f"The other {len(sinks)}" if harmful else ("All" if len(sinks) > 1 else "It")
+        who = f"The other {len(sinks)}" if writing else ("All" if len(sinks) > 1 else "It")
         are = "is a no-op sink: it parks its" if len(sinks) == 1 else "are no-op sinks: they park their"
         write = "it writes" if len(sinks) == 1 else "they write"
         sentences.append(

@@ -7,7 +7,7 @@ inside the context managers of :mod:`agent_tools.capture` and :mod:`agent_tools.
 ``finally``.
 """
 
-from agent_tools.runner.ablation import AblationEffect, ablated_forward
+from agent_tools.runner.ablation import AblationEffect, HeadSetAblation, ablated_forward, ablated_rows, head_outputs
 from agent_tools.runner.forward import answer_logits, captured_forward, encoder_of, model_output, on_device
 from agent_tools.runner.generation import (
     Generation,
@@ -22,14 +22,17 @@ from agent_tools.runner.generation import (
 __all__ = [
     "AblationEffect",
     "Generation",
+    "HeadSetAblation",
     "StopReason",
     "StopRule",
     "ablated_forward",
+    "ablated_rows",
     "answer_logits",
     "captured_forward",
     "decoder_start_id",
     "encoder_of",
     "greedy_generate",
+    "head_outputs",
     "model_output",
     "on_device",
     "seq2seq_generate",

@@ -1,16 +1,27 @@
-"""Head-ablated forward passes: the clean run and the run with the named heads' outputs removed."""
+"""Head-ablated forward passes: the clean run and the run with the named heads' outputs removed, one set at a time
+or many sets as the rows of one batch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from agent_tools.intervene import AblationMethod, group_heads, heads_ablated, recorded_head_means
+from agent_tools.intervene import (
+    AblationMethod,
+    group_heads,
+    head_sets_ablated_joining,
+    heads_ablated,
+    recorded_head_inputs,
+    recorded_head_means,
+)
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import _mask_on_device, encoder_of, model_output, on_device
+
+ROWS_PER_BATCH = 64  # ablated rows per forward at most
+ROW_ACTIVATION_FLOATS = 24  # floats held per row, position and model width while a batch runs (estimate)
 
 
 @dataclass(frozen=True)
@@ -30,17 +41,21 @@ def ablated_forward(
     *,
     method: AblationMethod = "zero",
     clean: Tensor | None = None,
+    resample_ids: Tensor | None = None,
 ) -> AblationEffect:
     """Clean (unless given) and ablated forwards with the model's own attention implementation, under its lock.
 
-    On an encoder–decoder the heads are the encoder stack's and the passes run the encoder alone: the effect is
-    measured on the encoder's output (hidden states), as for an encoder-only model.
+    ``resample_ids`` (1, T), another input of the same length, is what ``method="resample"`` copies the heads'
+    outputs from. On an encoder–decoder the heads are the encoder stack's and the passes run the encoder alone:
+    the effect is measured on the encoder's output (hidden states), as for an encoder-only model.
     """
     facts = loaded.facts
     input_ids, attention_mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
     grouped = group_heads(heads)
     model = loaded.model  # the hooks go on its (default-stack) attention modules
     run = encoder_of(loaded) if facts.is_encoder_decoder else model
+    if method == "resample" and (resample_ids is None or resample_ids.shape != input_ids.shape):
+        raise ValueError("resample ablation needs resample_ids of the input's shape")
     with loaded.lock, torch.inference_mode():
         means = None
         if clean is None or method == "mean":
@@ -54,8 +69,98 @@ def ablated_forward(
                 clean_out, is_lm = model_output(run(input_ids=input_ids, attention_mask=attention_mask))
             clean = clean if clean is not None else clean_out
             means = dict(recorded)
+        if method == "resample" and resample_ids is not None:
+            means = _head_outputs(loaded, on_device(loaded, resample_ids), list(grouped))
         with heads_ablated(
             model, grouped, num_heads=facts.num_heads, head_dim=facts.head_dim, method=method, means=means
         ):
             ablated, is_lm = model_output(run(input_ids=input_ids, attention_mask=attention_mask))
     return AblationEffect(clean=clean, ablated=ablated, language_model=is_lm)
+
+
+def _run(loaded: LoadedModel, ids: Tensor) -> object:
+    """The model on ``ids`` without a cache; an encoder–decoder's encoder alone."""
+    if loaded.facts.is_encoder_decoder:
+        return encoder_of(loaded)(input_ids=ids)
+    return loaded.model(input_ids=ids, use_cache=False)
+
+
+def _head_outputs(loaded: LoadedModel, ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
+    """Layer -> (T, H, D) every head's output before W_O on (1, T) ``ids`` (caller holds the lock)."""
+    facts = loaded.facts
+    with recorded_head_inputs(loaded.model, layers, num_heads=facts.num_heads, head_dim=facts.head_dim) as found:
+        _run(loaded, ids)
+    return dict(found)
+
+
+def head_outputs(loaded: LoadedModel, input_ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
+    """Layer -> (T, H, D) every head's output before W_O on a (1, T) input: what mean ablation averages over
+    positions and what resample ablation copies from another text."""
+    with loaded.lock, torch.inference_mode():
+        return _head_outputs(loaded, on_device(loaded, input_ids), layers)
+
+
+@dataclass(frozen=True)
+class HeadSetAblation:
+    """One row of an ablation batch: these heads (any layers) replaced by one method."""
+
+    heads: tuple[tuple[int, int], ...]
+    method: AblationMethod
+
+
+def rows_per_batch(loaded: LoadedModel, length: int, budget: int) -> int:
+    """How many ablated rows of ``length`` tokens (with their full output) fit one forward within ``budget`` bytes."""
+    lookup = getattr(loaded.model, "get_output_embeddings", None)
+    head = lookup() if callable(lookup) else None
+    weight = getattr(head, "weight", None)
+    vocabulary = int(weight.shape[0]) if isinstance(weight, Tensor) else 0
+    width = loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS + vocabulary
+    return max(1, min(ROWS_PER_BATCH, budget // max(length * width * 4, 1)))
+
+
+Reduce = Callable[[Tensor], tuple[Tensor, ...]]
+
+
+def ablated_rows(
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    rows: Sequence[HeadSetAblation],
+    *,
+    replacements: Mapping[AblationMethod, Mapping[int, Tensor]],
+    reduce: Reduce,
+    max_rows: int = ROWS_PER_BATCH,
+) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """(1, T) ids and R head sets -> what ``reduce`` keeps of the clean output and of each ablated row's.
+
+    ``reduce`` gets a batch's (B, T, V) logits (or (B, T, C) hidden states), row 0 unablated, and returns tensors
+    with B rows (e.g. per-position losses): only those are kept, so a batch's full output never outlives it. Rows
+    are sorted by their first ablated layer and sent in batches of at most ``max_rows``; each joins its batch at
+    that layer (:func:`agent_tools.intervene.head_sets_ablated_joining`). Returns (clean row's tensors, each
+    tensor stacked over the R rows in the order given).
+    """
+    facts = loaded.facts
+    ids = on_device(loaded, input_ids)
+    order = sorted(range(len(rows)), key=lambda i: min(layer for layer, _ in rows[i].heads))
+    kept: dict[int, tuple[Tensor, ...]] = {}
+    clean: tuple[Tensor, ...] = ()
+    with loaded.lock, torch.inference_mode():
+        if not rows:
+            output, _ = model_output(_run(loaded, ids))
+            return tuple(t[0] for t in reduce(output)), ()
+        for start in range(0, len(order), max(1, max_rows)):
+            group = order[start : start + max(1, max_rows)]
+            batch = [(group_heads(rows[i].heads), rows[i].method) for i in group]
+            with head_sets_ablated_joining(
+                loaded.model,
+                batch,
+                num_heads=facts.num_heads,
+                head_dim=facts.head_dim,
+                replacements=replacements,
+            ):
+                output, _ = model_output(_run(loaded, ids))
+            reduced = reduce(output)
+            clean = clean or tuple(t[0] for t in reduced)
+            for row, index in enumerate(group, start=1):
+                kept[index] = tuple(t[row] for t in reduced)
+    stacked = tuple(torch.stack([kept[i][k] for i in range(len(rows))]) for k in range(len(kept[0])))
+    return clean, stacked

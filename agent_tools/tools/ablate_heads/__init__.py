@@ -42,5 +42,5 @@ SPEC = ToolSpec(
         Top("direct_logit_attribution.top_heads", 10, by="logit", order="largest_abs"),
         Top("direct_logit_attribution.ablated", 10, by="logit", order="largest_abs"),
     ),
-    advanced=("top_k",),
+    advanced=("top_k", "baseline_draws", "seed"),
 )

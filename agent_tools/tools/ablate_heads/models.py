@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+from agent_tools.analysis.ablation import BASELINE_DRAWS, TIE_MARGIN
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import check_index
 from agent_tools.intervene import AblationMethod
@@ -17,8 +18,9 @@ from agent_tools.schemas import Report, TextInput, head_label
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Remove heads and measure what changes: next-token KL, loss, top token (encoders: embedding shift), and each "
-    "head's direct logit attribution. Use to test whether heads another tool named matter."
+    "Remove heads (mean-ablation by default) and measure what changes vs as many random heads: next-token KL, "
+    "loss, top token (encoders: embedding shift), and each head's direct logit attribution. Use to test whether "
+    "named heads matter."
 )
 
 _HEAD_STRING = re.compile(r"^\s*[Ll]?\s*(-?\d+)\s*(?:\.|:|[Hh]|\.[Hh])\s*(-?\d+|\*)\s*$")
@@ -78,9 +80,19 @@ HeadsArgument = Annotated[list[str | HeadRef | HeadPair], BeforeValidator(head_f
 class AblateHeadsInput(TextInput, StackInput):
     heads: HeadsArgument = Field(min_length=1, description=HEADS_DESCRIPTION)
     method: AblationMethod = Field(
-        default="zero",
-        description="mean: their output set to its mean over positions",
+        default="mean",
+        description=(
+            "mean: output set to its mean over positions; resample: taken from resample_text (or the text shuffled) "
+            "at each position; zero: set to 0 (out-of-distribution)"
+        ),
     )
+    resample_text: str | None = Field(
+        default=None, min_length=1, description="method resample: the text whose head outputs are copied in"
+    )
+    baseline_draws: int = Field(
+        default=BASELINE_DRAWS, ge=2, le=64, description="random sets of as many heads ablated for comparison"
+    )
+    seed: int = Field(default=0, ge=0, description="seeds the baseline's draws and the resample shuffle")
     top_k: int = Field(default=5, ge=1, le=50, description="positions with the largest effect listed")
     target_token: str | None = Field(
         default=None,
@@ -114,6 +126,22 @@ class DirectLogitAttribution(BaseModel):
     layers: list[float] = Field(description="per layer, Σ over its heads")
 
 
+class AblationBaseline(BaseModel):
+    """The same ablation on random sets of as many heads (not the ones named): mean ± sample sd over the draws."""
+
+    draws: int
+    heads_per_draw: int
+    effect: tuple[float, float] = Field(
+        description="(mean, sd) of the loss change (causal LM, nats) or of the pooled 1 − cos (encoder)"
+    )
+    kl_mean: tuple[float, float] | None = Field(default=None, description="(mean, sd) of the mean KL, nats")
+    effect_direction: str = Field(
+        description="raises / lowers / within: the named heads' effect against the draws' spread"
+    )
+    kl_size: str | None = Field(default=None, description="larger / smaller / within: the named heads' KL")
+    rule: str
+
+
 class AblationReport(Report, StackReport):
     heads: list[str] = Field(description='the ablated heads as "L.H"')
     method: AblationMethod
@@ -126,7 +154,14 @@ class AblationReport(Report, StackReport):
     loss_change: float | None = Field(default=None, description="loss_ablated − loss_clean (> 0: the heads helped)")
     top_token_clean: str | None = Field(default=None, description="most likely next token after the text")
     top_token_ablated: str | None = None
-    top_token_changed: bool | None = None
+    top_token_changed: bool | None = Field(default=None, description="the top token ids differ (tie or flip)")
+    top_token_change: str | None = Field(
+        default=None,
+        description=f"same, tie (the new top leads the old by < {TIE_MARGIN} probability under the ablation) or flip",
+    )
+    top_token_probability_new: float | None = Field(
+        default=None, description="the ablated top token's probability with the heads ablated"
+    )
     top_token_probability_clean: float | None = Field(default=None, description="its probability, clean model")
     top_token_probability_ablated: float | None = Field(
         default=None, description="the clean top token's probability with the heads ablated"
@@ -136,6 +171,8 @@ class AblationReport(Report, StackReport):
     )
     mean_token_cosine_change: float | None = Field(default=None, description="encoder: mean over tokens of 1 − cos")
     largest_effects: list[PositionEffect] = Field(default_factory=list)
+    baseline: AblationBaseline | None = Field(default=None, description="the same ablation on random heads")
+    resample_source: str | None = Field(default=None, description="method resample: what was copied in")
     direct_logit_attribution: DirectLogitAttribution | None = Field(
         default=None, description="causal LM: every head's direct write into the target token's logit"
     )

@@ -5,8 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agent_tools.analysis.ablation import BASELINE_SPREAD_MULTIPLE, EFFECT_FLOOR, TIE_MARGIN
 from agent_tools.schemas import Finding
-from agent_tools.tools.ablate_heads.models import DirectLogitAttribution, PositionEffect
+from agent_tools.tools.ablate_heads.models import AblationBaseline, DirectLogitAttribution, PositionEffect
+
+BEYOND_RULE = (
+    f"beyond chance: more than max({BASELINE_SPREAD_MULTIPLE:g} × the draws' sd, {EFFECT_FLOOR:g}) from their mean"
+)
+METHOD_WORDS = {
+    "mean": "mean-ablation: output replaced by its mean over the text's positions",
+    "resample": "resample-ablation",
+    "zero": "zero-ablation, out-of-distribution: a head never writes 0 in normal use",
+}
 
 
 @dataclass(frozen=True)
@@ -16,6 +26,13 @@ class Ablated:
     heads: Sequence[str]  # "L.H" labels
     method: str
     tokens: int
+    resample_source: str | None = None  # method resample: what was copied in
+
+    @property
+    def how(self) -> str:
+        if self.method == "resample":
+            return f"resample-ablation: output taken from {self.resample_source} at the same position"
+        return METHOD_WORDS.get(self.method, self.method)
 
 
 @dataclass(frozen=True)
@@ -29,9 +46,10 @@ class NextTokenEffect:
     kl_peak: float
     top_clean: str  # most likely next token after the text, clean model
     top_ablated: str  # the same with the heads ablated
-    top_changed: bool  # the top token ids differ (two ids can decode alike)
+    top_change: str  # same / tie / flip (analysis.ablation.top_token_change; two ids can decode alike)
     p_clean: float  # the clean top token's probability, clean model
     p_ablated: float  # ... and with the heads ablated
+    p_new: float  # the ablated top token's probability with the heads ablated
     loss_clean: float | None  # mean next-token loss on the text (None: a single token)
     loss_ablated: float | None
 
@@ -73,23 +91,67 @@ def next_token_findings(largest: Sequence[PositionEffect]) -> list[Finding]:
     ]
 
 
-def next_token_summary(ablated: Ablated, effect: NextTokenEffect) -> str:
-    """KL at the last position and on average, where it peaks, the top next token, and the loss on the text."""
-    loss_text = ""
-    if effect.loss_change is not None:
-        loss_text = (
-            f" Loss on the text goes from {effect.loss_clean:.4f} to {effect.loss_ablated:.4f} nats "
-            f"({effect.loss_change:+.4f})."
+def _size_words(direction: str) -> str:
+    return {"raises": "beyond chance", "lowers": "beyond chance", "within": "within chance"}.get(direction, direction)
+
+
+def _baseline_words(baseline: AblationBaseline | None, unit: str) -> str:
+    if baseline is None:
+        return " (no random-head baseline: see notes)"
+    sets = "heads" if baseline.heads_per_draw == 1 else f"sets of {baseline.heads_per_draw} heads"
+    mean, sd = baseline.effect
+    return f"; {baseline.draws} random {sets}: {mean:+.4f} ± {sd:.4f}{unit} — {_size_words(baseline.effect_direction)}"
+
+
+def _top_text(effect: NextTokenEffect) -> str:
+    if effect.top_change == "same":
+        return f"the top next token stays {effect.top_clean!r} (p {effect.p_clean:.3f} -> {effect.p_ablated:.3f})"
+    if effect.top_change == "tie":
+        return (
+            f"the top next token becomes a tie, not a flip: {effect.top_ablated!r} p {effect.p_new:.3f} vs "
+            f"{effect.top_clean!r} {effect.p_ablated:.3f} under the ablation (within the {TIE_MARGIN} margin)"
         )
-    top_text = (
-        f"the top next token changes from {effect.top_clean!r} to {effect.top_ablated!r}"
-        if effect.top_changed
-        else f"the top next token stays {effect.top_clean!r} (p {effect.p_clean:.3f} -> {effect.p_ablated:.3f})"
-    )
     return (
-        f"Ablating {heads_shown(ablated.heads)} ({ablated.method}) on {ablated.tokens} tokens: KL of the next-token "
-        f"distribution {effect.kl_last:.4g} nats at the last position, {effect.kl_mean:.4g} on average (largest "
-        f"{effect.kl_peak:.4g} at position {effect.peak_position} {effect.peak_token!r}); {top_text}.{loss_text}"
+        f"the top next token flips from {effect.top_clean!r} to {effect.top_ablated!r} (p {effect.p_new:.3f} vs "
+        f"{effect.p_ablated:.3f} under the ablation)"
+    )
+
+
+def next_token_summary(ablated: Ablated, effect: NextTokenEffect, baseline: AblationBaseline | None) -> str:
+    """The loss change in words against random heads, the KL against theirs, where it peaks, the top next token."""
+    who = f"Removing {heads_shown(ablated.heads)} ({ablated.how}) on {ablated.tokens} tokens"
+    if effect.loss_change is not None and effect.loss_clean is not None and effect.loss_ablated is not None:
+        way = "raises" if effect.loss_change > 0 else "lowers" if effect.loss_change < 0 else "leaves"
+        loss = (
+            f"{who} {way} the loss on the text by {abs(effect.loss_change):.4f} nats ({effect.loss_clean:.4f} -> "
+            f"{effect.loss_ablated:.4f}){_baseline_words(baseline, ' nats')}."
+        )
+    else:
+        loss = f"{who}: the text is one token, so no loss is measured."
+    kl_base = ""
+    if baseline is not None and baseline.kl_mean is not None:
+        size = {"larger": "larger than", "smaller": "smaller than", "within": "within the range of"}
+        kl_base = (
+            f" (random: {baseline.kl_mean[0]:.4g} ± {baseline.kl_mean[1]:.4g}: "
+            f"{size.get(baseline.kl_size or 'within', 'within the range of')} random heads)"
+        )
+    return (
+        f"{loss} KL of the next-token distribution {effect.kl_mean:.4g} nats on average{kl_base}, "
+        f"{effect.kl_last:.4g} at the last position (largest {effect.kl_peak:.4g} at position "
+        f"{effect.peak_position} {effect.peak_token!r}); {_top_text(effect)}."
+    )
+
+
+def embedding_baseline_text(baseline: AblationBaseline | None) -> str:
+    """The pooled embedding change against random heads'."""
+    if baseline is None:
+        return " No random-head baseline (see notes)."
+    sets = "heads" if baseline.heads_per_draw == 1 else f"sets of {baseline.heads_per_draw} heads"
+    mean, sd = baseline.effect
+    word = {"raises": "larger than", "lowers": "smaller than", "within": "within the range of"}
+    return (
+        f" {baseline.draws} random {sets} turn it by {mean:.4g} ± {sd:.4g}: "
+        f"{word.get(baseline.effect_direction, 'within the range of')} random heads."
     )
 
 
@@ -110,7 +172,7 @@ def embedding_findings(largest: Sequence[PositionEffect]) -> list[Finding]:
 def embedding_summary(ablated: Ablated, effect: EmbeddingEffect) -> str:
     """How far the pooled embedding turns, per token on average, and which token turned most."""
     return (
-        f"Ablating {heads_shown(ablated.heads)} ({ablated.method}) on {ablated.tokens} tokens turns the mean-pooled "
+        f"Removing {heads_shown(ablated.heads)} ({ablated.how}) on {ablated.tokens} tokens turns the mean-pooled "
         f"embedding by 1 − cos = {effect.pooled:.4g}; per token {effect.mean:.4g} on average, most at position "
         f"{effect.peak_position} {effect.peak_token!r} ({effect.peak:.4g})."
     )

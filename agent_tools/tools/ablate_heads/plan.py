@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from agent_tools.analysis.ablation import cosine_change
+from agent_tools.ablation_check import ResampleSource, measure_head_sets, random_sets, resample_source
+from agent_tools.analysis.ablation import Baseline, compare_with_baseline, cosine_change, size_against, top_token_change
 from agent_tools.analysis.metrics import kl_divergence, next_token_losses
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.inspector import Encoded, Inspector
@@ -15,6 +16,7 @@ from agent_tools.schemas import head_label, rounded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.ablate_heads.models import (
     AblateHeadsInput,
+    AblationBaseline,
     AblationReport,
     DirectLogitAttribution,
     HeadLogit,
@@ -22,17 +24,20 @@ from agent_tools.tools.ablate_heads.models import (
     parse_heads,
 )
 from agent_tools.tools.ablate_heads.narrative import (
+    BEYOND_RULE,
     Ablated,
     EmbeddingEffect,
     NextTokenEffect,
     dla_finding,
     dla_summary,
+    embedding_baseline_text,
     embedding_findings,
     embedding_summary,
     next_token_findings,
     next_token_summary,
 )
 
+BEYOND = BEYOND_RULE
 DLA_HEADS_SHOWN = 5
 DLA_METHOD = (
     "each head's output z_h through its slice of W_O, then the final norm with its scale σ frozen at the clean run's "
@@ -58,22 +63,50 @@ def ablate_heads(inspector: Inspector, args: AblateHeadsInput) -> AblationReport
     heads = parse_heads(args.heads, stack.num_layers, stack.num_heads)
     encoded = inspector.encode(loaded, args.text)
     target = _target_token(loaded, args.target_token)
-    effect = inspector.ablate(loaded, encoded.input_ids, encoded.attention_mask, heads, method=args.method)
-    ablated = Ablated(
-        heads=[head_label(layer, head) for layer, head in heads], method=args.method, tokens=encoded.length
+    resample = _resample(inspector, loaded, encoded, args)
+    effect = inspector.ablate(
+        loaded,
+        encoded.input_ids,
+        encoded.attention_mask,
+        heads,
+        method=args.method,
+        resample_ids=resample.ids if resample is not None else None,
     )
+    pool = [(layer, head) for layer in range(stack.num_layers) for head in range(stack.num_heads)]
+    drawn, note = random_sets([h for h in pool if h not in set(heads)], len(heads), args.baseline_draws, seed=args.seed)
+    measured = measure_head_sets(inspector, loaded, encoded, [(s, args.method) for s in drawn], resample)
+    ablated = Ablated(
+        heads=[head_label(layer, head) for layer, head in heads],
+        method=args.method,
+        tokens=encoded.length,
+        resample_source=resample.description if resample is not None else None,
+    )
+    notes = [note] if note else []
     if not effect.language_model:
         report = _embedding_report(loaded, encoded, effect, ablated, args)
-        said = on_stack(stack.name, report.summary)
-        return report.model_copy(update={"attention": stack.name, "summary": said})
+        baseline = _baseline(report.pooled_cosine_change or 0.0, None, measured.effects, len(heads))
+        summary = report.summary + embedding_baseline_text(baseline)
+        said = on_stack(stack.name, summary)
+        return report.model_copy(
+            update={"attention": stack.name, "summary": said, "baseline": baseline, "notes": notes}
+        )
     report = _next_token_report(loaded, encoded, effect, ablated, args)
+    baseline = _baseline(report.loss_change or 0.0, report.kl_mean, measured.effects, len(heads))
+    report = report.model_copy(
+        update={
+            "summary": next_token_summary(ablated, _numbers_of(report), baseline),
+            "baseline": baseline,
+            "notes": notes,
+            "resample_source": ablated.resample_source,
+        }
+    )
     token = target if target is not None else int(effect.clean[0, -1].argmax())
     try:
         dla = _direct_logits(inspector, loaded, encoded, token, heads)
     except UnsupportedModelError as exc:
         if args.target_token is not None:
             raise
-        return report.model_copy(update={"notes": [f"direct logit attribution skipped: {exc.message}"]})
+        return report.model_copy(update={"notes": [*notes, f"direct logit attribution skipped: {exc.message}"]})
     return report.model_copy(
         update={
             "summary": report.summary + dla_summary(dla),
@@ -81,6 +114,60 @@ def ablate_heads(inspector: Inspector, args: AblateHeadsInput) -> AblationReport
             "direct_logit_attribution": dla,
             "next_calls": _next_calls(loaded, args, heads, dla),
         }
+    )
+
+
+def _resample(
+    inspector: Inspector, loaded: LoadedModel, encoded: Encoded, args: AblateHeadsInput
+) -> ResampleSource | None:
+    """method resample: resample_text's first T tokens, else the text's own tokens shuffled (seeded, said in the
+    report); an error when neither exists. resample_text with another method is refused (it would do nothing)."""
+    if args.method != "resample":
+        if args.resample_text is not None:
+            msg = f"resample_text is used only with method 'resample' (method is {args.method!r})"
+            raise InvalidInputError(msg, field="resample_text")
+        return None
+    source = resample_source(inspector, loaded, encoded, args.resample_text, seed=args.seed)
+    if source.ids is None:
+        raise InvalidInputError(f"method resample: {source.description}", field="resample_text")
+    return source
+
+
+def _baseline(effect: float, kl: float | None, draws: list, count: int) -> AblationBaseline | None:
+    """The named heads' effect (and KL) against the random draws' (None without draws)."""
+    if not draws:
+        return None
+    effects = Baseline(tuple(d.effect for d in draws))
+    kls = Baseline(tuple(d.kl_mean for d in draws)) if kl is not None else None
+    return AblationBaseline(
+        draws=len(draws),
+        heads_per_draw=count,
+        effect=(rounded(effects.mean, 6), rounded(effects.spread, 6)),
+        kl_mean=(rounded(kls.mean, 6), rounded(kls.spread, 6)) if kls is not None else None,
+        effect_direction=compare_with_baseline(effect, effects),
+        kl_size=size_against(kl, kls) if kls is not None and kl is not None else None,
+        rule=BEYOND,
+    )
+
+
+def _numbers_of(report: AblationReport) -> NextTokenEffect:
+    """The report's own (rounded) numbers, for the summary written after the baseline is known."""
+    assert report.kl_mean is not None and report.kl_last_position is not None
+    peak = report.largest_effects[0]
+    return NextTokenEffect(
+        kl_last=report.kl_last_position,
+        kl_mean=report.kl_mean,
+        peak_position=peak.position,
+        peak_token=peak.token,
+        kl_peak=peak.value,
+        top_clean=report.top_token_clean or "",
+        top_ablated=report.top_token_ablated or "",
+        top_change=report.top_token_change or "same",
+        p_clean=report.top_token_probability_clean or 0.0,
+        p_ablated=report.top_token_probability_ablated or 0.0,
+        p_new=report.top_token_probability_new or 0.0,
+        loss_clean=report.loss_clean,
+        loss_ablated=report.loss_ablated,
     )
 
 
@@ -164,7 +251,8 @@ def _next_token_effect(
     and the loss on the text."""
     clean_probs = torch.softmax(effect.clean[0, -1].double(), -1)  # (V,)
     ablated_probs = torch.softmax(effect.ablated[0, -1].double(), -1)  # (V,)
-    top_clean, top_ablated = int(clean_probs.argmax()), int(ablated_probs.argmax())
+    change = top_token_change(clean_probs, ablated_probs)
+    top_clean, top_ablated = change.clean, change.ablated
     loss_clean = loss_ablated = None
     if encoded.length > 1:
         loss_clean = float(next_token_losses(effect.clean, encoded.input_ids).mean())
@@ -177,9 +265,10 @@ def _next_token_effect(
         kl_peak=kl_values[peak],
         top_clean=_decode(loaded, top_clean),
         top_ablated=_decode(loaded, top_ablated),
-        top_changed=top_clean != top_ablated,
+        top_change=change.kind,
         p_clean=float(clean_probs[top_clean]),
         p_ablated=float(ablated_probs[top_clean]),
+        p_new=change.p_new_top_ablated,
         loss_clean=loss_clean,
         loss_ablated=loss_ablated,
     )
@@ -196,7 +285,7 @@ def _next_token_report(
     largest = _largest(kl_values, order, encoded)
     return AblationReport(
         model=loaded.name,
-        summary=next_token_summary(ablated, numbers),
+        summary=next_token_summary(ablated, numbers, None),
         findings=next_token_findings(largest),
         heads=list(ablated.heads),
         method=args.method,
@@ -209,9 +298,11 @@ def _next_token_report(
         loss_change=rounded(numbers.loss_change, 6) if numbers.loss_change is not None else None,
         top_token_clean=numbers.top_clean,
         top_token_ablated=numbers.top_ablated,
-        top_token_changed=numbers.top_changed,
+        top_token_changed=numbers.top_change != "same",
+        top_token_change=numbers.top_change,
         top_token_probability_clean=rounded(numbers.p_clean),
         top_token_probability_ablated=rounded(numbers.p_ablated),
+        top_token_probability_new=rounded(numbers.p_new),
         largest_effects=largest,
     )
 

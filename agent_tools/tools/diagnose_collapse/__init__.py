@@ -35,5 +35,5 @@ SPEC = ToolSpec(
     example={"text": "The cat sat on the mat because it was tired.", "top_k": 5},
     summary_lists=(Top("heads", 10, order="first", label="collapse"),),  # already most collapsed first
     next_calls=next_calls,
-    advanced=("threshold", "heads", "png"),
+    advanced=("threshold", "heads", "png", "max_checked", "baseline_draws", "seed"),
 )

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from agent_tools.analysis.ablation import BASELINE_DRAWS, BASELINE_SPREAD_MULTIPLE, EFFECT_FLOOR, Direction
 from agent_tools.analysis.collapse import (
     CONCENTRATED_MEAN_MAX,
     CONCENTRATED_SATURATED,
+    MAX_CHECKED_HEADS,
     NO_OP_CONTRIBUTION,
+    CollapseKind,
     Concentration,
     Verdict,
 )
@@ -15,8 +18,9 @@ from agent_tools.schemas import Report, TextInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Find heads that collapse (max weight near 1) on a text, onto which token, and whether harmlessly (a no-op "
-    "sink that writes little) or harmfully. Use when attention looks stuck or to find sinks."
+    "Find heads that collapse (max weight near 1) on a text, onto which token, and what removing each does vs "
+    "random heads: no-op sink, constant-output, load-bearing or harmful. Use when attention looks stuck or to find "
+    "sinks."
 )
 
 
@@ -28,6 +32,19 @@ class DiagnoseCollapseInput(TextInput, StackInput):
     )
     top_k: int = Field(default=10, ge=1, le=2000, description="heads listed, most collapsed first")
     png: bool = Field(default=False, description="write a layer × head PNG (artifact)")
+    causal_check: bool = Field(default=True, description="ablate each collapsed head vs random heads (extra passes)")
+    resample_text: str | None = Field(
+        default=None,
+        min_length=1,
+        description="text (as many tokens or more) resample-ablation copies from; omitted = the text shuffled",
+    )
+    max_checked: int = Field(
+        default=MAX_CHECKED_HEADS, ge=1, le=32, description="collapsed heads checked at most, most collapsed first"
+    )
+    baseline_draws: int = Field(
+        default=BASELINE_DRAWS, ge=2, le=64, description="random non-collapsed heads ablated for the baseline"
+    )
+    seed: int = Field(default=0, ge=0, description="seeds the baseline's draws and the resample shuffle")
 
 
 class HeadCollapseRow(BaseModel):
@@ -36,11 +53,16 @@ class HeadCollapseRow(BaseModel):
     kv_head: int = Field(description="the KV head this query head reads (grouped-query attention)")
     verdict: Verdict = Field(
         description=(
-            "no_op_sink: concentrated on one key whose value contributes little (harmless); harmful_collapse: "
-            "concentrated on one key whose value dominates the output regardless of the query; positional: "
+            "value side only (what the dominant key writes, not whether it matters: see kind): no_op_sink: "
+            "concentrated on one key whose value contributes little; writing_collapse: concentrated on one key "
+            "whose value is substantial, so it writes about the same vector at every position; positional: "
             "concentrated on self/previous token; query_dependent: sharp but the chosen key changes with the "
             "query; not_collapsed"
         )
+    )
+    kind: CollapseKind | None = Field(
+        default=None,
+        description="what removing the head did (see checks); None: not checked",
     )
     concentration: Concentration = Field(description="where most rows put their largest weight")
     mean_entropy: float = Field(description="mean row entropy, nats")
@@ -79,6 +101,71 @@ class HeadCollapseRow(BaseModel):
     rows: int = Field(description="query rows counted (rows that see ≥ 2 keys)")
 
 
+class AblationEffectRow(BaseModel):
+    """One ablation's effect and how it compares with the same ablation on random heads."""
+
+    effect: float = Field(description="Δ mean next-token loss when removed (ablated − clean, nats; encoder: 1 − cos)")
+    direction: Direction = Field(description="raises / lowers the loss beyond the baseline's spread, or within it")
+
+
+class CollapseCheckRow(BaseModel):
+    layer: int
+    head: int
+    verdict: Verdict = Field(description="value side (see heads)")
+    kind: CollapseKind = Field(
+        description=(
+            "no_op_sink: writes almost nothing and removing it changes nothing beyond chance; constant_output: "
+            "writes a large but input-independent vector (a learned bias), removing it changes nothing beyond "
+            "chance; load_bearing: removing it raises the loss beyond chance; harmful: removing it lowers the loss "
+            "beyond chance; mixed: one ablation raises, the other lowers"
+        )
+    )
+    mean_ablation: AblationEffectRow = Field(description="output replaced by its mean over the text's positions")
+    resample_ablation: AblationEffectRow | None = Field(
+        default=None, description="output taken from the resample source at the same position"
+    )
+
+
+class GroupCheckRow(BaseModel):
+    """Every checked head removed at once."""
+
+    heads: list[str] = Field(description='the heads removed together, "L.H"')
+    mean_ablation: AblationEffectRow
+    resample_ablation: AblationEffectRow | None = None
+
+
+class BaselineRow(BaseModel):
+    """The same ablation on random heads: mean ± sample standard deviation over the draws."""
+
+    draws: int
+    heads_per_draw: int
+    mean_ablation: tuple[float, float] = Field(description="(mean, sd) of Δ loss, mean-ablation")
+    resample_ablation: tuple[float, float] | None = Field(default=None, description="(mean, sd), resample-ablation")
+
+
+class CollapseCheck(BaseModel):
+    measure: str = Field(description="next_token_loss (causal LM) or embedding_cosine (encoder)")
+    loss_clean: float | None = Field(default=None, description="mean next-token loss on the text, nats")
+    collapsed: int = Field(description="collapsed heads (no_op_sink or writing_collapse)")
+    checked: int = Field(description="how many of them were checked (max_checked, most collapsed first)")
+    rule: str = Field(description="when an effect counts as beyond chance")
+    resample_source: str = Field(description="what resample-ablation copied head outputs from")
+    baseline: BaselineRow | None = Field(
+        default=None, description="single random heads drawn from the examined heads that did not collapse, seeded"
+    )
+    together: GroupCheckRow | None = Field(default=None, description="every checked head removed at once")
+    together_baseline: BaselineRow | None = Field(default=None, description="as many random heads at once")
+    heads: list[CollapseCheckRow]
+    forward_equivalents: float = Field(description="cost of the check in forward passes of the text")
+    notes: list[str] = Field(default_factory=list)
+
+
+BEYOND_RULE = (
+    f"beyond chance: more than max({BASELINE_SPREAD_MULTIPLE:g} × the baseline's sd, {EFFECT_FLOOR:g}) from the "
+    f"baseline's mean and more than {EFFECT_FLOOR:g} from 0"
+)
+
+
 class CollapseReport(Report, StackReport):
     num_tokens: int
     threshold: float
@@ -92,4 +179,7 @@ class CollapseReport(Report, StackReport):
     sink_positions: list[int] = Field(description="positions treated as sinks: the first token and special tokens")
     bound_violations: int = Field(description="rows whose entropy fell below the Zhai et al. bound (should be 0)")
     heads: list[HeadCollapseRow] = Field(description="most collapsed first, top_k of them")
+    check: CollapseCheck | None = Field(
+        default=None, description="what removing the collapsed heads does, against random heads (causal_check)"
+    )
     png_path: str | None = None

@@ -9,9 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION, Verdict
+from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION, CollapseKind, Verdict
 from agent_tools.schemas import Finding, NextCall, Severity, follow_up
-from agent_tools.tools.diagnose_collapse.models import CollapseReport, DiagnoseCollapseInput, HeadCollapseRow
+from agent_tools.tools.diagnose_collapse.models import (
+    BaselineRow,
+    CollapseCheck,
+    CollapseCheckRow,
+    CollapseReport,
+    DiagnoseCollapseInput,
+    HeadCollapseRow,
+)
 
 
 @dataclass(frozen=True)
@@ -23,6 +30,7 @@ class CollapseNumbers:
     verdict_counts: dict[str, int]
     bound_violations: int  # rows, over every head, whose entropy fell below the Zhai et al. bound
     rows_counted: int  # rows, over every head, that the bound was checked on
+    check: CollapseCheck | None = None  # what removing the collapsed heads does (None: not run)
 
     @property
     def concentrated(self) -> list[HeadCollapseRow]:
@@ -33,7 +41,7 @@ class CollapseNumbers:
 # --- one sentence per verdict -----------------------------------------------------------------------------
 
 
-def _where(row: HeadCollapseRow) -> str:
+def _where(row: HeadCollapseRow | CollapseCheckRow) -> str:
     return f"L{row.layer}H{row.head}"
 
 
@@ -62,10 +70,11 @@ def _no_op_sink(row: HeadCollapseRow) -> str:
     )
 
 
-def _harmful_collapse(row: HeadCollapseRow) -> str:
+def _writing_collapse(row: HeadCollapseRow) -> str:
     return (
         f"{_where(row)} collapses onto {_onto(row)} whatever the query ({_weight(row)}) and that key's value is "
-        f"substantial{_value_side(row)}: the head writes about the same vector at every position"
+        f"substantial{_value_side(row)}: the head writes about the same vector at every position (value norms "
+        "only: not evidence that it matters)"
     )
 
 
@@ -88,7 +97,7 @@ def _not_collapsed(row: HeadCollapseRow) -> str:
 
 _DESCRIBE: dict[Verdict, Callable[[HeadCollapseRow], str]] = {
     "no_op_sink": _no_op_sink,
-    "harmful_collapse": _harmful_collapse,
+    "writing_collapse": _writing_collapse,
     "positional": _positional,
     "query_dependent": _query_dependent,
     "not_collapsed": _not_collapsed,
@@ -103,19 +112,120 @@ def describe(row: HeadCollapseRow) -> str:
 # --- findings ---------------------------------------------------------------------------------------------
 
 
-# How much each verdict matters to an agent: a harmful collapse is what to act on, a no-op sink is context.
+# Value-side verdicts never decide severity on their own: a positional or query-dependent head is worth a look, a
+# collapse is low until its removal is measured (then KIND_SEVERITY says how much it matters).
 SEVERITY: dict[Verdict, Severity] = {
-    "harmful_collapse": "high",
+    "writing_collapse": "low",
     "positional": "medium",
     "query_dependent": "medium",
     "no_op_sink": "low",
     "not_collapsed": "low",
 }
-MAX_HARMFUL_NAMED = 12  # harmful heads named in the summary and findings (all of them, up to this many)
+KIND_SEVERITY: dict[CollapseKind, Severity] = {
+    "harmful": "high",
+    "load_bearing": "medium",
+    "mixed": "medium",
+    "constant_output": "low",
+    "no_op_sink": "low",
+}
+KIND_WORDS: dict[CollapseKind, str] = {
+    "harmful": "harmful",
+    "load_bearing": "load-bearing",
+    "mixed": "mixed (the two ablations disagree)",
+    "constant_output": "a constant-output head",
+    "no_op_sink": "a no-op sink",
+}
+KIND_PLURAL: dict[CollapseKind, str] = {
+    "harmful": "harmful",
+    "load_bearing": "load-bearing",
+    "mixed": "mixed",
+    "constant_output": "constant-output heads",
+    "no_op_sink": "no-op sinks",
+}
+MAX_NAMED = 12  # checked heads named in the findings (all of them, up to this many)
+
+
+def _effect(value: float, unit: str) -> str:
+    return f"{value:+.4f}{unit}"
+
+
+def _baseline_text(baseline: BaselineRow | None, method: str, unit: str) -> str:
+    if baseline is None:
+        return "no baseline"
+    pair = baseline.mean_ablation if method == "mean" else baseline.resample_ablation
+    if pair is None:
+        return "no baseline"
+    what = "heads" if baseline.heads_per_draw == 1 else f"sets of {baseline.heads_per_draw} heads"
+    return f"{baseline.draws} random {what}: {pair[0]:+.4f} ± {pair[1]:.4f}{unit}"
+
+
+def _unit(check: CollapseCheck) -> str:
+    return " nats" if check.measure == "next_token_loss" else " (1 − cos)"
+
+
+def _direction_words(row: CollapseCheckRow, check: CollapseCheck) -> str:
+    """Which way the loss moves when the head is removed, for the kinds that moved it."""
+    unit = _unit(check)
+    moved = [e for e in (row.mean_ablation, row.resample_ablation) if e is not None and e.direction != "within"]
+    if not moved or check.measure != "next_token_loss":
+        return ""
+    e = max(moved, key=lambda x: abs(x.effect))
+    way = "raises" if e.direction == "raises" else "lowers"
+    return f"; removing it {way} the loss by {abs(e.effect):.4f}{unit}"
+
+
+def check_sentence(row: CollapseCheckRow, check: CollapseCheck, *, baseline: bool = True) -> str:
+    """'L24H6 is a constant-output head (mean-ablation +0.0001 nats, resample −0.0003; 8 random heads:
+    0.0000 ± 0.0020)'."""
+    unit = _unit(check)
+    resample = f", resample {_effect(row.resample_ablation.effect, '')}" if row.resample_ablation else ""
+    chance = f"; {_baseline_text(check.baseline, 'mean', unit)}" if baseline else ""
+    return (
+        f"{_where(row)} is {KIND_WORDS[row.kind]} (mean-ablation {_effect(row.mean_ablation.effect, unit)}{resample}"
+        f"{chance}){_direction_words(row, check)}"
+    )
+
+
+def together_sentence(check: CollapseCheck) -> str:
+    """'Removing all 8 together: mean-ablation −0.0143 nats, resample −0.0070 (8 random sets of 8 heads: ...) —
+    within chance'."""
+    row = check.together
+    if row is None:
+        return ""
+    unit = _unit(check)
+    resample = f", resample {_effect(row.resample_ablation.effect, '')}" if row.resample_ablation else ""
+    moved = [e for e in (row.mean_ablation, row.resample_ablation) if e is not None and e.direction != "within"]
+    if not moved:
+        verdict = "within chance"
+    else:
+        e = max(moved, key=lambda x: abs(x.effect))
+        verdict = f"{e.direction} the loss beyond chance" if check.measure == "next_token_loss" else "beyond chance"
+    return (
+        f"Removing all {check.checked} together: mean-ablation {_effect(row.mean_ablation.effect, unit)}{resample} "
+        f"({_baseline_text(check.together_baseline, 'mean', unit)}) — {verdict}."
+    )
+
+
+def check_finding(row: CollapseCheckRow, check: CollapseCheck, heads: dict) -> Finding:
+    """A checked collapsed head: its kind, the ablation effects against the baseline, the value side labelled."""
+    value_side = heads.get((row.layer, row.head))
+    norms = ""
+    if value_side is not None and value_side.contribution_ratio is not None:
+        norms = f" Value norms (not evidence of effect): contribution ratio {value_side.contribution_ratio:.2f}."
+    return Finding(
+        kind=row.kind,
+        severity=KIND_SEVERITY[row.kind],
+        layer=row.layer,
+        head=row.head,
+        position=value_side.dominant_position if value_side is not None else None,
+        token=value_side.dominant_token if value_side is not None else None,
+        value=row.mean_ablation.effect,
+        detail=check_sentence(row, check) + "." + norms,
+    )
 
 
 def verdict_finding(row: HeadCollapseRow) -> Finding:
-    """A concentrated head: its verdict, the key it concentrates on and its mean max weight."""
+    """A concentrated head: its value-side verdict, the key it concentrates on and its mean max weight."""
     return Finding(
         kind=row.verdict,
         severity=SEVERITY[row.verdict],
@@ -148,18 +258,44 @@ def entropy_bound_finding(numbers: CollapseNumbers) -> Finding:
     )
 
 
-def harmful(numbers: CollapseNumbers) -> list[HeadCollapseRow]:
-    """Every harmful collapse, most collapsed first: what the summary counts, named wherever it is listed."""
-    return [r for r in numbers.rows if r.verdict == "harmful_collapse"]
+def baseline_finding(check: CollapseCheck) -> Finding:
+    """How the check was run: methods, the baseline, the heads together, the rule and the cost."""
+    unit = _unit(check)
+    together = (" " + together_sentence(check)) if check.together is not None else ""
+    resample = _baseline_text(check.baseline, "resample", unit) if check.baseline is not None else "no baseline"
+    notes = (" " + "; ".join(check.notes) + ".") if check.notes else ""
+    return Finding(
+        kind="ablation_check",
+        severity="low",
+        value=check.forward_equivalents,
+        detail=(
+            f"Checked {check.checked} of {check.collapsed} collapsed heads by mean-ablation and resample-ablation "
+            f"(source: {check.resample_source}; resample baseline {resample}); {check.rule}.{together} Cost "
+            f"{check.forward_equivalents:g} forward passes.{notes}"
+        ),
+    )
+
+
+def ordered_checks(check: CollapseCheck) -> list[CollapseCheckRow]:
+    """Checked heads, those whose removal moved the loss first (harmful, load-bearing, mixed), by |effect|."""
+    rank = {"harmful": 0, "load_bearing": 1, "mixed": 2, "constant_output": 3, "no_op_sink": 4}
+    return sorted(check.heads, key=lambda r: (rank[r.kind], -abs(r.mean_ablation.effect)))
 
 
 def findings(numbers: CollapseNumbers, *, top_k: int) -> list[Finding]:
-    """Every harmful collapse first (up to :data:`MAX_HARMFUL_NAMED`, whatever ``top_k``), then the other
-    ``top_k`` most collapsed concentrated heads, then the entropy bound (when any head was examined)."""
-    first = harmful(numbers)[:MAX_HARMFUL_NAMED]
-    named = {(r.layer, r.head) for r in first}
+    """Every checked head first (harmful and load-bearing first, up to :data:`MAX_NAMED`), then the other ``top_k``
+    most collapsed concentrated heads (value side), then how the check ran and the entropy bound."""
+    found: list[Finding] = []
+    named: set[tuple[int, int]] = set()
+    if numbers.check is not None:
+        by_head = {(r.layer, r.head): r for r in numbers.rows}
+        for row in ordered_checks(numbers.check)[:MAX_NAMED]:
+            found.append(check_finding(row, numbers.check, by_head))
+            named.add((row.layer, row.head))
     rest = [r for r in numbers.concentrated[:top_k] if (r.layer, r.head) not in named]
-    found = [verdict_finding(row) for row in [*first, *rest]]
+    found += [verdict_finding(row) for row in rest]
+    if numbers.check is not None:
+        found.append(baseline_finding(numbers.check))
     if numbers.rows:
         found.append(entropy_bound_finding(numbers))
     return found
@@ -200,25 +336,51 @@ def _named(row: HeadCollapseRow) -> str:
     )
 
 
-def _verdict_sentence(numbers: CollapseNumbers) -> str:
+def _value_sentence(numbers: CollapseNumbers) -> str:
+    """The value-side counts, labelled as what they are."""
     counts = numbers.verdict_counts
-    sinks, positional = counts.get("no_op_sink", 0), counts.get("positional", 0)
-    bad = harmful(numbers)
-    shown = ", ".join(_where(r) for r in bad[:MAX_HARMFUL_NAMED])
-    more = f" and {len(bad) - MAX_HARMFUL_NAMED} more" if len(bad) > MAX_HARMFUL_NAMED else ""
-    harm = (
-        f"{len(bad)} collapse harmfully onto one token whatever the query ({shown}{more})"
-        if bad
-        else ("none collapses harmfully")
-    )
+    writing, sinks = counts.get("writing_collapse", 0), counts.get("no_op_sink", 0)
+    positional = counts.get("positional", 0)
     return (
-        f"{harm}; {sinks} are no-op sinks (the dominant key writes < {NO_OP_CONTRIBUTION} × an ordinary key's "
-        f"‖v W_O‖), {positional} are positional."
+        f"Value side (norms, not effects): {writing} collapse onto a key that writes substantially, {sinks} onto "
+        f"one that writes < {NO_OP_CONTRIBUTION} × an ordinary key's ‖v W_O‖ (no-op sinks); {positional} are "
+        "positional."
     )
+
+
+def _check_summary(check: CollapseCheck) -> str:
+    """What removing the collapsed heads did: the heads that moved the loss first, then the others by kind."""
+    ordered = ordered_checks(check)
+    moved = [r for r in ordered if r.kind in ("harmful", "load_bearing", "mixed")]
+    quiet = [r for r in ordered if r not in moved]
+    what = "next-token loss" if check.measure == "next_token_loss" else "the output embedding"
+    of = "" if check.checked == check.collapsed else f" (of {check.collapsed})"
+    unit = _unit(check)
+    head = (
+        f"Removing each of {check.checked} collapsed heads{of} ({what}; {_baseline_text(check.baseline, 'mean', unit)}"
+        f" for mean-ablation): "
+    )
+    shown = (moved[:3] + quiet)[:3]
+    rest = [r for r in ordered if r not in shown]
+    tail = ""
+    if rest:
+        kinds: dict[str, int] = {}
+        for r in rest:
+            kinds[KIND_PLURAL[r.kind]] = kinds.get(KIND_PLURAL[r.kind], 0) + 1
+        tail = "; " + ", ".join(f"{n} more {k}" for k, n in kinds.items())
+    harmful = sum(1 for r in check.heads if r.kind == "harmful")
+    verdict = (
+        " None is harmful (no removal lowers the loss beyond chance)."
+        if not harmful and check.measure == "next_token_loss"
+        else ""
+    )
+    together = (" " + together_sentence(check)) if check.together is not None else ""
+    return head + "; ".join(check_sentence(r, check, baseline=False) for r in shown) + tail + "." + together + verdict
 
 
 def summary(numbers: CollapseNumbers) -> str:
-    """How many heads are concentrated, the three most collapsed (or the sharpest), and the verdict counts."""
+    """How many heads are concentrated, what removing the collapsed ones did (when checked), the value side and
+    the most collapsed heads."""
     rows, concentrated = numbers.rows, numbers.concentrated
     head = f"{len(concentrated)} of {len(rows)} heads on {numbers.num_tokens} tokens are concentrated"
     tail = _parked_tail(rows)
@@ -228,9 +390,13 @@ def summary(numbers: CollapseNumbers) -> str:
             f"{head}: none collapses. The sharpest is L{best.layer}H{best.head} (mean max weight "
             f"{best.mean_max_weight:.3f}, onto {_target(best)}).{tail}"
         )
-    named = "; ".join(_named(r) for r in concentrated[:3])
-    verdicts = _verdict_sentence(numbers)
-    return f"{head}. {verdicts[0].upper()}{verdicts[1:]} Most collapsed: {named}.{tail}"
+    named = "; ".join(_named(r) for r in concentrated[: 2 if numbers.check is not None else 3])
+    checked = (
+        " " + _check_summary(numbers.check)
+        if numbers.check is not None
+        else " Not checked by ablation (causal_check off): nothing here says whether a collapse matters."
+    )
+    return f"{head}.{checked} {_value_sentence(numbers)} Most collapsed: {named}.{tail}"
 
 
 # --- next calls -------------------------------------------------------------------------------------------
@@ -239,19 +405,21 @@ def summary(numbers: CollapseNumbers) -> str:
 def next_calls(args: DiagnoseCollapseInput, report: CollapseReport) -> list[NextCall]:
     """Remove the harmful heads (or the most collapsed one) to see whether they matter, look at the first one's
     map, and rebuild it to see which ingredient makes it collapse."""
-    bad = [(f.layer, f.head) for f in report.findings if f.kind == "harmful_collapse" and f.layer is not None]
+    moved = []
+    if report.check is not None:
+        moved = [(r.layer, r.head) for r in report.check.heads if r.kind in ("harmful", "load_bearing", "mixed")]
     concentrated = [(r.layer, r.head) for r in report.heads if r.verdict != "not_collapsed"]
-    focus = bad or concentrated or [(r.layer, r.head) for r in report.heads[:1]]
+    focus = moved or concentrated or [(r.layer, r.head) for r in report.heads[:1]]
     if not focus:
         return []
     layer, head = focus[0]
-    labels = [f"{la}.{he}" for la, he in (bad[:4] or focus[:1])]
-    what = "the harmful collapse" if bad else "the most collapsed head"
+    labels = [f"{la}.{he}" for la, he in (moved[:4] or focus[:1])]
+    what = "the heads whose removal moved the loss" if moved else "the most collapsed head"
     return [
         follow_up(
             "ablate_heads",
             {"text": args.text, "heads": labels},
-            f"remove {what} ({', '.join(labels)}): a large KL confirms it matters, a tiny one says it is a no-op",
+            f"remove {what} ({', '.join(labels)}) on this text and see KL, loss and top token against random heads",
             model=args.model,
         ),
         follow_up(

@@ -8,24 +8,43 @@ consumers from one forward pass; run alone, :func:`diagnose_collapse` hands the 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from agent_tools.analysis.collapse import HeadCollapse, rank_heads
+from agent_tools.ablation_check import (
+    HeadSet,
+    baseline_of,
+    measure_head_sets,
+    random_sets,
+    resample_source,
+)
+from agent_tools.analysis.ablation import Baseline, compare_with_baseline
+from agent_tools.analysis.collapse import COLLAPSED_VERDICTS, HeadCollapse, collapse_kind, rank_heads
 from agent_tools.analysis.metrics import sink_key_mask
 from agent_tools.analysis.norms import head_output_grams
 from agent_tools.consumers.collapse import CollapseConsumer
 from agent_tools.errors import InvalidInputError
 from agent_tools.families import StackFacts
 from agent_tools.inspector import Encoded, Inspector, PassPlan, kv_head_of, text_digest
+from agent_tools.intervene import AblationMethod
 from agent_tools.layout import output_weight
 from agent_tools.loading import LoadedModel
 from agent_tools.render import grid_heatmap
-from agent_tools.schemas import Token, rounded
+from agent_tools.schemas import Token, head_label, rounded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.diagnose_collapse import narrative
-from agent_tools.tools.diagnose_collapse.models import CollapseReport, DiagnoseCollapseInput, HeadCollapseRow
+from agent_tools.tools.diagnose_collapse.models import (
+    BEYOND_RULE,
+    AblationEffectRow,
+    BaselineRow,
+    CollapseCheck,
+    CollapseCheckRow,
+    CollapseReport,
+    DiagnoseCollapseInput,
+    GroupCheckRow,
+    HeadCollapseRow,
+)
 from agent_tools.tools.diagnose_collapse.narrative import CollapseNumbers
 
 
@@ -161,6 +180,18 @@ def _report(
 ) -> CollapseReport:
     stats = consumer.results()
     numbers = _measure(stats, encoded, stack)
+    check = _causal_check(inspector, args, loaded, stack, encoded, numbers.rows) if args.causal_check else None
+    if check is not None:
+        kinds = {(c.layer, c.head): c.kind for c in check.heads}
+        rows = [r.model_copy(update={"kind": kinds.get((r.layer, r.head))}) for r in numbers.rows]
+        numbers = CollapseNumbers(
+            num_tokens=numbers.num_tokens,
+            rows=rows,
+            verdict_counts=numbers.verdict_counts,
+            bound_violations=numbers.bound_violations,
+            rows_counted=numbers.rows_counted,
+            check=check,
+        )
     findings = narrative.findings(numbers, top_k=args.top_k)
     png_path = _write_png(inspector, args, loaded, stack, layers, stats) if args.png else None
     return CollapseReport(
@@ -176,5 +207,111 @@ def _report(
         sink_positions=[int(i) for i in sinks.nonzero().flatten().tolist()],
         bound_violations=numbers.bound_violations,
         heads=numbers.rows[: args.top_k],
+        check=check,
         png_path=png_path,
+    )
+
+
+# --- the causal check: what removing each collapsed head does, against random heads -------------------------
+
+
+def _causal_check(
+    inspector: Inspector,
+    args: DiagnoseCollapseInput,
+    loaded: LoadedModel,
+    stack: StackFacts,
+    encoded: Encoded,
+    rows: list[HeadCollapseRow],
+) -> CollapseCheck | None:
+    """Mean- and resample-ablate each collapsed head (up to ``max_checked``, writing collapses first, most collapsed
+    first), all of them together, and the same for random non-collapsed heads; one batched pass of rows.
+
+    None when no head collapsed, or on a decoder/cross stack (the ablation hooks act on the default stack)."""
+    collapsed = [r for r in rows if r.verdict in COLLAPSED_VERDICTS]
+    if not collapsed or stack.name not in ("self", "encoder"):
+        return None
+    ordered = [r for r in collapsed if r.verdict == "writing_collapse"] + [
+        r for r in collapsed if r.verdict == "no_op_sink"
+    ]
+    checked = ordered[: args.max_checked]
+    notes: list[str] = []
+    pool = [(r.layer, r.head) for r in rows if r.verdict == "not_collapsed"]
+    singles, said = random_sets(pool, 1, args.baseline_draws, seed=args.seed)
+    notes += [said] if said else []
+    together: HeadSet = tuple(sorted((r.layer, r.head) for r in checked))
+    groups: list[HeadSet] = []
+    if len(checked) > 1:
+        groups, said = random_sets(pool, len(checked), args.baseline_draws, seed=args.seed + 1)
+        notes += [f"together: {said}"] if said else []
+    resample = resample_source(inspector, loaded, encoded, args.resample_text, seed=args.seed)
+    methods: list[AblationMethod] = ["mean"] if resample.ids is None else ["mean", "resample"]
+    if resample.ids is None:
+        notes.append(f"resample-ablation not run: {resample.description}")
+    sets: list[HeadSet] = [((r.layer, r.head),) for r in checked] + ([together] if len(checked) > 1 else [])
+    sets += singles + groups
+    measured = measure_head_sets(inspector, loaded, encoded, [(s, m) for s in sets for m in methods], resample)
+    found = {(e.heads, e.method): e for e in measured.effects}
+
+    def baseline(drawn: list[HeadSet], method: AblationMethod) -> Baseline:
+        return baseline_of([found[(s, method)] for s in drawn])
+
+    def effect_rows(heads: HeadSet, drawn: list[HeadSet]) -> dict[AblationMethod, AblationEffectRow]:
+        """Each method's effect of removing ``heads``, compared with the same method on the ``drawn`` sets."""
+        rows = {}
+        for method in methods:
+            effect = found[(heads, method)].effect
+            rows[method] = AblationEffectRow(
+                effect=rounded(effect, 6), direction=compare_with_baseline(effect, baseline(drawn, method))
+            )
+        return rows
+
+    def check_row(row: HeadCollapseRow) -> CollapseCheckRow:
+        effects = effect_rows(((row.layer, row.head),), singles)
+        resample = effects.get("resample")
+        return CollapseCheckRow(
+            layer=row.layer,
+            head=row.head,
+            verdict=row.verdict,
+            kind=collapse_kind(row.verdict, effects["mean"].direction, resample.direction if resample else None),
+            mean_ablation=effects["mean"],
+            resample_ablation=resample,
+        )
+
+    heads = [check_row(r) for r in checked]
+    group = None
+    if len(checked) > 1:
+        effects = effect_rows(together, groups)
+        group = GroupCheckRow(
+            heads=[head_label(layer, head) for layer, head in together],
+            mean_ablation=effects["mean"],
+            resample_ablation=effects.get("resample"),
+        )
+    return CollapseCheck(
+        measure="next_token_loss" if measured.loss_clean is not None else "embedding_cosine",
+        loss_clean=rounded(measured.loss_clean) if measured.loss_clean is not None else None,
+        collapsed=len(collapsed),
+        checked=len(checked),
+        rule=BEYOND_RULE,
+        resample_source=resample.description,
+        baseline=_baseline_row(singles, methods, baseline),
+        together=group,
+        together_baseline=_baseline_row(groups, methods, baseline) if len(checked) > 1 else None,
+        heads=heads,
+        forward_equivalents=round(measured.forward_equivalents, 1),
+        notes=notes,
+    )
+
+
+def _baseline_row(
+    drawn: list[HeadSet], methods: list[AblationMethod], baseline: Callable[[list[HeadSet], AblationMethod], Baseline]
+) -> BaselineRow | None:
+    """The random draws' mean ± sd per method (None without draws)."""
+    if not drawn:
+        return None
+    mean, resample = baseline(drawn, "mean"), baseline(drawn, "resample") if "resample" in methods else None
+    return BaselineRow(
+        draws=len(drawn),
+        heads_per_draw=len(drawn[0]),
+        mean_ablation=(rounded(mean.mean, 6), rounded(mean.spread, 6)),
+        resample_ablation=(rounded(resample.mean, 6), rounded(resample.spread, 6)) if resample is not None else None,
     )

@@ -1,0 +1,177 @@
+"""Causal checks for heads, sized against chance: the same ablation on random heads, batched as rows of one forward.
+
+``ablate_heads`` and ``diagnose_collapse`` both ask "does removing these heads change the model's predictions more
+than removing as many random heads would?". Here: the resample source (another text of the same length, or the
+text's own tokens in a seeded random order, said in words), and :func:`measure_head_sets`, which runs every head
+set × method as a row of a batched forward (:meth:`Inspector.ablated_rows`) and keeps, per row, the mean
+next-token loss and KL against the clean run (a causal LM) or the pooled embedding's 1 − cos (an encoder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from agent_tools.analysis.ablation import Baseline, cosine_change, derangement, draw_head_sets
+from agent_tools.analysis.metrics import kl_divergence, next_token_losses
+from agent_tools.errors import InvalidInputError
+from agent_tools.inspector import Encoded, Inspector
+from agent_tools.intervene import AblationMethod
+from agent_tools.loading import LoadedModel
+from agent_tools.runner import HeadSetAblation
+
+HeadSet = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class ResampleSource:
+    """What resample ablation copies heads' outputs from: (1, T) ids, or None when there is nothing to use."""
+
+    ids: Tensor | None
+    description: str  # said in the report, e.g. "the text's own tokens in a seeded random order (seed 0)"
+
+
+def resample_source(
+    inspector: Inspector, loaded: LoadedModel, encoded: Encoded, resample_text: str | None, *, seed: int
+) -> ResampleSource:
+    """``resample_text``'s first T tokens (an error when it has fewer), else the text's own tokens moved by a seeded
+    derangement (special tokens such as <bos> stay in place), else None with the reason."""
+    length = encoded.length
+    if resample_text is not None:
+        other = inspector.encode(loaded, resample_text)
+        if other.length < length:
+            msg = (
+                f"resample_text is {other.length} tokens; resample ablation takes the heads' outputs from a text of "
+                f"the same length, so it needs at least {length} tokens (the text's length; longer is cut)"
+            )
+            raise InvalidInputError(msg, field="resample_text")
+        return ResampleSource(other.input_ids[:, :length], f"the first {length} tokens of resample_text")
+    fixed = [t.position for t in encoded.tokens if t.special]
+    order = derangement(length, fixed, seed=seed)
+    if order is None:
+        return ResampleSource(
+            None,
+            f"no resample source: the text has fewer than 2 tokens that could be shuffled; give resample_text "
+            f"({length} tokens or more)",
+        )
+    kept = " (special tokens kept in place)" if fixed else ""
+    return ResampleSource(
+        encoded.input_ids[:, order], f"the text's own tokens in a seeded random order (seed {seed}){kept}"
+    )
+
+
+@dataclass(frozen=True)
+class SetEffect:
+    """One head set × method: the change it makes to the model's output on the text (plain floats)."""
+
+    heads: HeadSet
+    method: AblationMethod
+    loss_change: float | None  # mean next-token loss, ablated − clean (nats; None for an encoder)
+    kl_mean: float | None  # mean over positions of KL(clean ‖ ablated), nats (None for an encoder)
+    cosine_change: float | None  # encoder: 1 − cos of the mean-pooled output, clean vs ablated
+
+    @property
+    def effect(self) -> float:
+        """The signed effect a verdict is judged on: the loss change (LM) or the embedding's 1 − cos (encoder)."""
+        value = self.loss_change if self.loss_change is not None else self.cosine_change
+        return float(value if value is not None else 0.0)
+
+
+@dataclass(frozen=True)
+class MeasuredSets:
+    """Every row's effect (in the order asked), the clean loss, and the cost in forward-pass equivalents."""
+
+    effects: list[SetEffect]
+    loss_clean: float | None
+    forward_equivalents: float  # recording passes + the clean row + Σ over rows of the layers each row ran / L
+
+
+def measure_head_sets(
+    inspector: Inspector,
+    loaded: LoadedModel,
+    encoded: Encoded,
+    rows: Sequence[tuple[HeadSet, AblationMethod]],
+    resample: ResampleSource | None,
+) -> MeasuredSets:
+    """Run every (head set, method) as a row of a batched forward over the text; resample rows need ``resample``.
+
+    Mean ablation replaces a head's output by its mean over the text's positions (one recording pass);
+    resample ablation by its output on the resample source at the same position (one more recording pass).
+    """
+    facts = loaded.facts
+    methods = {method for _, method in rows}
+    layers = sorted({layer for heads, _ in rows for layer, _ in heads})
+    replacements: dict[AblationMethod, dict[int, Tensor]] = {}
+    recordings = 0
+    if "mean" in methods:
+        outputs = inspector.head_outputs(loaded, encoded.input_ids, layers)
+        replacements["mean"] = {layer: value.double().mean(0).to(value.dtype) for layer, value in outputs.items()}
+        recordings += 1
+    if "resample" in methods:
+        if resample is None or resample.ids is None:
+            raise ValueError("resample rows need a resample source")
+        replacements["resample"] = inspector.head_outputs(loaded, resample.ids, layers)
+        recordings += 1
+    ids = encoded.input_ids
+    logits = facts.is_language_model and not facts.is_encoder_decoder  # else the encoder's hidden states
+
+    def reduce(output: Tensor) -> tuple[Tensor, ...]:
+        if logits:
+            batch = output.shape[0]
+            labels = ids.to(output.device).expand(batch, -1)
+            losses = next_token_losses(output, labels).mean(-1) if ids.shape[-1] > 1 else output.new_zeros(batch)
+            kl = kl_divergence(output[:1], output).mean(-1)  # (B,)
+            return losses.double().cpu(), kl.double().cpu()
+        pooled = output.double().mean(1)  # (B, C)
+        return (cosine_change(pooled[:1], pooled).cpu(),)
+
+    plan = [HeadSetAblation(heads, method) for heads, method in rows]
+    clean, found = inspector.ablated_rows(loaded, ids, plan, replacements=replacements, reduce=reduce)
+    language_model = len(clean) == 2
+    effects = []
+    for index, (heads, method) in enumerate(rows):
+        if language_model:
+            loss = float(found[0][index] - clean[0]) if ids.shape[-1] > 1 else None
+            effects.append(SetEffect(heads, method, loss, float(found[1][index]), None))
+        else:
+            effects.append(SetEffect(heads, method, None, None, float(found[0][index])))
+    layers_run = sum(facts.num_layers - min(layer for layer, _ in heads) for heads, _ in rows)
+    return MeasuredSets(
+        effects=effects,
+        loss_clean=float(clean[0]) if language_model and ids.shape[-1] > 1 else None,
+        forward_equivalents=recordings + 1 + layers_run / facts.num_layers,  # + the clean row
+    )
+
+
+def random_sets(
+    pool: Sequence[tuple[int, int]], count: int, draws: int, *, seed: int
+) -> tuple[list[HeadSet], str | None]:
+    """The baseline's head sets and, when fewer than ``draws`` could be drawn, the sentence saying so."""
+    sets = draw_head_sets(pool, count, draws, seed=seed)
+    if not sets:
+        return [], (
+            f"no baseline: it needs {count} head{'s' if count != 1 else ''} outside those examined, and the model "
+            f"has {len(set(pool))} to draw from"
+        )
+    if len(sets) < draws:
+        return sets, f"baseline from {len(sets)} draws, every distinct set of {count} from {len(set(pool))} heads"
+    return sets, None
+
+
+def baseline_of(effects: Sequence[SetEffect]) -> Baseline:
+    """The random draws' signed effects as a :class:`Baseline`."""
+    return Baseline(tuple(e.effect for e in effects))
+
+
+__all__ = [
+    "HeadSet",
+    "MeasuredSets",
+    "ResampleSource",
+    "SetEffect",
+    "baseline_of",
+    "measure_head_sets",
+    "random_sets",
+    "resample_source",
+]
