@@ -530,8 +530,9 @@ def test_pattern_scores_by_hand() -> None:
 
     ids = torch.tensor([0, 5, 6, 5, 6])  # <bos> a b a b
     assert same_token_mask(ids).nonzero().tolist() == [[1, 3], [2, 4], [3, 1], [4, 2]]
-    # key j follows an earlier copy of the query's token: query 3 (a) reads 2 (after the a at 1), 4 (b) reads 3
-    assert after_same_token_mask(ids).nonzero().tolist() == [[1, 4], [2, 3], [3, 2], [4, 3]]
+    # key j follows another copy of the query's token: query 3 (a) reads 2 (after the a at 1), 4 (b) reads 3
+    # (after the b at 2), query 1 reads 4 (after the a at 3; a causal row cannot see it); query 2's other b is last
+    assert after_same_token_mask(ids).nonzero().tolist() == [[1, 4], [3, 2], [4, 3]]
     uniform = uniform_causal(5)[None]  # (1, 5, 5)
     # causal rows that may read a key of the pattern: 3 (key 2) and 4 (key 3); each gives 1/(i+1)
     got = pattern_scores(uniform, lambda t: after_same_token_mask(t), input_ids=ids)

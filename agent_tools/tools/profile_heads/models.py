@@ -12,7 +12,6 @@ from agent_tools.analysis.heads import (
     DEFAULT_SKIP_CAUSAL,
     DEFAULT_THRESHOLDS,
     HEAD_ROLES,
-    NAMED_PATTERNS,
     AblationCheck,
     HeadRole,
     MeasuredOn,
@@ -25,10 +24,9 @@ from agent_tools.schemas import ModelInput, Report, ToolInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "The role of every head (previous_token, induction, duplicate_token, first_token, self, local, broad, ...) "
-    "scored against uniform attention over several texts or probes (mean ± spread), top heads per role with a "
-    "mean-ablation check against random heads; named patterns (same_token, ...) scored like roles. Use to find "
-    "heads of a kind."
+    "The role of every head (previous_token, induction, first_token, self, local, ...) over several texts or "
+    "probes (mean ± spread), top heads per role with a mean-ablation check vs random heads; named patterns too. "
+    "Use to find heads of a kind."
 )
 SAMPLE_TEXT = (
     "The cat sat on the mat because it was tired, and the dog watched it from the door. "
@@ -99,8 +97,7 @@ class ProfileHeadsInput(ModelInput, StackInput):
     )
     patterns: list[PatternName] | None = Field(
         default=None,
-        description="named query×key patterns scored for every head like a role, on the same texts: "
-        + "; ".join(f"{name}: {p.formula}" for name, p in NAMED_PATTERNS.items()),
+        description="named query×key patterns scored for every head like a role, on the same texts",
     )
     top_k: int = Field(default=3, ge=1, le=20, description="top heads listed per role")
     thresholds: RoleThresholds | None = Field(
