@@ -572,3 +572,15 @@ def test_named_patterns_through_the_tool_and_python(crafted, inspector: Inspecto
     assert all(on_text[head] == pytest.approx(float(python[0][head]), abs=1e-4) for head in range(8))
     with pytest.raises(InvalidInputError, match="same_token"):  # the error names the valid patterns
         get_tool("profile_heads")(inspector, {**args, "patterns": ["haunted"]})
+
+
+def test_previous_token_check_alone_builds_its_probe(circuit, inspector: Inspector) -> None:
+    report = get_tool("profile_heads")(
+        inspector, {"model": circuit, "text": CIRCUIT_TEXT, "roles": ["previous_token"], "held_out_texts": 1}
+    )
+    (role,) = report.roles
+    assert role.inputs == 2 and report.held_out_texts == 1  # the text and one held-out text
+    assert report.probe is not None and report.probe.seeds == [0]  # built for the check, scored nothing
+    lead = role.top[0]
+    assert (lead.layer, lead.head) == PREVIOUS_HEAD and lead.verdict == "is_role"
+    assert lead.ablation is not None and lead.ablation.value > 3 and lead.ablation.baseline_draws == 5

@@ -463,6 +463,7 @@ class _Evidence:
             return self.text.encoded if self.text is not None else None
         if self.measured.probe is None:  # a check on the probe with no probe role asked: build the seed's probe
             self.measured.probe = build_probe(self.inspector, self.loaded, self.args.probe_length, self.args.seed)
+            self.measured.seeds = [self.args.seed]
         return self.measured.probe.encoded
 
     def _on_input(self, on: MeasuredOn, heads: list[Head]) -> dict[Head, AblationEvidence]:
