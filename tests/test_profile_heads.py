@@ -584,3 +584,22 @@ def test_previous_token_check_alone_builds_its_probe(circuit, inspector: Inspect
     lead = role.top[0]
     assert (lead.layer, lead.head) == PREVIOUS_HEAD and lead.verdict == "is_role"
     assert lead.ablation is not None and lead.ablation.value > 3 and lead.ablation.baseline_draws == 5
+
+
+def test_the_analyze_story_says_confirmed_only_with_the_check(circuit, inspector: Inspector) -> None:
+    from agent_tools.report.story import roles_step
+
+    report = get_tool("profile_heads")(inspector, {"model": circuit, "text": CIRCUIT_TEXT})
+
+    class Result:  # the one thing roles_step reads without a probe view
+        probe = None
+
+        def report(self, tool, kind):
+            return report
+
+    step = roles_step(Result())
+    assert step is not None
+    said = " ".join(step.sentences)
+    assert "previous-token L0H0 (1.00 ± 0.00; confirmed: mean-ablation +5.42 nats vs 4 random heads +0.00" in said
+    assert "first-token L1H1 (1.00 ± 0.00)" in said  # no check for this role: no "confirmed"
+    assert "with L1H0, L0H1, L0H2 mean-ablated (0.00 ± 0.00 with 8 random sets of as many heads)" in said

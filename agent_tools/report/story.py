@@ -340,9 +340,10 @@ def _role_tops(profile: Any) -> str:
                 and evidence.baseline_mean is not None
             ):
                 word = "confirmed" if top.verdict == "is_role" else "attends only"
+                value, chance = round(evidence.value, 2) + 0.0, round(evidence.baseline_mean, 2) + 0.0  # no -0.00
                 said += (
-                    f"; {word}: mean-ablation {evidence.value:+.2f} nats vs {evidence.baseline_draws} random heads "
-                    f"{evidence.baseline_mean:+.2f} ± {evidence.baseline_spread:.2f}"
+                    f"; {word}: mean-ablation {value:+.2f} nats vs {evidence.baseline_draws} random heads "
+                    f"{chance:+.2f} ± {evidence.baseline_spread:.2f}"
                 )
             tops.append(said + ")")
     return ", ".join(tops)
@@ -387,7 +388,8 @@ def roles_step(result: AnalysisResult) -> StoryStep | None:
         )
     if check is not None:
         ablated = (
-            f", and {check.loss_second_copy_ablated:.2f} with {', '.join(check.ablated_heads)} mean-ablated"
+            f", and {check.loss_second_copy_ablated:.2f} with "
+            f"{', '.join('L{}H{}'.format(*label.split('.')) for label in check.ablated_heads)} mean-ablated"
             if check.loss_second_copy_ablated is not None
             else ""
         )
