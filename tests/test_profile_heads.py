@@ -494,7 +494,7 @@ def test_the_registry_is_the_one_definition_of_every_role() -> None:
     assert tuple(ROLES) == HEAD_ROLES and all(ROLES[r].name == r for r in HEAD_ROLES)
     assert PROBE_ROLES == ("induction", "duplicate_token") and FALLBACK_ROLES == ("first_token", "broad")
     assert set(TEXT_ROLES) | set(PROBE_ROLES) == set(HEAD_ROLES)
-    assert DEFAULT_THRESHOLDS == {  # noqa: SIM300 - the registry's thresholds, pinned as documented
+    assert DEFAULT_THRESHOLDS == {  # the registry's thresholds, pinned as documented
         "previous_token": 0.4,
         "induction": 0.3,
         "duplicate_token": 0.3,
