@@ -10,7 +10,7 @@ random heads on one input, all as rows of one batched forward. Every forward goe
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -484,7 +484,9 @@ class _Evidence:
         }
 
     def _effects(self, on: MeasuredOn, encoded: Encoded, heads: list[Head]) -> tuple[list[float], EvidenceMetric]:
-        """Each head mean-ablated alone (one row each of one batched forward) -> the change in the input's measure."""
+        """Each head mean-ablated alone (one row each of a batched forward) -> the change in the input's measure.
+
+        Rows go in groups whose (R, T, V) outputs fit a quarter of the memory budget (one group on a probe)."""
         recorded = self.inspector.recorded_run(self.loaded, encoded, keep_last=False)
         used = {layer for layer, _ in heads}
         means = {  # layer -> (T, H, D): every head's mean output over the positions, at every position
@@ -492,23 +494,33 @@ class _Evidence:
             for layer, outputs in recorded.heads.items()
             if layer in used
         }
-        patches = [HeadPatch(layer, (head,)) for layer, head in heads]
-        outputs = self.inspector.patched_outputs(self.loaded, encoded, patches, sources=means, keep_last=False)
-        clean = recorded.output[None].to(outputs.device)  # (1, T, V)
+        clean = recorded.output[None]  # (1, T, V) logits, or (1, T, C) hidden states
+        per_row = 4 * clean.shape[1] * clean.shape[2]  # bytes of one row's float32 output
+        group = max(1, self.inspector.memory_budget // 4 // per_row)
+        metric, measure = self._measure_for(on, encoded, clean)
+        effects: list[float] = []
+        for first in range(0, len(heads), group):
+            patches = [HeadPatch(layer, (head,)) for layer, head in heads[first : first + group]]
+            outputs = self.inspector.patched_outputs(self.loaded, encoded, patches, sources=means, keep_last=False)
+            effects += [measure(outputs[row : row + 1]) for row in range(len(patches))]
+        return effects, metric
+
+    def _measure_for(
+        self, on: MeasuredOn, encoded: Encoded, clean: torch.Tensor
+    ) -> tuple[EvidenceMetric, Callable[[torch.Tensor], float]]:
+        """The metric of an input and a function of one ablated (1, T, V) output giving its change from clean."""
         if not self.measured.language_model:
-            metric: EvidenceMetric = "pooled_cosine_change"
-            return [effect_size(clean, outputs[r : r + 1], language_model=False) for r in range(len(heads))], metric
-        ids = encoded.input_ids
-        probe = self.measured.probe
+            return "pooled_cosine_change", lambda out: effect_size(clean.to(out.device), out, language_model=False)
+        ids, probe = encoded.input_ids, self.measured.probe
         if on == "probe" and probe is not None:
             where = {"start": probe.start, "repeat_length": probe.repeat_length}
-            before = copy_losses_per_row(clean, ids, **where)[1]  # (1,)
-            after = copy_losses_per_row(outputs, ids, **where)[1]  # (R,)
-            return (after - before).tolist(), "second_copy_loss_change"
-        target = ids.to(outputs.device)
-        before = next_token_losses(clean, target).mean(-1)  # (1,)
-        after = next_token_losses(outputs, target.expand(len(heads), -1)).mean(-1)  # (R,)
-        return (after - before).tolist(), "next_token_loss_change"
+            before = float(copy_losses_per_row(clean, ids, **where)[1][0])
+            return "second_copy_loss_change", lambda out: float(copy_losses_per_row(out, ids, **where)[1][0]) - before
+        text_before = float(next_token_losses(clean, ids.to(clean.device)).mean())
+        return (
+            "next_token_loss_change",
+            lambda out: float(next_token_losses(out, ids.to(out.device)).mean()) - text_before,
+        )
 
 
 def draw_random_heads(num_layers: int, num_heads: int, *, exclude: Sequence[Head], count: int, seed: int) -> list[Head]:
