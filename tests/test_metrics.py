@@ -14,8 +14,10 @@ from torch import nn
 
 from agent_tools.analysis.heads import SequenceLayout
 from agent_tools.analysis.metrics import (
+    Baseline,
     allowed_from_additive_mask,
     attention_entropy,
+    exceeds_baseline,
     first_token_share,
     first_token_share_excluding_early_rows,
     js_divergence,
@@ -26,6 +28,7 @@ from agent_tools.analysis.metrics import (
     next_token_losses,
     normalised_entropy,
     normalised_from_entropy,
+    random_baseline,
     received_attention,
     sink_key_mask,
     sink_row_fraction,
@@ -203,6 +206,45 @@ def test_the_streamed_sink_numbers_are_the_glossary_ones() -> None:
     assert float(collapse.mean_normalised_entropy) == pytest.approx(
         float(normalised_entropy(CAUSAL_MAP, CAUSAL)[1:].mean()), abs=1e-9
     )
+
+
+# --- head roles: every role's formula on the 4 x 4 map, by hand -------------------------------------------------
+
+
+def test_every_role_score_by_hand() -> None:
+    map64 = CAUSAL_MAP[None].float()  # (1, 4, 4)
+    text = SequenceLayout.for_text(["a", ",", "b", "c"], [False] * 4, causal=True)  # skip 2: rows 2 and 3
+    roles = role_scores(map64, text, ["previous_token", "self", "first_token", "local", "punctuation"], CAUSAL)
+    got = {role: float(values[0]) for role, values in roles.items()}
+    assert got == pytest.approx(
+        {
+            "previous_token": (0.6 + 0.1) / 2,  # A[2, 1], A[3, 2]
+            "self": (0.2 + 0.3) / 2,  # A[2, 2], A[3, 3]
+            "first_token": (0.2 + 0.5) / 2,  # A[2, 0], A[3, 0]
+            "local": 0.1,  # keys 2..4 away, not key 0: row 2 has none (not scored), row 3 reads key 1: 0.1
+            "punctuation": (0.6 + 0.1) / 2,  # the "," at key 1, read by rows 2 and 3
+        },
+        abs=1e-6,
+    )
+    # a probe of N = 2 from position 0: the second copy is rows 2, 3; induction reads i - N + 1 = i - 1,
+    # duplicate_token i - N = i - 2
+    probe = SequenceLayout.for_probe(4, start=0, repeat_length=2, causal=True)
+    roles = role_scores(map64, probe, ["induction", "duplicate_token"], CAUSAL)
+    assert float(roles["induction"][0]) == pytest.approx((0.6 + 0.1) / 2, abs=1e-6)
+    assert float(roles["duplicate_token"][0]) == pytest.approx((0.2 + 0.1) / 2, abs=1e-6)
+
+
+def test_random_baseline_and_when_an_effect_exceeds_it() -> None:
+    # mean 0.05; deviations -0.05, 0.05, -0.15, 0.15: population variance 0.05 / 4 = 0.0125, std 0.111803
+    baseline = random_baseline([0.0, 0.1, -0.1, 0.2])
+    assert (baseline.mean, baseline.spread, baseline.draws) == pytest.approx((0.05, math.sqrt(0.0125), 4))
+    # the bar: 0.05 + 2 × 0.111803 = 0.273607
+    assert exceeds_baseline(0.3, baseline, floor=0.01) and not exceeds_baseline(0.25, baseline, floor=0.01)
+    assert not exceeds_baseline(-1.0, baseline, floor=0.01)  # lowering the loss is not "needed"
+    zeros = random_baseline([0.0, 0.0, 0.0])  # no spread: the floor is the bar
+    assert not exceeds_baseline(0.005, zeros, floor=0.01) and exceeds_baseline(0.02, zeros, floor=0.01)
+    assert not exceeds_baseline(5.0, Baseline(0.0, 0.0, 1), floor=0.01)  # one draw is no baseline
+    assert random_baseline([]).draws == 0
 
 
 # --- the analyze grid ----------------------------------------------------------------------------------------

@@ -65,8 +65,9 @@ def test_scores_on_constructed_causal_maps_are_exact() -> None:
         "previous_token": [1, 0, 0, (1 / 3 + 1 / 4 + 1 / 5 + 1 / 6) / 4],
         "first_token": [0, 1, 0, 57 / 240],
         "self": [0, 0, 1, 57 / 240],
-        # keys 2..4 back, not key 0: row 2 none, row 3 {1}, row 4 {1, 2}, row 5 {1, 2, 3}
-        "local": [0, 0, 0, (0 + 1 / 4 + 2 / 5 + 3 / 6) / 4],
+        # keys 2..4 back, not key 0: row 2 none (not scored: no local key to read), row 3 {1}, row 4 {1, 2},
+        # row 5 {1, 2, 3}
+        "local": [0, 0, 0, (1 / 4 + 2 / 5 + 3 / 6) / 3],
         "broad": [0, 0, 0, 1],
         # rows that can see a punctuation key other than themselves: 4 (sees 3) and 5 (sees 3)
         "punctuation": [(1 + 0) / 2, 0, 0, (1 / 5 + 1 / 6) / 2],
@@ -186,17 +187,17 @@ def test_crafted_decoder_heads_are_classified_with_exact_scores(crafted, inspect
         6: "local",
         7: "broad",
     }
-    rows = range(2, 13)  # skip_queries = 2 for a causal model; 11 scored rows
+    rows = range(2, 13)  # skip_queries = 2 for a causal model; 11 scored rows (local: rows 3..12 read a local key)
     uniform_previous = sum(1 / (i + 1) for i in rows) / 11
-    uniform_local = (0 + 1 / 4 + 2 / 5 + sum(3 / (i + 1) for i in range(5, 13))) / 11
+    uniform_local = (1 / 4 + 2 / 5 + sum(3 / (i + 1) for i in range(5, 13))) / 10
     expected = {
         0: {"previous_token": 1, "first_token": 0, "self": 0, "local": 0, "broad": 0, "punctuation": 1 / 5},
         1: {"first_token": 1, "previous_token": 0, "broad": 0},
         2: {"self": 1, "previous_token": 0},
         3: {"broad": 1, "previous_token": uniform_previous, "self": uniform_previous, "local": uniform_local},
-        4: {"induction": 1, "duplicate_token": 0, "first_token": 3 / 11, "local": 8 / 11},
+        4: {"induction": 1, "duplicate_token": 0, "first_token": 3 / 11, "local": 8 / 10},
         5: {"duplicate_token": 1, "induction": 0, "first_token": 4 / 11, "local": 0},
-        6: {"local": 10 / 11, "first_token": 1 / 11},
+        6: {"local": 1, "first_token": 1 / 11},
     }
     for head, values in expected.items():
         got = _scores(report, head)
@@ -206,7 +207,16 @@ def test_crafted_decoder_heads_are_classified_with_exact_scores(crafted, inspect
     assert _scores(report, 3)["punctuation"] == pytest.approx(punctuation_uniform, abs=1e-4)
     assert report.unmeasured.keys() == {"next_token", "special_token"}
     roles = {r.role: r for r in report.roles}
-    assert [(t.layer, t.head, t.score) for t in roles["previous_token"].top[:1]] == [(0, 0, 1.0)]
+    # the positional head reads i-1 on every text: 1 on the text and the two held-out texts, no spread
+    lead = roles["previous_token"].top[0]
+    assert (lead.layer, lead.head, lead.score, lead.spread, lead.score_on_text) == (0, 0, 1.0, 0.0, 1.0)
+    assert roles["previous_token"].inputs == 3 and report.held_out_texts == 2
+    # the LM head is tied to the zeroed embeddings: mean-ablating anything changes no loss, so the positional head
+    # "attends like" a previous-token head, and the report says removing it changes little
+    assert lead.ablation is not None and lead.ablation.value == pytest.approx(0, abs=1e-9)
+    assert not lead.ablation.exceeds_baseline and lead.verdict == "attends_only"
+    assert "L0H0 attends like a previous-token head" in report.findings[0].detail
+    assert "but removing it changes little" in report.findings[0].detail
     assert roles["induction"].top[0].head == 4 and roles["induction"].measured_on == "probe"
     assert roles["duplicate_token"].top[0].head == 5
     assert report.probe is not None and report.probe.length == 11 and report.probe.first_copy_start == 1
@@ -244,14 +254,17 @@ def test_one_forward_per_input_and_deterministic_probe(crafted, inspector: Inspe
     handle = loaded.model.base_model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         args = {"model": crafted["causal"], "text": CAUSAL_TEXT, "probe_length": 6, "induction_check": False}
-        first = get_tool("profile_heads")(inspector, {**args, "seed": 3, "seeds": 1, "ablate_top": 0})
+        single = {"seeds": 1, "ablate_top": 0, "held_out_texts": 0}
+        first = get_tool("profile_heads")(inspector, {**args, "seed": 3, **single})
         assert len(calls) == 2  # one pass over the text, one over the probe, for all 8 heads
         calls.clear()
         get_tool("profile_heads")(inspector, {**args, "seed": 3})
-        # the default: three probes (seeds 3, 4, 5) and one batched forward ablating the probe roles' top heads
-        assert len(calls) == 1 + 3 + 1
-        again = get_tool("profile_heads")(inspector, {**args, "seed": 3, "seeds": 1, "ablate_top": 0})
-        other = get_tool("profile_heads")(inspector, {**args, "seed": 4, "seeds": 1, "ablate_top": 0})
+        # the default: the text and two held-out texts, three probes (seeds 3, 4, 5), then the ablation checks of
+        # previous_token and induction: one recorded clean run of the probe and one batched forward whose rows
+        # mean-ablate each top head and each random head
+        assert len(calls) == 3 + 3 + 2
+        again = get_tool("profile_heads")(inspector, {**args, "seed": 3, **single})
+        other = get_tool("profile_heads")(inspector, {**args, "seed": 4, **single})
     finally:
         handle.remove()
     assert first.probe == again.probe and first.heads == again.heads
@@ -271,8 +284,11 @@ def test_ablation_evidence_and_roles_subset(crafted, inspector: Inspector) -> No
         assert evidence.value == pytest.approx(0, abs=1e-9)
     assert {r.metric for r in (role.top[0].ablation for role in report.roles) if r} == {
         "second_copy_loss_change",
-        "mean_next_token_kl",
+        "next_token_loss_change",
     }
+    # induction has a check that ran and found nothing beyond random heads; self has no check: what was measured
+    verdicts = {role.role: role.top[0].verdict for role in report.roles}
+    assert verdicts == {"induction": "attends_only", "self": "unchecked"}
 
 
 def test_bad_arguments_name_the_valid_range(tiny_models, inspector: Inspector) -> None:
@@ -300,10 +316,15 @@ def test_default_model_has_induction_heads_that_matter(smol, inspector: Inspecto
     assert len(report.heads) == 270
     induction = next(r for r in report.roles if r.role == "induction")
     assert induction.top[0].score > 0.5 and induction.heads_with_role >= 3
-    assert induction.top[0].ablation is not None and induction.top[0].ablation.value > 0  # loss rises
+    evidence = induction.top[0].ablation
+    assert evidence is not None and evidence.value > 0 and evidence.baseline_draws == 8  # loss rises
+    assert evidence.baseline_mean is not None and evidence.exceeds_baseline and induction.top[0].verdict == "is_role"
+    previous = next(r for r in report.roles if r.role == "previous_token")
+    assert previous.inputs == 3 and previous.top[0].spread is not None and previous.top[0].score > 0.5
     check = report.induction_check
     assert check is not None and check.loss_second_copy < check.loss_first_copy - 5
     assert check.loss_second_copy_ablated is not None and check.loss_second_copy_ablated > check.loss_second_copy + 1
+    assert check.baseline_draws == 8 and check.exceeds_baseline
 
 
 @pytest.mark.real_model
@@ -330,18 +351,17 @@ def test_every_family_profiles_and_ablates(tiny_models, inspector: Inspector, fa
 
 
 def _dense_reference(weights, layout, roles, allowed):
-    """The role formulas with dense (R, q, k) kernels, as role_kernels states them."""
-    from agent_tools.analysis.heads import role_kernels
+    """The role formulas with dense (q, k) kernels: mean over rows i >= skip that may read a kernel key of
+    sum_j A[i, j] * P[i, j]."""
+    from agent_tools.analysis.heads import ROLES
 
     rows = torch.arange(weights.shape[-2])
-    kernels, masks = role_kernels(layout, rows, weights.shape[-1], roles)
-    visible = allowed[:, 0].expand(weights.shape[0], -1, -1)
+    visible = allowed[:, 0].expand(weights.shape[0], -1, -1)  # (B, q, k)
     out = {}
-    for index, role in enumerate(roles):
-        row_mask = masks[index][None].expand(weights.shape[0], -1).clone()
-        if role in ("special_token", "punctuation"):
-            row_mask &= (kernels[index].bool()[None] & visible).any(-1)
-        shares = (weights * kernels[index]).sum(-1)  # (B, H, q)
+    for role in roles:
+        kernel = ROLES[role].kernel(layout).dense(rows, weights.shape[-1])  # (q, k)
+        row_mask = (rows >= layout.skip_queries)[None] & ((kernel.bool()[None] & visible).any(-1))  # (B, q)
+        shares = (weights * kernel).sum(-1)  # (B, H, q)
         out[role] = (shares * row_mask[:, None]).sum(dim=(0, 2)) / row_mask.sum()
     return out
 
@@ -410,13 +430,28 @@ def test_profile_names_exactly_the_circuits_heads_with_evidence_and_baselines(ci
     assert roles["previous_token"].uniform_baseline == pytest.approx(text_uniform, abs=1e-4)
     assert roles["first_token"].uniform_baseline == pytest.approx(text_uniform, abs=1e-4)
     assert roles["induction"].uniform_baseline == pytest.approx(sum(1 / (i + 1) for i in range(29, 57)) / 28, abs=1e-4)
-    # three probes, the same circuit on each: no spread; evidence by default on the probe roles only
+    # three probes, the same circuit on each: no spread; the checks by default on previous_token and induction
     assert report.probe is not None and report.probe.seeds == [0, 1, 2]
     assert roles["induction"].top[0].spread == pytest.approx(0.0, abs=1e-6)
-    evidence = [t.ablation for t in roles["induction"].top]
-    assert evidence[0] is not None and evidence[0].metric == "second_copy_loss_change" and evidence[0].value > 3
-    assert all(e is not None and e.value == pytest.approx(0.0, abs=1e-4) for e in evidence[1:])  # write nothing
-    assert all(t.ablation is None for t in roles["previous_token"].top)  # text roles: not by default
+    for role in ("induction", "previous_token"):
+        evidence = [t.ablation for t in roles[role].top]
+        # removing either head of the circuit breaks the copy: the second-copy loss rises by nats
+        assert evidence[0] is not None and evidence[0].metric == "second_copy_loss_change" and evidence[0].value > 3
+        assert all(e is not None and e.value == pytest.approx(0.0, abs=1e-4) for e in evidence[1:])  # write nothing
+        # the random heads are the ones not under test: uniform heads writing a constant aside and the no-op sink,
+        # whose mean-ablation changes nothing: 0 ± 0 over every one of the four
+        assert evidence[0].baseline_draws == 4 and evidence[0].baseline_mean == pytest.approx(0.0, abs=1e-6)
+        assert evidence[0].baseline_spread == pytest.approx(0.0, abs=1e-6) and evidence[0].exceeds_baseline
+        assert roles[role].top[0].verdict == "is_role" and roles[role].top[1].verdict == "below_threshold"
+    assert roles["first_token"].top[0].verdict == "unchecked" and roles["first_token"].top[0].ablation is None
+    details = {f.kind: f.detail for f in report.findings}
+    assert details["previous_token"].startswith("L0H0 is a previous-token head (score 1.00 ± 0.00 over 3 texts;")
+    assert "4 random heads: +0.00 ± 0.00" in details["previous_token"]
+    assert details["induction"].startswith("L1H0 is an induction head (score 1.00 ± 0.00 over 3 probes;")
+    assert details["first_token"].startswith("L1H1 attends like a first-token head")
+    check = report.induction_check
+    assert check is not None and check.exceeds_baseline and check.baseline_draws == 8
+    assert check.baseline_mean == pytest.approx(check.loss_second_copy, abs=1e-4)  # random sets change nothing
     assert "vs uniform" in report.summary and "3 probes (seeds 0–2)" in report.summary
     assert report.next_calls and report.next_calls[0].tool == "ablate_heads"
 
@@ -441,3 +476,141 @@ def test_diagnose_collapse_names_the_positional_head_and_the_no_op_sink(circuit,
         PREVIOUS_HEAD: "positional",
         SINK_HEAD: "no_op_sink",
     }
+
+
+# --- the registry and user patterns ---------------------------------------------------------------------------------
+
+
+def test_the_registry_is_the_one_definition_of_every_role() -> None:
+    from agent_tools.analysis.heads import (
+        DEFAULT_THRESHOLDS,
+        FALLBACK_ROLES,
+        PROBE_ROLES,
+        ROLE_FORMULAS,
+        ROLES,
+        TEXT_ROLES,
+    )
+
+    assert tuple(ROLES) == HEAD_ROLES and all(ROLES[r].name == r for r in HEAD_ROLES)
+    assert PROBE_ROLES == ("induction", "duplicate_token") and FALLBACK_ROLES == ("first_token", "broad")
+    assert set(TEXT_ROLES) | set(PROBE_ROLES) == set(HEAD_ROLES)
+    assert DEFAULT_THRESHOLDS == {  # the registry's thresholds, pinned as documented
+        "previous_token": 0.4,
+        "induction": 0.3,
+        "duplicate_token": 0.3,
+        "first_token": 0.5,
+        "self": 0.3,
+        "local": 0.5,
+        "broad": 0.8,
+        "next_token": 0.4,
+        "special_token": 0.3,
+        "punctuation": 0.3,
+    }
+    assert all(ROLE_FORMULAS[r] == ROLES[r].formula and ROLES[r].formula for r in HEAD_ROLES)
+    assert {r for r in HEAD_ROLES if ROLES[r].ablation_check} == {"previous_token", "induction"}
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_user_pattern_equal_to_a_roles_kernel_scores_like_the_role(causal: bool) -> None:
+    from agent_tools.analysis.heads import ROLES
+    from agent_tools.consumers.roles import pattern_scores
+
+    torch.manual_seed(5)
+    length, heads = 13, 3
+    tokens = [f"w{i}" if i % 4 else "." for i in range(length)]
+    layout = SequenceLayout.for_text(tokens, [i in (0, 6) for i in range(length)], causal=causal)
+    probe = SequenceLayout.for_probe(length, start=1, repeat_length=5, causal=causal)
+    allowed = torch.ones(length, length, dtype=torch.bool)
+    allowed = allowed.tril() if causal else allowed
+    weights = torch.randn(heads, length, length).masked_fill(~allowed, float("-inf")).softmax(-1)
+    rows = torch.arange(length)
+    checked = 0
+    for lay in (layout, probe):
+        for role in (r for r in HEAD_ROLES if r != "broad" and lay.measurable(r)):
+            built_in = role_scores(weights, lay, [role])[role]
+            mask = ROLES[role].kernel(lay).dense(rows, length)  # (T, T): the role's kernel as a user's tensor
+            user = pattern_scores(weights, mask, causal=causal, skip_queries=lay.skip_queries)
+            assert torch.allclose(user, built_in, atol=1e-6), role
+            checked += 1
+    assert checked == (12 if causal else 14)  # 6 (7 with next_token) on the text and on the probe
+
+
+def test_pattern_scores_by_hand() -> None:
+    from agent_tools.analysis.heads import after_same_token_mask, same_token_mask
+    from agent_tools.consumers.roles import pattern_scores
+
+    ids = torch.tensor([0, 5, 6, 5, 6])  # <bos> a b a b
+    assert same_token_mask(ids).nonzero().tolist() == [[1, 3], [2, 4], [3, 1], [4, 2]]
+    # key j follows another copy of the query's token: query 3 (a) reads 2 (after the a at 1), 4 (b) reads 3
+    # (after the b at 2), query 1 reads 4 (after the a at 3; a causal row cannot see it); query 2's other b is last
+    assert after_same_token_mask(ids).nonzero().tolist() == [[1, 4], [3, 2], [4, 3]]
+    uniform = uniform_causal(5)[None]  # (1, 5, 5)
+    # causal rows that may read a key of the pattern: 3 (key 2) and 4 (key 3); each gives 1/(i+1)
+    got = pattern_scores(uniform, lambda t: after_same_token_mask(t), input_ids=ids)
+    assert got.tolist() == pytest.approx([(1 / 4 + 1 / 5) / 2], abs=EXACT)
+    # weights, not just masks: half a weight on key 0 from every row i >= 2 -> mean of A[i, 0] / 2
+    half = torch.zeros(5, 5)
+    half[:, 0] = 0.5
+    got = pattern_scores(uniform, half, skip_queries=2)
+    assert got.tolist() == pytest.approx([(1 / 3 + 1 / 4 + 1 / 5) / 3 / 2], abs=EXACT)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        pattern_scores(uniform, half * 3)
+
+
+def test_named_patterns_through_the_tool_and_python(crafted, inspector: Inspector) -> None:
+    from agent_tools.analysis.heads import same_token_mask
+    from agent_tools.tools.profile_heads import detect_pattern
+
+    args = {"model": crafted["causal"], "text": CAUSAL_TEXT, "roles": ["previous_token", "self"], "top_k": 8}
+    report = get_tool("profile_heads")(
+        inspector, {**args, "patterns": ["previous_token", "same_token", "self"], "ablate_top": 0}
+    )
+    patterns = {p.name: p for p in report.patterns}
+    roles = {r.role: r for r in report.roles}
+    for name in ("previous_token", "self"):  # the same kernel, the same texts: the same numbers as the role
+        assert [(t.layer, t.head, t.score, t.spread) for t in patterns[name].top] == [
+            (t.layer, t.head, t.score, t.spread) for t in roles[name].top
+        ]
+        assert patterns[name].uniform_baseline == roles[name].uniform_baseline
+    # "the" at 1 and 5, "." at 12 only once: same_token rows are 5 (reads 1) ... measured on the text alone
+    same = {(t.layer, t.head): t.score_on_text for t in patterns["same_token"].top}
+    python = detect_pattern(inspector, crafted["causal"], CAUSAL_TEXT, same_token_mask)
+    assert all(same[(0, head)] == pytest.approx(float(python[0][head]), abs=1e-4) for head in range(8))
+    # a (T, T) tensor: the previous-token kernel by hand gives the role's score on the text
+    previous = torch.diag(torch.ones(12), -1)  # (13, 13): key i-1
+    python = detect_pattern(inspector, crafted["causal"], CAUSAL_TEXT, previous)
+    on_text = {h.head: h.scores["previous_token"] for h in report.heads}
+    assert all(on_text[head] == pytest.approx(float(python[0][head]), abs=1e-4) for head in range(8))
+    with pytest.raises(InvalidInputError, match="same_token"):  # the error names the valid patterns
+        get_tool("profile_heads")(inspector, {**args, "patterns": ["haunted"]})
+
+
+def test_previous_token_check_alone_builds_its_probe(circuit, inspector: Inspector) -> None:
+    report = get_tool("profile_heads")(
+        inspector, {"model": circuit, "text": CIRCUIT_TEXT, "roles": ["previous_token"], "held_out_texts": 1}
+    )
+    (role,) = report.roles
+    assert role.inputs == 2 and report.held_out_texts == 1  # the text and one held-out text
+    assert report.probe is not None and report.probe.seeds == [0]  # built for the check, scored nothing
+    lead = role.top[0]
+    assert (lead.layer, lead.head) == PREVIOUS_HEAD and lead.verdict == "is_role"
+    assert lead.ablation is not None and lead.ablation.value > 3 and lead.ablation.baseline_draws == 5
+
+
+def test_the_analyze_story_says_confirmed_only_with_the_check(circuit, inspector: Inspector) -> None:
+    from agent_tools.report.story import roles_step
+
+    report = get_tool("profile_heads")(inspector, {"model": circuit, "text": CIRCUIT_TEXT})
+
+    class Result:  # the one thing roles_step reads without a probe view
+        probe = None
+
+        def report(self, tool, kind):
+            return report
+
+    step = roles_step(Result())
+    assert step is not None
+    said = " ".join(step.sentences)
+    assert "previous-token L0H0 (1.00 ± 0.00; confirmed: mean-ablation +5.42 nats vs 4 random heads +0.00" in said
+    assert "first-token L1H1 (1.00 ± 0.00)" in said  # no check for this role: no "confirmed"
+    assert "with L1H0, L0H1, L0H2 mean-ablated (0.00 ± 0.00 with 8 random sets of as many heads)" in said

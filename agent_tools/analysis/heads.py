@@ -1,44 +1,34 @@
-"""Head roles: what each attention head does, as attention shares with documented formulas.
+"""Head roles: what each attention head does, as attention shares with documented formulas — a registry.
 
-Every score is a mean of attention weights (or of normalised entropy for ``broad``), so it lies in [0, 1] and
-is comparable across heads and models. ``A`` is one head's map, rows are queries ``i``, columns keys ``j``,
-``T`` the sequence length. Scored queries are ``i ≥ skip_queries`` (early causal rows see one or two keys, so
-their shares say nothing about the head); each role further keeps only the rows where it is defined.
+A role is data: a :class:`Role` in :data:`ROLES` with its kernel (which keys it reads from each query), threshold,
+formula and ablation check. ``A`` is one head's map, rows are queries ``i``, columns keys ``j``, ``T`` the sequence
+length. Every kernel role scores the same way (:class:`KeyPattern`, and a user's own pattern through
+:class:`DensePattern`):
 
-Text roles (measured on the user's text, or on the built-in sample text):
+    share_i = Σ_j A[i, j] · P[i, j],   score = mean of share_i over the scored rows,
 
-* ``previous_token``: mean ``A[i, i−1]``.
-* ``next_token``: mean ``A[i, i+1]`` (bidirectional models only; a causal row cannot see ``i+1``).
-* ``self``: mean ``A[i, i]``.
-* ``first_token``: mean ``A[i, 0]`` over ``i ≥ max(1, skip)`` — the first-token / attention-sink share
-  (:func:`agent_tools.analysis.metrics.first_token_share_excluding_early_rows`; the ``analyze`` grid's sink
-  share is ``metrics.first_token_share``, over every row).
-* ``local``: mean ``Σ_{2 ≤ |i−j| ≤ w, j ≥ 1} A[i, j]`` — nearby tokens other than itself, its neighbours and
-  the first token (those have their own roles), window ``w = local_window``.
-* ``broad``: mean ``H(A[i]) / log(keys visible to i)`` over rows that see at least two keys
-  (``metrics.normalised_entropy``).
-* ``special_token``: mean ``Σ_{j special, j ≥ 1, j ≠ i} A[i, j]`` over rows that can see such a key
-  ([SEP], chat markers; the first token is ``first_token``'s).
-* ``punctuation``: the same over punctuation keys.
+where ``P`` is the role's key pattern (1 on the keys it reads) and the scored rows are the queries
+``i ≥ skip_queries`` that may read at least one key of the pattern (early causal rows see one or two keys, so
+their shares say nothing about the head). ``broad`` is the one role that is not a share: the mean normalised
+entropy. So every score lies in [0, 1] and is comparable across heads and models.
 
-Probe roles (measured on ``[BOS] r₁ … r_N r₁ … r_N``, ``N`` random distinct tokens repeated once; the
-second copy starts at ``s = start + N``):
+Text roles are measured on texts (the user's text, or the built-in sample, and held-out texts); probe roles on
+``[BOS] r₁ … r_N r₁ … r_N``, ``N`` random distinct tokens repeated once (:mod:`agent_tools.probes`). Each role's
+formula is its registry entry's ``formula``; a new role is one ``HeadRole`` name and one :class:`Role` entry
+(see docs/ARCHITECTURE.md, "How to add a head role").
 
-* ``induction``: mean ``A[i, i−N+1]`` over ``i`` in the second copy — the token after the earlier copy of the
-  current token (what an induction head reads to predict the next token).
-* ``duplicate_token``: mean ``A[i, i−N]`` over the second copy — the earlier copy of the current token.
-
-Everything here is pure: tensors in, tensors or plain values out; inputs are never modified. The streamed
-sums (``RoleAccumulator``, ``role_scores``, ``RoleScoreConsumer``) live in :mod:`agent_tools.consumers.roles`.
+Everything here is pure: tensors in, tensors or plain values out; inputs are never modified. The streamed sums
+(``RoleAccumulator``, ``role_scores``, ``RoleScoreConsumer``, ``pattern_scores``) live in
+:mod:`agent_tools.consumers.roles`.
 """
 
 from __future__ import annotations
 
 import math
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Protocol, TypeVar, get_args
 
 import torch
 from torch import Tensor
@@ -58,44 +48,18 @@ HeadRole = Literal[
     "punctuation",
 ]
 HEAD_ROLES: tuple[HeadRole, ...] = get_args(HeadRole)
-PROBE_ROLES: tuple[HeadRole, ...] = ("induction", "duplicate_token")
-TEXT_ROLES: tuple[HeadRole, ...] = tuple(r for r in HEAD_ROLES if r not in PROBE_ROLES)
-
-# A head takes a role when its score reaches the role's threshold (each a share of attention, broad a share of
-# the maximum entropy). Chosen so that a head putting clearly more than chance on the pattern qualifies.
-DEFAULT_THRESHOLDS: dict[HeadRole, float] = {
-    "previous_token": 0.4,
-    "induction": 0.3,
-    "duplicate_token": 0.3,
-    "first_token": 0.5,
-    "self": 0.3,
-    "local": 0.5,
-    "broad": 0.8,
-    "next_token": 0.4,
-    "special_token": 0.3,
-    "punctuation": 0.3,
+MeasuredOn = Literal["text", "probe"]
+# What removing a head of the role should change, when the role predicts something measurable.
+AblationCheck = Literal["probe_second_copy_loss"]
+ABLATION_CHECKS: tuple[AblationCheck, ...] = get_args(AblationCheck)
+ABLATION_CHECK_FORMULAS: dict[AblationCheck, str] = {
+    "probe_second_copy_loss": "mean next-token loss on the seed-0 probe's second copy with the head mean-ablated "
+    "(its output replaced by its mean over the probe's positions) minus the clean loss, nats; copying the second "
+    "copy needs induction, and induction finds what to copy through a previous-token head's write",
 }
-
-ROLE_FORMULAS: dict[HeadRole, str] = {
-    "previous_token": "mean A[i, i-1] over queries i >= max(1, skip)",
-    "induction": "probe: mean A[i, i-N+1] over queries i in the second copy (token after the earlier copy)",
-    "duplicate_token": "probe: mean A[i, i-N] over queries i in the second copy (the earlier copy itself)",
-    "first_token": "mean A[i, 0] over queries i >= max(1, skip) (first-token / attention-sink share)",
-    "self": "mean A[i, i] over queries i >= skip",
-    "local": "mean of sum A[i, j] over 2 <= |i-j| <= window, j >= 1, queries i >= skip",
-    "broad": "mean entropy(A[i]) / log(visible keys) over queries i >= skip seeing >= 2 keys",
-    "next_token": "mean A[i, i+1] over queries i >= skip (bidirectional models only)",
-    "special_token": "mean of sum A[i, j] over special keys j >= 1, j != i, over queries that can see one",
-    "punctuation": "mean of sum A[i, j] over punctuation keys j >= 1, j != i, over queries that can see one",
-}
-
-# Roles a head shows when its own pattern is absent: primary only when no specific role qualifies.
-FALLBACK_ROLES: tuple[HeadRole, ...] = ("first_token", "broad")
 
 DEFAULT_SKIP_CAUSAL = 2  # early causal rows see 1–2 keys: their shares are forced, not chosen
 DEFAULT_LOCAL_WINDOW = 4
-
-_KERNEL_ROLES: tuple[HeadRole, ...] = tuple(r for r in HEAD_ROLES if r != "broad")
 
 
 def is_punctuation(text: str) -> bool:
@@ -148,67 +112,345 @@ class SequenceLayout:
         return cls(length=length, causal=causal, special=flags, punctuation=flags, repeat=(start, repeat_length))
 
     def measurable(self, role: HeadRole) -> bool:
-        """Whether the role can be scored on this sequence at all."""
-        if role in PROBE_ROLES:
-            return self.repeat is not None
-        if role == "next_token":
-            return not self.causal
-        if role == "special_token":
-            return any(self.special[1:])
-        if role == "punctuation":
-            return any(self.punctuation[1:])
-        return self.length >= 2
+        """Whether the role can be scored on this sequence at all (its kernel exists here, two tokens or more)."""
+        kernel = ROLES[role].kernel
+        return self.length >= 2 and (kernel is None or kernel(self) is not None)
 
 
-def role_kernels(
-    layout: SequenceLayout, rows: Tensor, key_count: int, roles: Sequence[HeadRole]
-) -> tuple[Tensor, Tensor]:
-    """Key-selection kernels and row masks for the kernel roles (all but ``broad``) on a block of query rows.
+# --- key patterns: which keys a role (or a user's pattern) reads from each query ------------------------------
 
-    Args:
-        layout: the sequence.
-        rows: (q,) absolute query positions of the block.
-        key_count: number of key columns (the sequence length without a KV cache).
-        roles: kernel roles, in the order of the returned first axis.
 
-    Returns:
-        kernels (R, q, k) float: 1 where key j counts for role r at row i; row_masks (R, q) bool: rows scored.
+def diagonal(x: Tensor, rows: Tensor, offset: int, *, min_key: int = 0) -> Tensor:
+    """(..., q, k) -> (..., q): ``x[..., r, rows[r] + offset]``, 0 where that key is outside ``min_key..k-1``."""
+    keys = x.shape[-1]
+    target = rows + offset  # (q,)
+    valid = (target >= min_key) & (target < keys)
+    index = target.clamp(0, keys - 1).view(*([1] * (x.dim() - 2)), -1, 1).expand(*x.shape[:-1], 1)  # (..., q, 1)
+    return torch.gather(x, -1, index).squeeze(-1) * valid.to(x.dtype)
+
+
+class KeyReader(Protocol):
+    """A query × key pattern ``P`` that can read ``Σ_j x[..., i, j] · P[i, j]`` for a block of query rows."""
+
+    def read(self, x: Tensor, rows: Tensor) -> Tensor:
+        """(..., q, k) float, (q,) absolute query positions -> (..., q)."""
+        ...
+
+    def dense(self, rows: Tensor, keys: int) -> Tensor:
+        """(q,) absolute query positions -> (q, k) float: the pattern itself on those rows."""
+        ...
+
+
+@dataclass(frozen=True)
+class KeyPattern:
+    """A pattern built from structure the scorer reads in O(q) per row block instead of a dense (q, k) kernel.
+
+    ``P[i, j]`` is the sum of: 1 for every offset ``d`` with ``j = i + d ≥ min_key``; 1 for ``j = 0`` when
+    ``first_token`` and ``i ≥ 1``; 1 for a flagged key ``j ≥ 1, j ≠ i``; all of it 0 outside the query rows
+    ``rows = (lo, hi)`` (``lo ≤ i < hi``; None = every row).
     """
-    i = rows[:, None]  # (q, 1)
-    j = torch.arange(key_count, device=rows.device)[None, :]  # (1, k)
-    distance = j - i  # (q, k)
-    first_row = torch.full_like(rows, layout.skip_queries)
-    scored = rows >= first_row  # (q,)
-    kernels, masks = [], []
-    for role in roles:
-        if role == "previous_token":
-            kernel, mask = distance == -1, scored & (rows >= 1)
-        elif role == "next_token":
-            kernel, mask = distance == 1, scored & (rows <= layout.length - 2)
-        elif role == "self":
-            kernel, mask = distance == 0, scored
-        elif role == "first_token":
-            kernel, mask = (j == 0).expand(len(rows), key_count), scored & (rows >= 1)
-        elif role == "local":
-            kernel = (distance.abs() >= 2) & (distance.abs() <= layout.local_window) & (j >= 1)
-            mask = scored
-        elif role in ("special_token", "punctuation"):
-            flags = torch.tensor(layout.special if role == "special_token" else layout.punctuation, device=rows.device)
-            flags = flags[:key_count]
-            kernel = flags[None, :] & (j >= 1) & (distance != 0)
-            mask = scored
-        elif role in PROBE_ROLES:
-            if layout.repeat is None:
-                raise ValueError(f"role {role!r} needs a probe layout (repeat=(start, N))")
-            start, n = layout.repeat
-            second = (rows >= start + n) & (rows < start + 2 * n)
-            offset = -n + 1 if role == "induction" else -n
-            kernel, mask = distance == offset, second
-        else:
-            raise ValueError(f"{role!r} is not a kernel role")
-        kernels.append(kernel.float())
-        masks.append(mask)
-    return torch.stack(kernels), torch.stack(masks)
+
+    offsets: tuple[int, ...] = ()
+    min_key: int = 0
+    first_token: bool = False
+    flags: tuple[bool, ...] = ()
+    rows: tuple[int, int] | None = None
+
+    def row_mask(self, rows: Tensor) -> Tensor:
+        """(q,) positions -> (q,) bool: the query rows the pattern is defined on."""
+        if self.rows is None:
+            return torch.ones_like(rows, dtype=torch.bool)
+        low, high = self.rows
+        return (rows >= low) & (rows < high)
+
+    def _flags(self, keys: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        flags = torch.zeros(keys, dtype=dtype, device=device)  # (k,) columns past the flags (a key prefix): 0
+        known = min(keys, len(self.flags))
+        flags[:known] = torch.tensor(self.flags[:known], dtype=dtype, device=device)
+        flags[0] = 0  # the first token is first_token's
+        return flags
+
+    def read(self, x: Tensor, rows: Tensor) -> Tensor:
+        total = x.new_zeros(x.shape[:-1])  # (..., q)
+        for offset in self.offsets:
+            total = total + diagonal(x, rows, offset, min_key=self.min_key)
+        if self.first_token:
+            total = total + x[..., 0] * (rows >= 1).to(x.dtype)
+        if self.flags:
+            keys = x.shape[-1]
+            flags = self._flags(keys, x.device, x.dtype)
+            own = flags[rows.clamp(0, keys - 1)] * (rows < keys).to(x.dtype)  # (q,) the row's own key (j ≠ i)
+            total = total + x @ flags - diagonal(x, rows, 0) * own
+        return total * self.row_mask(rows).to(x.dtype)
+
+    def dense(self, rows: Tensor, keys: int) -> Tensor:
+        i = rows[:, None]  # (q, 1)
+        j = torch.arange(keys, device=rows.device)[None, :]  # (1, k)
+        pattern = torch.zeros(len(rows), keys, device=rows.device)  # (q, k)
+        for offset in self.offsets:
+            pattern += ((j == i + offset) & (j >= self.min_key)).float()
+        if self.first_token:
+            pattern += ((j == 0) & (i >= 1)).float()
+        if self.flags:
+            flags = self._flags(keys, rows.device, torch.float32).bool()
+            pattern += (flags[None, :] & (j != i)).float()
+        return pattern * self.row_mask(rows)[:, None].float()
+
+
+@dataclass(frozen=True, eq=False)
+class DensePattern:
+    """A user's pattern as a (T, T) tensor of weights in [0, 1] (bool for a mask): ``P[i, j]`` as given.
+
+    Queries and keys past ``T`` get 0 (a pattern is made for one sequence length).
+    """
+
+    weights: Tensor
+
+    def __post_init__(self) -> None:
+        w = self.weights
+        if w.dim() != 2 or w.shape[0] != w.shape[1]:
+            raise ValueError(f"a pattern is a (T, T) query × key tensor, got shape {tuple(w.shape)}")
+        values = w.float()
+        if not bool(torch.isfinite(values).all()) or float(values.min()) < 0 or float(values.max()) > 1:
+            raise ValueError("a pattern's weights must lie in [0, 1]")
+
+    def dense(self, rows: Tensor, keys: int) -> Tensor:
+        size = self.weights.shape[0]
+        block = torch.zeros(len(rows), keys, device=rows.device)  # (q, k)
+        inside = rows < size
+        width = min(keys, size)
+        block[inside, :width] = self.weights.to(rows.device)[rows[inside]][:, :width].float()
+        return block
+
+    def read(self, x: Tensor, rows: Tensor) -> Tensor:
+        return (x * self.dense(rows, x.shape[-1]).to(x.dtype)).sum(-1)  # (..., q)
+
+
+# --- the registry -------------------------------------------------------------------------------------------
+
+RoleKernel = Callable[[SequenceLayout], KeyPattern | None]  # None: the role is not measurable on this sequence
+
+
+@dataclass(frozen=True)
+class Role:
+    """One head role: how it is scored, when a head takes it, and what removing such a head should change.
+
+    ``kernel`` gives the role's :class:`KeyPattern` on a sequence (None there: not measurable); a role without a
+    kernel (``broad``) is the mean normalised entropy instead. ``threshold``: the score a head needs to take the
+    role. ``ablation_check``: the measurement that could refute "this head is a <role> head" (None: the role
+    predicts no behavioural effect to test). ``fallback``: what a head does when its own pattern is absent
+    (primary only when no specific role qualifies).
+    """
+
+    name: HeadRole
+    kernel: RoleKernel | None
+    threshold: float
+    formula: str
+    ablation_check: AblationCheck | None = None
+    measured_on: MeasuredOn = "text"
+    fallback: bool = False
+
+
+def _previous_token(layout: SequenceLayout) -> KeyPattern:
+    return KeyPattern(offsets=(-1,))
+
+
+def _next_token(layout: SequenceLayout) -> KeyPattern | None:
+    return None if layout.causal else KeyPattern(offsets=(1,))  # a causal row cannot see i+1
+
+
+def _self(layout: SequenceLayout) -> KeyPattern:
+    return KeyPattern(offsets=(0,))
+
+
+def _first_token(layout: SequenceLayout) -> KeyPattern:
+    return KeyPattern(first_token=True)
+
+
+def _local(layout: SequenceLayout) -> KeyPattern:
+    window = layout.local_window
+    return KeyPattern(offsets=tuple(d for d in range(-window, window + 1) if abs(d) >= 2), min_key=1)
+
+
+def _flagged(flags: tuple[bool, ...]) -> KeyPattern | None:
+    return KeyPattern(flags=flags) if any(flags[1:]) else None
+
+
+def _special_token(layout: SequenceLayout) -> KeyPattern | None:
+    return _flagged(layout.special)
+
+
+def _punctuation(layout: SequenceLayout) -> KeyPattern | None:
+    return _flagged(layout.punctuation)
+
+
+def _copy_offset(layout: SequenceLayout, offset: int) -> KeyPattern | None:
+    """Second-copy queries reading ``i − N + offset`` (``offset`` 1: the token after the earlier copy)."""
+    if layout.repeat is None:
+        return None
+    start, n = layout.repeat
+    return KeyPattern(offsets=(offset - n,), rows=(start + n, start + 2 * n))
+
+
+def _induction(layout: SequenceLayout) -> KeyPattern | None:
+    return _copy_offset(layout, 1)
+
+
+def _duplicate_token(layout: SequenceLayout) -> KeyPattern | None:
+    return _copy_offset(layout, 0)
+
+
+# A head takes a role when its score reaches the role's threshold (each a share of attention, broad a share of
+# the maximum entropy), chosen so that a head putting clearly more than chance on the pattern qualifies.
+ROLES: dict[HeadRole, Role] = {
+    role.name: role
+    for role in (
+        Role(
+            "previous_token",
+            _previous_token,
+            0.4,
+            "mean A[i, i-1] over queries i >= max(1, skip)",
+            ablation_check="probe_second_copy_loss",
+        ),
+        Role(
+            "induction",
+            _induction,
+            0.3,
+            "probe: mean A[i, i-N+1] over queries i in the second copy (token after the earlier copy)",
+            ablation_check="probe_second_copy_loss",
+            measured_on="probe",
+        ),
+        Role(
+            "duplicate_token",
+            _duplicate_token,
+            0.3,
+            "probe: mean A[i, i-N] over queries i in the second copy (the earlier copy itself)",
+            measured_on="probe",
+        ),
+        Role(
+            "first_token",
+            _first_token,
+            0.5,
+            "mean A[i, 0] over queries i >= max(1, skip) (first-token / attention-sink share)",
+            fallback=True,
+        ),
+        Role("self", _self, 0.3, "mean A[i, i] over queries i >= skip"),
+        Role(
+            "local",
+            _local,
+            0.5,
+            "mean of sum A[i, j] over 2 <= |i-j| <= window, j >= 1, over queries i >= skip that can read such a key",
+        ),
+        Role(
+            "broad",
+            None,
+            0.8,
+            "mean entropy(A[i]) / log(visible keys) over queries i >= skip seeing >= 2 keys",
+            fallback=True,
+        ),
+        Role("next_token", _next_token, 0.4, "mean A[i, i+1] over queries i >= skip (bidirectional models only)"),
+        Role(
+            "special_token",
+            _special_token,
+            0.3,
+            "mean of sum A[i, j] over special keys j >= 1, j != i, over queries that can see one",
+        ),
+        Role(
+            "punctuation",
+            _punctuation,
+            0.3,
+            "mean of sum A[i, j] over punctuation keys j >= 1, j != i, over queries that can see one",
+        ),
+    )
+}
+PROBE_ROLES: tuple[HeadRole, ...] = tuple(r for r in HEAD_ROLES if ROLES[r].measured_on == "probe")
+TEXT_ROLES: tuple[HeadRole, ...] = tuple(r for r in HEAD_ROLES if ROLES[r].measured_on == "text")
+FALLBACK_ROLES: tuple[HeadRole, ...] = tuple(r for r in HEAD_ROLES if ROLES[r].fallback)
+DEFAULT_THRESHOLDS: dict[HeadRole, float] = {r: ROLES[r].threshold for r in HEAD_ROLES}
+ROLE_FORMULAS: dict[HeadRole, str] = {r: ROLES[r].formula for r in HEAD_ROLES}
+
+
+# --- named patterns: what an agent may ask profile_heads to score (no code from agents) ----------------------
+
+PatternName = Literal[
+    "previous_token", "next_token", "self", "first_token", "local_window", "same_token", "after_same_token"
+]
+PATTERN_NAMES: tuple[PatternName, ...] = get_args(PatternName)
+
+
+@dataclass(frozen=True)
+class NamedPattern:
+    """A pattern an agent names: ``build(layout, input_ids)`` gives its reader on a sequence (None: no key of the
+    pattern exists there)."""
+
+    name: PatternName
+    formula: str
+    build: Callable[[SequenceLayout, Tensor], KeyReader | None]
+
+
+def _role_pattern(role: HeadRole) -> Callable[[SequenceLayout, Tensor], KeyReader | None]:
+    def build(layout: SequenceLayout, input_ids: Tensor) -> KeyReader | None:
+        kernel = ROLES[role].kernel
+        return kernel(layout) if kernel is not None else None
+
+    return build
+
+
+def _local_window(layout: SequenceLayout, input_ids: Tensor) -> KeyReader:
+    window = layout.local_window
+    return KeyPattern(offsets=tuple(d for d in range(-window, window + 1) if d != 0))
+
+
+def same_token_mask(input_ids: Tensor) -> Tensor:
+    """(T,) ids -> (T, T) bool: key j holds the query's token, ``j ≠ i``."""
+    same = input_ids[:, None] == input_ids[None, :]  # (T, T)
+    return same & ~torch.eye(len(input_ids), dtype=torch.bool, device=input_ids.device)
+
+
+def after_same_token_mask(input_ids: Tensor) -> Tensor:
+    """(T,) ids -> (T, T) bool: key j follows an earlier copy of the query's token (``ids[j−1] = ids[i]``,
+    ``j ≥ 1``, ``j − 1 ≠ i``): TransformerLens' induction pattern, on any text with repeats."""
+    mask = torch.zeros(len(input_ids), len(input_ids), dtype=torch.bool, device=input_ids.device)  # (T, T)
+    mask[:, 1:] = same_token_mask(input_ids)[:, :-1]
+    return mask
+
+
+def _from_mask(make: Callable[[Tensor], Tensor]) -> Callable[[SequenceLayout, Tensor], KeyReader | None]:
+    def build(layout: SequenceLayout, input_ids: Tensor) -> KeyReader | None:
+        mask = make(input_ids)
+        return DensePattern(mask) if bool(mask.any()) else None
+
+    return build
+
+
+NAMED_PATTERNS: dict[PatternName, NamedPattern] = {
+    pattern.name: pattern
+    for pattern in (
+        NamedPattern("previous_token", "the previous_token role's kernel: key i-1", _role_pattern("previous_token")),
+        NamedPattern("next_token", "the next_token role's kernel: key i+1 (encoders)", _role_pattern("next_token")),
+        NamedPattern("self", "the self role's kernel: key i", _role_pattern("self")),
+        NamedPattern("first_token", "the first_token role's kernel: key 0 for i >= 1", _role_pattern("first_token")),
+        NamedPattern("local_window", "keys 1..local_window positions away, either side", _local_window),
+        NamedPattern("same_token", "keys holding the query's own token, j != i", _from_mask(same_token_mask)),
+        NamedPattern(
+            "after_same_token",
+            "keys right after an earlier copy of the query's token (induction pattern on the text)",
+            _from_mask(after_same_token_mask),
+        ),
+    )
+}
+
+
+def user_pattern(pattern: Tensor | Callable[[Tensor], Tensor], input_ids: Tensor) -> DensePattern:
+    """A Python user's pattern on one sequence: a (T, T) tensor, or a function of the (T,) token ids returning one
+    (positions are ``arange(T)``); weights in [0, 1]. Only Python callers can pass a function: agents name patterns."""
+    weights = pattern(input_ids) if callable(pattern) else pattern
+    if weights.shape[-1] != len(input_ids):
+        raise ValueError(f"pattern is {tuple(weights.shape)} for a sequence of {len(input_ids)} tokens")
+    return DensePattern(weights)
+
+
+# --- classification -----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -230,11 +472,11 @@ def role_strength(score: float, threshold: float) -> float:
 def classify_head(scores: Mapping[HeadRole, float], thresholds: Mapping[HeadRole, float]) -> HeadClass:
     """Primary role = the qualifying role (score ≥ threshold) furthest past its threshold, specific roles first.
 
-    ``first_token`` and ``broad`` are what a head does when its own pattern is absent (it parks on the sink or
-    spreads out), so they are primary only when no specific role qualifies: an induction head that rests on the
-    first token of ordinary text is still an induction head. Confidence is the primary role's strength
-    ``(score − τ) / (1 − τ)`` in [0, 1] (0 = just at the threshold, 1 = a perfect score); the runner-up is the next
-    role in the same order (qualifying specific, qualifying fallback, then the rest by strength).
+    The fallback roles (``first_token``, ``broad``) are what a head does when its own pattern is absent (it parks
+    on the sink or spreads out), so they are primary only when no specific role qualifies: an induction head that
+    rests on the first token of ordinary text is still an induction head. Confidence is the primary role's
+    strength ``(score − τ) / (1 − τ)`` in [0, 1] (0 = just at the threshold, 1 = a perfect score); the runner-up is
+    the next role in the same order (qualifying specific, qualifying fallback, then the rest by strength).
     """
     ranked = sorted(
         ((role_strength(s, thresholds[r]), r) for r, s in scores.items() if not math.isnan(s)),
@@ -259,8 +501,26 @@ def classify_head(scores: Mapping[HeadRole, float], thresholds: Mapping[HeadRole
     )
 
 
-def top_heads(scores: Mapping[int, Mapping[HeadRole, Tensor]], role: HeadRole, k: int) -> list[tuple[int, int, float]]:
-    """The ``k`` heads with the highest score for ``role``: (layer, head, score), best first."""
+RoleVerdict = Literal["is_role", "attends_only", "unchecked", "below_threshold"]
+ROLE_VERDICTS: tuple[RoleVerdict, ...] = get_args(RoleVerdict)
+
+
+def role_verdict(score: float, threshold: float, *, checked: bool | None) -> RoleVerdict:
+    """What may be said of a top head: ``is_role`` only when its score reaches the threshold *and* its ablation
+    check ran and exceeded the random-head baseline (``checked`` True); ``attends_only`` when the check ran and did
+    not; ``unchecked`` when no check ran (the role has none, or the model has no next-token head)."""
+    if score < threshold:
+        return "below_threshold"
+    if checked is None:
+        return "unchecked"
+    return "is_role" if checked else "attends_only"
+
+
+Name = TypeVar("Name", bound=str)  # a role or a pattern name
+
+
+def top_heads(scores: Mapping[int, Mapping[Name, Tensor]], role: Name, k: int) -> list[tuple[int, int, float]]:
+    """The ``k`` heads with the highest score for ``role`` (or pattern): (layer, head, score), best first."""
     found = [
         (layer, head, float(value))
         for layer, per_role in scores.items()
@@ -276,13 +536,21 @@ def copy_losses(logits: Tensor, input_ids: Tensor, *, start: int, repeat_length:
 
     Targets are the copies' tokens after their first (the first token of a copy cannot be predicted from the
     copy): positions ``start+1 .. start+N-1`` and ``start+N+1 .. start+2N-1``. An induction mechanism makes the
-    second much lower than the first, which is random tokens and near ``log(vocab)``.
+    second much lower than the first, which is random tokens and near ``log(vocab)``. With B > 1 rows the mean is
+    over the rows too (:func:`copy_losses_per_row` keeps them apart).
     """
-    losses = next_token_losses(logits, input_ids)  # (B, T-1): entry t-1 is the loss of token t
+    first, second = copy_losses_per_row(logits, input_ids, start=start, repeat_length=repeat_length)
+    return float(first.mean()), float(second.mean())
+
+
+def copy_losses_per_row(logits: Tensor, input_ids: Tensor, *, start: int, repeat_length: int) -> tuple[Tensor, Tensor]:
+    """(B, T, V) logits, (1 or B, T) ids -> (B,) first- and (B,) second-copy mean losses (:func:`copy_losses`)."""
+    ids = input_ids.to(logits.device).expand(logits.shape[0], -1)  # (B, T)
+    losses = next_token_losses(logits, ids)  # (B, T-1): entry t-1 is the loss of token t
     n = repeat_length
 
-    def mean_loss(first_target: int) -> float:
+    def mean_loss(first_target: int) -> Tensor:
         targets = torch.arange(first_target, first_target + n - 1, device=losses.device)  # (N-1,)
-        return float(losses[:, targets - 1].mean())
+        return losses[:, targets - 1].mean(-1)
 
     return mean_loss(start + 1), mean_loss(start + n + 1)

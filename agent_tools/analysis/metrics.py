@@ -44,6 +44,14 @@ Logs are natural: entropies and divergences are in nats.
                                             used by: trace_prompt_attention, compare_prompts
     threshold_sinks                         keys with mean received share ≥ threshold and ≥ ratio · uniform  positions
                                             used by: trace_prompt_attention's sink segment
+    head role / pattern score               mean_i Σ_j A_ij P_ij over rows i ≥ skip that may read a key of P  [0, 1]
+                                            (P: the role's kernel; one definition per role in the registry
+                                            analysis/heads.ROLES, scored by consumers/roles.ShareAccumulator)
+                                            used by: profile_heads' roles and named patterns, pattern_scores
+    random_baseline                         mean and population std of an effect over random heads          ℝ
+                                            used by: profile_heads' ablation checks
+    exceeds_baseline                        effect > mean + max(2·std, floor) over ≥ 2 random draws          bool
+                                            used by: profile_heads' "is a <role> head" verdicts
 
 The four "sink" numbers are different measures and keep distinct names:
 
@@ -328,3 +336,35 @@ def threshold_sinks(
     found = {p for p in always if 0 <= p < mean.shape[0]}
     found |= {int(p) for p in torch.nonzero(heavy).flatten().tolist()}
     return sorted(found)
+
+
+# --- random-head baselines: is an effect larger than removing random heads? ----------------------------------
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """An effect measured on ``draws`` random components: its mean and population standard deviation."""
+
+    mean: float
+    spread: float
+    draws: int
+
+
+def random_baseline(effects: Sequence[float]) -> Baseline:
+    """The same measurement on random heads (or random sets of heads) -> mean ± population std over the draws."""
+    values = torch.tensor(list(effects), dtype=torch.float64)
+    if values.numel() == 0:
+        return Baseline(math.nan, math.nan, 0)
+    return Baseline(float(values.mean()), float(values.std(correction=0)), int(values.numel()))
+
+
+BASELINE_SIGMAS = 2.0  # an effect counts when it is past the random draws' mean by two of their standard deviations
+
+
+def exceeds_baseline(effect: float, baseline: Baseline, *, floor: float) -> bool:
+    """``effect > mean + max(2·std, floor)``: the effect raises the measure (positive direction) by more than
+    removing random components does, with ``floor`` the smallest difference that counts (random draws that all
+    give exactly 0 leave no spread). False with fewer than 2 draws: no baseline, no verdict."""
+    if baseline.draws < 2 or math.isnan(baseline.mean):
+        return False
+    return effect > baseline.mean + max(BASELINE_SIGMAS * baseline.spread, floor)

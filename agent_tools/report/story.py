@@ -349,12 +349,27 @@ def collapse_step(result: AnalysisResult) -> StoryStep | None:
 
 
 def _role_tops(profile: Any) -> str:
+    """Each role's top qualifying head with its mean ± spread, and "is" only where its ablation check agreed."""
     tops = []
     for role in profile.roles:
         qualified = [t for t in role.top if t.qualifies]
         if qualified:
             top = qualified[0]
-            tops.append(f"{role.role.replace('_', '-')} {_head(top.layer, top.head)} ({top.score:.2f})")
+            spread = f" ± {top.spread:.2f}" if top.spread is not None else ""
+            said = f"{role.role.replace('_', '-')} {_head(top.layer, top.head)} ({top.score:.2f}{spread}"
+            evidence = top.ablation
+            if (
+                top.verdict in ("is_role", "attends_only")
+                and evidence is not None
+                and evidence.baseline_mean is not None
+            ):
+                word = "confirmed" if top.verdict == "is_role" else "attends only"
+                value, chance = round(evidence.value, 2) + 0.0, round(evidence.baseline_mean, 2) + 0.0  # no -0.00
+                said += (
+                    f"; {word}: mean-ablation {value:+.2f} nats vs {evidence.baseline_draws} random heads "
+                    f"{chance:+.2f} ± {evidence.baseline_spread:.2f}"
+                )
+            tops.append(said + ")")
     return ", ".join(tops)
 
 
@@ -382,7 +397,10 @@ def roles_step(result: AnalysisResult) -> StoryStep | None:
     profile = result.report("profile_heads", HeadProfiles)
     if profile is None:
         return None
-    sentences = [f"The strongest head per role (role score in [0, 1]): {_role_tops(profile)}."]
+    sentences = [
+        f"The strongest head per role (role score in [0, 1], mean ± spread over texts or probes): "
+        f"{_role_tops(profile)}."
+    ]
     pictures = [StoryPicture("grid-role", "primary role per head (letters) and its score (colour)")]
     probe, check = result.probe, profile.induction_check
     if probe is not None:
@@ -394,10 +412,16 @@ def roles_step(result: AnalysisResult) -> StoryStep | None:
         )
     if check is not None:
         ablated = (
-            f", and {check.loss_second_copy_ablated:.2f} with {', '.join(check.ablated_heads)} removed"
+            f", and {check.loss_second_copy_ablated:.2f} with "
+            f"{', '.join('L{}H{}'.format(*label.split('.')) for label in check.ablated_heads)} mean-ablated"
             if check.loss_second_copy_ablated is not None
             else ""
         )
+        if check.loss_second_copy_ablated is not None and check.baseline_mean is not None:
+            ablated += (
+                f" ({check.baseline_mean:.2f} ± {check.baseline_spread:.2f} with {check.baseline_draws} random sets "
+                f"of as many heads{'' if check.exceeds_baseline else ': no more than chance'})"
+            )
         sentences.append(
             f"The model's next-token loss falls from {check.loss_first_copy:.2f} nats on the first copy to "
             f"{check.loss_second_copy:.2f} on the second{ablated}."

@@ -1,9 +1,11 @@
 """profile_heads: what does each head do? Role scores for every head, a primary role, and the evidence.
 
-Two forward passes with streaming capture, whatever the number of heads: one over the text (text roles) and one
-over a probe of random tokens repeated twice (induction, duplicate-token; :mod:`agent_tools.probes`). Each layer's
-maps are reduced to a few sums per head as they stream past
-(:class:`~agent_tools.analysis.heads.RoleScoreConsumer`) and dropped.
+Streaming forward passes, whatever the number of heads: the text and the held-out texts (text roles and named
+patterns), and probes of random tokens repeated twice (induction, duplicate-token; :mod:`agent_tools.probes`).
+Each layer's maps are reduced to a few sums per head as they stream past
+(:class:`~agent_tools.consumers.roles.RoleScoreConsumer`) and dropped. The roles are the registry
+:data:`agent_tools.analysis.heads.ROLES`; the top heads of a role with an ablation check are mean-ablated, each
+alone, against random heads, in one batched forward. :func:`detect_pattern` scores a Python user's own pattern.
 
 ``models`` holds the arguments and report, ``plan`` the passes (the text pass is a :class:`PassPlan` the
 ``analyze`` job shares), ``narrative`` the summary and findings.
@@ -18,12 +20,13 @@ from agent_tools.tools.profile_heads.models import (
     HeadProfile,
     HeadProfiles,
     InductionCheck,
+    PatternReport,
     ProbeInfo,
     ProfileHeadsInput,
     RoleReport,
     TopHead,
 )
-from agent_tools.tools.profile_heads.plan import plan_profile_heads, profile_heads
+from agent_tools.tools.profile_heads.plan import detect_pattern, plan_profile_heads, profile_heads
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
@@ -33,10 +36,12 @@ __all__ = [
     "HeadProfile",
     "HeadProfiles",
     "InductionCheck",
+    "PatternReport",
     "ProbeInfo",
     "ProfileHeadsInput",
     "RoleReport",
     "TopHead",
+    "detect_pattern",
     "plan_profile_heads",
     "profile_heads",
 ]
@@ -60,5 +65,7 @@ SPEC = ToolSpec(
         "induction_check",
         "top_k",
         "ablate_top",
+        "baseline_draws",
+        "held_out_texts",
     ),
 )

@@ -7,11 +7,16 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field
 
 from agent_tools.analysis.heads import (
+    ABLATION_CHECK_FORMULAS,
     DEFAULT_LOCAL_WINDOW,
     DEFAULT_SKIP_CAUSAL,
     DEFAULT_THRESHOLDS,
     HEAD_ROLES,
+    AblationCheck,
     HeadRole,
+    MeasuredOn,
+    PatternName,
+    RoleVerdict,
 )
 from agent_tools.probes import DEFAULT_PROBE_LENGTH
 from agent_tools.prompt_trace import NextCall
@@ -19,18 +24,26 @@ from agent_tools.schemas import ModelInput, Report, ToolInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "The role of every head (previous_token, induction, duplicate_token, first_token, self, local, broad, ...) "
-    "scored against uniform attention, top heads per role with ablation evidence. Use to find heads of a kind."
+    "The role of every head (previous_token, induction, first_token, self, local, ...) over several texts or "
+    "probes (mean ± spread), top heads per role with a mean-ablation check vs random heads; named patterns too. "
+    "Use to find heads of a kind."
 )
 SAMPLE_TEXT = (
     "The cat sat on the mat because it was tired, and the dog watched it from the door. "
     "When the rain stopped, they both went outside: the cat first, then the dog."
 )
 
+# Held-out texts for the text roles' spread: short (under 40 tokens for word-level and BPE tokenizers), in three
+# registers, none sharing a sentence with the sample.
+HELD_OUT_TEXTS = (
+    "On Monday the committee met to discuss the budget, and several members argued that the old library needed "
+    "more money.",
+    "She opened the letter slowly, read it twice, and laughed; her brother, waiting by the window, asked her why.",
+    "Water boils at a lower temperature in the mountains, because the air pressure there is lower than at sea level.",
+)
 Threshold = Annotated[float, Field(gt=0, lt=1)]
-MeasuredOn = Literal["text", "probe"]
 TextSource = Literal["user", "sample"]
-EvidenceMetric = Literal["second_copy_loss_change", "mean_next_token_kl", "pooled_cosine_change"]
+EvidenceMetric = Literal["second_copy_loss_change", "next_token_loss_change", "pooled_cosine_change"]
 
 
 class RoleThresholds(ToolInput):
@@ -75,6 +88,17 @@ class ProfileHeadsInput(ModelInput, StackInput):
         description=f"N: random tokens per copy; the probe is [BOS] + N tokens + the same N; omitted = "
         f"{DEFAULT_PROBE_LENGTH}, or as many as the model's positions allow",
     )
+    held_out_texts: int = Field(
+        default=2,
+        ge=0,
+        le=len(HELD_OUT_TEXTS),
+        description="built-in held-out texts scored besides the text (or the sample): the text roles' top heads "
+        "are ranked by their mean score over all these texts, with the spread; 0 = the text alone",
+    )
+    patterns: list[PatternName] | None = Field(
+        default=None,
+        description="named query×key patterns scored for every head like a role, on the same texts",
+    )
     top_k: int = Field(default=3, ge=1, le=20, description="top heads listed per role")
     thresholds: RoleThresholds | None = Field(
         default=None,
@@ -93,13 +117,21 @@ class ProfileHeadsInput(ModelInput, StackInput):
     induction_check: bool = Field(
         default=True,
         description="causal LMs: loss on the probe's second copy vs the first, and with the top induction heads "
-        "ablated",
+        "mean-ablated together vs as many random heads",
     )
     ablate_top: int | None = Field(
         default=None,
         ge=0,
         le=5,
-        description="ablation evidence for each role's top N heads; 0 = off; omitted = where cheap (probe roles)",
+        description="mean-ablation evidence for each role's top N heads against random heads; 0 = off; omitted = "
+        "the listed heads of roles with an ablation check (previous_token, induction), none of the others",
+    )
+    baseline_draws: int = Field(
+        default=8,
+        ge=2,
+        le=32,
+        description="random heads (random sets, for the joint induction check) mean-ablated the same way as the "
+        "baseline; fewer when the model has fewer other heads",
     )
 
 
@@ -118,30 +150,49 @@ class HeadProfile(BaseModel):
     score_spread: dict[HeadRole, float] = Field(
         default_factory=dict, description="probe roles: standard deviation of the score over the probe seeds"
     )
+    # text roles' scores are on the text (or the sample); the role tables' top heads give their mean over texts
 
 
 class AblationEvidence(BaseModel):
     metric: EvidenceMetric = Field(
-        description="probe roles on an LM: change in loss on the second copy (nats); text roles on an LM: KL of the "
-        "next-token distribution averaged over positions; encoders: 1 − cos of the mean-pooled embedding"
+        description="with the head mean-ablated (output replaced by its mean over the input's positions): change in "
+        "next-token loss on the probe's second copy (previous_token, probe roles) or over the text (other text "
+        "roles), nats, + = the loss rises; encoders: 1 − cos of the mean-pooled embedding"
     )
     value: float
+    baseline_mean: float | None = Field(default=None, description="the same on random single heads: mean")
+    baseline_spread: float | None = Field(default=None, description="… and population standard deviation")
+    baseline_draws: int = Field(default=0, description="random heads drawn (other than the tested heads)")
+    exceeds_baseline: bool = Field(
+        default=False, description="value > baseline mean + max(2 × spread, a floor): it matters more than chance"
+    )
 
 
 class TopHead(BaseModel):
     layer: int
     head: int
-    score: float
+    score: float = Field(description="mean over the role's inputs (texts or probe seeds; see the role's inputs)")
+    spread: float | None = Field(default=None, description="population standard deviation over those inputs")
+    score_on_text: float | None = Field(default=None, description="text roles: the score on the text alone")
     qualifies: bool = Field(description="score ≥ the role's threshold")
     primary_role: HeadRole | None
     ablation: AblationEvidence | None = None
-    spread: float | None = Field(default=None, description="probe roles: standard deviation over the probe seeds")
+    verdict: RoleVerdict = Field(
+        description="is_role: qualifies and its ablation check beats random heads; attends_only: qualifies, "
+        "but removing it changes no more than removing random heads; unchecked: qualifies, no ablation check "
+        "ran; below_threshold"
+    )
 
 
 class RoleReport(BaseModel):
     role: HeadRole
     formula: str
     measured_on: MeasuredOn
+    inputs: int = Field(description="texts (the text + held-out texts) or probes the top heads' mean is over")
+    ablation_check: AblationCheck | None = Field(
+        description="what removing a head of this role should change (None: the role predicts no effect to test): "
+        + "; ".join(f"{name}: {formula}" for name, formula in ABLATION_CHECK_FORMULAS.items())
+    )
     threshold: float
     uniform_baseline: float | None = Field(
         default=None,
@@ -150,6 +201,22 @@ class RoleReport(BaseModel):
     heads_with_role: int = Field(description="heads whose score reaches the threshold")
     primary_for: int = Field(description="heads whose primary role this is")
     top: list[TopHead]
+
+
+class PatternTop(BaseModel):
+    layer: int
+    head: int
+    score: float = Field(description="mean over the texts")
+    spread: float | None = Field(default=None, description="population standard deviation over the texts")
+    score_on_text: float | None = Field(default=None, description="the score on the text alone")
+
+
+class PatternReport(BaseModel):
+    name: PatternName
+    formula: str
+    inputs: int = Field(description="texts the pattern had a key on (the mean is over these)")
+    uniform_baseline: float | None = Field(default=None, description="a uniform head's score on the text")
+    top: list[PatternTop]
 
 
 class ProbeInfo(BaseModel):
@@ -164,8 +231,14 @@ class ProbeInfo(BaseModel):
 class InductionCheck(BaseModel):
     loss_first_copy: float = Field(description="mean next-token loss on the first copy (random tokens), nats")
     loss_second_copy: float = Field(description="the same on the second copy; far lower = the model copies")
-    ablated_heads: list[str] = Field(description="top induction heads removed together (zero ablation)")
+    ablated_heads: list[str] = Field(description="top induction heads mean-ablated together")
     loss_second_copy_ablated: float | None = Field(default=None, description="second-copy loss with them removed")
+    baseline_mean: float | None = Field(
+        default=None, description="second-copy loss with as many random heads mean-ablated together: mean"
+    )
+    baseline_spread: float | None = Field(default=None, description="… and population standard deviation")
+    baseline_draws: int = Field(default=0, description="random sets drawn")
+    exceeds_baseline: bool = Field(default=False, description="the rise beats the random sets' (mean + 2 × spread)")
 
 
 class HeadProfiles(Report, StackReport):
@@ -173,10 +246,12 @@ class HeadProfiles(Report, StackReport):
     num_heads: int
     text_source: TextSource
     text_tokens: int | None
+    held_out_texts: int = Field(default=0, description="built-in held-out texts scored besides the text")
     probe: ProbeInfo | None
     thresholds: dict[HeadRole, float]
     unmeasured: dict[HeadRole, str] = Field(default_factory=dict, description="roles that could not be scored, why")
     roles: list[RoleReport]
     induction_check: InductionCheck | None = None
+    patterns: list[PatternReport] = Field(default_factory=list, description="named patterns asked for")
     heads: list[HeadProfile]
     next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

@@ -1,22 +1,31 @@
-"""profile_heads' words: the summary and findings, written from numbers the plan has already computed."""
+"""profile_heads' words: the summary and findings, written from numbers the plan has already computed.
+
+A head "is" a role's head only when its score reaches the threshold *and* its ablation check beat removing random
+heads; otherwise the words say what was measured ("attends like a previous-token head, but removing it changes
+little"). Every effect is given with its direction and the random heads' mean ± spread.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from agent_tools.analysis.heads import HeadRole, SequenceLayout
+from agent_tools.analysis.metrics import Baseline
 from agent_tools.schemas import Finding, rounded
-from agent_tools.tools.profile_heads.models import HeadProfiles, RoleReport
+from agent_tools.tools.profile_heads.models import AblationEvidence, HeadProfiles, RoleReport, TopHead
 
 
 @dataclass(frozen=True)
 class InductionLosses:
-    """Mean next-token losses on the probe (nats, unrounded): first copy, second copy, second copy ablated."""
+    """Mean next-token losses on the probe (nats, unrounded): first copy, second copy, second copy with the top
+    induction heads mean-ablated together; the random sets' changes of the second-copy loss."""
 
     first: float
     second: float
     ablated: float
     heads: list[str]  # the top induction heads removed together, as "L.H"
+    baseline: Baseline
+    exceeds: bool
 
 
 def why_unmeasured(role: HeadRole, layout: SequenceLayout | None) -> str:
@@ -30,30 +39,77 @@ def why_unmeasured(role: HeadRole, layout: SequenceLayout | None) -> str:
     return "the sequence is too short" if layout is not None else "not scored"
 
 
-def _baseline_text(report: RoleReport, spread: float | None) -> str:
-    """What uniform attention would score, and the spread over probe seeds, as a parenthesis."""
-    parts = []
-    if report.uniform_baseline is not None:
-        parts.append(f"uniform attention would score {report.uniform_baseline:.3f}")
-    if spread is not None:
-        parts.append(f"± {spread:.3f} over the probe seeds")
-    return f" ({'; '.join(parts)})" if parts else ""
+def _role_words(role: str) -> str:
+    return role.replace("_", "-")
+
+
+def _signed(value: float) -> str:
+    return f"{round(value, 2) + 0.0:+.2f}"  # + 0.0: no "-0.00"
+
+
+def _heads_words(labels: list[str]) -> str:
+    """["1.0", "0.3"] -> "L1H0, L0H3"."""
+    return ", ".join("L{}H{}".format(*label.split(".")) for label in labels)
+
+
+def _a(words: str) -> str:
+    return f"{'an' if words[0] in 'aeiou' else 'a'} {words}"
+
+
+def score_text(report: RoleReport, head: TopHead) -> str:
+    """``score 0.91 ± 0.03 over 3 texts`` (one input: ``score 0.91 on the text``)."""
+    unit = "probes" if report.measured_on == "probe" else "texts"
+    if head.spread is None or report.inputs < 2:
+        return f"score {head.score:.2f} on the {report.measured_on}"
+    return f"score {head.score:.2f} ± {head.spread:.2f} over {report.inputs} {unit}"
+
+
+def effect_text(evidence: AblationEvidence) -> str:
+    """What mean-ablating the head did, with its direction, and what random heads do."""
+    value = evidence.value
+    if evidence.metric == "pooled_cosine_change":
+        said = f"mean-ablation changes the pooled embedding by 1 − cos = {value:.2g}"
+    else:
+        where = "probe's second-copy loss" if evidence.metric == "second_copy_loss_change" else "text's next-token loss"
+        said = f"mean-ablation {'raises' if value >= 0 else 'lowers'} the {where} by {abs(value):.2f} nats"
+    if evidence.baseline_draws and evidence.baseline_mean is not None:
+        mean, spread = _signed(evidence.baseline_mean), evidence.baseline_spread
+        said += f"; {evidence.baseline_draws} random heads: {mean} ± {spread:.2f}"
+    return said
+
+
+def head_sentence(report: RoleReport, head: TopHead) -> str:
+    """The verdict in words: "is" only when score and ablation check agree."""
+    where, kind = f"L{head.layer}H{head.head}", _a(f"{_role_words(report.role)} head")
+    score = score_text(report, head)
+    if head.verdict == "below_threshold":
+        role = _role_words(report.role)
+        return f"no head reaches the {role} threshold {report.threshold}; the closest is {where} ({score})"
+    if head.verdict == "is_role" and head.ablation is not None:
+        return f"{where} is {kind} ({score}; {effect_text(head.ablation)})"
+    if head.verdict == "attends_only" and head.ablation is not None:
+        return f"{where} attends like {kind} ({score}), but removing it changes little ({effect_text(head.ablation)})"
+    if report.ablation_check is None:
+        why = "this role has no ablation check"
+    elif head.ablation is None:
+        why = "its ablation check was not run"
+    else:
+        why = "its check needs a next-token head"
+    measured = f"; {effect_text(head.ablation)}" if head.ablation is not None else ""
+    return f"{where} attends like {kind} ({score}{measured}; {why})"
 
 
 def role_finding(report: RoleReport) -> Finding:
-    """The role's top head, its score against the uniform baseline and (when measured) what ablating it did."""
+    """The role's top head: its verdict sentence, against the uniform baseline."""
     lead = report.top[0]
-    proof = (
-        f"; ablating it gives {lead.ablation.metric} {lead.ablation.value:+.4g}" if lead.ablation is not None else ""
-    )
+    uniform = f"; uniform attention scores {report.uniform_baseline:.3f}" if report.uniform_baseline is not None else ""
     return Finding(
         kind=report.role,
         layer=lead.layer,
         head=lead.head,
         value=lead.score,
-        detail=f"L{lead.layer}H{lead.head} is the top {report.role} head: {report.formula} = {lead.score:.3f} "
-        f"on the {report.measured_on}{_baseline_text(report, lead.spread)} ({report.heads_with_role} heads reach "
-        f"{report.threshold}){proof}",
+        detail=f"{head_sentence(report, lead)}. {report.formula}{uniform}; {report.heads_with_role} heads reach "
+        f"{report.threshold} on the {report.measured_on}",
     )
 
 
@@ -63,16 +119,24 @@ def induction_finding(losses: InductionLosses) -> Finding:
         kind="induction_behaviour",
         value=rounded(losses.first - losses.second),
         detail=f"next-token loss falls from {losses.first:.3f} nats on the probe's first copy to {losses.second:.3f} "
-        f"on the second; removing heads {', '.join(losses.heads)} raises it to {losses.ablated:.3f}",
+        f"on the second; {_joint_text(losses.ablated - losses.second, losses.heads, losses.baseline, losses.exceeds)}",
     )
 
 
+def _joint_text(rise: float, heads: list[str], baseline: Baseline, exceeds: bool) -> str:
+    said = f"mean-ablating {_heads_words(heads)} together {'raises' if rise >= 0 else 'lowers'} it by {abs(rise):.2f}"
+    if baseline.draws:
+        said += f" ({baseline.draws} random sets of {len(heads)}: {_signed(baseline.mean)} ± {baseline.spread:.2f})"
+    return said + ("" if exceeds else ", no more than random heads")
+
+
 def _inputs_text(report: HeadProfiles) -> str:
-    """What the scores were measured on: the text (or the sample) and/or the probe."""
+    """What the scores were measured on: the text (or the sample), held-out texts and/or the probe."""
     where = []
     if report.text_tokens is not None:
         text = "the text" if report.text_source == "user" else "the built-in sample text"
-        where.append(f"{text} ({report.text_tokens} tokens)")
+        held = f" + {report.held_out_texts} held-out texts" if report.held_out_texts else ""
+        where.append(f"{text} ({report.text_tokens} tokens){held}")
     if report.probe is not None:
         seeds = report.probe.seeds or [report.probe.seed]
         label = f"seed-{seeds[0]} probe" if len(seeds) == 1 else f"{len(seeds)} probes (seeds {seeds[0]}–{seeds[-1]})"
@@ -80,14 +144,21 @@ def _inputs_text(report: HeadProfiles) -> str:
     return " and ".join(where)
 
 
-def _leaders_text(roles: list[RoleReport]) -> str:
-    """Each role's top head and score, with its ablation evidence when measured."""
-    return "; ".join(
-        f"{r.role} L{r.top[0].layer}H{r.top[0].head} {r.top[0].score:.3f}"
-        + (f" vs uniform {r.uniform_baseline:.3f}" if r.uniform_baseline is not None else "")
-        + (f" (ablated: {r.top[0].ablation.metric} {r.top[0].ablation.value:+.4g})" if r.top[0].ablation else "")
-        for r in roles
-    )
+def _leader(report: RoleReport) -> str:
+    """One role's top head, its mean ± spread vs uniform, and the verdict in a word."""
+    lead = report.top[0]
+    spread = f" ± {lead.spread:.3f}" if lead.spread is not None else ""
+    text = f"{report.role} L{lead.layer}H{lead.head} {lead.score:.3f}{spread}"
+    if report.uniform_baseline is not None:
+        text += f" vs uniform {report.uniform_baseline:.3f}"
+    evidence = lead.ablation
+    if evidence is not None and evidence.baseline_mean is not None:
+        word = {"is_role": "is one", "attends_only": "attends only"}.get(lead.verdict, "ablated")
+        text += (
+            f" ({word}: ablation {_signed(evidence.value)} vs random {_signed(evidence.baseline_mean)} ± "
+            f"{evidence.baseline_spread:.2f})"
+        )
+    return text
 
 
 def _census_text(report: HeadProfiles) -> str:
@@ -102,15 +173,26 @@ def summary(report: HeadProfiles) -> str:
     """Two or three sentences from a report whose numbers are filled in (its own summary is ignored)."""
     text = (
         f"Profiled {len(report.heads)} heads ({len(report.layers)} layers × {report.num_heads}) of {report.model} on "
-        f"{_inputs_text(report)}. Top head per role: {_leaders_text(report.roles)}. "
-        f"Primary roles: {_census_text(report)}."
+        f"{_inputs_text(report)}. Top head per role (mean ± spread over the inputs): "
+        f"{'; '.join(_leader(r) for r in report.roles)}. Primary roles on the text: {_census_text(report)}."
     )
     check = report.induction_check
-    if check is not None:
+    if check is not None and check.loss_second_copy_ablated is not None:
+        baseline = Baseline(
+            (check.baseline_mean or check.loss_second_copy) - check.loss_second_copy,
+            check.baseline_spread or 0.0,
+            check.baseline_draws,
+        )
+        rise = check.loss_second_copy_ablated - check.loss_second_copy
         text += (
             f" Induction check: loss {check.loss_first_copy:.3f} → {check.loss_second_copy:.3f} nats from the first "
-            f"to the second copy; {check.loss_second_copy_ablated:.3f} with {', '.join(check.ablated_heads)} removed."
+            f"to the second copy; {_joint_text(rise, check.ablated_heads, baseline, check.exceeds_baseline)}."
         )
+    for pattern in report.patterns:
+        if pattern.top:
+            lead = pattern.top[0]
+            spread = f" ± {lead.spread:.3f}" if lead.spread is not None else ""
+            text += f" Pattern {pattern.name}: L{lead.layer}H{lead.head} {lead.score:.3f}{spread}."
     if report.unmeasured:
         text += " Not measurable here: " + "; ".join(f"{r} ({why})" for r, why in report.unmeasured.items()) + "."
     return text

@@ -1,12 +1,16 @@
-"""profile_heads' passes: the text pass as a shareable plan; its finish runs the probe pass and any ablations.
+"""profile_heads' passes: the text pass as a shareable plan; its finish runs the held-out texts, the probes and the
+ablation checks.
 
-Each pass streams every layer's maps into a :class:`~agent_tools.analysis.heads.RoleScoreConsumer`, which keeps a
-few sums per head and drops the maps; ``finish`` turns the sums into scores, classifies every head and ranks the
-heads of each role. Every forward goes through the inspector.
+Each pass streams every layer's maps into a :class:`~agent_tools.consumers.roles.RoleScoreConsumer` (and a
+:class:`~agent_tools.consumers.roles.PatternScoreConsumer` for named patterns), which keeps a few sums per head and
+drops the maps; ``finish`` turns the sums into scores, classifies every head and ranks the heads of each role by
+their mean over the role's inputs (texts or probes). The ablation checks mean-ablate each top head and as many
+random heads on one input, all as rows of one batched forward. Every forward goes through the inspector.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -15,17 +19,30 @@ from agent_tools.analysis.ablation import effect_size
 from agent_tools.analysis.heads import (
     DEFAULT_THRESHOLDS,
     HEAD_ROLES,
-    PROBE_ROLES,
-    ROLE_FORMULAS,
+    NAMED_PATTERNS,
+    ROLES,
     TEXT_ROLES,
     HeadRole,
+    KeyReader,
+    MeasuredOn,
+    Name,
+    PatternName,
     SequenceLayout,
     classify_head,
     copy_losses,
+    copy_losses_per_row,
+    role_verdict,
     top_heads,
 )
-from agent_tools.consumers.roles import RoleScoreConsumer, role_scores
-from agent_tools.errors import InvalidInputError
+from agent_tools.analysis.metrics import Baseline, exceeds_baseline, next_token_losses, random_baseline
+from agent_tools.consumers.roles import (
+    PatternScoreConsumer,
+    RoleScoreConsumer,
+    UserPattern,
+    pattern_scores,
+    role_scores,
+)
+from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.families import ModelFacts
 from agent_tools.inspector import Encoded, Inspector, PassPlan
 from agent_tools.loading import LoadedModel
@@ -36,13 +53,15 @@ from agent_tools.runner.patching import HeadPatch
 from agent_tools.schemas import head_label, rounded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.profile_heads.models import (
+    HELD_OUT_TEXTS,
     SAMPLE_TEXT,
     AblationEvidence,
     EvidenceMetric,
     HeadProfile,
     HeadProfiles,
     InductionCheck,
-    MeasuredOn,
+    PatternReport,
+    PatternTop,
     ProbeInfo,
     ProfileHeadsInput,
     RoleReport,
@@ -58,6 +77,13 @@ from agent_tools.tools.profile_heads.narrative import (
 )
 
 Scores = dict[int, dict[HeadRole, torch.Tensor]]  # layer -> role -> (H,) scores
+Head = tuple[int, int]  # (layer, head)
+# The smallest rise that counts as an effect, per metric, when the random heads all give the same number.
+EFFECT_FLOORS: dict[EvidenceMetric, float] = {
+    "second_copy_loss_change": 0.01,
+    "next_token_loss_change": 0.01,
+    "pooled_cosine_change": 1e-4,
+}
 
 
 def profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> HeadProfiles:
@@ -79,11 +105,52 @@ def _check_roles(roles: list[HeadRole] | None) -> list[HeadRole]:
     return [r for r in HEAD_ROLES if r in roles]
 
 
+def _check_patterns(patterns: Sequence[str] | None) -> list[PatternName]:
+    """Named patterns, each once; a name outside the documented set is refused with the valid names (a caller
+    that skips pydantic's enum still gets a tool error)."""
+    names = list(patterns or [])
+    unknown = [name for name in names if name not in NAMED_PATTERNS]
+    if unknown:
+        msg = f"unknown pattern {unknown[0]!r}; valid patterns: {', '.join(NAMED_PATTERNS)}"
+        raise InvalidInputError(msg, field="patterns")
+    if len(set(names)) != len(names):
+        msg = "patterns lists a name more than once; give each pattern once"
+        raise InvalidInputError(msg, field="patterns")
+    return [name for name in NAMED_PATTERNS if name in names]
+
+
 @dataclass(frozen=True)
 class _TextPass:
+    """One text's pass: its tokens, layout, role sums and (named) pattern sums."""
+
     encoded: Encoded
     layout: SequenceLayout
     consumer: RoleScoreConsumer
+    patterns: PatternScoreConsumer | None
+
+    @property
+    def consumers(self) -> list[RoleScoreConsumer | PatternScoreConsumer]:
+        return [self.consumer] + ([self.patterns] if self.patterns is not None else [])
+
+
+def _text_pass(
+    loaded: LoadedModel, encoded: Encoded, args: ProfileHeadsInput, roles: list[HeadRole], patterns: list[PatternName]
+) -> _TextPass:
+    layout = SequenceLayout.for_text(
+        [t.text for t in encoded.tokens],
+        [t.special for t in encoded.tokens],
+        causal=loaded.facts.is_causal,
+        skip_queries=args.skip_queries,
+        local_window=args.local_window,
+    )
+    readers: dict[str, KeyReader] = {}
+    for name in patterns:
+        reader = NAMED_PATTERNS[name].build(layout, encoded.input_ids[0])
+        if reader is not None:
+            readers[name] = reader
+    heads = loaded.facts.num_heads
+    pattern_consumer = PatternScoreConsumer(readers, heads, skip_queries=layout.skip_queries) if readers else None
+    return _TextPass(encoded, layout, RoleScoreConsumer(layout, roles, heads), pattern_consumer)
 
 
 STACK_REFUSAL = (
@@ -94,110 +161,102 @@ STACK_REFUSAL = (
 )
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """The checked arguments: model, layers, roles, patterns, and the stack's layer count (random heads)."""
+
+    loaded: LoadedModel
+    layers: list[int]
+    roles: list[HeadRole]
+    patterns: list[PatternName]
+    num_layers: int
+
+
 def plan_profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> PassPlan[HeadProfiles]:
-    """The text pass (role sums over the text, with the model's output for ablation evidence) as a plan; its
-    finish runs the probe pass and the ablations."""
+    """The text pass (role and pattern sums over the text) as a plan; its finish runs the held-out texts, the
+    probe pass and the ablation checks."""
     loaded = inspector.model(args.model)
-    facts = loaded.facts
     stack = inspector.attention_stack(loaded, args.attention)
     inspector.require_stack(loaded, stack, ("self", "encoder"), STACK_REFUSAL)
     layers = inspector.check_layers(loaded, args.layers, stack, "layer")
-    roles = _check_roles(args.roles)
-    text_roles = [r for r in roles if r in TEXT_ROLES]
-    if not text_roles:
-        return PassPlan(loaded, None, [], lambda _output: _profile(inspector, args, loaded, layers, roles, None, None))
+    setup = _Setup(loaded, layers, _check_roles(args.roles), _check_patterns(args.patterns), stack.num_layers)
+    text_roles = [r for r in setup.roles if r in TEXT_ROLES]
+    if not text_roles and not setup.patterns:
+        return PassPlan(loaded, None, [], lambda _output: _profile(inspector, args, setup, None))
     encoded = inspector.encode(loaded, args.text if args.text is not None else SAMPLE_TEXT)
-    layout = SequenceLayout.for_text(
-        [t.text for t in encoded.tokens],
-        [t.special for t in encoded.tokens],
-        causal=facts.is_causal,
-        skip_queries=args.skip_queries,
-        local_window=args.local_window,
-    )
-    text = _TextPass(encoded, layout, RoleScoreConsumer(layout, text_roles, facts.num_heads))
+    text = _text_pass(loaded, encoded, args, text_roles, setup.patterns)
 
-    def finish(output: object) -> HeadProfiles:
-        return _profile(inspector, args, loaded, layers, roles, text, output)
+    def finish(_output: object) -> HeadProfiles:
+        return _profile(inspector, args, setup, text)
 
-    # The text's output is needed only for ablation evidence on the text roles (asked for with ablate_top).
-    return PassPlan(loaded, encoded, [text.consumer], finish, layers=layers, need_output=bool(args.ablate_top))
+    # The ablation checks record their own clean run: the text pass never needs the model's output.
+    return PassPlan(loaded, encoded, list(text.consumers), finish, layers=layers, need_output=False)
 
 
 @dataclass
 class _Measured:
-    """What the passes produced: per-layer role scores, where each role was measured, each input's clean output."""
+    """What the passes produced: per-head scores, each role's mean and spread over its inputs, the probe."""
 
-    scores: Scores
-    measured_on: dict[HeadRole, MeasuredOn] = field(default_factory=dict)
-    inputs: dict[MeasuredOn, tuple[Encoded, torch.Tensor]] = field(default_factory=dict)  # input, clean output
-    language_model: bool = False
-    probe: Probe | None = None
-    seeds: list[int] = field(default_factory=list)
-    spreads: Scores = field(default_factory=dict)  # layer -> probe role -> (H,) std over the seeds
+    scores: Scores  # text roles: on the text; probe roles: the mean over the seeds
+    means: Scores = field(default_factory=dict)  # every role: the mean over its inputs (texts or seeds)
+    spreads: Scores = field(default_factory=dict)  # population std over the inputs (two or more)
+    inputs: dict[HeadRole, int] = field(default_factory=dict)
     layouts: dict[MeasuredOn, SequenceLayout] = field(default_factory=dict)
-
-    def add_scores(self, consumer: RoleScoreConsumer, roles: list[HeadRole], on: MeasuredOn) -> None:
-        for layer, per_role in consumer.scores().items():
-            self.scores[layer].update(per_role)
-        self.measured_on.update({r: on for r in roles})
-        self.layouts[on] = consumer.layout
-
-    def add_seed_scores(self, runs: list[dict[int, dict[HeadRole, torch.Tensor]]], roles: list[HeadRole]) -> None:
-        """Probe roles: the mean over the seeds' scores, and their standard deviation (population, over seeds)."""
-        for layer in runs[0]:
-            for role in runs[0][layer]:
-                stacked = torch.stack([run[layer][role] for run in runs])  # (seeds, H)
-                self.scores[layer][role] = stacked.mean(0)
-                self.spreads.setdefault(layer, {})[role] = stacked.std(0, correction=0)
-        self.measured_on.update({r: "probe" for r in roles})
-
-    def add_output(self, on: MeasuredOn, encoded: Encoded, output: object) -> None:
-        clean, self.language_model = model_output(output)
-        self.inputs[on] = (encoded, clean)
+    probe: Probe | None = None
+    probe_output: torch.Tensor | None = None  # the seed-0 probe's logits (for the induction check)
+    language_model: bool = False
+    seeds: list[int] = field(default_factory=list)
+    held_out: list[_TextPass] = field(default_factory=list)
 
 
-def _profile(
-    inspector: Inspector,
-    args: ProfileHeadsInput,
-    loaded: LoadedModel,
-    layers: list[int],
-    roles: list[HeadRole],
-    text: _TextPass | None,
-    text_output: object,
-) -> HeadProfiles:
-    """The plan's finish: the probe pass, every head's profile, each role's top heads, the induction check."""
+def _mean_spread(
+    runs: Sequence[Mapping[int, Mapping[Name, torch.Tensor]]], name: Name, layer: int
+) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+    """Mean and population std (None for one run) of a name's (H,) scores over the runs that have it."""
+    values = [run[layer][name] for run in runs if layer in run and name in run[layer]]
+    if not values:
+        return None
+    stacked = torch.stack(values)  # (runs, H)
+    spread = stacked.std(0, correction=0) if len(values) > 1 else None
+    return stacked.mean(0), spread, len(values)
+
+
+def _profile(inspector: Inspector, args: ProfileHeadsInput, setup: _Setup, text: _TextPass | None) -> HeadProfiles:
+    """The plan's finish: held-out texts, probes, every head's profile, each role's top heads, the checks."""
+    loaded, roles = setup.loaded, setup.roles
     facts = loaded.facts
     thresholds = {**DEFAULT_THRESHOLDS, **(args.thresholds.given() if args.thresholds else {})}
-    measured = _measure(inspector, args, loaded, layers, roles, text, text_output)
+    measured = _measure(inspector, args, setup, text)
     scored = [r for r in roles if any(r in per_role for per_role in measured.scores.values())]
-    heads = _head_profiles(measured, layers, scored, thresholds, facts)
+    heads = _head_profiles(measured, setup.layers, scored, thresholds, facts)
     primary = {(profile.layer, profile.head): profile.primary_role for profile in heads}
-    evidence = _Evidence(inspector, loaded, measured)
-    counts = {role: _ablated_count(args, role) for role in scored}
-    evidence.prefill(
-        [(la, he) for r in scored if r in PROBE_ROLES for la, he, _ in top_heads(measured.scores, r, counts[r])]
-    )
+    counts = {role: _ablated_count(args, role, measured.language_model) for role in scored}
+    wanted = {r: [(la, he) for la, he, _ in top_heads(measured.means, r, counts[r])] for r in scored}
+    evidence = _Evidence(inspector, loaded, measured, text, args, setup.num_layers).measure(wanted)
     role_reports = [
         _role_report(role, measured, thresholds, primary, evidence, top_k=args.top_k, ablate_top=counts[role])
         for role in scored
     ]
     losses = None
     if args.induction_check and "induction" in scored:
-        losses = _induction_losses(inspector, loaded, measured, top_k=args.top_k)
+        on_probe = [h for r, hs in wanted.items() if _evidence_input(r) == "probe" for h in hs]
+        losses = _induction_losses(inspector, loaded, measured, args, setup.num_layers, tested=on_probe)
     source: TextSource = "user" if args.text is not None else "sample"
     report = HeadProfiles(
         model=loaded.name,
         summary="",
         findings=[role_finding(r) for r in role_reports] + ([induction_finding(losses)] if losses is not None else []),
-        layers=layers,
+        layers=setup.layers,
         num_heads=facts.num_heads,
         text_source=source,
         text_tokens=text.encoded.length if text is not None else None,
+        held_out_texts=len(measured.held_out),
         probe=_probe_info(measured.probe, measured.seeds),
         thresholds={r: thresholds[r] for r in roles},
         unmeasured={r: why_unmeasured(r, text.layout if text else None) for r in roles if r not in scored},
         roles=role_reports,
         induction_check=_induction_check(losses),
+        patterns=_pattern_reports(setup.patterns, text, measured, top_k=args.top_k),
         heads=heads,
     )
     report.attention = facts.stack().name
@@ -205,12 +264,12 @@ def _profile(
     return report.model_copy(update={"summary": said, "next_calls": _next_calls(args, loaded, report)})
 
 
-def _ablated_count(args: ProfileHeadsInput, role: HeadRole) -> int:
-    """How many of the role's top heads get ablation evidence: as asked, or by default every listed head of a
-    probe role (cheap: one batched forward over the short probe) and none of a text role."""
+def _ablated_count(args: ProfileHeadsInput, role: HeadRole, language_model: bool) -> int:
+    """How many of the role's top heads get an ablation check: as asked, or by default every listed head of a role
+    with a check on a model with a next-token head (one batched forward), none of the others."""
     if args.ablate_top is not None:
         return args.ablate_top
-    return args.top_k if role in PROBE_ROLES else 0
+    return args.top_k if ROLES[role].ablation_check is not None and language_model else 0
 
 
 def _next_calls(args: ProfileHeadsInput, loaded: LoadedModel, report: HeadProfiles) -> list[NextCall]:
@@ -231,25 +290,68 @@ def _next_calls(args: ProfileHeadsInput, loaded: LoadedModel, report: HeadProfil
     return calls
 
 
-def _measure(
-    inspector: Inspector,
-    args: ProfileHeadsInput,
-    loaded: LoadedModel,
-    layers: list[int],
-    roles: list[HeadRole],
-    text: _TextPass | None,
-    text_output: object,
-) -> _Measured:
-    """Collect the text pass's sums (and output, when kept), then run the probe pass if a probe role is asked."""
-    measured = _Measured(scores={layer: {} for layer in layers})
+def _measure(inspector: Inspector, args: ProfileHeadsInput, setup: _Setup, text: _TextPass | None) -> _Measured:
+    """The text's sums (from the shared pass), the held-out texts' passes, then the probe pass if a probe role is
+    asked; every role's mean and spread over its inputs."""
+    loaded = setup.loaded
+    measured = _Measured(scores={layer: {} for layer in setup.layers})
+    measured.language_model = loaded.facts.is_causal and loaded.facts.is_language_model
+    text_roles = [r for r in setup.roles if r in TEXT_ROLES]
     if text is not None:
-        if text_output is not None:
-            measured.add_output("text", text.encoded, text_output)
-        measured.add_scores(text.consumer, [r for r in roles if r in TEXT_ROLES], "text")
-    probe_roles = [r for r in roles if r in PROBE_ROLES]
+        measured.layouts["text"] = text.layout
+        for layer, per_role in text.consumer.scores().items():
+            measured.scores[layer].update(per_role)
+        measured.held_out = _held_out_passes(inspector, args, setup, text_roles)
+        runs = [p.consumer.scores() for p in (text, *measured.held_out)]
+        _aggregate(measured, runs, [r for r in text_roles if any(r in s for s in measured.scores.values())])
+    probe_roles = [r for r in setup.roles if ROLES[r].measured_on == "probe"]
     if probe_roles:
-        _probe_pass(inspector, loaded, args, layers, probe_roles, measured)
+        _probe_pass(inspector, loaded, args, setup.layers, probe_roles, measured)
     return measured
+
+
+def _aggregate(
+    measured: _Measured, runs: Sequence[Mapping[int, Mapping[HeadRole, torch.Tensor]]], roles: Sequence[HeadRole]
+) -> None:
+    """Each role's mean and spread over the runs (texts or probe seeds) that measured it."""
+    for layer in measured.scores:
+        for role in roles:
+            found = _mean_spread(runs, role, layer)
+            if found is None:
+                continue
+            mean, spread, count = found
+            measured.means.setdefault(layer, {})[role] = mean
+            if spread is not None:
+                measured.spreads.setdefault(layer, {})[role] = spread
+            measured.inputs[role] = count
+
+
+def _encode_fitting(inspector: Inspector, loaded: LoadedModel, text: str) -> Encoded | None:
+    """A held-out text, shortened by whole words to what the model's positions allow (None: nothing fits)."""
+    words = text.split()
+    while words:
+        try:
+            return inspector.encode(loaded, " ".join(words))
+        except ResourceLimitError:
+            words = words[: len(words) * 2 // 3]
+    return None
+
+
+def _held_out_passes(
+    inspector: Inspector, args: ProfileHeadsInput, setup: _Setup, roles: list[HeadRole]
+) -> list[_TextPass]:
+    """The first ``held_out_texts`` built-in texts, each streamed into its own role and pattern sums."""
+    passes = []
+    for held_out in HELD_OUT_TEXTS[: args.held_out_texts]:
+        if held_out == args.text:
+            continue
+        encoded = _encode_fitting(inspector, setup.loaded, held_out)
+        if encoded is None:
+            continue
+        one = _text_pass(setup.loaded, encoded, args, roles, setup.patterns)
+        inspector.run(setup.loaded, encoded, one.consumers, layers=setup.layers, need_output=False)
+        passes.append(one)
+    return passes
 
 
 def _probe_pass(
@@ -261,7 +363,7 @@ def _probe_pass(
     measured: _Measured,
 ) -> None:
     """Stream ``args.seeds`` seeded probes into the probe roles' sums (scores: their mean, with the spread); the
-    first probe's output is kept for the ablations and the induction check."""
+    first probe's output is kept for the induction check."""
     runs = []
     for offset in range(args.seeds):
         probe = build_probe(inspector, loaded, args.probe_length, args.seed + offset)
@@ -269,14 +371,17 @@ def _probe_pass(
             probe.encoded.length, start=probe.start, repeat_length=probe.repeat_length, causal=loaded.facts.is_causal
         )
         consumer = RoleScoreConsumer(layout, roles, loaded.facts.num_heads)
-        output = inspector.run(loaded, probe.encoded, [consumer], layers=layers, need_output=offset == 0)
+        first = offset == 0
+        output = inspector.run(loaded, probe.encoded, [consumer], layers=layers, need_output=first)
         runs.append(consumer.scores())
         measured.seeds.append(args.seed + offset)
-        if offset == 0:
-            measured.add_output("probe", probe.encoded, output)
+        if first:
+            measured.probe_output = model_output(output)[0]
             measured.layouts["probe"] = layout
             measured.probe = probe
-    measured.add_seed_scores(runs, roles)
+    _aggregate(measured, runs, roles)
+    for layer, per_role in measured.means.items():
+        measured.scores[layer].update({r: v for r, v in per_role.items() if r in roles})
 
 
 def _probe_info(probe: Probe | None, seeds: list[int]) -> ProbeInfo | None:
@@ -296,7 +401,11 @@ def _head_profiles(
     measured: _Measured, layers: list[int], roles: list[HeadRole], thresholds: dict[HeadRole, float], facts: ModelFacts
 ) -> list[HeadProfile]:
     """Every head's scores, primary role with its confidence, runner-up, and its probe scores' spread."""
-    scores, spreads = measured.scores, measured.spreads
+    scores = measured.scores
+    probe_spreads = {
+        layer: {r: v for r, v in per_role.items() if ROLES[r].measured_on == "probe"}
+        for layer, per_role in measured.spreads.items()
+    }
     profiles = []
     for layer in layers:
         for head in range(facts.num_heads):
@@ -312,134 +421,339 @@ def _head_profiles(
                     confidence=rounded(verdict.confidence),
                     runner_up=verdict.runner_up,
                     runner_up_score=rounded(verdict.runner_up_score) if verdict.runner_up_score is not None else None,
-                    score_spread={r: rounded(float(v[head])) for r, v in spreads.get(layer, {}).items() if r in roles},
+                    score_spread={
+                        r: rounded(float(v[head])) for r, v in probe_spreads.get(layer, {}).items() if r in roles
+                    },
                 )
             )
     return profiles
 
 
+def _evidence_input(role: HeadRole) -> MeasuredOn:
+    """Where a role's heads are ablated: its check's input (the probe), else where the role is measured."""
+    return "probe" if ROLES[role].ablation_check == "probe_second_copy_loss" else ROLES[role].measured_on
+
+
 class _Evidence:
-    """Single-head ablations on the input a role was measured on, each run once (a head can lead several roles)."""
+    """Mean-ablation of single heads against random heads, per input: one recorded clean run gives every head's
+    mean output, then one batched forward patches each tested head and each random head in a row of its own."""
 
-    def __init__(self, inspector: Inspector, loaded: LoadedModel, measured: _Measured) -> None:
-        self.inspector, self.loaded, self.measured = inspector, loaded, measured
-        self.cache: dict[tuple[MeasuredOn, int, int], AblationEvidence] = {}
+    def __init__(
+        self,
+        inspector: Inspector,
+        loaded: LoadedModel,
+        measured: _Measured,
+        text: _TextPass | None,
+        args: ProfileHeadsInput,
+        num_layers: int,
+    ) -> None:
+        self.inspector, self.loaded, self.measured, self.text = inspector, loaded, measured, text
+        self.args, self.num_layers = args, num_layers
 
-    def prefill(self, heads: list[tuple[int, int]]) -> None:
-        """Single-head zero ablations on the probe, every head in one batched forward (rows of one batch)."""
-        wanted = list(dict.fromkeys(h for h in heads if ("probe", *h) not in self.cache))
-        probe = self.measured.probe
-        if not wanted or probe is None or "probe" not in self.measured.inputs:
-            return
-        source, clean = self.measured.inputs["probe"]
-        patches = [HeadPatch(layer, (head,)) for layer, head in wanted]
-        outputs = self.inspector.patched_outputs(self.loaded, source, patches, keep_last=False)  # (R, T, V)
-        where = {"start": probe.start, "repeat_length": probe.repeat_length}
-        before = copy_losses(clean, source.input_ids, **where)[1] if self.measured.language_model else 0.0
-        for row, (layer, head) in enumerate(wanted):
-            ablated = outputs[row : row + 1].to(clean.dtype)
-            if self.measured.language_model:
-                change = copy_losses(ablated, source.input_ids, **where)[1] - before
-                found = AblationEvidence(metric="second_copy_loss_change", value=rounded(change))
-            else:
-                size = effect_size(clean, ablated, language_model=False)
-                found = AblationEvidence(metric="pooled_cosine_change", value=rounded(size, 6))
-            self.cache[("probe", layer, head)] = found
+    def measure(self, wanted: Mapping[HeadRole, list[Head]]) -> dict[tuple[MeasuredOn, int, int], AblationEvidence]:
+        found: dict[tuple[MeasuredOn, int, int], AblationEvidence] = {}
+        for on in ("probe", "text"):
+            heads = list(dict.fromkeys(h for r, hs in wanted.items() if _evidence_input(r) == on for h in hs))
+            if heads:
+                found.update({(on, *h): e for h, e in self._on_input(on, heads).items()})
+        return found
 
-    def __call__(self, on: MeasuredOn, layer: int, head: int) -> AblationEvidence:
-        key = (on, layer, head)
-        if key not in self.cache:
-            self.cache[key] = self._measure(on, layer, head)
-        return self.cache[key]
+    def _encoded(self, on: MeasuredOn) -> Encoded | None:
+        if on == "text":
+            return self.text.encoded if self.text is not None else None
+        if self.measured.probe is None:  # a check on the probe with no probe role asked: build the seed's probe
+            self.measured.probe = build_probe(self.inspector, self.loaded, self.args.probe_length, self.args.seed)
+            self.measured.seeds = [self.args.seed]
+        return self.measured.probe.encoded
 
-    def _measure(self, on: MeasuredOn, layer: int, head: int) -> AblationEvidence:
-        """Probe roles on an LM: change in second-copy loss; otherwise the mean next-token KL or 1 − cos."""
-        source, clean = self.measured.inputs[on]
-        effect = self.inspector.ablate(
-            self.loaded, source.input_ids, source.attention_mask, [(layer, head)], clean=clean
+    def _on_input(self, on: MeasuredOn, heads: list[Head]) -> dict[Head, AblationEvidence]:
+        encoded = self._encoded(on)
+        if encoded is None:
+            return {}
+        random_heads = draw_random_heads(
+            self.num_layers,
+            self.loaded.facts.num_heads,
+            exclude=heads,
+            count=self.args.baseline_draws,
+            seed=self.args.seed,
         )
-        probe = self.measured.probe
-        if effect.language_model and on == "probe" and probe is not None:
+        effects, metric = self._effects(on, encoded, [*heads, *random_heads])
+        baseline = random_baseline(effects[len(heads) :])
+        return {
+            head: _evidence(metric, value, baseline) for head, value in zip(heads, effects[: len(heads)], strict=True)
+        }
+
+    def _effects(self, on: MeasuredOn, encoded: Encoded, heads: list[Head]) -> tuple[list[float], EvidenceMetric]:
+        """Each head mean-ablated alone (one row each of a batched forward) -> the change in the input's measure.
+
+        Rows go in groups whose (R, T, V) outputs fit a quarter of the memory budget (one group on a probe)."""
+        recorded = self.inspector.recorded_run(self.loaded, encoded, keep_last=False)
+        used = {layer for layer, _ in heads}
+        means = {  # layer -> (T, H, D): every head's mean output over the positions, at every position
+            layer: outputs.mean(0, keepdim=True).expand_as(outputs)
+            for layer, outputs in recorded.heads.items()
+            if layer in used
+        }
+        clean = recorded.output[None]  # (1, T, V) logits, or (1, T, C) hidden states
+        per_row = 4 * clean.shape[1] * clean.shape[2]  # bytes of one row's float32 output
+        group = max(1, self.inspector.memory_budget // 4 // per_row)
+        metric, measure = self._measure_for(on, encoded, clean)
+        effects: list[float] = []
+        for first in range(0, len(heads), group):
+            patches = [HeadPatch(layer, (head,)) for layer, head in heads[first : first + group]]
+            outputs = self.inspector.patched_outputs(self.loaded, encoded, patches, sources=means, keep_last=False)
+            effects += [measure(outputs[row : row + 1]) for row in range(len(patches))]
+        return effects, metric
+
+    def _measure_for(
+        self, on: MeasuredOn, encoded: Encoded, clean: torch.Tensor
+    ) -> tuple[EvidenceMetric, Callable[[torch.Tensor], float]]:
+        """The metric of an input and a function of one ablated (1, T, V) output giving its change from clean."""
+        if not self.measured.language_model:
+            return "pooled_cosine_change", lambda out: effect_size(clean.to(out.device), out, language_model=False)
+        ids, probe = encoded.input_ids, self.measured.probe
+        if on == "probe" and probe is not None:
             where = {"start": probe.start, "repeat_length": probe.repeat_length}
-            before = copy_losses(clean, source.input_ids, **where)
-            after = copy_losses(effect.ablated, source.input_ids, **where)
-            return AblationEvidence(metric="second_copy_loss_change", value=rounded(after[1] - before[1]))
-        metric: EvidenceMetric = "mean_next_token_kl" if effect.language_model else "pooled_cosine_change"
-        size = effect_size(effect.clean, effect.ablated, language_model=effect.language_model)
-        return AblationEvidence(metric=metric, value=rounded(size, 6))
+            before = float(copy_losses_per_row(clean, ids, **where)[1][0])
+            return "second_copy_loss_change", lambda out: float(copy_losses_per_row(out, ids, **where)[1][0]) - before
+        text_before = float(next_token_losses(clean, ids.to(clean.device)).mean())
+        return (
+            "next_token_loss_change",
+            lambda out: float(next_token_losses(out, ids.to(out.device)).mean()) - text_before,
+        )
+
+
+def draw_random_heads(num_layers: int, num_heads: int, *, exclude: Sequence[Head], count: int, seed: int) -> list[Head]:
+    """``count`` distinct heads drawn uniformly (seeded) from the stack's heads other than ``exclude`` (fewer when
+    fewer remain: the report states how many were drawn)."""
+    excluded = set(exclude)
+    pool = [(la, he) for la in range(num_layers) for he in range(num_heads) if (la, he) not in excluded]
+    order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [pool[i] for i in order[:count]]
+
+
+def _evidence(metric: EvidenceMetric, value: float, baseline: Baseline) -> AblationEvidence:
+    return AblationEvidence(
+        metric=metric,
+        value=rounded(value, 6),
+        baseline_mean=rounded(baseline.mean, 6) if baseline.draws else None,
+        baseline_spread=rounded(baseline.spread, 6) if baseline.draws else None,
+        baseline_draws=baseline.draws,
+        exceeds_baseline=exceeds_baseline(value, baseline, floor=EFFECT_FLOORS[metric]),
+    )
 
 
 def _role_report(
     role: HeadRole,
     measured: _Measured,
     thresholds: dict[HeadRole, float],
-    primary: dict[tuple[int, int], HeadRole | None],
-    evidence: _Evidence,
+    primary: dict[Head, HeadRole | None],
+    evidence: Mapping[tuple[MeasuredOn, int, int], AblationEvidence],
     *,
     top_k: int,
     ablate_top: int,
 ) -> RoleReport:
-    """The role's top heads (the first ``ablate_top`` with ablation evidence) and how many heads take it."""
-    scores, threshold, spreads = measured.scores, thresholds[role], measured.spreads
-    top = [
-        TopHead(
-            layer=layer,
-            head=head,
-            score=rounded(score),
-            qualifies=score >= threshold,
-            primary_role=primary[(layer, head)],
-            ablation=evidence(measured.measured_on[role], layer, head) if rank < ablate_top else None,
-            spread=rounded(float(spreads[layer][role][head])) if role in spreads.get(layer, {}) else None,
+    """The role's top heads by their mean over its inputs (the first ``ablate_top`` with their ablation check),
+    and how many heads take it on the text."""
+    threshold, spreads, spec = thresholds[role], measured.spreads, ROLES[role]
+    top = []
+    for rank, (layer, head, mean) in enumerate(top_heads(measured.means, role, top_k)):
+        found = evidence.get((_evidence_input(role), layer, head)) if rank < ablate_top else None
+        checked = found.exceeds_baseline if found is not None and spec.ablation_check is not None else None
+        if found is not None and found.metric == "pooled_cosine_change":
+            checked = None  # the check is a next-token loss: an encoder cannot run it
+        on_text = float(measured.scores[layer][role][head]) if spec.measured_on == "text" else None
+        spread = spreads.get(layer, {}).get(role)
+        top.append(
+            TopHead(
+                layer=layer,
+                head=head,
+                score=rounded(mean),
+                spread=rounded(float(spread[head])) if spread is not None else None,
+                score_on_text=rounded(on_text) if on_text is not None else None,
+                qualifies=mean >= threshold,
+                primary_role=primary[(layer, head)],
+                ablation=found,
+                verdict=role_verdict(mean, threshold, checked=checked),
+            )
         )
-        for rank, (layer, head, score) in enumerate(top_heads(scores, role, top_k))
-    ]
-    qualifying = sum(int((per_role[role] >= threshold).sum()) for per_role in scores.values() if role in per_role)
+    qualifying = sum(
+        int((per_role[role] >= threshold).sum()) for per_role in measured.scores.values() if role in per_role
+    )
     return RoleReport(
         role=role,
-        formula=ROLE_FORMULAS[role],
-        measured_on=measured.measured_on[role],
+        formula=spec.formula,
+        measured_on=spec.measured_on,
+        inputs=measured.inputs.get(role, 1),
+        ablation_check=spec.ablation_check,
         threshold=threshold,
-        uniform_baseline=_uniform_baseline(measured, role),
+        uniform_baseline=_uniform_baseline(measured.layouts.get(spec.measured_on), role),
         heads_with_role=qualifying,
         primary_for=sum(1 for p in primary.values() if p == role),
         top=top,
     )
 
 
-def _uniform_baseline(measured: _Measured, role: HeadRole) -> float | None:
-    """The score of a head that spreads each query evenly over the keys it may read, on the role's own input."""
-    layout = measured.layouts.get(measured.measured_on[role])
-    if layout is None or not layout.measurable(role):
-        return None
+def _uniform(layout: SequenceLayout) -> torch.Tensor:
+    """(1, T, T): a head that spreads each query evenly over the keys it may read."""
     length = layout.length
     allowed = torch.ones(length, length).tril() if layout.causal else torch.ones(length, length)
-    uniform = allowed / allowed.sum(-1, keepdim=True)  # (T, T)
-    return rounded(float(role_scores(uniform[None], layout, [role])[role][0]))
+    return (allowed / allowed.sum(-1, keepdim=True))[None]
+
+
+def _uniform_baseline(layout: SequenceLayout | None, role: HeadRole) -> float | None:
+    """The score of a head that spreads each query evenly over the keys it may read, on the role's own input."""
+    if layout is None or not layout.measurable(role):
+        return None
+    return rounded(float(role_scores(_uniform(layout), layout, [role])[role][0]))
+
+
+def _pattern_reports(
+    patterns: list[PatternName], text: _TextPass | None, measured: _Measured, *, top_k: int
+) -> list[PatternReport]:
+    """Each named pattern's top heads by their mean over the texts (the text and the held-out texts)."""
+    if text is None or not patterns:
+        return []
+    runs = [p.patterns.scores() if p.patterns is not None else {} for p in (text, *measured.held_out)]
+    on_text = runs[0]
+    reports = []
+    for name in patterns:
+        means: dict[int, dict[str, torch.Tensor]] = {}
+        spreads: dict[int, torch.Tensor] = {}
+        count = 0
+        for layer in measured.scores:
+            found = _mean_spread(runs, name, layer)
+            if found is None:
+                continue
+            means[layer] = {name: found[0]}
+            count = found[2]
+            if found[1] is not None:
+                spreads[layer] = found[1]
+        top = [
+            PatternTop(
+                layer=layer,
+                head=head,
+                score=rounded(score),
+                spread=rounded(float(spreads[layer][head])) if layer in spreads else None,
+                score_on_text=rounded(float(on_text[layer][name][head])) if name in on_text.get(layer, {}) else None,
+            )
+            for layer, head, score in top_heads(means, name, top_k)
+        ]
+        reports.append(
+            PatternReport(
+                name=name,
+                formula=NAMED_PATTERNS[name].formula,
+                inputs=count,
+                uniform_baseline=_pattern_uniform(name, text),
+                top=top,
+            )
+        )
+    return reports
+
+
+def _pattern_uniform(name: PatternName, text: _TextPass) -> float | None:
+    reader = NAMED_PATTERNS[name].build(text.layout, text.encoded.input_ids[0])
+    if reader is None:
+        return None
+    length = text.layout.length
+    pattern = reader.dense(torch.arange(length), length)
+    value = float(
+        pattern_scores(
+            _uniform(text.layout), pattern.clamp(0, 1), causal=text.layout.causal, skip_queries=text.layout.skip_queries
+        )[0]
+    )
+    return rounded(value)
 
 
 def _induction_losses(
-    inspector: Inspector, loaded: LoadedModel, measured: _Measured, *, top_k: int
+    inspector: Inspector,
+    loaded: LoadedModel,
+    measured: _Measured,
+    args: ProfileHeadsInput,
+    num_layers: int,
+    *,
+    tested: Sequence[Head],
 ) -> InductionLosses | None:
-    """A causal LM's loss on the probe's first and second copy, and on the second with the top induction heads
-    removed together (None: no probe pass, or no next-token head)."""
-    probe = measured.probe
-    if probe is None or "probe" not in measured.inputs or not measured.language_model:
+    """A causal LM's loss on the probe's first and second copy, on the second with the top induction heads
+    mean-ablated together, and with as many random heads mean-ablated together (``baseline_draws`` sets drawn from
+    the heads not under test on the probe: neither these nor the single-head checks' heads)."""
+    probe, clean = measured.probe, measured.probe_output
+    if probe is None or clean is None or not measured.language_model:
         return None
-    encoded, clean = measured.inputs["probe"]
+    encoded = probe.encoded
     where = {"start": probe.start, "repeat_length": probe.repeat_length}
     first, second = copy_losses(clean, encoded.input_ids, **where)
-    chosen = [(layer, head) for layer, head, _ in top_heads(measured.scores, "induction", top_k)]
-    effect = inspector.ablate(loaded, encoded.input_ids, encoded.attention_mask, chosen, clean=clean)
-    ablated = copy_losses(effect.ablated, encoded.input_ids, **where)[1]
-    return InductionLosses(first, second, ablated, [head_label(layer, head) for layer, head in chosen])
+    chosen = [(layer, head) for layer, head, _ in top_heads(measured.means, "induction", args.top_k)]
+
+    def ablated(heads: list[Head]) -> float:
+        effect = inspector.ablate(loaded, encoded.input_ids, encoded.attention_mask, heads, method="mean", clean=clean)
+        return copy_losses(effect.ablated, encoded.input_ids, **where)[1]
+
+    together = ablated(chosen)
+    draws = []
+    for draw in range(args.baseline_draws):
+        heads = draw_random_heads(
+            num_layers, loaded.facts.num_heads, exclude=[*chosen, *tested], count=len(chosen), seed=args.seed + 1 + draw
+        )
+        if len(heads) == len(chosen):
+            draws.append(ablated(heads))
+    baseline = random_baseline([value - second for value in draws])
+    return InductionLosses(
+        first,
+        second,
+        together,
+        [head_label(layer, head) for layer, head in chosen],
+        baseline=baseline,
+        exceeds=exceeds_baseline(together - second, baseline, floor=EFFECT_FLOORS["second_copy_loss_change"]),
+    )
 
 
 def _induction_check(losses: InductionLosses | None) -> InductionCheck | None:
     if losses is None:
         return None
+    baseline = losses.baseline
     return InductionCheck(
         loss_first_copy=rounded(losses.first),
         loss_second_copy=rounded(losses.second),
         ablated_heads=losses.heads,
         loss_second_copy_ablated=rounded(losses.ablated),
+        baseline_mean=rounded(losses.second + baseline.mean) if baseline.draws else None,
+        baseline_spread=rounded(baseline.spread) if baseline.draws else None,
+        baseline_draws=baseline.draws,
+        exceeds_baseline=losses.exceeds,
     )
+
+
+def detect_pattern(
+    inspector: Inspector,
+    model: str | None,
+    text: str,
+    pattern: UserPattern,
+    *,
+    layers: list[int] | None = None,
+    skip_queries: int | None = None,
+) -> dict[int, torch.Tensor]:
+    """Python only: every head's score for a user's pattern on ``text``, layer -> (H,), like the built-in roles.
+
+    ``pattern``: a (T, T) query × key tensor of weights in [0, 1] for this text's T tokens, or a function of the
+    (T,) token ids returning one (e.g. ``lambda ids: ids[:, None] == ids[None, :]``). Score = the mean over the
+    queries ``i ≥ skip_queries`` (default: 2 for a causal model, 0 for an encoder) that may read a key of the
+    pattern of ``Σ_j A[i, j] · P[i, j]``; a pattern equal to a role's kernel gives that role's score. Agents
+    cannot send code: they name one of the patterns in :data:`agent_tools.analysis.heads.NAMED_PATTERNS`.
+    """
+    from agent_tools.analysis.heads import user_pattern
+
+    loaded = inspector.model(model)
+    stack = inspector.attention_stack(loaded, None)
+    checked = inspector.check_layers(loaded, layers, stack, "layer")
+    encoded = inspector.encode(loaded, text)
+    layout = SequenceLayout.for_text(
+        [t.text for t in encoded.tokens],
+        [t.special for t in encoded.tokens],
+        causal=loaded.facts.is_causal,
+        skip_queries=skip_queries,
+    )
+    reader = user_pattern(pattern, encoded.input_ids[0])
+    consumer = PatternScoreConsumer({"pattern": reader}, loaded.facts.num_heads, skip_queries=layout.skip_queries)
+    inspector.run(loaded, encoded, [consumer], layers=checked, need_output=False)
+    return {layer: per["pattern"] for layer, per in consumer.scores().items() if "pattern" in per}
