@@ -94,8 +94,9 @@ DEFAULT_MAX_SESSIONS = 64  # HTTP sessions open at once; the SDK's 10,000 idle s
 DEFAULT_SESSION_IDLE_SECONDS = 600.0  # an HTTP session with no request for this long is closed (SDK: 30 min)
 MAX_LINE_BYTES = 16 << 20  # one stdio message; a longer line is refused and skipped
 MAX_JSON_DEPTH = 64  # nesting of one message; MCP messages need about 8
-# Bytes of one tool's advertised output schema: 14 tools (25 KB) fit ``tools/list`` in 40 KB with their inputs.
-OUTPUT_SCHEMA_BUDGET = 1800
+# Bytes of one tool's advertised output schema: 14 tools (18.5 KB: every top-level field typed, row structure
+# where it fits) keep ``tools/list`` near 32 KB with their inputs (issue 28).
+OUTPUT_SCHEMA_BUDGET = 1000
 # The SDK's loggers that say something per request or per session at INFO; the server keeps their warnings.
 CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
 
