@@ -213,7 +213,34 @@ class ToolSpec(Generic[In, Out]):
                 call.arguments = inspector.texts.refer(call.arguments)
         if getattr(arguments, "detail", "full") == "summary":
             checked.omitted = trim(checked, self.summary_lists)
+            if inspector is not None:  # a text echoed whole (a rendered 8,000-token prompt) goes by handle
+                checked.omitted += refer_long_texts(checked, inspector)
         return checked
+
+
+REPORT_TEXT_LIMIT = 2000  # characters of one string a summary report holds; a longer one is named by handle
+_OWN_WORDS = frozenset({"summary", "detail", "why"})  # the report's own sentences: the concise text clips them
+
+
+def refer_long_texts(report: BaseModel, inspector: Inspector, path: str = "") -> list[Omitted]:
+    """Replace, in place, every string of the report longer than ``REPORT_TEXT_LIMIT`` characters (a prompt or
+    text the tool echoes) with the session's handle for it (``"@text:..."``, which any tool takes as that text),
+    and say so in ``omitted``. The report's own sentences are left to the concise text."""
+    omitted: list[Omitted] = []
+    for name in type(report).model_fields:
+        value = getattr(report, name)
+        where = f"{path}.{name}" if path else name
+        if isinstance(value, str) and len(value) > REPORT_TEXT_LIMIT and name not in _OWN_WORDS:
+            setattr(report, name, inspector.texts.handle(value))
+            order = f"a text of {len(value):,} characters, named by its handle (detail 'full' returns it)"
+            omitted.append(Omitted(field=where, kept=0, total=len(value), order=order))
+        elif isinstance(value, BaseModel) and not isinstance(value, NextCall):
+            omitted += refer_long_texts(value, inspector, where)
+        elif isinstance(value, list) and value and isinstance(value[0], BaseModel):
+            for item in value:
+                if not isinstance(item, NextCall):
+                    omitted += refer_long_texts(item, inspector, f"{where}[]")
+    return omitted
 
 
 def _state_placement(report: BaseModel, inspector: Inspector) -> None:
