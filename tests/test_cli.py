@@ -317,6 +317,8 @@ def test_call_prints_the_concise_text_and_its_handles_run_in_the_next_call(tmp_p
         cli.main(["--artifacts", str(tmp_path), "call", tool, "--format", "json", "--json", json.dumps(suggested)]) == 0
     )
     followed = json.loads(capsys.readouterr().out)
-    assert followed["summary"].count("layer 3") >= 1 or followed["heads"]
+    direct = {**suggested, "text": text}  # the same call with the text itself: the same report
+    assert cli.main(["--artifacts", str(tmp_path), "call", tool, "--json", json.dumps(direct)]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"] == followed["summary"]
     unknown = cli.main(["call", "diagnose_collapse", "--json", json.dumps({"text": "@text:0123456789abcdef"})])
     assert unknown == 2 and "names no text this session has seen" in capsys.readouterr().err
