@@ -32,11 +32,7 @@ CASES = [
     ("unknown tool", "show_atention", {}),
     ("560,000 characters", "show_attention", {"text": "word " * 112_000, "layer": 3, "head": 0}),
 ]
-PROBE = (
-    "import sys, agent_tools.cli as cli\n"
-    "code = cli.main(sys.argv[1:])\n"
-    "print(code, 'torch' in sys.modules)\n"
-)
+PROBE = "import sys, agent_tools.cli as cli\ncode = cli.main(sys.argv[1:])\nprint(code, 'torch' in sys.modules)\n"
 
 
 def one(tool: str, arguments: dict[str, object]) -> tuple[float, str, str]:
