@@ -354,7 +354,9 @@ def _tiny_arguments(name: str, text: str) -> dict[str, Any]:
     return arguments
 
 
-TEXT_TOOLS = [n for n, spec in TOOLS.items() if {"text", "prompt", "clean"} & set(spec.input_model.model_fields)]
+TEXT_TOOLS = [
+    n for n, spec in TOOLS.items() if {"text", "prompt", "prompt_a", "clean"} & set(spec.input_model.model_fields)
+]
 NEXT_LINE = re.compile(r"^next: (\w+) ")
 
 
