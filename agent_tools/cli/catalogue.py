@@ -268,7 +268,7 @@ def _accepts(value: Any, schema: dict[str, Any]) -> bool:
     return True
 
 
-def precheck(name: str, arguments: Any, schema: dict[str, Any], *, facts: dict[str, int] | None = None) -> list[str]:
+def precheck(name: str, arguments: Any, schema: dict[str, Any], *, facts: dict[str, Any] | None = None) -> list[str]:
     """What is certainly wrong with ``arguments`` by the schema alone: unknown or missing arguments, a value of a
     type the tool cannot read, a choice not among the allowed ones, a number out of range, and — when ``facts``
     (the model's ``layers``, ``heads``, ``positions``) are known — a layer or head past the model's and a text
@@ -319,7 +319,7 @@ def _index(value: Any) -> int | None:
     return None
 
 
-def _model_problems(key: str, value: Any, facts: dict[str, int]) -> list[str]:
+def _model_problems(key: str, value: Any, facts: dict[str, Any]) -> list[str]:
     """Layer and head indices past the model's, texts longer than it reads (``facts``: layers, heads, positions)."""
     layers, heads, positions = facts.get("layers"), facts.get("heads"), facts.get("positions")
     where = f" ({facts['name']})" if facts.get("name") else ""
@@ -388,7 +388,7 @@ def remember_facts(reference: str, facts: dict[str, int]) -> None:
         pass
 
 
-def model_facts(reference: str | None) -> dict[str, int] | None:
+def model_facts(reference: str | None) -> dict[str, Any] | None:
     """Layers, heads and positions of a model, without torch: remembered from an earlier load, read from a local
     folder's ``config.json``, or a bundled model's; None when unknown (or when it has more than one stack)."""
     ref = (reference or DEFAULT_MODEL).strip() or DEFAULT_MODEL
