@@ -351,6 +351,8 @@ def _tiny_arguments(name: str, text: str) -> dict[str, Any]:
             arguments[key] = 2
     if name == "patch_heads":  # the tiny model's own answers may coincide: name two
         arguments |= {"answer": "cat", "wrong": "dog"}
+    if name == "compare_prompts":  # plain text (the tiny tokenizer has no chat template) is one segment
+        arguments["checks"] = ["value"]
     return arguments
 
 
@@ -392,6 +394,7 @@ def _strings(value: Any) -> list[str]:
 # --- long inputs: 8,192 tokens (2,000 a prompt for compare_prompts), on a tiny model with room for them ---------
 
 LONG_TOKENS = 8192
+REFUSED_AT_8192 = {"inspect_projections", "reconstruct_attention"}  # 8.5 GiB of maps, over the 2 GiB default
 
 
 @pytest.fixture(scope="module")
@@ -436,7 +439,7 @@ def test_budgets_hold_at_8192_tokens(name: str, long_model, tmp_path) -> None:
     try:
         report = TOOLS[name](Inspector(artifact_dir=tmp_path), arguments)
     except AttentionToolError as exc:  # refused before the pass (its maps would not fit the memory budget)
-        assert exc.kind == "resource_limit" and "budget" in exc.message, exc.message
+        assert name in REFUSED_AT_8192 and exc.kind == "resource_limit" and "budget" in exc.message, exc.message
         return
     assert size(concise_text(report)) <= TEXT_BUDGET
     assert size(report.model_dump(mode="json")) <= REPORT_BUDGET, {
