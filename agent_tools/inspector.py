@@ -33,6 +33,7 @@ from agent_tools.runner import attribution_patching, patching, replay
 from agent_tools.runner.forward import locked
 from agent_tools.schemas import ChatMessage, Token
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
+from agent_tools.usage import long_text_advice
 
 if TYPE_CHECKING:
     from agent_tools.families import StackFacts
@@ -357,6 +358,7 @@ class Inspector:
         self.artifact_dir = Path(artifact_dir).resolve() if artifact_dir else None
         # data files (or corpus output folders) the operator allows tools to read; an agent only names one
         self.allowed_data: tuple[Path, ...] = tuple(Path(p).expanduser().resolve() for p in allowed_data)
+        self.texts = TextStore()  # long texts the reports' next calls name by handle, for this session
 
     # --- models -------------------------------------------------------------------------------------
     def model(self, reference: str | None = None) -> LoadedModel:
@@ -401,7 +403,7 @@ class Inspector:
         limit = self.limit_for(loaded)
         if len(text) > limit * CHARS_PER_TOKEN_CEILING:
             msg = f"text of {len(text):,} characters exceeds the token limit of {limit} tokens for {loaded.name!r}"
-            raise ResourceLimitError(msg, field="text")
+            raise ResourceLimitError(f"{msg}: {long_text_advice(limit)}", field="text")
         tokenizer = loaded.tokenizer
         encoding = tokenizer(
             text, return_offsets_mapping=True, add_special_tokens=add_special_tokens, return_tensors="pt"
@@ -411,8 +413,8 @@ class Inspector:
         if length == 0:
             raise InvalidInputError("text produced no tokens; give at least one word", field="text")
         if length > limit:
-            msg = f"text is {length} tokens; {loaded.name!r} accepts at most {limit} tokens here"
-            raise ResourceLimitError(msg, field="text")
+            msg = f"text is {length:,} tokens; {loaded.name!r} accepts at most {limit:,} tokens here"
+            raise ResourceLimitError(f"{msg}: {long_text_advice(limit)}", field="text")
         offsets = [(int(start), int(end)) for start, end in encoding["offset_mapping"][0].tolist()]
         special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
         tokens = [
@@ -890,6 +892,90 @@ class Inspector:
         checkpoint = _checkpoint()
         with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
             return attribution_patching.embedding_attribution(loaded, ids, answer, variants)
+
+
+TEXT_HANDLE_PREFIX = "@text:"
+_TEXT_HANDLE = re.compile(r"@text:([0-9a-f]{16})")
+HANDLE_AFTER_CHARS = 160  # a string argument of a next call longer than this is named by handle
+TEXTS_KEPT = 512  # texts a session keeps in memory for its handles (the oldest are forgotten first)
+
+
+class TextStore:
+    """The long texts a session's follow-up calls refer to by handle (``"@text:<16 hex digits>"``).
+
+    A report's ``next_calls`` would otherwise repeat an 8,000-token text (35 KB) in every suggested call: each
+    string argument over :data:`HANDLE_AFTER_CHARS` characters becomes a handle (:meth:`refer`), and the tools
+    accept a handle wherever they take that string (:meth:`resolve`), for the rest of the session. With a
+    ``folder`` (the command line's cache folder) the texts are also kept as files, so the next process reads
+    them. A handle is a digest of the text: it names only a text this session (or that folder) was given.
+    """
+
+    def __init__(self, folder: Path | None = None, *, capacity: int = TEXTS_KEPT) -> None:
+        self.folder = folder
+        self.capacity = capacity
+        self._texts: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def handle(self, text: str) -> str:
+        """The handle of ``text``, which this store will resolve (kept in memory, and in the folder if any)."""
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        with self._lock:
+            self._texts.pop(digest, None)
+            self._texts[digest] = text  # most recent last
+            while len(self._texts) > self.capacity:
+                self._texts.pop(next(iter(self._texts)))
+        if self.folder is not None:
+            path = self.folder / f"{digest}.txt"
+            try:
+                if not path.exists():
+                    self.folder.mkdir(parents=True, exist_ok=True)
+                    partial = path.with_name(f".{digest}.{os.getpid()}.partial")
+                    partial.write_text(text, encoding="utf-8", errors="surrogatepass")
+                    os.replace(partial, path)
+            except OSError:
+                pass  # the handle still works in this process
+        return TEXT_HANDLE_PREFIX + digest
+
+    def text(self, handle: str, *, field: str | None = None) -> str:
+        """The text a handle names; an unknown handle is an input error that says what to send instead."""
+        match = _TEXT_HANDLE.fullmatch(handle)
+        digest = match.group(1) if match else ""
+        with self._lock:
+            known = self._texts.get(digest)
+        if known is None and digest and self.folder is not None:
+            try:
+                known = (self.folder / f"{digest}.txt").read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                known = None
+        if known is None:
+            msg = (
+                f"{field or 'argument'}: text handle {handle!r} names no text this session has seen (handles "
+                "last for the session that wrote them); send the text itself"
+            )
+            raise InvalidInputError(msg, field=field)
+        return known
+
+    def resolve(self, arguments: Any, _field: str | None = None) -> Any:
+        """``arguments`` with every handle (at any depth) replaced by its text; the same object if none."""
+        if isinstance(arguments, str):
+            return self.text(arguments, field=_field) if arguments.startswith(TEXT_HANDLE_PREFIX) else arguments
+        if isinstance(arguments, dict):
+            items = {k: self.resolve(v, _field or str(k)) for k, v in arguments.items()}
+            return arguments if all(items[k] is arguments[k] for k in arguments) else items
+        if isinstance(arguments, list):
+            values = [self.resolve(v, _field) for v in arguments]
+            return arguments if all(a is b for a, b in zip(values, arguments, strict=True)) else values
+        return arguments
+
+    def refer(self, arguments: Any, *, after: int = HANDLE_AFTER_CHARS) -> Any:
+        """``arguments`` with every string longer than ``after`` characters replaced by its handle."""
+        if isinstance(arguments, str):
+            return self.handle(arguments) if len(arguments) > after else arguments
+        if isinstance(arguments, dict):
+            return {k: self.refer(v, after=after) for k, v in arguments.items()}
+        if isinstance(arguments, list):
+            return [self.refer(v, after=after) for v in arguments]
+        return arguments
 
 
 def text_digest(text: str) -> str:

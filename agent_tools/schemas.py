@@ -117,19 +117,13 @@ Role = Literal["system", "user", "assistant"]
 ROLES: tuple[str, ...] = get_args(Role)
 
 
-def _role_schema(schema: dict[str, Any]) -> None:
-    """Advertise ``role`` as a plain string, as the tools' input schemas always have (validation still refuses
-    other roles, naming the allowed ones)."""
-    schema.pop("enum", None)
-
-
 class ChatMessage(BaseModel):
-    """One chat message."""
+    """One chat message (its schema is the enum of roles and a string: the names say the rest)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    role: Role = Field(description="system, user or assistant", json_schema_extra=_role_schema)
-    content: str = Field(description="the message text (not empty)")
+    role: Role
+    content: str
 
     @field_validator("role", mode="before")
     @classmethod
@@ -257,9 +251,12 @@ DETAIL_DESCRIPTION = "full: all table rows"
 
 
 class DetailInput(ToolInput):
-    """Base of every tool's arguments: ``detail``, how much of the report to return (one definition for all)."""
+    """Base of every tool's arguments: ``detail``, how much of the report to return (one definition for all).
 
-    detail: Detail = Field(default="summary", description=DETAIL_DESCRIPTION)
+    Its schema is the enum and the default alone (every tool has it, and a report cut by "summary" says in its
+    text that ``detail='full'`` returns every row): 38 bytes less in each of the tools' declarations."""
+
+    detail: Detail = Field(default="summary")
 
 
 class ModelInput(DetailInput):

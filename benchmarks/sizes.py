@@ -6,7 +6,10 @@
                 content, MCP text, OpenAI tool message), the structured report with ``detail: "summary"`` (the
                 default) and with ``detail: "full"``, and the follow-up calls it names
 
-Budgets: text ≤ 2 KB, summary report ≤ 16 KB, descriptions + input schemas ≤ 8 KB, MCP tools/list ≤ 40 KB.
+Budgets: text ≤ 2 KB, summary report ≤ 16 KB, descriptions + input schemas ≤ 10 KB, MCP tools/list ≤ 32 KB
+(issue 28's targets; tests/test_budgets.py holds what is met today). Long inputs (8,192 tokens) are held to the
+same text and report budgets by tests/test_budgets.py (``-m slow``); start-up and error times are in
+benchmarks/mcp_startup.py and benchmarks/early_errors.py.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/sizes.py            # a Markdown table on stdout
     OMP_WAIT_POLICY=PASSIVE python benchmarks/sizes.py --no-run   # declarations only (no model)
@@ -32,8 +35,8 @@ from agent_tools.tools import TOOLS
 
 TEXT_BUDGET = 2 * 1024
 REPORT_BUDGET = 16 * 1024
-DECLARATIONS_BUDGET = 8 * 1024
-TOOLS_LIST_BUDGET = 40 * 1024
+DECLARATIONS_BUDGET = 10 * 1024
+TOOLS_LIST_BUDGET = 32 * 1024
 
 
 def size(value: Any) -> int:
@@ -68,6 +71,7 @@ def answer_sizes(inspector: Inspector) -> list[dict[str, Any]]:
     for name, spec in TOOLS.items():
         full = spec(inspector, {**spec.example, "detail": "full"})
         summary = spec.check(full.model_copy(deep=True), inspector, arguments=spec.parse(spec.example))
+        calls = summary.model_dump(mode="json")["next_calls"]
         rows.append(
             {
                 "tool": name,
@@ -76,6 +80,7 @@ def answer_sizes(inspector: Inspector) -> list[dict[str, Any]]:
                 "full": size(full.model_dump(mode="json")),
                 "cut": ", ".join(f"{o.field} {o.kept}/{o.total}" for o in summary.omitted) or "—",
                 "next": ", ".join(c.tool for c in summary.next_calls) or "—",
+                "next bytes": size(calls),
             }
         )
     return rows
@@ -100,10 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_run:
         return 0
     rows = answer_sizes(Inspector())
-    print("\n| tool | text | report (summary) | report (full) | lists cut (kept/total) | next calls |")
+    print("\n| tool | text | report (summary) | report (full) | lists cut (kept/total) | next calls (bytes) |")
     print("|---|---:|---:|---:|---|---|")
     for r in rows:
-        print(f"| {r['tool']} | {r['text']:,} | {r['summary']:,} | {r['full']:,} | {r['cut']} | {r['next']} |")
+        row = f"| {r['tool']} | {r['text']:,} | {r['summary']:,} | {r['full']:,} | {r['cut']} |"
+        print(f"{row} {r['next']} ({r['next bytes']:,}) |")
     over = [r["tool"] for r in rows if r["text"] > TEXT_BUDGET or r["summary"] > REPORT_BUDGET]
     print(
         f"\nbudgets: text ≤ {TEXT_BUDGET:,} B, summary report ≤ {REPORT_BUDGET:,} B; over: {', '.join(over) or 'none'}"

@@ -100,6 +100,16 @@ def model(placeholder: str) -> dict[str, str]:
 
 
 CATALOGUE = [
+    # --- a value of the wrong form: the error names the fix (the same words on every surface) ------------------
+    Case(
+        "head_as_layer_and_head",
+        "show_attention",
+        {**SHOW, "head": "18,6"},
+        error(INVALID, "'18,6' looks like layer 18, head 6", 'use "layer": 18, "head": 6'),
+    ),
+    Case(
+        "layers_as_a_string", "diagnose_collapse", {"text": TEXT, "layers": "18"}, error(INVALID, "layers", "-> [18]")
+    ),
     # --- text ---------------------------------------------------------------------------------------------------
     Case("empty_text", "show_attention", {**SHOW, "text": ""}, error(INVALID, f"text {EMPTY}")),
     Case("whitespace_text", "show_attention", {**SHOW, "text": " \n\t  "}, error(INVALID, f"text {EMPTY}")),

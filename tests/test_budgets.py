@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector
+from agent_tools.errors import AttentionToolError, InvalidInputError
+from agent_tools.inspector import HANDLE_AFTER_CHARS, Inspector, TextStore
 from agent_tools.loading import ModelPolicy
 from agent_tools.schemas import DETAILS, Finding, NextCall, Report
 from agent_tools.surfaces import CONTENT_LIMIT, agent_input_model, clip_words, concise_text
@@ -24,8 +24,10 @@ from agent_tools.tools.registry import Top, trim
 
 TEXT_BUDGET = 2 * 1024
 REPORT_BUDGET = 16 * 1024
-DECLARATIONS_TARGET = 8 * 1024  # issue 18's target for descriptions + input schemas, all tools together
-DECLARATIONS_BUDGET = 13 * 1024  # what the declarations meet today (12.6 KB): see the README's "Sizes"
+DECLARATIONS_TARGET = 10 * 1024  # issue 28's target for descriptions + input schemas, all tools together
+DECLARATIONS_BUDGET = 12_800  # what the declarations meet today (11,978 B, 822 B of room): README "Sizes"
+TOOLS_LIST_TARGET = 32 * 1024  # issue 28's target for MCP tools/list with output schemas
+TOOLS_LIST_BUDGET = 34 * 1024  # what it meets today (33,0xx B): README "Sizes"
 
 
 def size(value: Any) -> int:
@@ -298,3 +300,165 @@ def _rows(report: BaseModel, path: str) -> int:
 
 def _owners(report: BaseModel, path: str) -> int:
     return len(_lists(report, path))
+
+
+def test_tools_list_is_small() -> None:
+    from agent_tools.surfaces.mcp_server import mcp_tool
+
+    inspector = Inspector(policy=ModelPolicy.bundled_only())
+    listed = [
+        mcp_tool(spec, inspector).model_dump(mode="json", by_alias=True, exclude_none=True) for spec in TOOLS.values()
+    ]
+    assert size({"tools": listed}) <= TOOLS_LIST_BUDGET, f"{size({'tools': listed})} bytes (target {TOOLS_LIST_TARGET})"
+
+
+# --- text handles: next calls name a long text, the tools accept the name --------------------------------------
+
+
+def test_text_handles_replace_long_strings_and_resolve_back(tmp_path) -> None:
+    long, short = "word " * 100, "x" * HANDLE_AFTER_CHARS
+    store = TextStore()
+    referred = store.refer({"text": long, "prompt": [{"role": "user", "content": long}], "short": short, "n": 3})
+    handle = referred["text"]
+    assert handle.startswith("@text:") and len(handle) == 22 and referred["prompt"][0]["content"] == handle
+    assert referred["short"] == short and referred["n"] == 3  # short strings and numbers stay as they are
+    assert store.resolve(referred) == {
+        "text": long,
+        "prompt": [{"role": "user", "content": long}],
+        "short": short,
+        "n": 3,
+    }
+    plain = {"text": "hi"}
+    assert store.resolve(plain) is plain  # nothing to resolve: the same object
+    with pytest.raises(InvalidInputError, match="names no text this session has seen"):
+        TextStore().resolve({"text": handle})
+    kept = TextStore(tmp_path)  # a folder: the next process's store reads the text
+    assert TextStore(tmp_path).resolve({"text": kept.handle(long)}) == {"text": long}
+    with pytest.raises(InvalidInputError, match="names no text"):
+        TextStore(tmp_path).resolve({"text": "@text:../../etc/passwd"})  # only 16 hex digits name a text
+
+
+def _tiny_arguments(name: str, text: str) -> dict[str, Any]:
+    """The tool's example on the tiny llama: text fields swapped for ``text``, indices clipped into its range."""
+    arguments: dict[str, Any] = {**TOOLS[name].example, "model": "tiny-llama"}
+    for key in list(arguments):
+        if key in {"text", "prompt", "prompt_a", "clean"}:
+            arguments[key] = text
+        elif key in {"prompt_b", "corrupted"}:
+            arguments[key] = text.replace("cat", "dog")
+        elif key in {"layer", "up_to_layer", "head"}:
+            arguments[key] = 1
+        elif key == "layers":
+            arguments[key] = [1]
+        elif key == "heads":
+            arguments[key] = ["1.1"]
+        elif key in {"answer", "wrong", "target_token"}:
+            arguments.pop(key)
+        elif key == "max_new_tokens":
+            arguments[key] = 2
+    if name == "patch_heads":  # the tiny model's own answers may coincide: name two
+        arguments |= {"answer": "cat", "wrong": "dog"}
+    if name == "compare_prompts":  # plain text (the tiny tokenizer has no chat template) is one segment
+        arguments["checks"] = ["value"]
+    return arguments
+
+
+TEXT_TOOLS = [
+    n for n, spec in TOOLS.items() if {"text", "prompt", "prompt_a", "clean"} & set(spec.input_model.model_fields)
+]
+NEXT_LINE = re.compile(r"^next: (\w+) ")
+
+
+# compare_prompts suggests trace_prompt_attention on one prompt without the checks it was given: on a plain-text
+# prompt (one segment) the default 'causal' check is refused (tools/compare_prompts/, not this file's to fix).
+SUGGESTS_A_REFUSED_CALL = pytest.mark.xfail(
+    reason="compare_prompts' suggested trace drops its checks", raises=InvalidInputError
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=SUGGESTS_A_REFUSED_CALL) if n == "compare_prompts" else n for n in TEXT_TOOLS]
+)
+def test_every_suggested_call_runs_as_printed(name: str, tiny_models, tmp_path) -> None:
+    """The calls a report's concise text suggests, copied from the text as printed, run in the same session — long
+    texts included: they are printed as handles (a few dozen bytes), never cut with "…"."""
+    inspector = Inspector(artifact_dir=tmp_path)
+    text = " ".join(["the cat was tired because the dog sat on the mat because"] * 3)  # 170 characters, 37 tokens
+    report = TOOLS[name](inspector, _tiny_arguments(name, text))
+    printed = concise_text(report)
+    lines = [line for line in printed.splitlines() if NEXT_LINE.match(line)]
+    assert len(lines) == len(report.next_calls) >= 1 and text not in printed and "…" not in "".join(lines)
+    for line in lines:
+        tool = NEXT_LINE.match(line).group(1)
+        arguments = json.JSONDecoder().raw_decode(line[len(f"next: {tool} ") :])[0]
+        assert all(len(v) <= HANDLE_AFTER_CHARS for v in _strings(arguments)), arguments
+        TOOLS[tool](inspector, arguments)  # runs as printed
+    assert any("@text:" in line for line in lines)  # the 170-character text went by handle
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+# --- long inputs: 8,192 tokens (2,000 a prompt for compare_prompts), on a tiny model with room for them ---------
+
+LONG_TOKENS = 8192
+REFUSED_AT_8192 = {"inspect_projections", "reconstruct_attention"}  # 8.5 GiB of maps, over the 2 GiB default
+
+
+@pytest.fixture(scope="module")
+def long_model():
+    import transformers as tf
+    from families import VOCAB, tiny_tokenizer
+
+    from agent_tools.loading import register_model
+
+    config = tf.LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=2 * LONG_TOKENS,
+    )
+    import torch
+
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    tokenizer = tiny_tokenizer()
+    words = [w for w in tokenizer.get_vocab() if w.isalpha() and not w.startswith("<")][:20]
+    register_model("tiny-long", model, tokenizer)
+    return words
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TEXT_TOOLS)
+def test_budgets_hold_at_8192_tokens(name: str, long_model, tmp_path) -> None:
+    words = long_model
+
+    def text(tokens: int, shift: int = 0) -> str:  # the tiny tokenizer: one token a word, plus BOS
+        return " ".join(words[(i * 7 + shift) % len(words)] for i in range(tokens - 1))
+
+    arguments = _tiny_arguments(name, text(LONG_TOKENS)) | {"model": "tiny-long"}
+    if name == "compare_prompts":
+        arguments |= {"prompt_a": text(2000), "prompt_b": text(2000, 1)}
+    if name == "patch_heads":
+        arguments["corrupted"] = text(LONG_TOKENS, 1)
+    try:
+        report = TOOLS[name](Inspector(artifact_dir=tmp_path), arguments)
+    except AttentionToolError as exc:  # refused before the pass (its maps would not fit the memory budget)
+        assert name in REFUSED_AT_8192 and exc.kind == "resource_limit" and "budget" in exc.message, exc.message
+        return
+    assert size(concise_text(report)) <= TEXT_BUDGET
+    assert size(report.model_dump(mode="json")) <= REPORT_BUDGET, {
+        k: size(v) for k, v in report.model_dump(mode="json").items()
+    }
+    assert all(len(v) <= HANDLE_AFTER_CHARS for call in report.next_calls for v in _strings(call.arguments))

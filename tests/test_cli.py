@@ -209,3 +209,116 @@ def test_load_progress_is_rich_only_on_a_terminal_and_never_inside_a_callers_dis
     with caller_shows_progress(), quiet_transformers():
         assert hf_logging._tqdm_hook is None
     assert (hf_logging.is_progress_bar_enabled(), gguf.tqdm, getattr(hf_logging, "_tqdm_hook", None)) == before
+
+
+# --- issue 28: every usage error before the model loads, the concise text, text handles across calls ----------
+EARLY_CASES = [
+    (
+        "show_attention",
+        {"text": "hi", "layer": 18, "head": "18,6"},
+        ["'18,6' looks like layer 18, head 6", '"layer": 18, "head": 6'],
+    ),
+    (
+        "show_attention",
+        {"text": "hi", "layer": 99, "head": 0},
+        ["layer 99 out of range 0..29", "the model has 30 layers"],
+    ),
+    ("show_attention", {"text": "hi", "layer": 3, "head": 9}, ["head 9 out of range 0..8"]),
+    ("show_attention", {"text": "hi", "layer": 1.5, "head": 0}, ["layer: expected integer, got 1.5", "a whole number"]),
+    ("show_attention", {"text": "hi", "layer": 3, "head": 0, "detail": "all"}, ["'summary' or 'full' (got 'all')"]),
+    (
+        "diagnose_collapse",
+        {"text": "hi", "layers": "18"},
+        ['layers: expected list of integer, got "18"', '"18" -> [18]'],
+    ),
+    ("diagnose_collapse", {"text": "hi", "layers": [3, 30]}, ["layers item 30 out of range 0..29"]),
+    (
+        "ablate_heads",
+        {"text": "hi", "heads": ["40.1", [2, 10]]},
+        ["layer 40 out of range 0..29", "head 10 out of range 0..8"],
+    ),
+    ("show_attention", {"text": "word " * 140_000, "layer": 3, "head": 0}, ["(8,192 tokens at most)", "stream texts"]),
+    ("show_atention", {}, ["did you mean 'show_attention'?"]),
+]
+
+
+def test_usage_errors_answer_before_torch_and_name_the_fix(tmp_path, monkeypatch) -> None:
+    from agent_tools.cli import catalogue
+
+    monkeypatch.setenv("ATTENTION_EXPLAINER_CACHE", str(tmp_path))
+    catalogue.save_catalogue(catalogue.build_catalogue())  # what the first `call` writes (the tools are imported here)
+    probe = (
+        "import json, sys, agent_tools.cli as cli\n"
+        "for tool, arguments in json.loads(sys.stdin.read()):\n"
+        "    print(cli.main(['call', tool, '--json', json.dumps(arguments)]), file=sys.stderr)\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'pydantic') if m in sys.modules))\n"
+    )
+    cases = json.dumps([[tool, arguments] for tool, arguments, _ in EARLY_CASES])
+    env = {**os.environ, "ATTENTION_EXPLAINER_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], input=cases, capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.stdout.strip() == "[]", done.stderr  # no torch, no transformers, not even pydantic
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 * len(EARLY_CASES), done.stderr  # one error line and exit code 2 per case
+    for index, (_, _, fragments) in enumerate(EARLY_CASES):
+        message, code = lines[2 * index], lines[2 * index + 1]
+        assert code == "2" and message.startswith("error: "), message
+        assert all(fragment in message for fragment in fragments), message
+
+
+def test_known_facts_are_the_bundled_models_own(smol, minilm) -> None:
+    from agent_tools.cli import catalogue
+
+    for name, loaded in (("smollm2-135m-instruct", smol), ("minilm-l6", minilm)):
+        facts = loaded.facts
+        assert catalogue.KNOWN_FACTS[name] == {
+            "layers": facts.num_layers,
+            "heads": facts.num_heads,
+            "positions": facts.max_positions,
+        }
+
+
+def test_facts_from_a_local_config_without_torch(tmp_path) -> None:
+    from agent_tools.cli import catalogue
+
+    (tmp_path / "config.json").write_text(json.dumps({"n_layer": 4, "n_head": 2, "n_positions": 64}))
+    assert catalogue.model_facts(str(tmp_path)) == {"name": str(tmp_path), "layers": 4, "heads": 2, "positions": 64}
+    schema = {"properties": {"layer": {"type": "integer"}, "text": {"type": "string"}}}
+    problems = catalogue.precheck(
+        "t", {"layer": 4, "text": "x" * 5000}, schema, facts=catalogue.model_facts(str(tmp_path))
+    )
+    assert problems[0].startswith("layer 4 out of range 0..3") and "text of 5,000 characters" in problems[1]
+
+
+def test_call_prints_the_concise_text_and_its_handles_run_in_the_next_call(tmp_path, monkeypatch, capsys) -> None:
+    from agent_tools import cli
+    from agent_tools.surfaces import concise_text
+    from agent_tools.tools import TOOLS
+
+    monkeypatch.setenv("ATTENTION_EXPLAINER_CACHE", str(tmp_path))
+    text = "The cat sat on the mat because it was tired, and the dog slept by the door until the sun went down. " * 3
+    arguments = {"text": text, "layer": 3, "head": 0}
+    assert cli.main(["--artifacts", str(tmp_path), "call", "show_attention", "--json", json.dumps(arguments)]) == 0
+    report = TOOLS["show_attention"].output_model.model_validate_json(capsys.readouterr().out)
+    assert (
+        cli.main(["--artifacts", str(tmp_path), "call", "show_attention", "--text", "--json", json.dumps(arguments)])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert printed == concise_text(report) + "\n"  # exactly what MCP and LangChain send
+    assert len(printed.encode()) <= 2048 and text not in printed
+    handle = report.next_calls[1].arguments["text"]
+    assert handle.startswith("@text:") and report.next_calls[1].tool == "diagnose_collapse"
+    line = next(line for line in printed.splitlines() if line.startswith("next: diagnose_collapse "))
+    tool, _, rest = line.removeprefix("next: ").partition(" ")
+    suggested = json.JSONDecoder().raw_decode(rest)[0]  # the call as printed, run by a new process's session
+    assert (
+        cli.main(["--artifacts", str(tmp_path), "call", tool, "--format", "json", "--json", json.dumps(suggested)]) == 0
+    )
+    followed = json.loads(capsys.readouterr().out)
+    direct = {**suggested, "text": text}  # the same call with the text itself: the same report
+    assert cli.main(["--artifacts", str(tmp_path), "call", tool, "--json", json.dumps(direct)]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"] == followed["summary"]
+    unknown = cli.main(["call", "diagnose_collapse", "--json", json.dumps({"text": "@text:0123456789abcdef"})])
+    assert unknown == 2 and "names no text this session has seen" in capsys.readouterr().err

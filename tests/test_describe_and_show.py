@@ -62,6 +62,34 @@ def test_show_attention_encoder(tiny_models, inspector: Inspector) -> None:
     assert all(0 <= r.entropy <= math.log(4) + 1e-6 for r in report.rows)
 
 
+def test_special_tokens_read_whatever_the_query_are_named_sinks() -> None:
+    from agent_tools.schemas import Token
+    from agent_tools.tools.show_attention.plan import _sinks
+
+    words = ["[CLS]", "a", "b", "[SEP]"]
+    keys = [Token(position=i, text=w, token_id=i, special=w.startswith("[")) for i, w in enumerate(words)]
+    weights = torch.tensor(
+        [[1.0, 0.0, 0.0, 0.0], [0.5, 0.2, 0.1, 0.2], [0.6, 0.1, 0.1, 0.2], [0.4, 0.2, 0.2, 0.2]]
+    )  # (q, k), every key visible
+    allowed = torch.ones(4, 4, dtype=torch.bool)
+    # [CLS] from the other three queries: (0.5 + 0.6 + 0.4) / 3 = 0.5 ≥ 10% and ≥ 2 × 1/4; [SEP]: 0.4 / 3 < 2 × 1/4
+    assert _sinks(weights, allowed, keys, same_tokens=True) == ((0, "[CLS]", pytest.approx(0.5)),)
+
+
+@pytest.mark.real_model
+def test_show_attention_on_the_encoder_names_its_sink_and_every_query(minilm, inspector: Inspector) -> None:
+    from agent_tools.surfaces import concise_text
+
+    report = get_tool("show_attention")(
+        inspector, {"model": "minilm-l6", "text": "The cat sat on the mat.", "layer": 3, "head": 0}
+    )
+    sinks = [f for f in report.findings if f.kind == "sink"]
+    assert [(f.position, f.token) for f in sinks] == [(0, "[CLS]")] and "'[CLS]' is a sink" in report.summary
+    text = concise_text(report)
+    for row in report.rows:  # 9 queries: each one's top keys fit in the text
+        assert f"- query {row.position} {row.token!r} reads {row.top_keys[0].position} " in text
+
+
 BAD_CASES = [
     ({"text": "", "layer": 0, "head": 0}, InvalidInputError, "empty"),
     ({"text": "   \n\t", "layer": 0, "head": 0}, InvalidInputError, "empty"),

@@ -50,7 +50,8 @@ SHOW = get_tool("show_attention")
 LONG_CALLS = ("profile_heads", "ablate_heads", "patch_heads", "compare_prompts", "trace_prompt_attention")
 GENERATE = "trace_prompt_attention with target='generate'"
 LONG_TEXT = "the cat sat on the mat . " * 400  # ~2,800 tokens: diagnose_collapse runs for many seconds
-TOOLS_LIST_BUDGET = 40 * 1024
+TOOLS_LIST_BUDGET = 34 * 1024  # met today: 33.0 KB (issue 28's target: 32 KB; see tests/test_budgets.py)
+OUTPUT_SCHEMAS_BUDGET = 19 * 1024  # all 14 output schemas: every top-level field typed (18.5 KB)
 INSTRUCTIONS_BUDGET = 3 * 1024
 
 
@@ -176,8 +177,8 @@ def test_lists_every_declared_tool(transcript) -> None:
 
 def test_output_schemas_fit_their_budget(transcript) -> None:
     sizes = {t.name: len(json.dumps(t.output_schema, separators=(",", ":")).encode()) for t in transcript.tools}
-    assert sum(sizes.values()) <= len(TOOLS) * OUTPUT_SCHEMA_BUDGET, sizes
-    assert max(sizes.values()) <= OUTPUT_SCHEMA_BUDGET * 1.25, sizes
+    assert sum(sizes.values()) <= OUTPUT_SCHEMAS_BUDGET, sizes
+    assert max(sizes.values()) <= OUTPUT_SCHEMA_BUDGET * 2.5, sizes  # coarsest: a report's top-level fields
 
 
 def test_tools_list_fits_its_budget(transcript) -> None:

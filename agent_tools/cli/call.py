@@ -1,8 +1,14 @@
 """``attention-explainer call TOOL --json ARGS``: run any tool by name; prints its report as JSON.
 
 ``call TOOL --help`` prints the tool's arguments (type, default, valid range, description) and its example. The
-arguments are checked before anything heavy happens: first against the cached catalogue (no torch: a typo
-answers at once), then by the tool's own validation, always before the model loads.
+arguments are checked before anything heavy happens: first against the cached catalogue (no torch: a typo, a
+wrong type, a layer past the model's answer at once), then by the tool's own validation, always before the
+model loads.
+
+``--format text`` (or ``--text``) prints the concise text the MCP, LangChain and OpenAI-style surfaces send an
+LLM (at most 2 KB) instead of the whole report: what an agent that drives the command line should read. Long
+texts in its ``next:`` calls are text handles (``"@text:<digest>"``), kept in the cache folder, that later
+``call`` s accept in place of the text.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from agent_tools.errors import InvalidInputError
 if TYPE_CHECKING:
     from agent_tools.inspector import Inspector
 
+FORMATS = ("json", "text")
+TEXTS_FOLDER = "texts"  # where ``call`` keeps the texts its next calls name by handle (the cache folder)
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
@@ -26,6 +35,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("tool", nargs="?", default=None)
     p.add_argument("--json", default=None, help="arguments: a JSON object, @file.json, or - for stdin")
     p.add_argument("--model", default=None)
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="json",
+        help="json: the whole report (default); text: the concise text an agent reads (as MCP and LangChain send it)",
+    )
+    p.add_argument("--text", dest="format", action="store_const", const="text", help="same as --format text")
     p.add_argument("-h", "--help", action="store_true", help="the tool's arguments and example (or every tool)")
     p.set_defaults(func=run, early=early)
 
@@ -86,13 +102,16 @@ def early(args: argparse.Namespace) -> int | None:
     if known is not None:
         if args.tool not in known["tools"]:
             raise catalogue.unknown_tool(args.tool, known["tools"])
-        catalogue.check_arguments(args.tool, _arguments(args), known["tools"][args.tool])
+        limit = getattr(args, "token_limit", None)
+        catalogue.check_arguments(args.tool, _arguments(args), known["tools"][args.tool], token_limit=limit)
     return None
 
 
 def run(args: argparse.Namespace, inspector: Inspector) -> int:
     from agent_tools.cli import catalogue
     from agent_tools.inspector import check_list_lengths
+    from agent_tools.settings import cache_dir
+    from agent_tools.surfaces import concise_text
     from agent_tools.tools import TOOLS, get_tool
 
     if args.tool not in TOOLS:
@@ -101,7 +120,24 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
     catalogue.catalogue(build=True)  # the next call's checks need no torch
     arguments = _arguments(args)
     check_list_lengths(arguments)  # 100,000-item lists are refused at once, as on the MCP server
-    parsed = spec.parse(arguments)  # every argument validated before the model loads
-    report = spec(inspector, parsed)
-    print(report.model_dump_json(indent=2))
+    inspector.texts.folder = cache_dir() / TEXTS_FOLDER  # handles outlive this process: the next call reads them
+    spec.parse(inspector.texts.resolve(arguments))  # every argument validated before the model loads
+    report = spec(inspector, arguments)
+    _remember_facts(inspector, arguments)
+    print(concise_text(report) if args.format == "text" else report.model_dump_json(indent=2))
     return 0
+
+
+def _remember_facts(inspector: Inspector, arguments: Any) -> None:
+    """The model's layers, heads and positions, for the next call's checks before any model loads."""
+    from agent_tools.cli import catalogue
+
+    reference = arguments.get("model") if isinstance(arguments, dict) else None
+    reference = reference.strip() if isinstance(reference, str) and reference.strip() else inspector.policy.default
+    loaded = inspector.served(reference)
+    if loaded is None or loaded.facts.is_encoder_decoder:
+        return
+    facts = {"layers": loaded.facts.num_layers, "heads": loaded.facts.num_heads}
+    if loaded.facts.max_positions:
+        facts["positions"] = loaded.facts.max_positions
+    catalogue.remember_facts(reference, facts)

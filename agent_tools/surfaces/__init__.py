@@ -167,15 +167,21 @@ def omitted_text(report: Report) -> str:
     """``Rows kept (detail 'summary'): heads 10 of 38; runs[].steps/loss 64 of 124. detail='full' returns all.``"""
     if not report.omitted:
         return ""
+    texts = [o for o in report.omitted if o.kept == 0 and "handle" in o.order]  # long texts sent by handle
+    rows = [o for o in report.omitted if o not in texts]
+    named = ", ".join(dict.fromkeys(f"{o.field} ({o.total:,} characters)" for o in texts))
+    by_handle = f"Texts sent as @text: handles: {named}." if texts else ""
+    if not rows:
+        return by_handle
     groups: dict[tuple[str, int, int], list[str]] = {}
-    for o in report.omitted:  # lists cut alike under one parent (a curve's series) are named together
+    for o in rows:  # lists cut alike under one parent (a curve's series) are named together
         parent, _, leaf = o.field.rpartition(".")
         groups.setdefault((parent, o.kept, o.total), []).append(leaf)
     cut = "; ".join(
         f"{parent + '.' if parent else ''}{'/'.join(leaves)} {kept} of {total}"
         for (parent, kept, total), leaves in groups.items()
     )
-    return f"Rows kept (detail 'summary'): {cut}. detail='full' returns all."
+    return " ".join(filter(None, [f"Rows kept (detail 'summary'): {cut}. detail='full' returns all.", by_handle]))
 
 
 def concise_text(report: Report, *, limit: int = CONTENT_LIMIT) -> str:

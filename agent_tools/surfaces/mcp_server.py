@@ -6,8 +6,9 @@ one connection: the ``initialize`` handshake (2024-11-05 .. 2025-11-25) and the 
 (``server/discover``); the client's first request decides. The session's policy is fixed when the server is
 built (by the ``attention-explainer mcp`` options): which models may be loaded (an allow-list, exposed to
 clients as an enum), the artifact folder and the token limit. Nothing an agent sends can widen them. The
-default model is loaded once, in the server's lifespan, before the first request is answered (over HTTP: when
-the server starts, once for every session).
+default model starts loading in the server's lifespan, in the background: ``initialize`` and ``tools/list`` are
+answered at once, and a tool call that arrives before the model is loaded waits for it (over HTTP: the load
+starts when the server starts, once for every session).
 
 Results: ``structuredContent`` is the tool's report (``output_model.model_dump(mode="json")``, valid against the
 advertised ``outputSchema``); the text content is the concise text an LLM reads (``--text-content json|both``
@@ -93,8 +94,9 @@ DEFAULT_MAX_SESSIONS = 64  # HTTP sessions open at once; the SDK's 10,000 idle s
 DEFAULT_SESSION_IDLE_SECONDS = 600.0  # an HTTP session with no request for this long is closed (SDK: 30 min)
 MAX_LINE_BYTES = 16 << 20  # one stdio message; a longer line is refused and skipped
 MAX_JSON_DEPTH = 64  # nesting of one message; MCP messages need about 8
-# Bytes of one tool's advertised output schema: 14 tools (25 KB) fit ``tools/list`` in 40 KB with their inputs.
-OUTPUT_SCHEMA_BUDGET = 1800
+# Bytes of one tool's advertised output schema: 14 tools (18.5 KB: every top-level field typed, row structure
+# where it fits) keep ``tools/list`` near 32 KB with their inputs (issue 28).
+OUTPUT_SCHEMA_BUDGET = 1000
 # The SDK's loggers that say something per request or per session at INFO; the server keeps their warnings.
 CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
 
@@ -346,23 +348,74 @@ def build_server(
 def _lifespan(
     inspector: Inspector, *, preload: bool
 ) -> Callable[[Server[dict[str, Any]]], AbstractAsyncContextManager[dict[str, Any]]]:
-    """The server's lifespan: load the default model (when ``preload``) before the first request is answered."""
+    """The server's lifespan: start loading the default model (when ``preload``) in the background.
+
+    The server answers ``initialize``, ``tools/list`` and ``prompts/*`` at once while the model loads (clients
+    give up on ``initialize`` after 10 to 60 s; a load under load took 30 s); a tool call that arrives first
+    waits for the load (:func:`_wait_for_model`), with progress notifications when it asked for them.
+    """
 
     @asynccontextmanager
     async def lifespan(_server: Server[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        if preload:
-            try:
-                loaded = await anyio.to_thread.run_sync(inspector.model, None)
-            except AttentionToolError as exc:
-                # A model that cannot load (a cache that cannot be rebuilt, a missing package) must not end the
-                # server before it answers ``initialize``: say it in one line; each call that needs the model
-                # then gets the same message as its tool error.
-                logger.error("the default model did not load: %s", " ".join(exc.message.splitlines()))
-            else:
-                logger.info("loaded %s in %.1f s", loaded.name, loaded.load_seconds)
-        yield {"inspector": inspector}
+        loading = ModelLoading(inspector) if preload else None
+        if loading is not None:
+            loading.start()
+        yield {"inspector": inspector, MODEL_LOADING: loading}
 
     return lifespan
+
+
+MODEL_LOADING = "model_loading"  # the lifespan context's key for the background load (None: no preload)
+
+
+class ModelLoading:
+    """The default model loading in a daemon thread (a server closed meanwhile does not wait for it)."""
+
+    def __init__(self, inspector: Inspector) -> None:
+        self.inspector = inspector
+        self.done = threading.Event()
+        self.started = 0.0
+
+    def start(self) -> None:
+        import time
+
+        self.started = time.monotonic()
+        threading.Thread(target=self._load, name="load-default-model", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            loaded = self.inspector.model(None)
+        except AttentionToolError as exc:
+            # A model that cannot load (a cache that cannot be rebuilt, a missing package) must not end the
+            # server: say it in one line; each call that needs the model then gets the same message as its error.
+            logger.error("the default model did not load: %s", " ".join(exc.message.splitlines()))
+        except Exception:  # a bug: logged; the calls that need the model raise it again themselves
+            logger.exception("loading the default model failed")
+        else:
+            logger.info("loaded %s in %.1f s", loaded.name, loaded.load_seconds)
+        finally:
+            self.done.set()
+
+
+async def _wait_for_model(ctx: RequestContext) -> None:
+    """Before a call runs: wait for the default model's background load, sending a progress notification every
+    ``PROGRESS_EVERY_SECONDS`` to a request that asked for them (``_meta.progressToken``)."""
+    import time
+
+    context = getattr(ctx, "lifespan_context", None)
+    loading = context.get(MODEL_LOADING) if isinstance(context, Mapping) else None
+    if not isinstance(loading, ModelLoading) or loading.done.is_set():
+        return
+    token = progress_token(ctx.params)
+    while not await anyio.to_thread.run_sync(loading.done.wait, PROGRESS_EVERY_SECONDS, abandon_on_cancel=True):
+        if token is None:
+            continue
+        waited = time.monotonic() - loading.started
+        message = f"loading the model ({waited:.0f} s); the call starts when it is loaded"
+        try:
+            await ctx.session.report_progress(round(waited, 2), None, message)
+        except Exception:  # the client went away: progress is best effort
+            logger.debug("progress notification not sent", exc_info=True)
 
 
 RequestContext = ServerRequestContext[dict[str, Any], Any]
@@ -388,6 +441,7 @@ def _tool_handlers(
         problem = _invalid_unicode_problem(arguments) or _list_length_problem(arguments)
         if problem is not None:
             return _error_result(error_text(name, problem))
+        await _wait_for_model(ctx)  # the default model may still be loading in the background
         context = CallContext(timeout=call_timeout, progress_every=PROGRESS_EVERY_SECONDS)
         context.progress = _progress_reporter(ctx, context)
         try:

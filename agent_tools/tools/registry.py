@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector, PassPlan, check_list_lengths
 from agent_tools.schemas import MAX_NEXT_CALLS, NextCall, Omitted, Report
+from agent_tools.usage import type_fix
 
 In = TypeVar("In", bound=BaseModel)
 Out = TypeVar("Out", bound=Report)
@@ -166,15 +167,24 @@ class ToolSpec(Generic[In, Out]):
             raise InvalidInputError(message, field=_first_field(exc)) from exc
 
     def __call__(self, inspector: Inspector, arguments: dict[str, Any] | In) -> Out:
-        parsed = self.parse(arguments)
+        parsed = self.parse(self.resolved(inspector, arguments))
         return self.check(self.run(inspector, parsed), inspector, arguments=parsed)
+
+    def resolved(self, inspector: Inspector, arguments: dict[str, Any] | In) -> dict[str, Any] | In:
+        """The arguments with every text handle (``"@text:..."``, from an earlier report's next calls) replaced
+        by the session's text; an argument object holding one is validated again from its resolved fields."""
+        if isinstance(arguments, BaseModel):
+            given = arguments.model_dump(exclude_unset=True)
+            texts = inspector.texts.resolve(given)
+            return arguments if texts is given else texts
+        return inspector.texts.resolve(arguments) if isinstance(arguments, dict) else arguments
 
     def prepare(self, inspector: Inspector, arguments: dict[str, Any] | In) -> PassPlan[Out] | None:
         """The tool's forward pass as a shareable plan whose ``finish`` returns the checked report (None when
         the tool declares no plan: call it instead)."""
         if self.plan is None:
             return None
-        parsed = self.parse(arguments)
+        parsed = self.parse(self.resolved(inspector, arguments))
         plan = self.plan(inspector, parsed)
         finish = plan.finish
         plan.finish = lambda output: self.check(finish(output), inspector, arguments=parsed)
@@ -185,8 +195,9 @@ class ToolSpec(Generic[In, Out]):
         inspector, the report (and every report inside it) states the dtype and device its model ran in.
 
         With the call's ``arguments``: the follow-up calls are filled in (when the tool did not write its own)
-        from the whole report, then detail 'summary' cuts the declared lists (``summary_lists``) and says so
-        in ``omitted``. Without them the report is returned whole."""
+        from the whole report, their long texts named by the session's text handles (with an inspector), then
+        detail 'summary' cuts the declared lists (``summary_lists``) and says so in ``omitted``. Without them the
+        report is returned whole."""
         if inspector is not None and isinstance(report, BaseModel):
             _state_placement(report, inspector)
         data = report.model_dump() if isinstance(report, BaseModel) else report
@@ -197,9 +208,39 @@ class ToolSpec(Generic[In, Out]):
         if not checked.next_calls and self.next_calls is not None:
             checked.next_calls = self.next_calls(arguments, checked)
         checked.next_calls = checked.next_calls[:MAX_NEXT_CALLS]
+        if inspector is not None:  # a long text is named by handle: a call repeats ~40 B, not the 35 KB text
+            for call in checked.next_calls:
+                call.arguments = inspector.texts.refer(call.arguments)
         if getattr(arguments, "detail", "full") == "summary":
             checked.omitted = trim(checked, self.summary_lists)
+            if inspector is not None:  # a text echoed whole (a rendered 8,000-token prompt) goes by handle
+                checked.omitted += refer_long_texts(checked, inspector)
         return checked
+
+
+REPORT_TEXT_LIMIT = 2000  # characters of one string a summary report holds; a longer one is named by handle
+_OWN_WORDS = frozenset({"summary", "detail", "why"})  # the report's own sentences: the concise text clips them
+
+
+def refer_long_texts(report: BaseModel, inspector: Inspector, path: str = "") -> list[Omitted]:
+    """Replace, in place, every string of the report longer than ``REPORT_TEXT_LIMIT`` characters (a prompt or
+    text the tool echoes) with the session's handle for it (``"@text:..."``, which any tool takes as that text),
+    and say so in ``omitted``. The report's own sentences are left to the concise text."""
+    omitted: list[Omitted] = []
+    for name in type(report).model_fields:
+        value = getattr(report, name)
+        where = f"{path}.{name}" if path else name
+        if isinstance(value, str) and len(value) > REPORT_TEXT_LIMIT and name not in _OWN_WORDS:
+            setattr(report, name, inspector.texts.handle(value))
+            order = f"a text of {len(value):,} characters, named by its handle (detail 'full' returns it)"
+            omitted.append(Omitted(field=where, kept=0, total=len(value), order=order))
+        elif isinstance(value, BaseModel) and not isinstance(value, NextCall):
+            omitted += refer_long_texts(value, inspector, where)
+        elif isinstance(value, list) and value and isinstance(value[0], BaseModel):
+            for item in value:
+                if not isinstance(item, NextCall):
+                    omitted += refer_long_texts(item, inspector, f"{where}[]")
+    return omitted
 
 
 def _state_placement(report: BaseModel, inspector: Inspector) -> None:
@@ -258,6 +299,7 @@ def format_validation_error(
     model-dependent ranges) when ``model`` declares both bounds; every surface and the CLI's early check agree.
     """
     parts = []
+    fixed: set[str] = set()
     for item in error.errors():
         location = item.get("loc", ())
         where = ".".join(str(p) for p in location) or "arguments"
@@ -270,8 +312,25 @@ def format_validation_error(
         else:
             shown = repr(item.get("input"))
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            parts.append(f"{where}: {item.get('msg')} (got {shown})")
+            fix = _fix(model, location, item) if where not in fixed else ""
+            fixed.add(where)
+            parts.append(f"{where}: {item.get('msg')} (got {shown})" + (f"; {fix}" if fix else ""))
     return f"invalid arguments for {tool}: " + "; ".join(parts)
+
+
+def _fix(model: type[BaseModel] | None, location: tuple[Any, ...], item: Any) -> str:
+    """The fix for a top-level argument of the wrong type (``"18,6"`` for a head, ``"18"`` for a list), as the
+    command line's early check names it (:func:`agent_tools.usage.type_fix`)."""
+    kind = str(item.get("type", ""))
+    if model is None or not location or not (kind.endswith(("_type", "_parsing")) or kind == "int_from_float"):
+        return ""
+    name = str(location[0])
+    try:
+        field = model.model_json_schema()["properties"][name]
+    except (KeyError, TypeError, ValueError):
+        return ""
+    value = item.get("input") if len(location) == 1 else None
+    return type_fix(name, value, field) if len(location) == 1 else ""
 
 
 def _number(value: float) -> str:

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from agent_tools.schemas import Finding, NextCall, follow_up, rounded
 from agent_tools.tools.show_attention.models import AttentionView, ShowAttentionInput
 
+SINK_SHARE = 0.1  # a sink's mean share of the other queries' attention (trace_prompt_attention's default too)
+QUERY_LINES = 16  # texts of at most this many queries get one line per query (their top keys)
+
 
 @dataclass(frozen=True)
 class HeadView:
@@ -20,6 +23,16 @@ class HeadView:
     top_key: int  # the key with the largest mean weight over queries
     top_token: str
     top_share: float  # that key's mean weight
+    sinks: tuple[tuple[int, str, float], ...] = ()  # (position, token, mean share over its readers), largest first
+
+
+@dataclass(frozen=True)
+class QueryReading:
+    """One query's top keys: (position, token, weight) by weight, largest first."""
+
+    position: int
+    token: str
+    keys: tuple[tuple[int, str, float], ...]
 
 
 def most_read_finding(view: HeadView) -> Finding:
@@ -36,13 +49,58 @@ def most_read_finding(view: HeadView) -> Finding:
     )
 
 
+def _keys_text(keys: tuple[tuple[int, str, float], ...]) -> str:
+    return ", ".join(f"{position} {token!r} {share:.1%}" for position, token, share in keys)
+
+
+def sink_finding(view: HeadView) -> Finding | None:
+    """The special tokens (and the first token) that take sink-like attention: read by the other queries at a
+    mean share of at least SINK_SHARE and at least twice what uniform attention would give them."""
+    if not view.sinks:
+        return None
+    share = sum(s for _, _, s in view.sinks)
+    first = view.sinks[0]
+    return Finding(
+        kind="sink",
+        severity="high",
+        layer=view.layer,
+        head=view.head,
+        position=first[0],
+        token=first[1],
+        value=rounded(share),
+        detail=f"L{view.layer}H{view.head} parks attention on {_keys_text(view.sinks)} (mean share over the other "
+        f"queries, each ≥ {SINK_SHARE:.0%} and ≥ 2× uniform)",
+    )
+
+
+def query_findings(readings: list[QueryReading]) -> list[Finding]:
+    """Each query's top keys, one low-severity line each (the concise text keeps them when they fit)."""
+    return [
+        Finding(
+            kind="query_top_keys",
+            severity="low",
+            position=r.position,
+            token=r.token,
+            value=rounded(r.keys[0][2]) if r.keys else None,
+            detail=f"query {r.position} {r.token!r} reads {_keys_text(r.keys)}",
+        )
+        for r in readings
+    ]
+
+
 def summary(view: HeadView) -> str:
-    """How spread the head is and what it reads most, in one sentence."""
-    return (
+    """How spread the head is and what it reads most, in one sentence; the sinks, when there are any, in another."""
+    text = (
         f"Layer {view.layer} head {view.head} on {view.length} tokens: mean entropy {view.mean_entropy:.3f} nats "
         f"({view.mean_normalised_entropy:.0%} of uniform); it reads token {view.top_key} {view.top_token!r} most "
         f"({view.top_share:.1%} of attention on average)."
     )
+    if view.sinks:
+        names = " and ".join(f"{p} {t!r}" for p, t, _ in view.sinks[:3])
+        text += (
+            f" {names} {'are sinks' if len(view.sinks) > 1 else 'is a sink'}: read at ≥ 2× uniform, whatever the query."
+        )
+    return text
 
 
 def next_calls(args: ShowAttentionInput, report: AttentionView) -> list[NextCall]:

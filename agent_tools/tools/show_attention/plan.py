@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from agent_tools.analysis.maps import top_keys
-from agent_tools.analysis.metrics import attention_entropy, normalised_entropy
+from agent_tools.analysis.metrics import attention_entropy, normalised_entropy, received_attention, threshold_sinks
 from agent_tools.consumers.head_map import HeadMapConsumer
 from agent_tools.inspector import Encoded, Inspector, kv_head_of, text_digest
 from agent_tools.loading import LoadedModel
@@ -17,7 +17,16 @@ from agent_tools.render import attention_heatmap
 from agent_tools.schemas import KeyWeight, Token, rounded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.show_attention.models import AttentionView, QueryRow, ShowAttentionInput
-from agent_tools.tools.show_attention.narrative import HeadView, most_read_finding, summary
+from agent_tools.tools.show_attention.narrative import (
+    QUERY_LINES,
+    SINK_SHARE,
+    HeadView,
+    QueryReading,
+    most_read_finding,
+    query_findings,
+    sink_finding,
+    summary,
+)
 
 # Bytes held per query×key entry: the float32 map (chunks + their concatenation) and the bool visibility mask;
 # with include_map the map as Python floats in the report and its JSON; with png a Python copy for matplotlib.
@@ -64,7 +73,15 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
         top_key=top_key,
         top_token=keys[top_key].text,
         top_share=float(column_share[top_key]),
+        sinks=_sinks(weights, allowed, keys, same_tokens=queries is keys or len(queries) == len(keys)),
     )
+    rows = _rows(weights, allowed, entropy, queries, keys, args.top_k)
+    findings = [f for f in (sink_finding(view), most_read_finding(view)) if f is not None]
+    if len(rows) <= QUERY_LINES:
+        readings = [
+            QueryReading(r.position, r.token, tuple((k.position, k.token, k.weight) for k in r.top_keys)) for r in rows
+        ]
+        findings += query_findings(readings)
     png_path = None
     if args.png:
         where = "" if stack.name == "self" else f"{stack.name}-"
@@ -76,18 +93,33 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
     return AttentionView(
         model=loaded.name,
         summary=on_stack(stack.name, summary(view)),
-        findings=[most_read_finding(view)],
+        findings=findings,
         attention=stack.name,
         layer=layer,
         head=head,
         kv_head=kv_head_of(stack, head),
         tokens=keys,
-        rows=_rows(weights, allowed, entropy, queries, keys, args.top_k),
+        rows=rows,
         mean_entropy=rounded(view.mean_entropy),
         mean_normalised_entropy=rounded(view.mean_normalised_entropy),
         weights=[[rounded(v, 6) for v in row] for row in weights.tolist()] if args.include_map else None,
         png_path=png_path,
     )
+
+
+def _sinks(
+    weights: torch.Tensor, allowed: torch.Tensor, keys: list[Token], *, same_tokens: bool
+) -> tuple[tuple[int, str, float], ...]:
+    """Special tokens (and the first token) read at a sink's share by the other queries (largest share first)."""
+    rows = weights.shape[0]
+    own = (
+        torch.arange(rows, device=weights.device) if same_tokens else torch.full((rows,), -1, device=weights.device)
+    )  # (rows,) each query's own key column
+    received = received_attention(weights[None].float(), allowed, own)  # one head: (1, rows, keys)
+    found = threshold_sinks(received, threshold=SINK_SHARE, min_readers=min(4, max(1, rows - 1)), always=())
+    share = received.total / received.count.clamp_min(1)  # (keys,) mean share over the queries that read it
+    sinks = [(p, keys[p].text, float(share[p])) for p in found if keys[p].special or p == 0]
+    return tuple(sorted(sinks, key=lambda s: -s[2]))
 
 
 def _rows(
