@@ -33,9 +33,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import os
 import re
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import cache, partial
@@ -416,16 +418,35 @@ async def _run_call(spec: ToolSpec, inspector: Inspector, arguments: dict[str, A
     """
     work = partial(_call_in_scope, spec, inspector, arguments, context)
     limit = None if context.timeout is None else context.timeout + STOP_GRACE_SECONDS
+    with _RUNNING_LOCK:
+        _RUNNING[id(context)] = context
     try:
         with anyio.move_on_after(limit) as scope:
             return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
     except anyio.get_cancelled_exc_class():
         context.cancel("the client cancelled it")
         raise
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.pop(id(context), None)
     assert scope.cancelled_caught
     context.cancel("it ran past the time limit")
     msg = f"the call ran past this server's time limit of {context.timeout:g} s and was stopped; ask for less"
     raise DeadlineExceededError(msg)
+
+
+# The calls whose handler is waiting for their worker thread: a server ending (stdin closed, Ctrl-C) stops them all.
+_RUNNING: dict[int, CallContext] = {}  # keyed by id(): a context is a dataclass, compared by value
+_RUNNING_LOCK = threading.Lock()
+
+
+def stop_running_calls(reason: str) -> int:
+    """Cancel every call in flight (each worker stops at its next checkpoint); return how many there were."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING.values())
+    for context in running:
+        context.cancel(reason)
+    return len(running)
 
 
 def _call_in_scope(spec: ToolSpec, inspector: Inspector, arguments: dict[str, Any], context: CallContext) -> Any:
@@ -710,18 +731,53 @@ def parse_line(raw: bytes) -> Any:
         raise RpcProblem(types.INVALID_REQUEST, msg, message.get("id")) from exc
 
 
-def _read_stdin(binary: Any, lines: MemoryObjectSendStream[bytes], token: Any) -> None:
+def _read_stdin(
+    binary: Any, lines: MemoryObjectSendStream[bytes], token: Any, on_end: Callable[[], None] | None = None
+) -> None:
     """Feed stdin's lines (at most MAX_LINE_BYTES + 1 bytes at a time) to the event loop; runs in a daemon thread,
-    so a server ending for any reason never waits for a blocked ``readline`` (it hung until stdin closed)."""
+    so a server ending for any reason never waits for a blocked ``readline`` (it hung until stdin closed).
+    ``on_end`` runs when stdin ends (the client is gone): the calls still running are stopped."""
     try:
-        while raw := binary.readline(MAX_LINE_BYTES + 1):
+        while True:
+            try:
+                raw = binary.readline(MAX_LINE_BYTES + 1)
+            except (OSError, ValueError):  # stdin broken or closed under us: the client is gone as well
+                raw = b""
+            if not raw:
+                break
             anyio.from_thread.run(lines.send, raw, token=token)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.RunFinishedError, OSError, ValueError):
-        return
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.RunFinishedError):
+        return  # the server is ending on its own
+    if on_end is not None:
+        on_end()
     try:
         anyio.from_thread.run(lines.aclose, token=token)
     except anyio.RunFinishedError:
         return
+
+
+def _stdin_closed(exit_after: float | None) -> None:
+    """The client closed stdin: stop every running call; with ``exit_after``, end the process that many seconds
+    later if it is still alive (a stretch of work without a checkpoint must not keep a server nobody can reach:
+    it hung for minutes). Only the ``mcp`` command asks for the exit; a test serving in-process does not."""
+    stopped = stop_running_calls("the client closed the connection")
+    if stopped:
+        logger.info("stdin closed: stopping %d running call(s)", stopped)
+    if exit_after is None:
+        return
+
+    def exit_later() -> None:
+        time.sleep(exit_after)
+        logger.warning("a call did not stop within %.1f s of stdin closing; exiting", exit_after)
+        for stream in (sys.stderr, sys.__stderr__):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(0)
+
+    threading.Thread(target=exit_later, name="stdin-closed exit", daemon=True).start()
 
 
 async def _route_lines(
@@ -748,7 +804,9 @@ async def _route_lines(
 
 
 @asynccontextmanager
-async def _stdio_streams(binary: Any, stdout: Any) -> AsyncIterator[tuple[Any, Any]]:
+async def _stdio_streams(
+    binary: Any, stdout: Any, on_end: Callable[[], None] | None = None
+) -> AsyncIterator[tuple[Any, Any]]:
     """The stdio transport (the SDK's, plus an answer for every malformed line): read and write streams."""
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
@@ -766,7 +824,7 @@ async def _stdio_streams(binary: Any, stdout: Any) -> AsyncIterator[tuple[Any, A
                 await write(message.message.model_dump_json(by_alias=True, exclude_unset=True))
 
     reader = threading.Thread(
-        target=_read_stdin, args=(binary, line_writer, anyio.lowlevel.current_token()), daemon=True
+        target=_read_stdin, args=(binary, line_writer, anyio.lowlevel.current_token(), on_end), daemon=True
     )
     async with anyio.create_task_group() as group:
         group.start_soon(_route_lines, line_reader, read_writer, write)
@@ -778,11 +836,15 @@ async def _stdio_streams(binary: Any, stdout: Any) -> AsyncIterator[tuple[Any, A
             group.cancel_scope.cancel()
 
 
-async def serve_stdio(server: Server[Any], *, stdin: Any = None, stdout: Any = None) -> None:
+async def serve_stdio(
+    server: Server[Any], *, stdin: Any = None, stdout: Any = None, exit_after_close: float | None = None
+) -> None:
     """Serve over stdio until the client closes the pipe.
 
     ``stdin`` is a binary file (``sys.stdin.buffer`` by default): lines are decoded here, strictly, so invalid
     UTF-8 is answered as an error instead of being replaced and analysed. ``stdout`` is an anyio text file.
+    When stdin closes, the calls still running are stopped at their next checkpoint; with ``exit_after_close``
+    the process also ends that many seconds later if it is still alive (a server process, not a test).
     """
     import io
 
@@ -790,7 +852,8 @@ async def serve_stdio(server: Server[Any], *, stdin: Any = None, stdout: Any = N
         stdin = sys.stdin.buffer
     if stdout is None:
         stdout = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
-    async with _stdio_streams(stdin, stdout) as (read_stream, write_stream):
+    on_end = partial(_stdin_closed, exit_after_close)
+    async with _stdio_streams(stdin, stdout, on_end) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, initialization_options(server))
 
 
