@@ -44,6 +44,7 @@ from agent_tools.errors import (
     ResourceLimitError,
 )
 from agent_tools.families import ModelFacts, read_facts
+from agent_tools.files import write_atomic
 from agent_tools.placement import (
     Placement,
     cache_key,
@@ -243,10 +244,7 @@ def write_manifest(folder: Path, source: Path, dtype: torch.dtype) -> Path:
         if entry.is_file() and not entry.name.startswith(MANIFEST_NAME)
     }
     manifest = {"format": MANIFEST_FORMAT, "source": str(source), "dtype": dtype_name(dtype), "files": files}
-    partial = folder / f"{MANIFEST_NAME}.partial"
-    partial.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    os.replace(partial, folder / MANIFEST_NAME)
-    return folder / MANIFEST_NAME
+    return write_atomic(folder / MANIFEST_NAME, json.dumps(manifest, indent=1))
 
 
 def _manifest_files(folder: Path) -> dict[str, dict[str, Any]] | str:

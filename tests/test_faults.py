@@ -620,3 +620,58 @@ def test_ctrl_c_ends_a_stdio_server_mid_call_with_130(tmp_path: Path) -> None:
     assert client.process.wait(timeout=10) == 130  # a liveness bound, not a speed claim
     log = client.log.read_text()
     assert "Fatal Python error" not in log and "Traceback" not in log and "interrupted" in log
+
+
+# --- outputs whole or absent (issue 29) ------------------------------------------------------------------------
+WRITER = """
+import json, sys
+from pathlib import Path
+import numpy as np, pyarrow as pa
+from agent_tools.corpus.store import write_table
+from agent_tools.files import write_atomic
+from agent_tools.render import attention_heatmap
+out = Path(sys.argv[1])
+rng = np.random.default_rng(0)
+weights, labels = rng.random((40, 40)).tolist(), [f"t{i}" for i in range(40)]
+table = pa.table({"item": np.arange(100_000), "x": rng.random(100_000)})
+for n in range(10**6):
+    attention_heatmap(weights, labels, labels, f"round {n}", out / "map.png")
+    write_atomic(out / "report.json", json.dumps({"n": n, "pad": "x" * 2_000_000}))
+    write_table(out / "table.parquet", table)
+    print(n, flush=True)
+"""
+
+
+def _whole(path: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    data = path.read_bytes()
+    if path.suffix == ".png":
+        return data.startswith(b"\x89PNG") and data.endswith(b"IEND\xaeB`\x82")
+    if path.suffix == ".json":
+        return len(json.loads(data)["pad"]) == 2_000_000
+    return pq.read_table(path).num_rows == 100_000
+
+
+@pytest.mark.slow  # four writer processes, each importing torch: about a minute on a loaded 2-core machine
+def test_writers_killed_at_random_points_leave_no_partial_file_under_a_final_name(tmp_path: Path) -> None:
+    """SIGKILL at random moments of a loop writing a PNG (render), JSON (write_atomic) and Parquet (a corpus part's
+    writer): every file under a final name is whole; a kill leaves at most a dot-named ``.partial`` temporary."""
+    import random
+
+    chooser = random.Random(29)
+    for _ in range(4):
+        process = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, env=ENV, cwd=ROOT
+        )
+        assert process.stdout is not None
+        started = time.monotonic()
+        assert process.stdout.readline().strip() == b"0"  # one whole round: the kill lands inside the next ones
+        round_seconds = time.monotonic() - started
+        time.sleep(chooser.uniform(0, 2 * round_seconds))
+        process.kill()
+        process.wait()
+        finals = [path for path in tmp_path.iterdir() if not path.name.startswith(".")]
+        assert sorted(path.name for path in finals) == ["map.png", "report.json", "table.parquet"]
+        assert all(_whole(path) for path in finals), [p.name for p in finals if not _whole(p)]
+        assert all(p.name.endswith(".partial") for p in tmp_path.iterdir() if p.name.startswith("."))

@@ -16,15 +16,14 @@ run's table equals an uninterrupted one's.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from agent_tools.corpus.items import ItemOutcome
 from agent_tools.errors import InvalidInputError
+from agent_tools.files import remove_stale_partials, write_atomic
 
 MANIFEST = "run.json"
 PARTS = "parts"
@@ -45,19 +44,6 @@ def arrow_schema(columns: Columns) -> Any:
 
     types = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
     return pa.schema([(name, types[kind]) for name, kind in columns])
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write ``path`` whole or not at all (a temporary file in the same folder, then a rename)."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(payload)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def write_table(path: Path, table: Any) -> None:
@@ -92,6 +78,7 @@ class RunStore:
                 msg = f"--out {str(self.out)!r} holds another run ({shown}); give another --out or remove that folder"
                 raise InvalidInputError(msg, field="out")
             self._drop_unfinished()
+            remove_stale_partials(self.out)
             return True
         if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
             msg = f"--out {str(self.out)!r} exists and is not a corpus run folder; give a new or empty folder"
