@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from agent_tools.errors import (
@@ -408,24 +409,24 @@ def _conversion_lock(target: Path) -> Iterator[None]:
     """One conversion of a folder at a time across processes: concurrent first starts wait for the first one
     (instead of each dequantising — twice the memory — and racing to rename) and then find the folder ready.
 
-    ``flock`` is released by the kernel when its holder dies, so a killed conversion never blocks the next one.
-    The lock file is removed when done, so failed conversions of many files leave nothing behind; a process that
-    was waiting on it re-checks the folder first, so the worst a late arrival can cause is one duplicate attempt.
+    ``filelock`` (``flock`` on POSIX, ``LockFileEx`` on Windows — the former ``fcntl`` lock took none there) is
+    released by the system when its holder dies, so a killed conversion never blocks the next one. The lock file
+    is removed when done, so failed conversions of many files leave nothing behind; a process that was waiting
+    on it re-checks the folder first, so the worst a late arrival can cause is one duplicate attempt.
     """
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: the rename race stays the only guard (the loser uses the winner's copy)
-        yield
-        return
+    from filelock import FileLock
+
     path = target.parent / f".{target.name}.lock"
-    # Read-only is enough for flock, so another user of a shared cache can lock a file the first user made.
-    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        os.close(descriptor)  # closing releases the lock
+    # mode 0o666: another user of a shared cache can lock a file the first user made
+    with FileLock(path, mode=0o666, thread_local=False):
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _delete_instruction(target: Path, problem: str) -> ModelNotFoundError:
@@ -504,9 +505,10 @@ def _convert_into(path: Path, dtype: torch.dtype, target: Path) -> None:
             (staging / SOURCE_NAME).write_text(json.dumps({"gguf": str(path)}))
             write_manifest(staging, path, dtype)
             _share_like_umask(staging)
-        except OSError as exc:
+        except (OSError, SafetensorError) as exc:  # safetensors' own error on a full disk is not an OSError
+            said = exc.strerror if isinstance(exc, OSError) and exc.strerror else _first_line(exc)
             msg = (
-                f"writing the converted model to {target.parent} failed ({exc.strerror or type(exc).__name__}); "
+                f"writing the converted model to {target.parent} failed ({said}); "
                 f"free some space there or set {CACHE_ENV} to another folder"
             )
             raise ResourceLimitError(msg, field="model") from exc

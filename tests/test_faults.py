@@ -675,3 +675,32 @@ def test_writers_killed_at_random_points_leave_no_partial_file_under_a_final_nam
         assert sorted(path.name for path in finals) == ["map.png", "report.json", "table.parquet"]
         assert all(_whole(path) for path in finals), [p.name for p in finals if not _whole(p)]
         assert all(p.name.endswith(".partial") for p in tmp_path.iterdir() if p.name.startswith("."))
+
+
+# --- errors from the system are tool errors (issue 29) ---------------------------------------------------------
+FULL_DISK_CONVERSION = """
+import os, resource, signal, sys
+sys.path.insert(0, {tests!r})
+os.environ["ATTENTION_EXPLAINER_CACHE"] = {cache!r}
+from families import FAMILY_CONFIGS, build_family, tiny_tokenizer
+from agent_tools import cli, loading
+loading._read_gguf_config = lambda path: FAMILY_CONFIGS["llama"]()
+loading._read_gguf = lambda path, dtype, config: (build_family("llama"), tiny_tokenizer())
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as a full disk fails
+resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 10, 16 << 10))
+sys.exit(cli.main(["describe", "--model", {gguf!r}]))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_a_disk_that_fills_during_conversion_is_one_line_exit_2(fake: FakeConversion) -> None:
+    """safetensors reports a failed write as its own ``SafetensorError`` (not an OSError): it was exit 1 and a
+    traceback. A file-size limit makes every write past 16 KB fail, as a full disk would."""
+    code = FULL_DISK_CONVERSION.format(
+        tests=str(TESTS), cache=os.environ["ATTENTION_EXPLAINER_CACHE"], gguf=str(fake.gguf)
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert lines[-1].startswith("error: writing the converted model to ") and "free some space there" in lines[-1]
+    assert fake.leftovers() == [] and not fake.target.exists()
