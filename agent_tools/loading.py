@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import socket
@@ -709,6 +710,8 @@ def _from_pretrained(cls: Any, location: str, placement: Placement, *, local_onl
     kwargs = from_pretrained_kwargs(placement, config)
     try:
         return cls.from_pretrained(location, trust_remote_code=False, local_files_only=local_only, **kwargs)
+    except pickle.UnpicklingError as exc:  # torch's weights_only loader met an object that is not a plain tensor
+        raise unsafe_weights_error(location, exc) from None
     except (torch.cuda.OutOfMemoryError, MemoryError) as exc:
         msg = (
             f"loading {location!r} with {placement.key} ran out of memory; "
@@ -721,6 +724,30 @@ def _from_pretrained(cls: Any, location: str, placement: Placement, *, local_onl
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         msg = f"could not place {location!r} with {placement.key}: {reason}; check --device-map, --max-memory"
         raise InvalidInputError(msg, field="device_map") from exc
+
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_BLOCKED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def unsafe_weights_error(location: str, exc: BaseException) -> ModelRefusedError:
+    """One line for a pickle weights file that holds more than plain tensors: which file, and to convert it.
+
+    Pickle files (``pytorch_model.bin``, ``.pt``) are only ever read by torch's ``weights_only`` loader, which
+    refuses any object a pickle could run code with; this names the file and the object, and says what to do
+    (safetensors holds tensors only), never to turn the check off.
+    """
+    folder = Path(location)
+    files = sorted(f.name for f in folder.iterdir() if f.suffix in _PICKLE_SUFFIXES) if folder.is_dir() else []
+    where = ", ".join(str(folder / name) for name in files) or f"the pickle weights of {location!r}"
+    found = _BLOCKED_GLOBAL.search(str(exc))
+    what = f" ({found.group(1)})" if found else ""
+    msg = (
+        f"refused to load {where}: a pickle file that holds objects other than tensors{what}, which could run code "
+        "when loaded; convert the weights to safetensors (model.safetensors) from a source you trust, or use a "
+        "model that ships safetensors weights"
+    )
+    return ModelRefusedError(msg, field="model")
 
 
 def _load_from(
