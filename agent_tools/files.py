@@ -37,16 +37,32 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     from the suffix must be told the format (``savefig(..., format="png")``).
     """
     final = Path(path)
-    handle, name = tempfile.mkstemp(prefix=_temporary_prefix(final), suffix=PARTIAL_SUFFIX, dir=final.parent)
+    try:
+        handle, name = tempfile.mkstemp(prefix=_temporary_prefix(final), suffix=PARTIAL_SUFFIX, dir=final.parent)
+    except OSError as exc:
+        raise _naming(exc, final) from exc
     os.close(handle)
     temporary = Path(name)
     try:
         yield temporary
         _keep_umask_mode(temporary)
         os.replace(temporary, final)
+    except OSError as exc:  # a full disk, a lost permission: name the file the caller asked for, not ours
+        temporary.unlink(missing_ok=True)
+        raise _naming(exc, final) from exc
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def _naming(exc: OSError, final: Path) -> OSError:
+    """``exc`` as raised for ``final`` (same type, errno and message) when it names the temporary file or none."""
+    if exc.filename is not None and not str(exc.filename).endswith(PARTIAL_SUFFIX):
+        return exc
+    try:
+        return type(exc)(exc.errno, exc.strerror or str(exc), str(final))
+    except TypeError:
+        return OSError(exc.errno, exc.strerror or str(exc), str(final))
 
 
 def write_atomic(path: str | Path, data: bytes | str) -> Path:

@@ -562,14 +562,16 @@ def test_show_png_in_a_missing_folder_is_refused_not_created(tmp_path: Path, cap
 def test_operating_system_errors_are_one_line(capsys, monkeypatch) -> None:
     monkeypatch.setattr(cli, "session_from_args", _raises(errno.ENOSPC, "No space left on device"))
     assert cli.main(["describe"]) == 2
-    assert _one_line(capsys) == "error: No space left on device"
+    assert _one_line(capsys) == "error: No space left on device; free some space there or write to another folder"
 
     def full_disk(args: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device", "/data/report.json")
 
     monkeypatch.setattr(cli, "session_from_args", full_disk)
     assert cli.main(["describe"]) == 2
-    assert _one_line(capsys) == "error: /data/report.json: No space left on device"
+    assert _one_line(capsys) == (
+        "error: /data/report.json: No space left on device; free some space there or write to another folder"
+    )
 
 
 # --- work that stops when it is told (issue 29) ----------------------------------------------------------------
@@ -704,3 +706,47 @@ def test_a_disk_that_fills_during_conversion_is_one_line_exit_2(fake: FakeConver
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert lines[-1].startswith("error: writing the converted model to ") and "free some space there" in lines[-1]
     assert fake.leftovers() == [] and not fake.target.exists()
+
+
+def test_a_full_disk_during_an_atomic_write_names_the_file_and_keeps_the_old_one(tmp_path: Path, monkeypatch) -> None:
+    from agent_tools import files
+
+    target = files.write_atomic(tmp_path / "report.json", '{"old": true}')
+    monkeypatch.setattr(files.os, "replace", _raises(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(OSError) as failed:
+        files.write_atomic(target, '{"new": true}')
+    assert failed.value.filename == str(target) and failed.value.errno == errno.ENOSPC
+    assert files.os_error_message(failed.value) == (
+        f"{target}: No space left on device; free some space there or write to another folder"
+    )
+    assert target.read_text() == '{"old": true}' and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+@pytest.mark.parametrize(
+    ("code", "text", "advice"),
+    [(errno.ENOSPC, "No space left on device", "free some space"), (errno.EACCES, "Permission denied", "choose a")],
+)
+def test_an_artifact_the_disk_refuses_is_a_tool_error_over_mcp(
+    code: int, text: str, advice: str, tiny_models, tmp_path: Path, monkeypatch
+) -> None:
+    """It was "Internal error" over MCP: now one tool error naming the file and what to do."""
+    from types import SimpleNamespace
+
+    import anyio
+    from mcp import types
+
+    from agent_tools import files
+    from agent_tools.inspector import Inspector
+    from agent_tools.surfaces.mcp_server import _tool_handlers
+    from agent_tools.tools import TOOLS
+
+    inspector = Inspector(artifact_dir=tmp_path / "artifacts")
+    _, call_tool = _tool_handlers(inspector, {"show_attention": TOOLS["show_attention"]}, "summary")
+    monkeypatch.setattr(files.os, "replace", _raises(code, text))
+    arguments = {"text": "the cat sat on the mat", "layer": 0, "head": 0, "png": True, "model": "tiny-llama"}
+    params = types.CallToolRequestParams(name="show_attention", arguments=arguments)
+    result = anyio.run(call_tool, SimpleNamespace(params=None, session=None), params)
+    message = result.content[0].text
+    assert result.is_error and message.startswith(f"Error [resource_limit]: {tmp_path / 'artifacts'}")
+    assert f".png: {text}; {advice}" in message and "Internal error" not in message
+    assert not [p for p in (tmp_path / "artifacts").iterdir()]  # no partial file, under any name

@@ -57,6 +57,7 @@ from pydantic import ValidationError
 
 from agent_tools import __version__
 from agent_tools.errors import AttentionToolError, CallCancelledError, DeadlineExceededError, InvalidInputError
+from agent_tools.files import os_error_message
 from agent_tools.inspector import CallContext, Inspector, call_scope, check_list_lengths, check_unicode
 from agent_tools.prompts import (
     TOPICS,
@@ -398,6 +399,9 @@ def _tool_handlers(
             return _error_result(stopped_text(name, exc))
         except AttentionToolError as exc:
             return _error_result(error_text(name, exc))
+        except OSError as exc:  # the server's machine refused (a full disk, a permission): not the arguments, no bug
+            logger.warning("tool %s: %s", name, os_error_message(exc))
+            return _error_result(system_error_text(name, exc))
         except Exception as exc:  # a bug: keep serving, log the traceback, tell the client plainly
             logger.exception("tool %s failed on %r", name, arguments)
             return _error_result(f"Internal error in {name}: {type(exc).__name__}: {exc}")
@@ -487,6 +491,14 @@ def _progress_reporter(ctx: RequestContext, context: CallContext) -> Callable[[f
             logger.debug("progress notification not sent", exc_info=True)
 
     return report
+
+
+def system_error_text(tool: str, error: OSError) -> str:
+    """The tool error of a call the server's machine refused: the path, what the system said, what to do."""
+    return (
+        f"Error [resource_limit]: {os_error_message(error)}. This is on the server's machine, not in the arguments: "
+        f"tell its operator, or call {tool} without asking for a file."
+    )
 
 
 def stopped_text(tool: str, error: CallCancelledError) -> str:
