@@ -750,3 +750,29 @@ def test_an_artifact_the_disk_refuses_is_a_tool_error_over_mcp(
     assert result.is_error and message.startswith(f"Error [resource_limit]: {tmp_path / 'artifacts'}")
     assert f".png: {text}; {advice}" in message and "Internal error" not in message
     assert not [p for p in (tmp_path / "artifacts").iterdir()]  # no partial file, under any name
+
+
+HTTP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+HTTP_MALFORMED: dict[str, tuple[bytes, int, Any]] = {  # the body, the error code, the id the answer carries
+    "object_id": (b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "tools/list"}', -32600, None),
+    "batch": (b"[" + _line() + b", " + _line(8) + b"]", -32600, None),
+    "no_jsonrpc": (b'{"id": 7, "method": "tools/list"}', -32600, 7),
+    "params_a_string": (b'{"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": "x"}', -32600, 7),
+}
+
+
+def test_every_malformed_http_request_gets_its_error_answer(tmp_path: Path) -> None:
+    """Over HTTP a request with an object id got 202 and no answer (the client waited for ever), and a batch or a
+    missing "jsonrpc" got -32602: each now gets the answer stdio gives; a well-formed request still works."""
+    from mcp_process import http_server
+
+    with http_server("--no-preload", folder=tmp_path) as (url, log):
+        for case, (body, code, request_id) in HTTP_MALFORMED.items():
+            answer = httpx.post(url, content=body, headers=HTTP_HEADERS, timeout=30)
+            assert answer.status_code == 400, (case, answer.status_code, answer.text)
+            message = answer.json()
+            assert message["error"]["code"] == code and message["id"] == request_id, (case, message)
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE}
+        answer = httpx.post(url, json=hello, headers=HTTP_HEADERS, timeout=30)
+        assert answer.status_code == 200 and "mcp-session-id" in answer.headers
+        assert "Traceback" not in log.read_text()

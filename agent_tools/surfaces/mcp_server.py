@@ -876,6 +876,58 @@ def _closed_stream_noise(record: logging.LogRecord) -> bool:
     return not isinstance(error, anyio.ClosedResourceError)
 
 
+async def _read_post(receive: Any) -> tuple[bytes, RpcProblem | None]:
+    """A POST's body, and the JSON-RPC error it gets here when the SDK would answer it wrongly or not at all.
+
+    The SDK's HTTP transport took a request with an object as id for a notification (202, no answer: the client
+    waited for ever) and answered a batch or a missing ``"jsonrpc"`` with -32602; the stdio checks
+    (:func:`parse_line`) answer each as JSON-RPC says. Well-formed bodies go on to the SDK unchanged.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), None  # disconnected: the SDK sees the same
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_LINE_BYTES:
+            return b"", RpcProblem(types.INVALID_REQUEST, f"Invalid Request: a message over {MAX_LINE_BYTES:,} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    try:
+        parse_line(body)
+    except RpcProblem as problem:
+        return body, problem
+    return body, None
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """An ASGI ``receive`` that gives ``body`` once, then whatever the connection says next."""
+    sent = False
+
+    async def replayed() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        message: dict[str, Any] = await receive()
+        return message
+
+    return replayed
+
+
+async def _send_rpc_error(send: Any, problem: RpcProblem) -> None:
+    logger.warning("answered a malformed HTTP message with %d: %s", problem.code, problem.message)
+    payload = problem.answer().encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    status = 400
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -929,6 +981,12 @@ async def serve_http(
 
     class Endpoint:  # an ASGI app (a class, so Starlette's Route passes scope/receive/send through)
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            if scope.get("method") == "POST":
+                body, problem = await _read_post(receive)
+                if problem is not None:
+                    await _send_rpc_error(send, problem)
+                    return
+                receive = _replay(body, receive)
             await manager.handle_request(scope, receive, send)
 
     @asynccontextmanager
