@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import socket
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from agent_tools.errors import (
@@ -44,6 +46,7 @@ from agent_tools.errors import (
     ResourceLimitError,
 )
 from agent_tools.families import ModelFacts, read_facts
+from agent_tools.files import write_atomic
 from agent_tools.placement import (
     Placement,
     cache_key,
@@ -245,10 +248,7 @@ def write_manifest(folder: Path, source: Path, dtype: torch.dtype) -> Path:
         if entry.is_file() and not entry.name.startswith(MANIFEST_NAME)
     }
     manifest = {"format": MANIFEST_FORMAT, "source": str(source), "dtype": dtype_name(dtype), "files": files}
-    partial = folder / f"{MANIFEST_NAME}.partial"
-    partial.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    os.replace(partial, folder / MANIFEST_NAME)
-    return folder / MANIFEST_NAME
+    return write_atomic(folder / MANIFEST_NAME, json.dumps(manifest, indent=1))
 
 
 def _manifest_files(folder: Path) -> dict[str, dict[str, Any]] | str:
@@ -412,24 +412,24 @@ def _conversion_lock(target: Path) -> Iterator[None]:
     """One conversion of a folder at a time across processes: concurrent first starts wait for the first one
     (instead of each dequantising — twice the memory — and racing to rename) and then find the folder ready.
 
-    ``flock`` is released by the kernel when its holder dies, so a killed conversion never blocks the next one.
-    The lock file is removed when done, so failed conversions of many files leave nothing behind; a process that
-    was waiting on it re-checks the folder first, so the worst a late arrival can cause is one duplicate attempt.
+    ``filelock`` (``flock`` on POSIX, ``LockFileEx`` on Windows — the former ``fcntl`` lock took none there) is
+    released by the system when its holder dies, so a killed conversion never blocks the next one. The lock file
+    is removed when done, so failed conversions of many files leave nothing behind; a process that was waiting
+    on it re-checks the folder first, so the worst a late arrival can cause is one duplicate attempt.
     """
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: the rename race stays the only guard (the loser uses the winner's copy)
-        yield
-        return
+    from filelock import FileLock
+
     path = target.parent / f".{target.name}.lock"
-    # Read-only is enough for flock, so another user of a shared cache can lock a file the first user made.
-    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        os.close(descriptor)  # closing releases the lock
+    # mode 0o666: another user of a shared cache can lock a file the first user made
+    with FileLock(path, mode=0o666, thread_local=False):
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _delete_instruction(target: Path, problem: str) -> ModelNotFoundError:
@@ -508,9 +508,10 @@ def _convert_into(path: Path, dtype: torch.dtype, target: Path) -> None:
             (staging / SOURCE_NAME).write_text(json.dumps({"gguf": str(path)}))
             write_manifest(staging, path, dtype)
             _share_like_umask(staging)
-        except OSError as exc:
+        except (OSError, SafetensorError) as exc:  # safetensors' own error on a full disk is not an OSError
+            said = exc.strerror if isinstance(exc, OSError) and exc.strerror else _first_line(exc)
             msg = (
-                f"writing the converted model to {target.parent} failed ({exc.strerror or type(exc).__name__}); "
+                f"writing the converted model to {target.parent} failed ({said}); "
                 f"free some space there or set {CACHE_ENV} to another folder"
             )
             raise ResourceLimitError(msg, field="model") from exc
@@ -711,6 +712,8 @@ def _from_pretrained(cls: Any, location: str, placement: Placement, *, local_onl
     kwargs = from_pretrained_kwargs(placement, config)
     try:
         return cls.from_pretrained(location, trust_remote_code=False, local_files_only=local_only, **kwargs)
+    except pickle.UnpicklingError as exc:  # torch's weights_only loader met an object that is not a plain tensor
+        raise unsafe_weights_error(location, exc) from None
     except (torch.cuda.OutOfMemoryError, MemoryError) as exc:
         msg = (
             f"loading {location!r} with {placement.key} ran out of memory; "
@@ -723,6 +726,30 @@ def _from_pretrained(cls: Any, location: str, placement: Placement, *, local_onl
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         msg = f"could not place {location!r} with {placement.key}: {reason}; check --device-map, --max-memory"
         raise InvalidInputError(msg, field="device_map") from exc
+
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_BLOCKED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def unsafe_weights_error(location: str, exc: BaseException) -> ModelRefusedError:
+    """One line for a pickle weights file that holds more than plain tensors: which file, and to convert it.
+
+    Pickle files (``pytorch_model.bin``, ``.pt``) are only ever read by torch's ``weights_only`` loader, which
+    refuses any object a pickle could run code with; this names the file and the object, and says what to do
+    (safetensors holds tensors only), never to turn the check off.
+    """
+    folder = Path(location)
+    files = sorted(f.name for f in folder.iterdir() if f.suffix in _PICKLE_SUFFIXES) if folder.is_dir() else []
+    where = ", ".join(str(folder / name) for name in files) or f"the pickle weights of {location!r}"
+    found = _BLOCKED_GLOBAL.search(str(exc))
+    what = f" ({found.group(1)})" if found else ""
+    msg = (
+        f"refused to load {where}: a pickle file that holds objects other than tensors{what}, which could run code "
+        "when loaded; convert the weights to safetensors (model.safetensors) from a source you trust, or use a "
+        "model that ships safetensors weights"
+    )
+    return ModelRefusedError(msg, field="model")
 
 
 def _load_from(

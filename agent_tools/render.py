@@ -21,6 +21,8 @@ import matplotlib.pyplot as plt
 from matplotlib.colors import Normalize, PowerNorm
 from matplotlib.patches import Patch
 
+from agent_tools.files import atomic_path
+
 DPI = 110
 PALETTE = ("#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#5f3dc4", "#868e96")
 
@@ -37,7 +39,8 @@ def _finish(fig: Any, ax: Any, image: Any, colorbar_label: str, path: str | Path
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=DPI)
+    with atomic_path(out) as partial:  # whole or absent: a kill mid-write leaves no truncated PNG under ``out``
+        fig.savefig(partial, dpi=DPI, format="png")
     return out
 
 

@@ -326,3 +326,85 @@ def test_corpus_summary_reads_only_allowed_data(tmp_path: Path, session: Inspect
     page = (tmp_path / "run" / "report.html").read_text()
     assert "http://" not in page and "https://" not in page and "<script" not in page
     assert page.count('<td style="background') == 2 * 2 * 4  # two layer × head grids of the tiny model
+
+
+# --- one run per folder (issue 29) -----------------------------------------------------------------------------
+def _rows_once(table: pd.DataFrame) -> bool:
+    return not table.duplicated(["item", "layer", "head"]).any()
+
+
+def test_a_second_run_on_a_locked_folder_is_refused_at_once_naming_the_holder(
+    tmp_path: Path, session: Inspector
+) -> None:
+    import socket
+
+    from agent_tools.corpus.store import RunStore
+
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in TEXTS])
+    out = tmp_path / "out"
+    with RunStore(out, {}, []).locked():  # a run in progress (this process holds the lock)
+        started = time.process_time()
+        with pytest.raises(InvalidInputError) as refused:
+            run_corpus("collapse", data, out=out, inspector=session, progress=False)
+        assert time.process_time() - started < 5  # refused before any item ran (CPU seconds, a loose bound)
+    holder = f"PID {os.getpid()} on host {socket.gethostname()}"
+    assert f"is in use by another corpus run ({holder}); wait for it" in refused.value.message
+    assert not (out / "run.json").exists()  # the refused run wrote nothing
+    result = run_corpus("collapse", data, out=out, inspector=session, progress=False)  # the lock is free again
+    assert result.complete and _rows_once(result.table)
+
+
+def test_a_lock_left_by_a_dead_run_is_taken_over(tmp_path: Path, session: Inspector) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in TEXTS[:3]])
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    out.mkdir()
+    (out / ".run.lock").write_text("")
+    (out / ".run.owner.json").write_text(json.dumps({"pid": int(dead.stdout), "host": "gone"}))
+    result = run_corpus("collapse", data, out=out, inspector=session, progress=False)
+    assert result.complete and sorted(set(result.table["item"])) == [0, 1, 2]
+    assert json.loads((out / ".run.owner.json").read_text())["pid"] == os.getpid()
+
+
+def test_two_concurrent_runs_never_put_an_item_in_the_table_twice(tmp_path: Path, session: Inspector) -> None:
+    """The issue's run: two runs started together on one folder covered 32 items 48 times. Now one is refused
+    (or, if the first is done before the second starts, the second resumes a complete run): one table either way,
+    equal to a single run's."""
+    import threading
+
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in TEXTS * 3])
+    reference = run_corpus("collapse", data, out=tmp_path / "single", inspector=session, progress=False)
+    out = tmp_path / "shared"
+    start = threading.Barrier(2)
+    outcomes: list[Any] = []
+
+    def one_run() -> None:
+        start.wait()
+        try:
+            outcomes.append(run_corpus("collapse", data, out=out, inspector=session, progress=False, batch_size=2))
+        except InvalidInputError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=one_run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    refused = [o for o in outcomes if isinstance(o, InvalidInputError)]
+    assert all("is in use by another corpus run (PID" in o.message for o in refused)
+    final = pq.read_table(out / "table.parquet").to_pandas()
+    assert _rows_once(final)
+    pd.testing.assert_frame_equal(final, reference.table)
+
+
+def test_a_folder_holding_an_item_twice_is_repaired_by_the_next_run(tmp_path: Path, session: Inspector) -> None:
+    """A folder written without the lock (an older version) holds parts that cover the same items: the table keeps
+    each item's first part, so a rerun gives the single run's table."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in TEXTS])
+    out = tmp_path / "out"
+    reference = run_corpus("collapse", data, out=out, inspector=session, progress=False, batch_size=3).table
+    for part in sorted((out / "parts").glob("part-000000.*")):
+        (out / "parts" / part.name.replace("000000", "000007")).write_bytes(part.read_bytes())
+    result = run_corpus("collapse", data, out=out, inspector=session, progress=False)
+    assert _rows_once(result.table) and result.summary["items"] == len(TEXTS)
+    pd.testing.assert_frame_equal(result.table, reference)

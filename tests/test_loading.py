@@ -135,3 +135,41 @@ def test_policy_allow_list() -> None:
     with pytest.raises(ModelRefusedError, match="allowed: minilm-l6, smollm2-135m-instruct"):
         policy.check("/etc")
     assert set(BUNDLED_MODELS) <= set(policy.allowed or ())
+
+
+class _MakesAFolder:
+    """An object whose unpickling would call ``os.mkdir(marker)``: the code a malicious weights file runs."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.mkdir, (str(self.marker),)
+
+
+def test_a_pickle_that_would_run_code_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    """torch's weights_only loader stops it; the refusal names the file, says to convert to safetensors, never to
+    turn the check off, and the pickled call never ran (it was exit 1 and a traceback suggesting
+    ``weights_only=False``)."""
+    from families import build_family, tiny_tokenizer
+
+    from agent_tools import cli
+
+    folder, marker = tmp_path / "unsafe", tmp_path / "the-payload-ran"
+    model = build_family("llama")
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    torch.save({**model.state_dict(), "payload": _MakesAFolder(marker)}, folder / "pytorch_model.bin")
+    with pytest.raises(ModelRefusedError) as refused:
+        load_model(str(folder))
+    message = refused.value.message
+    assert message.startswith(f"refused to load {folder / 'pytorch_model.bin'}: a pickle file that holds objects")
+    assert "(posix.mkdir)" in message or "(nt.mkdir)" in message
+    assert "convert the weights to safetensors" in message and "weights_only" not in message
+    assert not marker.exists()
+    capsys.readouterr()  # what saving the model printed
+    assert cli.main(["describe", "--model", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: refused to load") and "Traceback" not in err
+    assert not marker.exists()

@@ -518,3 +518,19 @@ def _assert_finite_numbers(value: Any) -> None:
     elif isinstance(value, list):
         for item in value:
             _assert_finite_numbers(item)
+
+
+def test_scaling_experiment_stops_between_training_steps() -> None:
+    """The training loop checks the call every step: a cancel after N checks stops it at the next one."""
+    checks: list[float] = []
+    context = CallContext(progress_every=0.0)  # progress at every passed check: it counts the checkpoints
+
+    def count(_elapsed: float) -> None:
+        checks.append(_elapsed)
+        if len(checks) == 5:
+            context.cancel("the test cancelled it")
+
+    context.progress = count
+    with call_scope(context), pytest.raises(CallCancelledError, match="because the test cancelled it"):
+        TOOLS["scaling_experiment"](Inspector(), {"steps": 3000, "batch": 8, "items": 4})
+    assert len(checks) == 5  # the sixth check raised: no step ran after the cancel

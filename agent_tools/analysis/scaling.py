@@ -19,7 +19,7 @@ Shapes: ``...`` leading dims (heads), ``q`` query rows, ``k`` keys, ``D`` head_d
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -261,8 +261,12 @@ def train_retrieval(
     learning_rate: float = 1.0,
     log_every: int = 10,
     seed: int = 0,
+    checkpoint: Callable[[], None] | None = None,
 ) -> ExperimentRun:
     """Train :class:`RetrievalAttention` with SGD; deterministic for a seed (same data and init for every run).
+
+    ``checkpoint`` is called before every step (a call's cancel flag and deadline): what it raises stops the
+    training there.
 
     Runs on one intra-op thread (restored afterwards): these ops are tiny, and on a shared CPU more threads only
     add contention. The result does not depend on it.
@@ -275,7 +279,7 @@ def train_retrieval(
     torch.set_num_threads(1)
     try:
         with torch.enable_grad():
-            return _train(setup)
+            return _train(setup, checkpoint)
     finally:
         torch.set_num_threads(threads)
 
@@ -297,7 +301,7 @@ class RetrievalSetup:
     seed: int
 
 
-def _train(setup: RetrievalSetup) -> ExperimentRun:
+def _train(setup: RetrievalSetup, checkpoint: Callable[[], None] | None = None) -> ExperimentRun:
     head_dim, scaled, steps, batch = setup.head_dim, setup.scaled, setup.steps, setup.batch
     items, d_model, labels, log_every = setup.items, setup.d_model, setup.labels, setup.log_every
     init = torch.Generator().manual_seed(setup.seed)
@@ -307,6 +311,8 @@ def _train(setup: RetrievalSetup) -> ExperimentRun:
     logged: dict[str, list[float]] = {k: [] for k in ("loss", "accuracy", "q", "k", "entropy", "saturated", "target")}
     logged_steps: list[int] = []
     for step in range(steps + 1):
+        if checkpoint is not None:
+            checkpoint()
         contents, item_labels, query, target = retrieval_batch(batch, items, d_model, labels, data)
         logits, weights = model(contents, item_labels, query, labels)
         answer = item_labels[torch.arange(batch, device=item_labels.device), target]

@@ -101,11 +101,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AttentionToolError as exc:
         return _one_line_error(exc.message)
     except OSError as exc:  # the machine's answer (read-only folder, full disk, missing path): not a bug
-        where = f"{exc.filename}: " if exc.filename else ""
-        return _one_line_error(f"{where}{exc.strerror or exc}")
+        from agent_tools.files import os_error_message
+
+        return _one_line_error(os_error_message(exc))
     except RecursionError:  # input nested deeper than Python's parsers go (JSON 10,000 levels deep)
         return _one_line_error("the input is nested too deeply to read; flatten it (at most a few hundred levels)")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: no traceback, the shell's code for an interrupted command
+        print("interrupted", file=sys.stderr)
         return 130
 
 

@@ -37,6 +37,9 @@ from agent_tools.settings import ARTIFACTS_ENV, DEFAULT_MODEL, cache_dir, readab
 DEFAULT_CALL_TIMEOUT = 120.0
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_IDLE = 600.0
+# A stdio server whose client closed stdin stops its calls at their next checkpoint, and ends this long after
+# even if one has not reached it (a client that is gone cannot be answered).
+STDIN_CLOSED_EXIT_SECONDS = 1.5
 
 if TYPE_CHECKING:
     from agent_tools.inspector import Inspector
@@ -161,6 +164,28 @@ def _protocol_stdout() -> Any:
     return anyio.wrap_file(io.TextIOWrapper(os.fdopen(protocol_fd, "wb"), encoding="utf-8"))
 
 
+def _ended(code: int, why: str = "") -> None:
+    """End a stdio server now: stop the calls in flight, flush, ``os._exit(code)``.
+
+    Why not a return: the daemon thread reading stdin may be blocked inside ``sys.stdin.buffer.readline``, and an
+    interpreter shutting down around it aborts on Ctrl-C ("Fatal Python error: _enter_buffered_busy", SIGABRT);
+    and finalising a process that imported torch and transformers spent 4+ s collecting garbage after the client
+    had closed stdin. Everything the server owes is written by then: its answers are flushed as they are sent.
+    """
+    from agent_tools.surfaces.mcp_server import stop_running_calls
+
+    stop_running_calls("the server was interrupted" if code else "the server ended")
+    if why:
+        print(f"attention-explainer MCP server: {why}", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def check_server_limits(args: argparse.Namespace) -> float | None:
     """Refuse limits that make no sense (one line, exit 2); return the call timeout (None: no limit)."""
     if not 0 < args.port < 65536:
@@ -202,7 +227,11 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
     )
     if args.transport == "stdio":
         stdout = _protocol_stdout()
-        anyio.run(partial(serve_stdio, server, stdout=stdout))
+        try:
+            anyio.run(partial(serve_stdio, server, stdout=stdout, exit_after_close=STDIN_CLOSED_EXIT_SECONDS))
+        except KeyboardInterrupt:
+            _ended(130, "interrupted")
+        _ended(0)
     else:
         serve = partial(
             serve_http,

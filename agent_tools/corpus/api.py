@@ -112,21 +112,23 @@ def run_corpus(
     store = RunStore(
         Path(out).expanduser().resolve() if out else default_out(checked, path), identity, columns(checked)
     )
-    store.open()
-    done = store.done()
-    budget = ErrorBudget(max_errors, seen=store.error_count())
-    pending = (item for item in read_items(path) if item.index not in done)
-    try:
-        with Progress(max(count_items(path) - len(done), 0), enabled=progress, label=f"corpus {checked}") as bar:
-            if engine == "ray":
-                run_ray(session, checked, pending, options, store, batch_size=batch_size, budget=budget,
-                        progress=bar, ray_options=pool)  # fmt: skip
-            else:
-                run_local(session, checked, pending, options, store, batch_size=batch_size, budget=budget, progress=bar)
-    except TooManyErrors:
-        finish(store, resamples=resamples, seed=seed, complete=False)
-        raise
-    return finish(store, resamples=resamples, seed=seed, complete=True)
+    with store.locked():  # one run per folder: a second one is refused at once, naming this one
+        store.open()
+        done = store.done()
+        budget = ErrorBudget(max_errors, seen=store.error_count())
+        pending = (item for item in read_items(path) if item.index not in done)
+        try:
+            with Progress(max(count_items(path) - len(done), 0), enabled=progress, label=f"corpus {checked}") as bar:
+                if engine == "ray":
+                    run_ray(session, checked, pending, options, store, batch_size=batch_size, budget=budget,
+                            progress=bar, ray_options=pool)  # fmt: skip
+                else:
+                    run_local(session, checked, pending, options, store, batch_size=batch_size, budget=budget,
+                              progress=bar)  # fmt: skip
+        except TooManyErrors:
+            finish(store, resamples=resamples, seed=seed, complete=False)
+            raise
+        return finish(store, resamples=resamples, seed=seed, complete=True)
 
 
 def finish(store: RunStore, *, resamples: int, seed: int, complete: bool) -> CorpusResult:

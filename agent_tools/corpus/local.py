@@ -8,7 +8,7 @@ from agent_tools.corpus.flow import ErrorBudget, Progress, batches_by_length
 from agent_tools.corpus.items import CorpusItem, ItemOutcome
 from agent_tools.corpus.store import RunStore
 from agent_tools.corpus.tasks import Task, TaskOptions, analyse
-from agent_tools.inspector import Inspector
+from agent_tools.inspector import Inspector, current_call
 
 
 def run_local(
@@ -25,11 +25,15 @@ def run_local(
     """Analyse every item in this process; each finished batch is committed before the next starts.
 
     Stops (raising :class:`~agent_tools.corpus.flow.TooManyErrors`) at the first bad row over the budget, after
-    committing the items analysed so far.
+    committing the items analysed so far. Inside a call (:func:`agent_tools.inspector.call_scope`) it checks the
+    call's cancel flag and deadline between items.
     """
+    call = current_call()
     for batch in batches_by_length(items, batch_size):
         outcomes: list[ItemOutcome] = []
         for item in batch:
+            if call is not None:
+                call.check()
             outcome = analyse(inspector, task, item, options)
             outcomes.append(outcome)
             progress.advance()

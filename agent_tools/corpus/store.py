@@ -7,24 +7,36 @@
     OUT/table.parquet            every part's rows, sorted by item (each item's rows in the tool's order)
     OUT/errors.parquet           item, id, kind, reason of every bad row
     OUT/summary.json, OUT/report.html
+    OUT/.run.lock, OUT/.run.owner.json   the lock one run holds while it writes, and who holds it (PID, host)
 
 Every file is written to a temporary name and renamed, so a kill leaves either the whole file or none. The
 final table depends only on which items are done, never on how the work was split into parts, so a resumed
 run's table equals an uninterrupted one's.
+
+One run per folder: :meth:`RunStore.locked` takes an exclusive lock on the folder (``filelock``: ``flock`` on
+POSIX, ``LockFileEx`` on Windows, released by the system when its holder dies, so a killed run's lock is simply
+taken over). A second run on the same folder is refused at once, naming the holder's PID and host. And the
+table never holds an item twice: each item's rows come from the first committed part that covers it, whatever
+a folder written without the lock (an older version, a file system without locks) holds.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
-import tempfile
-from collections.abc import Sequence
+import socket
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from agent_tools.corpus.items import ItemOutcome
 from agent_tools.errors import InvalidInputError
+from agent_tools.files import remove_stale_partials, write_atomic
+
+logger = logging.getLogger(__name__)
 
 MANIFEST = "run.json"
 PARTS = "parts"
@@ -32,6 +44,9 @@ TABLE = "table.parquet"
 ERRORS = "errors.parquet"
 SUMMARY = "summary.json"
 PAGE = "report.html"
+LOCK = ".run.lock"
+OWNER = ".run.owner.json"
+_RUN_FILES = frozenset({LOCK, OWNER})  # what the lock puts in a new folder: it is still empty for ``open``
 FORMAT = 1
 ERROR_COLUMNS = [("item", "int"), ("id", "str"), ("kind", "str"), ("reason", "str")]
 _PART = re.compile(r"^part-(\d{6})\.")
@@ -45,19 +60,6 @@ def arrow_schema(columns: Columns) -> Any:
 
     types = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
     return pa.schema([(name, types[kind]) for name, kind in columns])
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write ``path`` whole or not at all (a temporary file in the same folder, then a rename)."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(payload)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def write_table(path: Path, table: Any) -> None:
@@ -80,6 +82,39 @@ class RunStore:
         self.schema = arrow_schema(columns)
         self.error_schema = arrow_schema(ERROR_COLUMNS)
 
+    # --- one run per folder ------------------------------------------------------------------------------
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the folder's exclusive lock for the block; refuse at once when another run holds it."""
+        from filelock import FileLock, Timeout
+
+        if self.out.exists() and not self.out.is_dir():
+            msg = f"--out {str(self.out)!r} exists and is not a corpus run folder; give a new or empty folder"
+            raise InvalidInputError(msg, field="out")
+        self.out.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(self.out / LOCK, timeout=0, thread_local=False)
+        try:
+            lock.acquire()
+        except Timeout as exc:
+            raise InvalidInputError(self._busy_message(), field="out") from exc
+        try:
+            owner = {"pid": os.getpid(), "host": socket.gethostname()}
+            write_atomic(self.out / OWNER, json.dumps(owner))
+            yield
+        finally:
+            lock.release()
+
+    def _busy_message(self) -> str:
+        try:
+            owner = json.loads((self.out / OWNER).read_text(encoding="utf-8"))
+            holder = f"PID {int(owner['pid'])} on host {owner['host']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            holder = "a process that has not said who it is yet"
+        return (
+            f"--out {str(self.out)!r} is in use by another corpus run ({holder}); wait for it to finish, stop it, "
+            "or give another --out"
+        )
+
     # --- opening and resuming ----------------------------------------------------------------------------
     def open(self) -> bool:
         """Create the folder, or check that the run already in it is this one; True when it is a resumed run."""
@@ -92,8 +127,9 @@ class RunStore:
                 msg = f"--out {str(self.out)!r} holds another run ({shown}); give another --out or remove that folder"
                 raise InvalidInputError(msg, field="out")
             self._drop_unfinished()
+            remove_stale_partials(self.out)
             return True
-        if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
+        if self.out.exists() and (not self.out.is_dir() or any(p.name not in _RUN_FILES for p in self.out.iterdir())):
             msg = f"--out {str(self.out)!r} exists and is not a corpus run folder; give a new or empty folder"
             raise InvalidInputError(msg, field="out")
         self.parts.mkdir(parents=True, exist_ok=True)
@@ -117,12 +153,28 @@ class RunStore:
     def _markers(self) -> list[Path]:
         return sorted(self.parts.glob("part-*.done.json")) if self.parts.is_dir() else []
 
+    def _first_parts(self) -> list[tuple[Path, set[int]]]:
+        """Each committed part with the items it is the first to cover (later copies of an item are dropped)."""
+        seen: set[int] = set()
+        parts: list[tuple[Path, set[int]]] = []
+        repeated: set[int] = set()
+        for marker in self._markers():
+            items = {int(index) for index in read_json(marker)["items"]}
+            repeated |= items & seen
+            parts.append((marker, items - seen))
+            seen |= items
+        if repeated:
+            shown = ", ".join(map(str, sorted(repeated)[:10]))
+            logger.warning("%d item(s) were committed twice in %s (%s); each keeps its first part's rows",
+                           len(repeated), self.out, shown)  # fmt: skip
+        return parts
+
     def done(self) -> set[int]:
         """Items some committed part covers (with rows or an error): a rerun skips them."""
         return {index for marker in self._markers() for index in read_json(marker)["items"]}
 
     def error_count(self) -> int:
-        return sum(int(read_json(marker)["errors"]) for marker in self._markers())
+        return self.errors().num_rows if self._markers() else 0
 
     # --- writing -----------------------------------------------------------------------------------------
     def _next_part(self) -> str:
@@ -147,10 +199,14 @@ class RunStore:
     # --- reading the whole run ---------------------------------------------------------------------------
     def _gather(self, suffix: str, schema: Any) -> Any:
         import pyarrow as pa
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        tables = [pq.read_table(m.with_name(m.name.replace(".done.json", suffix))) for m in self._markers()]
-        table = pa.concat_tables([t.cast(schema) for t in tables]) if tables else schema.empty_table()
+        tables = []
+        for marker, items in self._first_parts():
+            table = pq.read_table(marker.with_name(marker.name.replace(".done.json", suffix))).cast(schema)
+            tables.append(table.filter(pc.is_in(table["item"], pa.array(sorted(items), pa.int64()))))
+        table = pa.concat_tables(tables) if tables else schema.empty_table()
         return table.sort_by([("item", "ascending")]).combine_chunks()  # a stable sort: each item's rows keep order
 
     def results(self) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agent_tools.files import remove_stale_partials, write_atomic
 from agent_tools.report.content import (  # re-exported: the terminal and older callers import them from here
     ROLE_ABBREVIATIONS,
     SECTION_TITLES,
@@ -16,7 +17,7 @@ from agent_tools.report.content import (  # re-exported: the terminal and older 
     top_heads,
 )
 from agent_tools.report.figures import draw_pictures
-from agent_tools.report.html import page_for, write_html
+from agent_tools.report.html import page_for, render_html
 from agent_tools.report.job import AnalysisResult
 
 __all__ = [
@@ -37,20 +38,23 @@ def write_pngs(result: AnalysisResult, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     for name, picture in draw_pictures(result).items():
-        path = out / f"{name}.png"
-        path.write_bytes(picture.png)
-        written[name] = path
+        written[name] = write_atomic(out / f"{name}.png", picture.png)
     return written
 
 
 def write_outputs(result: AnalysisResult, out_dir: str | Path) -> dict[str, Path]:
     """Write report.json, the PNGs and report.html into ``out_dir``; return their paths (json, html, then one
-    entry per picture, named by its file stem)."""
+    entry per picture, named by its file stem).
+
+    Each file is written whole or not at all (:func:`agent_tools.files.write_atomic`): a run killed while writing
+    leaves the previous file or none under each name, never a truncated one.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    report_json = out / "report.json"
-    report_json.write_text(json.dumps(result.to_report().model_dump(mode="json"), indent=2, ensure_ascii=False))
+    remove_stale_partials(out)
+    report = json.dumps(result.to_report().model_dump(mode="json"), indent=2, ensure_ascii=False)
+    report_json = write_atomic(out / "report.json", report)
     pngs = write_pngs(result, out)
-    html_path = write_html(page_for(result), out / "report.html")
+    html_path = write_atomic(out / "report.html", render_html(page_for(result)))
     result.written_to = out
     return {"json": report_json, "html": html_path, **pngs}

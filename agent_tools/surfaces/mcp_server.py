@@ -34,9 +34,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import os
 import re
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import cache, partial
@@ -56,6 +58,7 @@ from pydantic import ValidationError
 
 from agent_tools import __version__
 from agent_tools.errors import AttentionToolError, CallCancelledError, DeadlineExceededError, InvalidInputError
+from agent_tools.files import os_error_message
 from agent_tools.inspector import CallContext, Inspector, call_scope, check_list_lengths, check_unicode
 from agent_tools.prompts import (
     TOPICS,
@@ -450,6 +453,9 @@ def _tool_handlers(
             return _error_result(stopped_text(name, exc))
         except AttentionToolError as exc:
             return _error_result(error_text(name, exc))
+        except OSError as exc:  # the server's machine refused (a full disk, a permission): not the arguments, no bug
+            logger.warning("tool %s: %s", name, os_error_message(exc))
+            return _error_result(system_error_text(name, exc))
         except Exception as exc:  # a bug: keep serving, log the traceback, tell the client plainly
             logger.exception("tool %s failed on %r", name, arguments)
             return _error_result(f"Internal error in {name}: {type(exc).__name__}: {exc}")
@@ -470,16 +476,35 @@ async def _run_call(spec: ToolSpec, inspector: Inspector, arguments: dict[str, A
     """
     work = partial(_call_in_scope, spec, inspector, arguments, context)
     limit = None if context.timeout is None else context.timeout + STOP_GRACE_SECONDS
+    with _RUNNING_LOCK:
+        _RUNNING[id(context)] = context
     try:
         with anyio.move_on_after(limit) as scope:
             return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
     except anyio.get_cancelled_exc_class():
         context.cancel("the client cancelled it")
         raise
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.pop(id(context), None)
     assert scope.cancelled_caught
     context.cancel("it ran past the time limit")
     msg = f"the call ran past this server's time limit of {context.timeout:g} s and was stopped; ask for less"
     raise DeadlineExceededError(msg)
+
+
+# The calls whose handler is waiting for their worker thread: a server ending (stdin closed, Ctrl-C) stops them all.
+_RUNNING: dict[int, CallContext] = {}  # keyed by id(): a context is a dataclass, compared by value
+_RUNNING_LOCK = threading.Lock()
+
+
+def stop_running_calls(reason: str) -> int:
+    """Cancel every call in flight (each worker stops at its next checkpoint); return how many there were."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING.values())
+    for context in running:
+        context.cancel(reason)
+    return len(running)
 
 
 def _call_in_scope(spec: ToolSpec, inspector: Inspector, arguments: dict[str, Any], context: CallContext) -> Any:
@@ -520,6 +545,14 @@ def _progress_reporter(ctx: RequestContext, context: CallContext) -> Callable[[f
             logger.debug("progress notification not sent", exc_info=True)
 
     return report
+
+
+def system_error_text(tool: str, error: OSError) -> str:
+    """The tool error of a call the server's machine refused: the path, what the system said, what to do."""
+    return (
+        f"Error [resource_limit]: {os_error_message(error)}. This is on the server's machine, not in the arguments: "
+        f"tell its operator, or call {tool} without asking for a file."
+    )
 
 
 def stopped_text(tool: str, error: CallCancelledError) -> str:
@@ -764,18 +797,53 @@ def parse_line(raw: bytes) -> Any:
         raise RpcProblem(types.INVALID_REQUEST, msg, message.get("id")) from exc
 
 
-def _read_stdin(binary: Any, lines: MemoryObjectSendStream[bytes], token: Any) -> None:
+def _read_stdin(
+    binary: Any, lines: MemoryObjectSendStream[bytes], token: Any, on_end: Callable[[], None] | None = None
+) -> None:
     """Feed stdin's lines (at most MAX_LINE_BYTES + 1 bytes at a time) to the event loop; runs in a daemon thread,
-    so a server ending for any reason never waits for a blocked ``readline`` (it hung until stdin closed)."""
+    so a server ending for any reason never waits for a blocked ``readline`` (it hung until stdin closed).
+    ``on_end`` runs when stdin ends (the client is gone): the calls still running are stopped."""
     try:
-        while raw := binary.readline(MAX_LINE_BYTES + 1):
+        while True:
+            try:
+                raw = binary.readline(MAX_LINE_BYTES + 1)
+            except (OSError, ValueError):  # stdin broken or closed under us: the client is gone as well
+                raw = b""
+            if not raw:
+                break
             anyio.from_thread.run(lines.send, raw, token=token)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.RunFinishedError, OSError, ValueError):
-        return
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.RunFinishedError):
+        return  # the server is ending on its own
+    if on_end is not None:
+        on_end()
     try:
         anyio.from_thread.run(lines.aclose, token=token)
     except anyio.RunFinishedError:
         return
+
+
+def _stdin_closed(exit_after: float | None) -> None:
+    """The client closed stdin: stop every running call; with ``exit_after``, end the process that many seconds
+    later if it is still alive (a stretch of work without a checkpoint must not keep a server nobody can reach:
+    it hung for minutes). Only the ``mcp`` command asks for the exit; a test serving in-process does not."""
+    stopped = stop_running_calls("the client closed the connection")
+    if stopped:
+        logger.info("stdin closed: stopping %d running call(s)", stopped)
+    if exit_after is None:
+        return
+
+    def exit_later() -> None:
+        time.sleep(exit_after)
+        logger.warning("a call did not stop within %.1f s of stdin closing; exiting", exit_after)
+        for stream in (sys.stderr, sys.__stderr__):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(0)
+
+    threading.Thread(target=exit_later, name="stdin-closed exit", daemon=True).start()
 
 
 async def _route_lines(
@@ -802,7 +870,9 @@ async def _route_lines(
 
 
 @asynccontextmanager
-async def _stdio_streams(binary: Any, stdout: Any) -> AsyncIterator[tuple[Any, Any]]:
+async def _stdio_streams(
+    binary: Any, stdout: Any, on_end: Callable[[], None] | None = None
+) -> AsyncIterator[tuple[Any, Any]]:
     """The stdio transport (the SDK's, plus an answer for every malformed line): read and write streams."""
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
@@ -820,7 +890,7 @@ async def _stdio_streams(binary: Any, stdout: Any) -> AsyncIterator[tuple[Any, A
                 await write(message.message.model_dump_json(by_alias=True, exclude_unset=True))
 
     reader = threading.Thread(
-        target=_read_stdin, args=(binary, line_writer, anyio.lowlevel.current_token()), daemon=True
+        target=_read_stdin, args=(binary, line_writer, anyio.lowlevel.current_token(), on_end), daemon=True
     )
     async with anyio.create_task_group() as group:
         group.start_soon(_route_lines, line_reader, read_writer, write)
@@ -832,11 +902,15 @@ async def _stdio_streams(binary: Any, stdout: Any) -> AsyncIterator[tuple[Any, A
             group.cancel_scope.cancel()
 
 
-async def serve_stdio(server: Server[Any], *, stdin: Any = None, stdout: Any = None) -> None:
+async def serve_stdio(
+    server: Server[Any], *, stdin: Any = None, stdout: Any = None, exit_after_close: float | None = None
+) -> None:
     """Serve over stdio until the client closes the pipe.
 
     ``stdin`` is a binary file (``sys.stdin.buffer`` by default): lines are decoded here, strictly, so invalid
     UTF-8 is answered as an error instead of being replaced and analysed. ``stdout`` is an anyio text file.
+    When stdin closes, the calls still running are stopped at their next checkpoint; with ``exit_after_close``
+    the process also ends that many seconds later if it is still alive (a server process, not a test).
     """
     import io
 
@@ -844,7 +918,8 @@ async def serve_stdio(server: Server[Any], *, stdin: Any = None, stdout: Any = N
         stdin = sys.stdin.buffer
     if stdout is None:
         stdout = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
-    async with _stdio_streams(stdin, stdout) as (read_stream, write_stream):
+    on_end = partial(_stdin_closed, exit_after_close)
+    async with _stdio_streams(stdin, stdout, on_end) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, initialization_options(server))
 
 
@@ -853,6 +928,58 @@ def _closed_stream_noise(record: logging.LogRecord) -> bool:
     way a session ends: ``DELETE``); every other record passes."""
     error = record.exc_info[1] if record.exc_info else None
     return not isinstance(error, anyio.ClosedResourceError)
+
+
+async def _read_post(receive: Any) -> tuple[bytes, RpcProblem | None]:
+    """A POST's body, and the JSON-RPC error it gets here when the SDK would answer it wrongly or not at all.
+
+    The SDK's HTTP transport took a request with an object as id for a notification (202, no answer: the client
+    waited for ever) and answered a batch or a missing ``"jsonrpc"`` with -32602; the stdio checks
+    (:func:`parse_line`) answer each as JSON-RPC says. Well-formed bodies go on to the SDK unchanged.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), None  # disconnected: the SDK sees the same
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_LINE_BYTES:
+            return b"", RpcProblem(types.INVALID_REQUEST, f"Invalid Request: a message over {MAX_LINE_BYTES:,} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    try:
+        parse_line(body)
+    except RpcProblem as problem:
+        return body, problem
+    return body, None
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """An ASGI ``receive`` that gives ``body`` once, then whatever the connection says next."""
+    sent = False
+
+    async def replayed() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        message: dict[str, Any] = await receive()
+        return message
+
+    return replayed
+
+
+async def _send_rpc_error(send: Any, problem: RpcProblem) -> None:
+    logger.warning("answered a malformed HTTP message with %d: %s", problem.code, problem.message)
+    payload = problem.answer().encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    status = 400
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
 
 
 def is_loopback(host: str) -> bool:
@@ -908,6 +1035,12 @@ async def serve_http(
 
     class Endpoint:  # an ASGI app (a class, so Starlette's Route passes scope/receive/send through)
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            if scope.get("method") == "POST":
+                body, problem = await _read_post(receive)
+                if problem is not None:
+                    await _send_rpc_error(send, problem)
+                    return
+                receive = _replay(body, receive)
             await manager.handle_request(scope, receive, send)
 
     @asynccontextmanager

@@ -11,7 +11,7 @@ import statistics
 
 from agent_tools.analysis.scaling import ExperimentRun, train_retrieval
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector
+from agent_tools.inspector import Inspector, current_call
 from agent_tools.schemas import rounded
 from agent_tools.tools.scaling_experiment import narrative
 from agent_tools.tools.scaling_experiment.models import (
@@ -57,8 +57,14 @@ def _curve(run: ExperimentRun) -> ExperimentCurve:
 
 
 def _train_runs(args: ScalingExperimentInput) -> list[ExperimentRun]:
-    """Small then large d_k, each with then without the scale; same seed, so same data and initialisation."""
+    """Small then large d_k, each with then without the scale; same seed, so same data and initialisation.
+
+    Every step checks the call's cancel flag and deadline: a stopped call stops training at once (at its limits
+    one call is minutes of CPU, which a deadline that only answered would leave running).
+    """
     log_every = args.log_every or max(1, args.steps // CURVE_POINTS)
+    call = current_call()
+    checkpoint = None if call is None else call.check
     return [
         train_retrieval(
             head_dim,
@@ -72,6 +78,7 @@ def _train_runs(args: ScalingExperimentInput) -> list[ExperimentRun]:
             learning_rate=args.learning_rate,
             log_every=log_every,
             seed=args.seed,
+            checkpoint=checkpoint,
         )
         for head_dim in (args.small_head_dim, args.large_head_dim)
         for scaled in (True, False)

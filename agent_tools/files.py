@@ -1,0 +1,141 @@
+"""Files the project writes are whole or absent, and the machine's refusals are read as such.
+
+Every writer (PNGs, the HTML page, report JSON, Parquet parts, the conversion cache's manifest) writes to a
+temporary name in the destination's own folder and renames it into place (``os.replace``, atomic on one file
+system): a process killed mid-write (SIGKILL, a full disk, power) leaves the old file or none under the final
+name, never a truncated one a browser or a client would read. The temporary names start with ``.`` and end with
+``.partial``, so a listing of final names never shows them; a kill leaves one behind, which the next write of
+the same folder removes once its writer is dead (:func:`remove_stale_partials`).
+
+Layer 1 (standard library only): every layer may use it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+PARTIAL_SUFFIX = ".partial"
+_HOST = socket.gethostname().replace("-", "_") or "host"
+
+
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}.{_HOST}-{os.getpid()}-"
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that takes a file name (``savefig``, ``save_file``); on a
+    clean exit it is renamed to ``path``, on any exception (or a kill) ``path`` is untouched.
+
+    The temporary file keeps ``path``'s suffix before ``.partial`` only in its name; writers that pick a format
+    from the suffix must be told the format (``savefig(..., format="png")``).
+    """
+    final = Path(path)
+    try:
+        handle, name = tempfile.mkstemp(prefix=_temporary_prefix(final), suffix=PARTIAL_SUFFIX, dir=final.parent)
+    except OSError as exc:
+        raise _naming(exc, final) from exc
+    os.close(handle)
+    temporary = Path(name)
+    try:
+        yield temporary
+        _keep_umask_mode(temporary)
+        os.replace(temporary, final)
+    except OSError as exc:  # a full disk, a lost permission: name the file the caller asked for, not ours
+        temporary.unlink(missing_ok=True)
+        raise _naming(exc, final) from exc
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _naming(exc: OSError, final: Path) -> OSError:
+    """``exc`` as raised for ``final`` (same type, errno and message) when it names the temporary file or none."""
+    if exc.filename is not None and not str(exc.filename).endswith(PARTIAL_SUFFIX):
+        return exc
+    try:
+        return type(exc)(exc.errno, exc.strerror or str(exc), str(final))
+    except TypeError:
+        return OSError(exc.errno, exc.strerror or str(exc), str(final))
+
+
+def write_atomic(path: str | Path, data: bytes | str) -> Path:
+    """Write ``path`` whole or not at all (a temporary file in the same folder, then renamed).
+
+    No ``fsync``: the rename makes a kill of this process safe; a power cut may still lose the newest files.
+    """
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    with atomic_path(path) as temporary, temporary.open("wb") as stream:
+        stream.write(payload)
+    return Path(path)
+
+
+def _keep_umask_mode(path: Path) -> None:
+    """``mkstemp`` makes 0600 files; a final file gets the mode a plain ``open`` would give (0666 & ~umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    with suppress(OSError):
+        os.chmod(path, 0o666 & ~mask)
+
+
+def remove_stale_partials(folder: str | Path) -> list[Path]:
+    """Delete the temporary files killed writers of this host left in ``folder``; a live writer's are kept."""
+    removed: list[Path] = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if not (entry.name.startswith(".") and entry.name.endswith(PARTIAL_SUFFIX)):
+            continue
+        owner = entry.name[: -len(PARTIAL_SUFFIX)].rsplit(".", 1)[-1].rsplit("-", 2)
+        if len(owner) != 3 or owner[0] != _HOST or not owner[1].isdigit() or _alive(int(owner[1])):
+            continue
+        try:
+            entry.unlink()
+            removed.append(entry)
+        except OSError:
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but belongs to someone else
+        return True
+    return True
+
+
+_FREE_SPACE = "free some space there or write to another folder"
+_WRITABLE = "choose a folder you can write to"
+_ADVICE = {
+    errno.ENOSPC: _FREE_SPACE,
+    errno.EDQUOT: _FREE_SPACE,
+    errno.EFBIG: "the file is over a size limit; write to another folder",
+    errno.EACCES: _WRITABLE,
+    errno.EPERM: _WRITABLE,
+    errno.EROFS: _WRITABLE,
+    errno.ENOENT: "check the path",
+    errno.ENOTDIR: "check the path",
+    errno.EISDIR: "give a file name, not a folder",
+}
+
+
+def os_error_message(exc: OSError, *, action: str = "") -> str:
+    """One line for an operating-system error: the path, what the system said, and what to do about it."""
+    where = "" if exc.filename is None else str(exc.filename)
+    said = exc.strerror or str(exc) or type(exc).__name__
+    advice = _ADVICE.get(exc.errno or 0, "check the path and try again")
+    subject = f"{action} {where}".strip()
+    return f"{subject + ': ' if subject else ''}{said}; {advice}"
