@@ -41,6 +41,17 @@ def on_tiny(name: str, facts: Any) -> dict[str, Any]:
             arguments[key] = sorted({min(v, last_layer) for v in value})
         elif key == "heads":
             arguments[key] = [f"{last_layer}.{last_head}"]
+        elif key in {"sink", "window"}:  # a short cache the tiny text outlasts
+            arguments[key] = 1 if key == "sink" else 4
+        elif key == "context_length":
+            arguments[key] = min(int(value), facts.max_positions or int(value))
+        elif key == "lengths":
+            arguments[key] = [min(int(v), 48) for v in value]
+        elif key == "max_new_tokens":
+            arguments[key] = min(int(value), 3)
+    if name == "position_sensitivity":  # movable pieces of the tiny text
+        pieces = [{"name": "first", "text": "the cat sat"}, {"name": "second", "text": "the dog sat"}]
+        arguments.update(segments=pieces, move="second", answer="mat")
     return arguments
 
 

@@ -67,7 +67,13 @@ def test_system_prompt_lists_every_declared_tool() -> None:
         assert f"- `{name}`: {spec.description}" in text
     assert "[[" not in text and "{" not in text
     assert "smollm2-135m-instruct" in text
-    for rule in ("Never invent numbers", "harmless sink", "variance is d_k", "layer, the head, the token"):
+    for rule in (
+        "Never invent numbers",
+        "no-op sink",
+        "never call a head harmful from value norms alone",
+        "variance is d_k",
+        "layer, the head, the token",
+    ):
         assert rule in text
 
 
