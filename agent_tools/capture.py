@@ -226,11 +226,18 @@ class _CaptureState:
     buffer: Tensor | None = None  # flat storage for the logits of one block, reused by every block that fits
     key_prefix: bool = False  # every consumer reads per-row tensors only up to key_width
     stop_after: int | None = None  # raise StopCapture once this layer has been handed to the consumers
+    last_wanted: int | None = None  # the last layer of ``stack`` handed to the consumers (None: the stack's last)
     calls: int = 0
     checkpoint: Callable[[], None] | None = None  # raises to stop the pass (cancelled call, deadline)
 
     def wants(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
+
+    def may_run_sdpa(self, stack: str, layer: int) -> bool:
+        """Whether an uncaptured layer may run sdpa: only a layer of the captured stack after its last captured
+        layer, whose result reaches no captured map (sdpa differs from eager by ~1e-7 per layer in float32, and
+        the difference compounds through every later layer: 1e-5 by layer 14 of a 16-layer model)."""
+        return stack == self.stack and self.last_wanted is not None and layer > self.last_wanted
 
 
 _ACTIVE: contextvars.ContextVar[_CaptureState | None] = contextvars.ContextVar("attention_capture", default=None)
@@ -404,11 +411,14 @@ def capture_attention_forward(
         return output.transpose(1, 2).contiguous(), weights
     stack, layer = where
     wanted = stack == state.stack and state.wants(layer)
-    if not wanted and terms.empty and softcap is None and query.dtype == torch.float32:
-        # Layers nobody asked for run fast with sdpa; sdpa cannot soft-cap or add a bias or a sink column, so those
-        # layers take the eager path. In half precision sdpa rounds differently from eager (~1e-2 in bf16), which
-        # would shift every later layer away from the model's eager attention, so there every layer takes the eager
-        # path (chunked, uncaptured).
+    fast = terms.empty and softcap is None and query.dtype == torch.float32
+    if not wanted and fast and state.may_run_sdpa(stack, layer):
+        # Layers after the last captured one run fast with sdpa: they reach no captured map, only the output
+        # (~1e-6 from the eager output in float32). Every layer before it runs the eager math (chunked, uncaptured),
+        # so a captured layer reads the hidden states of the model's own eager pass whatever subset is asked for.
+        # sdpa cannot soft-cap or add a bias or a sink column, so such layers stay eager. In half precision sdpa
+        # rounds differently from eager (~1e-2 in bf16): the output would be neither the eager pass the report
+        # explains nor the sdpa pass, so there every layer runs the eager math.
         groups = query.shape[1] // key.shape[1]
         if groups > 1 and getattr(module, "num_key_value_groups", None) != groups:
             # sdpa expands GQA from module.num_key_value_groups, which adapted modules (Falcon) do not carry
@@ -554,8 +564,9 @@ def capture_attention(
         stack: the attention stack to capture (``"self"``; ``"encoder"``, ``"decoder"`` or ``"cross"`` of an
             encoder–decoder); ``None`` is the model's default (``"self"``, or ``"encoder"``). The other stacks'
             layers run uncaptured with the model's own math.
-        layers: capture only these layers of the stack (others run with sdpa where that is exact); ``None``
-            captures all.
+        layers: capture only these layers of the stack; ``None`` captures all. Every layer up to the last
+            captured one runs the eager math (so any subset gives the maps of the model's eager pass); layers
+            after it run sdpa in float32 where the family adds no term (they change only the output, ~1e-6).
         query_chunk: compute at most this many query rows at a time (bounds memory to H·chunk·T).
         record_inputs: also hand each consumer the hidden states entering the attention module and the
             rotary (cos, sin), via a forward pre-hook removed in ``finally``.
@@ -581,8 +592,9 @@ def capture_attention(
         key_prefix=bool(consumers) and all(c.accepts_key_prefix for c in consumers),
         checkpoint=checkpoint,
     )
+    state.last_wanted = max(state.layers, default=-1) if state.layers is not None else len(modules) - 1
     if stop_after_last:
-        state.stop_after = max(state.layers) if state.layers else len(modules) - 1
+        state.stop_after = state.last_wanted if state.layers else len(modules) - 1
     handles = []
     token = _ACTIVE.set(state)
     try:
