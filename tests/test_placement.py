@@ -407,3 +407,28 @@ def test_advice_names_the_missing_flag_and_offload_checks_the_disk(
         check_fits(plan, offloaded, dtype=torch.bfloat16)
     monkeypatch.setattr(pl, "disk_free", lambda folder: spill + 2**30)
     check_fits(plan, offloaded, dtype=torch.bfloat16)  # room on disk: the load may try
+
+
+@pytest.mark.parametrize("shape", ["llama-3.2-1b", "llama-70b"])
+def test_describe_model_answers_from_a_config_only_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    """A folder with only config.json is described from the meta device (no weight read, no load) with the memory
+    the operator's placement would need; a 70B describes on a machine it would never fit."""
+    from agent_tools.inspector import Inspector
+    from agent_tools.tools import get_tool
+
+    config = tf.LlamaConfig(**{**(LLAMA_32_1B if shape == "llama-3.2-1b" else LLAMA_70B), "dtype": "bfloat16"})
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(tmp_path / shape)
+    assert [p.name for p in (tmp_path / shape).iterdir()] == ["config.json"]
+    monkeypatch.setattr(tf.LlamaForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights were read"))
+    report = get_tool("describe_model")(Inspector(), {"model": str(tmp_path / shape)})
+    assert not report.weights_loaded and report.device == "cpu" and report.dtype == "float32"
+    assert (report.num_layers, report.num_heads, report.num_kv_heads) == (
+        config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+    )  # fmt: skip
+    expected = pl.estimate_memory(config, torch.float32)
+    assert report.memory is not None and report.memory.peak_bytes == expected.peak
+    assert report.memory.load_copy_bytes == expected.load_copy > 0  # a bfloat16 checkpoint upcast to float32
+    assert str(tmp_path / shape) not in loaded_models()

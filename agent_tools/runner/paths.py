@@ -43,8 +43,11 @@ class PathGap:
 
 
 def default_implementation(loaded: LoadedModel) -> str:
-    """The attention implementation the model runs outside a capture (what its users deploy)."""
-    return str(getattr(loaded.model.config, "_attn_implementation", None) or "eager")
+    """The attention implementation the model runs outside a capture (what its users deploy).
+
+    Read under the model's lock: a capture running in another thread switches the config while it holds it."""
+    with loaded.lock:
+        return str(getattr(loaded.model.config, "_attn_implementation", None) or "eager")
 
 
 def path_gap(
@@ -57,7 +60,6 @@ def path_gap(
     checkpoint: Callable[[], None] | None = None,
 ) -> PathGap:
     """Run the text through the model's default path and through the eager path; compare their outputs."""
-    default = default_implementation(loaded)
     ids, mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
     model = loaded.model
     extra: dict[str, Any] = {}
@@ -67,6 +69,7 @@ def path_gap(
         else:
             extra["decoder_input_ids"] = on_device(loaded, decoder_input_ids)
     with locked(loaded, checkpoint), torch.inference_mode():
+        default = default_implementation(loaded)
         own = _output(model(input_ids=ids, attention_mask=mask, **extra))
         with capture_attention(loaded.model, [], query_chunk=query_chunk, checkpoint=checkpoint):
             eager = _output(model(input_ids=ids, attention_mask=mask, **extra))
