@@ -379,8 +379,8 @@ ATTENTION_BLOCK_BYTES = 64 * 1024**2
 class MemoryEstimate:
     """What a load and one pass hold, from the config alone (bytes).
 
-    ``weights``: the loaded parameters and buffers. ``load_copy``: the checkpoint's own tensors, read in its saved
-    precision and held while each is converted to the load dtype (0 when they match: the tensor is used as read).
+    ``weights``: the loaded parameters and buffers. ``load_copy``: the checkpoint's own tensors, mapped in its
+    saved precision while each is converted or copied into the model (0 for a quantized load).
     ``working_set``: one forward over ``tokens`` tokens — hidden states and projections of one layer, the MLP's
     intermediate, one block of attention scores/weights, the KV cache, and the float32 next-token logits.
     The load copy is released before a pass runs, so the peak is ``weights + max(load_copy, working_set)``.
@@ -408,9 +408,9 @@ def estimate_memory(
     """:class:`MemoryEstimate` of loading ``config``'s model in ``dtype`` and running one pass over ``tokens``."""
     weights = estimate_load_bytes(config, dtype, causal=causal, quantization=quantization, folder=folder)
     saved = checkpoint_dtype(config) or dtype
-    load_copy = 0
-    if not quantization and saved != dtype:
-        load_copy = weights * _itemsize(saved) // _itemsize(dtype)  # the file's tensors, before conversion
+    # the file's tensors, mapped in its saved precision while they are converted or copied into the model
+    # (measured: a bfloat16 checkpoint loaded in float32 peaks at weights + the file; in bfloat16 above that)
+    load_copy = 0 if quantization else weights * _itemsize(saved) // _itemsize(dtype)
     limit = _config_int(config, "max_position_embeddings", "n_positions", "max_seq_len") or CHECK_TOKENS
     length = tokens if tokens is not None else min(CHECK_TOKENS, limit)
     return MemoryEstimate(weights, load_copy, pass_bytes(config, dtype, length), length)
@@ -636,7 +636,7 @@ def check_fits(
 def _sizes(plan: MemoryEstimate) -> str:
     parts = [f"weights {readable_size(plan.weights)}"]
     if plan.load_copy:
-        parts.append(f"+ {readable_size(plan.load_copy)} checkpoint copy while converting")
+        parts.append(f"+ {readable_size(plan.load_copy)} checkpoint mapped while loading")
     if plan.working_set:
         parts.append(f"+ {readable_size(plan.working_set)} for a {plan.tokens:,}-token pass")
     return ", ".join(parts)

@@ -32,7 +32,7 @@ class MemoryNeeds(BaseModel):
 
     dtype: str = Field(description="the precision the placement loads")
     weights_bytes: int = Field(description="parameters and buffers in that precision")
-    load_copy_bytes: int = Field(description="the checkpoint's tensors held while converting them (0: same dtype)")
+    load_copy_bytes: int = Field(description="the checkpoint file mapped while its tensors are loaded")
     working_set_bytes: int = Field(description="one forward over working_set_tokens tokens, beyond the weights")
     working_set_tokens: int
     peak_bytes: int = Field(description="weights + the larger of the load copy and the working set")
