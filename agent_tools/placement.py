@@ -15,6 +15,7 @@ without paying for torch.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
 import logging
@@ -69,8 +70,9 @@ _QUANTIZED_BYTES = {"8bit": 1.0, "4bit": 0.5 + 4 / 64}
 class Placement:
     """How to load a model: precision, device, device map, memory limits, disk offload and quantization.
 
-    ``Placement()`` (all ``auto``) is float32 on the CPU on a machine without an accelerator, which is what the
-    explainer has always loaded; on a GPU machine it is the checkpoint's own dtype on ``cuda``. Building one
+    ``Placement()`` (all ``auto``) on a machine without an accelerator is bfloat16 on a CPU with bfloat16
+    hardware and float32 on any other (:func:`dtype_reason`); on a GPU machine it is the checkpoint's own dtype on
+    ``cuda``. Building one
     checks nothing; :meth:`validate` (or :func:`make_placement`) checks it against this machine.
     """
 
@@ -272,20 +274,52 @@ def checkpoint_dtype(config: object | None) -> torch.dtype | None:
     return None
 
 
-def resolve_dtype(placement: Placement, config: object | None = None) -> torch.dtype:
-    """The dtype to load: the one asked for; ``auto`` = the checkpoint's own on an accelerator, float32 on the CPU.
+# CPU flags whose presence means bfloat16 matmuls run in hardware (AMX tiles, AVX-512 BF16 dot products). Without
+# them bfloat16 is emulated: on this project's 2-core AVX2 CPU a bfloat16 forward of the default model took 6.6x
+# the float32 one (benchmarks/bench_real_models.py dtype); with them it is 4-5x faster than float32.
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
-    The CPU default stays float32 because half-precision matmuls there are slow and lose the 1e-5 parity with
-    the eager reference; an accelerator runs the checkpoint's own precision (bfloat16 for most recent models).
-    """
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_flags() -> tuple[str, ...]:
+    """The :data:`CPU_BF16_FLAGS` this CPU reports in /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ()
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return tuple(flag for flag in CPU_BF16_FLAGS if flag in flags)
+
+
+def resolve_dtype(placement: Placement, config: object | None = None) -> torch.dtype:
+    """The dtype to load: the one asked for; ``auto`` = the checkpoint's own on an accelerator; on the CPU
+    bfloat16 where it has bfloat16 hardware (:func:`cpu_bf16_flags`), else float32 (see :func:`dtype_reason`)."""
     import torch
 
     if placement.dtype != "auto":
         return getattr(torch, placement.dtype)
     if resolve_device(placement) == "cpu":
-        return torch.float32
+        return torch.bfloat16 if cpu_bf16_flags() else torch.float32
     own = checkpoint_dtype(config)
     return own if own in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
+
+
+def dtype_reason(placement: Placement, config: object | None = None) -> str:
+    """Why the placement loads the dtype it does, in words."""
+    chosen = dtype_name(resolve_dtype(placement, config))
+    if placement.dtype != "auto":
+        return f"{chosen}: the operator's --dtype"
+    if resolve_device(placement) != "cpu":
+        return f"{chosen}: auto on an accelerator runs the checkpoint's own precision"
+    flags = cpu_bf16_flags()
+    if flags:
+        return f"{chosen}: auto on a CPU with bfloat16 hardware ({', '.join(flags)})"
+    return (
+        f"{chosen}: auto on a CPU without bfloat16 hardware (no {' or '.join(CPU_BF16_FLAGS)} flag: bfloat16 emulated)"
+    )
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -297,7 +331,7 @@ def cache_key(placement: Placement) -> str:
     device = resolve_device(placement)
     dtype: Any = placement.dtype
     if dtype == "auto" and device == "cpu":
-        dtype = "float32"
+        dtype = dtype_name(resolve_dtype(placement))
     return replace(placement, dtype=dtype, device=device if placement.device_map is None else "auto").key
 
 

@@ -432,3 +432,20 @@ def test_describe_model_answers_from_a_config_only_folder(
     assert report.memory is not None and report.memory.peak_bytes == expected.peak
     assert report.memory.load_copy_bytes == expected.load_copy > 0  # a bfloat16 checkpoint upcast to float32
     assert str(tmp_path / shape) not in loaded_models()
+
+
+def test_auto_dtype_on_the_cpu_follows_its_bfloat16_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto on a CPU: bfloat16 with AMX or AVX-512 BF16, float32 without; the reason names what was found."""
+    monkeypatch.setattr(pl, "cpu_bf16_flags", lambda: ("amx_bf16",))
+    assert pl.resolve_dtype(Placement(device="cpu")) == torch.bfloat16
+    assert pl.cache_key(Placement(device="cpu")).startswith("bfloat16@cpu")
+    assert "bfloat16 hardware (amx_bf16)" in pl.dtype_reason(Placement(device="cpu"))
+    monkeypatch.setattr(pl, "cpu_bf16_flags", lambda: ())
+    assert pl.resolve_dtype(Placement(device="cpu")) == torch.float32
+    assert "without bfloat16 hardware" in pl.dtype_reason(Placement(device="cpu"))
+    assert pl.dtype_reason(Placement(dtype="float16", device="cpu")) == "float16: the operator's --dtype"
+
+
+def test_cpu_bf16_flags_read_from_cpuinfo() -> None:
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else []
+    assert set(pl.cpu_bf16_flags()) == {flag for flag in pl.CPU_BF16_FLAGS if flag in flags}

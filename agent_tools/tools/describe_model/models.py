@@ -64,6 +64,9 @@ class ModelDescription(Report):
     num_parameters: int
     language_model: bool = Field(description="has a next-token head (ablation reports KL of the next token)")
     placement: str = Field(description="how the operator loads models: dtype@device, device map, offload")
+    dtype_reason: str = Field(
+        default="", description="why the placement loads this dtype (auto's choice and its reason)"
+    )
     stacks: list[StackDescription] = Field(
         default_factory=list, description="every attention stack: layers, heads, widths, scale, mask, score terms"
     )

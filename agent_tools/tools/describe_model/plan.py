@@ -26,6 +26,7 @@ from agent_tools.loading import (  # the loader's own checks, so a bad source re
 from agent_tools.placement import (
     cache_key,
     dtype_name,
+    dtype_reason,
     estimate_memory,
     meta_model,
     resolve_device,
@@ -218,6 +219,7 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
         num_parameters=f.num_parameters,
         language_model=f.is_language_model,
         placement=cache_key(inspector.placement),
+        dtype_reason=dtype_reason(inspector.placement, described.config),
         stacks=stacks,
         weights_bytes={name: weights_bytes(described.model, getattr(torch, name)) for name in FLOAT_DTYPES},
         weights_loaded=described.loaded,
