@@ -326,19 +326,20 @@ def _eager_rows(
     return logits, weights, output, sink_weight
 
 
-def _key_stop(mask: Tensor | None, keys: int) -> int:
-    """Key columns a block of rows needs: one past the last column any row may read.
+def _key_stops(mask: Tensor, keys: int, chunk: int) -> list[int]:
+    """Key columns each block of ``chunk`` query rows needs: one past the last column any of its rows may read.
 
-    ``keys`` (no truncation) when there is no mask or some row may read nothing: eager softmax spreads such a
-    row uniformly over every column, which a narrower block would change.
+    ``keys`` (no truncation) for a block with a row that may read nothing: eager softmax spreads such a row
+    uniformly over every column, which a narrower block would change. Computed for every block of the layer on
+    the mask's device and copied to the host once (not a synchronisation per block).
     """
-    if mask is None:
-        return keys
-    allowed = mask > torch.finfo(mask.dtype).min / 2  # (B, 1, q, Tk)
-    if not bool(allowed.any(-1).all()):
-        return keys
-    columns = allowed.any(0).any(0).any(0)  # (Tk,)
-    return int(columns.nonzero().max()) + 1
+    allowed = mask[..., :keys] > torch.finfo(mask.dtype).min / 2  # (B, 1, q, Tk)
+    rows = allowed.shape[2]
+    # last readable column of each row: Tk − 1 − (first True from the right); rows reading nothing need every key
+    last = keys - allowed.flip(-1).to(torch.uint8).argmax(-1)  # (B, 1, q) one past the last readable column
+    need = torch.where(allowed.any(-1), last, torch.full_like(last, keys)).amax(dim=(0, 1))  # (q,)
+    padded = torch.nn.functional.pad(need, (0, (-rows) % chunk), value=0)
+    return padded.view(-1, chunk).amax(-1).tolist()  # (blocks,)
 
 
 def _score_terms(module: nn.Module, query: Tensor, kwargs: dict[str, Any]) -> _Terms:
@@ -475,16 +476,17 @@ def _captured_rows(
     recorded = state.inputs.pop(where[1], None) if where is not None else None
     outputs = []
     weights = query.new_empty(0)
-    for start in range(0, length, chunk):
+    per_row_mask = attention_mask is not None and attention_mask.shape[2] > 1
+    stops: list[int] | None = None
+    if state.key_prefix and length > chunk and attention_mask is not None and per_row_mask:
+        stops = _key_stops(attention_mask, key_states.shape[-2], chunk)  # one host copy per layer
+    for index, start in enumerate(range(0, length, chunk)):
         if start and state.checkpoint is not None:
             state.checkpoint()  # between query chunks: one layer of a long text can take seconds
         stop = min(start + chunk, length)
         rows = query[:, :, start:stop]
-        per_row_mask = attention_mask is not None and attention_mask.shape[2] > 1
         mask = attention_mask[:, :, start:stop] if attention_mask is not None and per_row_mask else attention_mask
-        keys = key_states.shape[-2]
-        if state.key_prefix and length > chunk and mask is not None and per_row_mask:
-            keys = _key_stop(mask, keys)
+        keys = stops[index] if stops is not None else key_states.shape[-2]
         mask = mask[..., :keys] if mask is not None else None
         bias = terms.rows(start, stop, keys)
         logits, weights, output, sink_weight = _eager_rows(

@@ -279,3 +279,44 @@ def test_any_layer_subset_gives_the_eager_maps_of_a_deep_model(dtype: torch.dtyp
             assert (got - expected).abs().max().item() <= ATOL, layer
         else:
             assert torch.equal(got, expected), layer
+
+
+class _HostSyncs:
+    """Counts tensor-to-Python conversions (each one waits for the device): item, tolist, bool, int, float."""
+
+    NAMES = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor: torch.Tensor, *args: object, _original=original, **kwargs: object) -> object:
+                self.count += 1
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+class _PrefixNoop:
+    accepts_key_prefix = True
+
+    def on_layer(self, layer: LayerAttention) -> None:
+        layer.row_entropy()  # a shared per-row measure, kept on the device
+
+
+def test_host_synchronisations_are_per_layer_not_per_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A causal capture in 4-row chunks with key prefixes: the key width of every chunk is decided with one host
+    copy per layer, so 10 chunks per layer cost what 1 does."""
+    model = build_family("llama")
+    ids = torch.arange(6, 46)[None]  # 40 tokens
+    counts = {}
+    for chunk in (40, 4):
+        syncs = _HostSyncs(monkeypatch)
+        with torch.inference_mode(), capture_attention(model, [_PrefixNoop()], query_chunk=chunk):
+            model(input_ids=ids)
+        counts[chunk] = syncs.count
+        monkeypatch.undo()
+    layers = model.config.num_hidden_layers
+    assert counts[4] <= counts[40] + layers, counts  # at most one more copy per layer, whatever the chunk count
+    assert counts[4] <= 2 * layers, counts
