@@ -179,6 +179,8 @@ def _same_report(tool: str, arguments: dict, offloaded_inspector: Inspector, fol
     """The tool's report on the offloaded model has every number of its report on the in-memory model."""
     got = get_tool(tool)(offloaded_inspector, {"model": folder, **arguments}).model_dump()
     expected = get_tool(tool)(Inspector(), {"model": in_memory, **arguments}).model_dump()
+    for report in (got, expected):  # the loaded folder runs sdpa by default, the registered original eager
+        report.pop("attention_path", None)
     got_floats, expected_floats = _floats(got), _floats(expected)
     assert got_floats.keys() == expected_floats.keys()
     wrong = {k: (v, expected_floats[k]) for k, v in got_floats.items() if abs(v - expected_floats[k]) > 1e-4}
