@@ -226,11 +226,18 @@ class _CaptureState:
     buffer: Tensor | None = None  # flat storage for the logits of one block, reused by every block that fits
     key_prefix: bool = False  # every consumer reads per-row tensors only up to key_width
     stop_after: int | None = None  # raise StopCapture once this layer has been handed to the consumers
+    last_wanted: int | None = None  # the last layer of ``stack`` handed to the consumers (None: the stack's last)
     calls: int = 0
     checkpoint: Callable[[], None] | None = None  # raises to stop the pass (cancelled call, deadline)
 
     def wants(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
+
+    def may_run_sdpa(self, stack: str, layer: int) -> bool:
+        """Whether an uncaptured layer may run sdpa: only a layer of the captured stack after its last captured
+        layer, whose result reaches no captured map (sdpa differs from eager by ~1e-7 per layer in float32, and
+        the difference compounds through every later layer: 1e-5 by layer 14 of a 16-layer model)."""
+        return stack == self.stack and self.last_wanted is not None and layer > self.last_wanted
 
 
 _ACTIVE: contextvars.ContextVar[_CaptureState | None] = contextvars.ContextVar("attention_capture", default=None)
@@ -319,19 +326,20 @@ def _eager_rows(
     return logits, weights, output, sink_weight
 
 
-def _key_stop(mask: Tensor | None, keys: int) -> int:
-    """Key columns a block of rows needs: one past the last column any row may read.
+def _key_stops(mask: Tensor, keys: int, chunk: int) -> list[int]:
+    """Key columns each block of ``chunk`` query rows needs: one past the last column any of its rows may read.
 
-    ``keys`` (no truncation) when there is no mask or some row may read nothing: eager softmax spreads such a
-    row uniformly over every column, which a narrower block would change.
+    ``keys`` (no truncation) for a block with a row that may read nothing: eager softmax spreads such a row
+    uniformly over every column, which a narrower block would change. Computed for every block of the layer on
+    the mask's device and copied to the host once (not a synchronisation per block).
     """
-    if mask is None:
-        return keys
-    allowed = mask > torch.finfo(mask.dtype).min / 2  # (B, 1, q, Tk)
-    if not bool(allowed.any(-1).all()):
-        return keys
-    columns = allowed.any(0).any(0).any(0)  # (Tk,)
-    return int(columns.nonzero().max()) + 1
+    allowed = mask[..., :keys] > torch.finfo(mask.dtype).min / 2  # (B, 1, q, Tk)
+    rows = allowed.shape[2]
+    # last readable column of each row: Tk − 1 − (first True from the right); rows reading nothing need every key
+    last = keys - allowed.flip(-1).to(torch.uint8).argmax(-1)  # (B, 1, q) one past the last readable column
+    need = torch.where(allowed.any(-1), last, torch.full_like(last, keys)).amax(dim=(0, 1))  # (q,)
+    padded = torch.nn.functional.pad(need, (0, (-rows) % chunk), value=0)
+    return padded.view(-1, chunk).amax(-1).tolist()  # (blocks,)
 
 
 def _score_terms(module: nn.Module, query: Tensor, kwargs: dict[str, Any]) -> _Terms:
@@ -404,11 +412,14 @@ def capture_attention_forward(
         return output.transpose(1, 2).contiguous(), weights
     stack, layer = where
     wanted = stack == state.stack and state.wants(layer)
-    if not wanted and terms.empty and softcap is None and query.dtype == torch.float32:
-        # Layers nobody asked for run fast with sdpa; sdpa cannot soft-cap or add a bias or a sink column, so those
-        # layers take the eager path. In half precision sdpa rounds differently from eager (~1e-2 in bf16), which
-        # would shift every later layer away from the model's eager attention, so there every layer takes the eager
-        # path (chunked, uncaptured).
+    fast = terms.empty and softcap is None and query.dtype == torch.float32
+    if not wanted and fast and state.may_run_sdpa(stack, layer):
+        # Layers after the last captured one run fast with sdpa: they reach no captured map, only the output
+        # (~1e-6 from the eager output in float32). Every layer before it runs the eager math (chunked, uncaptured),
+        # so a captured layer reads the hidden states of the model's own eager pass whatever subset is asked for.
+        # sdpa cannot soft-cap or add a bias or a sink column, so such layers stay eager. In half precision sdpa
+        # rounds differently from eager (~1e-2 in bf16): the output would be neither the eager pass the report
+        # explains nor the sdpa pass, so there every layer runs the eager math.
         groups = query.shape[1] // key.shape[1]
         if groups > 1 and getattr(module, "num_key_value_groups", None) != groups:
             # sdpa expands GQA from module.num_key_value_groups, which adapted modules (Falcon) do not carry
@@ -465,16 +476,17 @@ def _captured_rows(
     recorded = state.inputs.pop(where[1], None) if where is not None else None
     outputs = []
     weights = query.new_empty(0)
-    for start in range(0, length, chunk):
+    per_row_mask = attention_mask is not None and attention_mask.shape[2] > 1
+    stops: list[int] | None = None
+    if state.key_prefix and length > chunk and attention_mask is not None and per_row_mask:
+        stops = _key_stops(attention_mask, key_states.shape[-2], chunk)  # one host copy per layer
+    for index, start in enumerate(range(0, length, chunk)):
         if start and state.checkpoint is not None:
             state.checkpoint()  # between query chunks: one layer of a long text can take seconds
         stop = min(start + chunk, length)
         rows = query[:, :, start:stop]
-        per_row_mask = attention_mask is not None and attention_mask.shape[2] > 1
         mask = attention_mask[:, :, start:stop] if attention_mask is not None and per_row_mask else attention_mask
-        keys = key_states.shape[-2]
-        if state.key_prefix and length > chunk and mask is not None and per_row_mask:
-            keys = _key_stop(mask, keys)
+        keys = stops[index] if stops is not None else key_states.shape[-2]
         mask = mask[..., :keys] if mask is not None else None
         bias = terms.rows(start, stop, keys)
         logits, weights, output, sink_weight = _eager_rows(
@@ -554,8 +566,9 @@ def capture_attention(
         stack: the attention stack to capture (``"self"``; ``"encoder"``, ``"decoder"`` or ``"cross"`` of an
             encoder–decoder); ``None`` is the model's default (``"self"``, or ``"encoder"``). The other stacks'
             layers run uncaptured with the model's own math.
-        layers: capture only these layers of the stack (others run with sdpa where that is exact); ``None``
-            captures all.
+        layers: capture only these layers of the stack; ``None`` captures all. Every layer up to the last
+            captured one runs the eager math (so any subset gives the maps of the model's eager pass); layers
+            after it run sdpa in float32 where the family adds no term (they change only the output, ~1e-6).
         query_chunk: compute at most this many query rows at a time (bounds memory to H·chunk·T).
         record_inputs: also hand each consumer the hidden states entering the attention module and the
             rotary (cos, sin), via a forward pre-hook removed in ``finally``.
@@ -581,8 +594,9 @@ def capture_attention(
         key_prefix=bool(consumers) and all(c.accepts_key_prefix for c in consumers),
         checkpoint=checkpoint,
     )
+    state.last_wanted = max(state.layers, default=-1) if state.layers is not None else len(modules) - 1
     if stop_after_last:
-        state.stop_after = max(state.layers) if state.layers else len(modules) - 1
+        state.stop_after = state.last_wanted if state.layers else len(modules) - 1
     handles = []
     token = _ACTIVE.set(state)
     try:

@@ -29,9 +29,9 @@ from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
 from agent_tools.placement import Placement
 from agent_tools.runner import attribution as evidence
-from agent_tools.runner import attribution_patching, patching, replay
+from agent_tools.runner import attribution_patching, patching, paths, replay
 from agent_tools.runner.forward import locked
-from agent_tools.schemas import ChatMessage, Token
+from agent_tools.schemas import AttentionPath, ChatMessage, Token
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
 from agent_tools.usage import long_text_advice
 
@@ -359,6 +359,9 @@ class Inspector:
         # data files (or corpus output folders) the operator allows tools to read; an agent only names one
         self.allowed_data: tuple[Path, ...] = tuple(Path(p).expanduser().resolve() for p in allowed_data)
         self.texts = TextStore()  # long texts the reports' next calls name by handle, for this session
+        # the last input each model ran (reports state the path gap on it) and the gaps measured, per model + text
+        self._last_input: dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
+        self._path_gaps: dict[tuple[str, str], paths.PathGap] = {}
 
     # --- models -------------------------------------------------------------------------------------
     def model(self, reference: str | None = None) -> LoadedModel:
@@ -373,6 +376,37 @@ class Inspector:
     def limit_for(self, loaded: LoadedModel) -> int:
         limits = [v for v in (loaded.facts.max_positions, self.token_limit) if v]
         return min(limits) if limits else 4096
+
+    def attention_path(self, name: str) -> AttentionPath | None:
+        """The path reports on model ``name`` explain (eager) and, when the model's default differs, the gap
+        between the two passes' outputs on the last text it ran: measured once per model and text (two forwards)."""
+        loaded = self._served.get(name)
+        if loaded is None:
+            return None
+        default = paths.default_implementation(loaded)
+        path = AttentionPath(explained=paths.EXPLAINED_PATH, model_default=default)
+        last = self._last_input.get(name)
+        if default == paths.EXPLAINED_PATH or last is None:
+            return path
+        input_ids, mask, decoder = last
+        parts = [input_ids] + [t for t in (mask, decoder) if t is not None]
+        key = (name, hashlib.sha256(b"".join(t.cpu().numpy().tobytes() for t in parts)).hexdigest()[:16])
+        gap = self._path_gaps.get(key)
+        if gap is None:
+            length = max(input_ids.shape[-1], decoder.shape[-1] if decoder is not None else 0)
+            gap = paths.path_gap(
+                loaded, input_ids, mask, decoder_input_ids=decoder, query_chunk=self.query_chunk(loaded, length),
+                checkpoint=_checkpoint(),
+            )  # fmt: skip
+            if len(self._path_gaps) >= _PATH_GAPS_KEPT:
+                self._path_gaps.pop(next(iter(self._path_gaps)))
+            self._path_gaps[key] = gap
+        return path.model_copy(update=_gap_fields(gap))
+
+    def _ran(
+        self, loaded: LoadedModel, input_ids: torch.Tensor, mask: torch.Tensor | None, decoder: torch.Tensor | None
+    ) -> None:
+        self._last_input[loaded.name] = (input_ids, mask, decoder)
 
     # --- tokenising ---------------------------------------------------------------------------------
     def render_messages(
@@ -557,6 +591,7 @@ class Inspector:
         language-model head and stops right after the last captured layer; it returns None.
         """
         decoder = encoded.decoder
+        self._ran(loaded, encoded.input_ids, encoded.attention_mask, decoder.input_ids if decoder else None)
         return runner.captured_forward(
             loaded,
             encoded.input_ids,
@@ -586,6 +621,7 @@ class Inspector:
         if lead.encoded.decoder is not None or not all(lead.shares_pass_with(plan) for plan in plans[1:]):
             return False
         assert lead.layers is not None
+        self._ran(lead.loaded, lead.encoded.input_ids, lead.encoded.attention_mask, None)
         return replay.replayed_layer(
             lead.loaded,
             calls,
@@ -601,6 +637,7 @@ class Inspector:
         self, loaded: LoadedModel, encoded: Encoded, consumers: Sequence[AttentionConsumer] = ()
     ) -> torch.Tensor | None:
         """A captured forward of a prompt; the (V,) next-token logits at its last position (None: no LM head)."""
+        self._ran(loaded, encoded.input_ids, encoded.attention_mask, None)
         return runner.answer_logits(
             loaded,
             encoded.input_ids,
@@ -630,6 +667,7 @@ class Inspector:
         (:meth:`on_stack`).
         """
         check_new_tokens(max_new_tokens)
+        self._ran(loaded, encoded.input_ids, encoded.attention_mask, None)
         if not loaded.facts.is_language_model:
             msg = f"model {loaded.name!r} has no next-token head, so it cannot generate; use target='last'"
             raise InvalidInputError(msg, field="target")
@@ -679,6 +717,7 @@ class Inspector:
         The passes run the model's own attention, so the call's checkpoint goes in as pre-hooks on the attention
         modules, registered only while this call holds the model's lock.
         """
+        self._ran(loaded, input_ids, attention_mask, None)
         checkpoint = _checkpoint()
         with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
             return runner.ablated_forward(
@@ -789,6 +828,7 @@ class Inspector:
         self, loaded: LoadedModel, encoded: Encoded, consumers: Sequence[AttentionConsumer] = ()
     ) -> evidence.TracedAnswer:
         """:meth:`answer_logits` that also keeps the prompt's KV cache for the causal checks."""
+        self._ran(loaded, encoded.input_ids, encoded.attention_mask, None)
         return evidence.traced_answer(
             loaded,
             encoded.input_ids,
@@ -976,6 +1016,24 @@ class TextStore:
         if isinstance(arguments, list):
             return [self.refer(v, after=after) for v in arguments]
         return arguments
+
+
+_PATH_GAPS_KEPT = 16  # (model, text) path gaps kept per session
+
+
+def _gap_fields(gap: paths.PathGap) -> dict[str, Any]:
+    """The gap's numbers for :class:`AttentionPath`, at three significant digits (KL can be 1e-12)."""
+
+    def short(value: float | None) -> float | None:
+        return None if value is None else float(f"{value:.3g}")
+
+    return {
+        "tokens": gap.tokens,
+        "max_output_difference": short(gap.max_output_difference),
+        "mean_kl": short(gap.mean_kl),
+        "max_kl": short(gap.max_kl),
+        "top1_agreement": short(gap.top1_agreement),
+    }
 
 
 def text_digest(text: str) -> str:

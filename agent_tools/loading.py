@@ -53,6 +53,7 @@ from agent_tools.placement import (
     check_fits,
     dtype_name,
     estimate_load_bytes,
+    estimate_memory,
     from_pretrained_kwargs,
     resolve_dtype,
 )
@@ -702,9 +703,9 @@ def _check_memory(config: object, placement: Placement, *, causal: bool, name: s
     if folder is not None and not any(f.suffix in _WEIGHT_SUFFIXES for f in folder.iterdir()):
         return None
     dtype = resolve_dtype(placement, config)
-    estimate = estimate_load_bytes(config, dtype, causal=causal, quantization=placement.quantization, folder=folder)
+    estimate = estimate_memory(config, dtype, causal=causal, quantization=placement.quantization, folder=folder)
     check_fits(estimate, placement, dtype=dtype, what=f"model {name!r}")
-    return estimate
+    return estimate.weights
 
 
 def _from_pretrained(cls: Any, location: str, placement: Placement, *, local_only: bool, config: object) -> nn.Module:

@@ -15,6 +15,7 @@ without paying for torch.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
 import logging
@@ -69,8 +70,9 @@ _QUANTIZED_BYTES = {"8bit": 1.0, "4bit": 0.5 + 4 / 64}
 class Placement:
     """How to load a model: precision, device, device map, memory limits, disk offload and quantization.
 
-    ``Placement()`` (all ``auto``) is float32 on the CPU on a machine without an accelerator, which is what the
-    explainer has always loaded; on a GPU machine it is the checkpoint's own dtype on ``cuda``. Building one
+    ``Placement()`` (all ``auto``) on a machine without an accelerator is bfloat16 on a CPU with bfloat16
+    hardware and float32 on any other (:func:`dtype_reason`); on a GPU machine it is the checkpoint's own dtype on
+    ``cuda``. Building one
     checks nothing; :meth:`validate` (or :func:`make_placement`) checks it against this machine.
     """
 
@@ -272,20 +274,52 @@ def checkpoint_dtype(config: object | None) -> torch.dtype | None:
     return None
 
 
-def resolve_dtype(placement: Placement, config: object | None = None) -> torch.dtype:
-    """The dtype to load: the one asked for; ``auto`` = the checkpoint's own on an accelerator, float32 on the CPU.
+# CPU flags whose presence means bfloat16 matmuls run in hardware (AMX tiles, AVX-512 BF16 dot products). Without
+# them bfloat16 is emulated: on this project's 2-core AVX2 CPU a bfloat16 forward of the default model took 6.6x
+# the float32 one (benchmarks/bench_real_models.py dtype); with them it is 4-5x faster than float32.
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
-    The CPU default stays float32 because half-precision matmuls there are slow and lose the 1e-5 parity with
-    the eager reference; an accelerator runs the checkpoint's own precision (bfloat16 for most recent models).
-    """
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_flags() -> tuple[str, ...]:
+    """The :data:`CPU_BF16_FLAGS` this CPU reports in /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ()
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return tuple(flag for flag in CPU_BF16_FLAGS if flag in flags)
+
+
+def resolve_dtype(placement: Placement, config: object | None = None) -> torch.dtype:
+    """The dtype to load: the one asked for; ``auto`` = the checkpoint's own on an accelerator; on the CPU
+    bfloat16 where it has bfloat16 hardware (:func:`cpu_bf16_flags`), else float32 (see :func:`dtype_reason`)."""
     import torch
 
     if placement.dtype != "auto":
         return getattr(torch, placement.dtype)
     if resolve_device(placement) == "cpu":
-        return torch.float32
+        return torch.bfloat16 if cpu_bf16_flags() else torch.float32
     own = checkpoint_dtype(config)
     return own if own in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
+
+
+def dtype_reason(placement: Placement, config: object | None = None) -> str:
+    """Why the placement loads the dtype it does, in words."""
+    chosen = dtype_name(resolve_dtype(placement, config))
+    if placement.dtype != "auto":
+        return f"{chosen}: the operator's --dtype"
+    if resolve_device(placement) != "cpu":
+        return f"{chosen}: auto on an accelerator runs the checkpoint's own precision"
+    flags = cpu_bf16_flags()
+    if flags:
+        return f"{chosen}: auto on a CPU with bfloat16 hardware ({', '.join(flags)})"
+    return (
+        f"{chosen}: auto on a CPU without bfloat16 hardware (no {' or '.join(CPU_BF16_FLAGS)} flag: bfloat16 emulated)"
+    )
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -297,7 +331,7 @@ def cache_key(placement: Placement) -> str:
     device = resolve_device(placement)
     dtype: Any = placement.dtype
     if dtype == "auto" and device == "cpu":
-        dtype = "float32"
+        dtype = dtype_name(resolve_dtype(placement))
     return replace(placement, dtype=dtype, device=device if placement.device_map is None else "auto").key
 
 
@@ -366,6 +400,84 @@ def estimate_load_bytes(
     if on_disk is not None and abs(on_disk - estimate) > 0.1 * max(estimate, 1):
         logger.warning("config estimate %d bytes, checkpoint headers %d bytes; using the larger", estimate, on_disk)
     return max(estimate, on_disk or 0)
+
+
+# Tokens the load-time check sizes one pass for (a tool's pass over a longer text is checked by the inspector's
+# budgets before it runs); capped by the model's own maximum positions.
+CHECK_TOKENS = 2048
+# Query rows of one layer's attention are computed in blocks of at most this many bytes (the inspector's chunking).
+ATTENTION_BLOCK_BYTES = 64 * 1024**2
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What a load and one pass hold, from the config alone (bytes).
+
+    ``weights``: the loaded parameters and buffers. ``load_copy``: the checkpoint's own tensors, mapped in its
+    saved precision while each is converted or copied into the model (0 for a quantized load).
+    ``working_set``: one forward over ``tokens`` tokens — hidden states and projections of one layer, the MLP's
+    intermediate, one block of attention scores/weights, the KV cache, and the float32 next-token logits.
+    The load copy is released before a pass runs, so the peak is ``weights + max(load_copy, working_set)``.
+    """
+
+    weights: int
+    load_copy: int
+    working_set: int
+    tokens: int
+
+    @property
+    def peak(self) -> int:
+        return self.weights + max(self.load_copy, self.working_set)
+
+
+def estimate_memory(
+    config: object,
+    dtype: torch.dtype,
+    *,
+    causal: bool | None = None,
+    quantization: str | None = None,
+    folder: str | os.PathLike[str] | None = None,
+    tokens: int | None = None,
+) -> MemoryEstimate:
+    """:class:`MemoryEstimate` of loading ``config``'s model in ``dtype`` and running one pass over ``tokens``."""
+    weights = estimate_load_bytes(config, dtype, causal=causal, quantization=quantization, folder=folder)
+    saved = checkpoint_dtype(config) or dtype
+    # the file's tensors, mapped in its saved precision while they are converted or copied into the model
+    # (measured: a bfloat16 checkpoint loaded in float32 peaks at weights + the file; in bfloat16 above that)
+    load_copy = 0 if quantization else weights * _itemsize(saved) // _itemsize(dtype)
+    limit = _config_int(config, "max_position_embeddings", "n_positions", "max_seq_len") or CHECK_TOKENS
+    length = tokens if tokens is not None else min(CHECK_TOKENS, limit)
+    return MemoryEstimate(weights, load_copy, pass_bytes(config, dtype, length), length)
+
+
+def _config_int(config: object, *names: str) -> int | None:
+    for source in (config, getattr(config, "text_config", None)):
+        for name in names:
+            value = getattr(source, name, None) if source is not None else None
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def pass_bytes(config: object, dtype: torch.dtype, tokens: int) -> int:
+    """Bytes one forward over ``tokens`` tokens holds beyond the weights (see :class:`MemoryEstimate`)."""
+    item = _itemsize(dtype)
+    hidden = _config_int(config, "hidden_size", "n_embd", "d_model") or 0
+    heads = _config_int(config, "num_attention_heads", "n_head", "encoder_attention_heads") or 1
+    kv_heads = _config_int(config, "num_key_value_heads", "n_head_kv") or heads
+    head_dim = _config_int(config, "head_dim") or (hidden // heads if heads else 0)
+    inner = _config_int(config, "intermediate_size", "n_inner", "ffn_dim", "d_ff") or 4 * hidden
+    layers = _config_int(config, "num_hidden_layers", "n_layer", "num_layers") or 1
+    vocab = _config_int(config, "vocab_size") or 0
+    per_token = (
+        4 * hidden  # residual stream, normed input, attention output, MLP output
+        + (heads + 2 * kv_heads) * head_dim  # q, k, v of the running layer
+        + 3 * inner  # gate, up and the activation of the MLP
+        + 2 * layers * kv_heads * head_dim  # the KV cache a causal forward returns
+    ) * item
+    logits = tokens * vocab * (item + 4)  # the head's logits in dtype and their float32 copy
+    attention = min(ATTENTION_BLOCK_BYTES, 3 * heads * tokens * tokens * 4)  # scores, logits, weights per block
+    return tokens * per_token + logits + attention
 
 
 def weights_bytes(model: nn.Module, dtype: torch.dtype, *, quantization: str | None = None) -> int:
@@ -491,8 +603,8 @@ def _host_available() -> int | None:
 def memory_budget(placement: Placement) -> tuple[int | None, str]:
     """The bytes a placement may fill and that budget in words; ``None`` = unlimited or unknown.
 
-    One device: what it has free × :data:`HEADROOM`. A device map: the sum of ``max_memory`` when given, else
-    every GPU's free memory plus the CPU's; an offload folder adds unlimited disk.
+    One device: what it has free × :data:`HEADROOM`. A device map: the sum of ``max_memory``'s memory devices
+    when given, else every GPU's free memory plus the CPU's (the disk of an offload folder is checked apart).
     """
     if placement.device_map is None:
         device = resolve_device(placement)
@@ -500,10 +612,11 @@ def memory_budget(placement: Placement) -> tuple[int | None, str]:
         if free is None:
             return None, f"{device} memory is unknown"
         return int(free * HEADROOM), f"{device} has {readable_size(free)} free ({HEADROOM:.0%} usable)"
-    if placement.offload_folder or (placement.max_memory and "disk" in placement.max_memory):
-        return None, "disk offload is unlimited"
     if placement.max_memory:
-        budget = sum(size_bytes(s) for s in placement.max_memory.values())
+        memory = {k: v for k, v in placement.max_memory.items() if k != "disk"}
+        if not memory:
+            return None, "max_memory names only disk"
+        budget = sum(size_bytes(s) for s in memory.values())
         names = ", ".join(f"{k}={v}" for k, v in placement.max_memory.items())
         return budget, f"max_memory ({names}) allows {readable_size(budget)}"
     import torch
@@ -518,23 +631,97 @@ def memory_budget(placement: Placement) -> tuple[int | None, str]:
 
 
 def check_fits(
-    estimate: int, placement: Placement, *, dtype: torch.dtype | None = None, what: str = "the model"
+    estimate: int | MemoryEstimate,
+    placement: Placement,
+    *,
+    dtype: torch.dtype | None = None,
+    what: str = "the model",
 ) -> None:
-    """Refuse a load that cannot fit before any weight is read, with the numbers and what to try instead."""
-    budget, where = memory_budget(placement)
-    if budget is None or estimate <= budget:
+    """Refuse a load that cannot fit before any weight is read, per device, with the numbers and the flag to add.
+
+    With a :class:`MemoryEstimate`: on one device the load-time peak (weights + the checkpoint copy held while
+    converting, or + one pass's working set) must fit that device; on an accelerator the weights and the working
+    set go there and the checkpoint copy is read on the host. With a device map the weights beyond the memory
+    budget (what ``max_memory`` allows, else what the devices have free) spill to the offload folder, whose disk
+    must have room for them. A plain number is weights only (the GGUF conversion's check).
+    """
+    plan = estimate if isinstance(estimate, MemoryEstimate) else MemoryEstimate(estimate, 0, 0, 0)
+    precision = dtype_name(dtype) if dtype is not None else placement.dtype
+    problem = _placement_problem(plan, placement)
+    if problem is None:
         return
     import torch
 
-    precision = dtype_name(dtype) if dtype is not None else placement.dtype
     advice = []
-    if dtype is None or dtype == torch.float32:
-        advice.append("--dtype bfloat16 (half of float32)")
-    advice.append("--device-map auto with --max-memory and --offload-folder (spill layers to CPU RAM and disk)")
+    if (dtype is None or dtype == torch.float32) and placement.quantization is None:
+        advice.append("add --dtype bfloat16 (half of float32)")
+    if placement.device_map is None:
+        advice.append("add --device-map auto --offload-folder DIR (spill layers to CPU RAM and disk)")
+    elif not placement.offload_folder:
+        advice.append("add --offload-folder DIR (spill the layers that do not fit to disk)")
     if torch.cuda.is_available() and placement.quantization is None:
-        advice.append("--quantization 4bit (CUDA)")
-    msg = (
-        f"{what} needs about {readable_size(estimate)} ({estimate:,} bytes) in {precision} but {where}; "
-        f"try {'; '.join(advice)}"
-    )
+        advice.append("add --quantization 4bit (CUDA)")
+    if not advice:
+        advice.append("free memory or disk, or use a machine with more")
+    msg = f"{what} in {precision} {problem}; try: {'; '.join(advice)}"
     raise ResourceLimitError(msg, field="model")
+
+
+def _sizes(plan: MemoryEstimate) -> str:
+    parts = [f"weights {readable_size(plan.weights)}"]
+    if plan.load_copy:
+        parts.append(f"+ {readable_size(plan.load_copy)} checkpoint mapped while loading")
+    if plan.working_set:
+        parts.append(f"+ {readable_size(plan.working_set)} for a {plan.tokens:,}-token pass")
+    return ", ".join(parts)
+
+
+def _placement_problem(plan: MemoryEstimate, placement: Placement) -> str | None:
+    """What does not fit, in words (None when everything does)."""
+    if placement.device_map is None:
+        device = resolve_device(placement)
+        on_device = plan.peak if device == "cpu" else plan.weights + plan.working_set
+        free = available_memory(device)
+        if free is not None and on_device > free * HEADROOM:
+            return (
+                f"needs about {readable_size(on_device)} ({on_device:,} bytes) on {device} ({_sizes(plan)}) but "
+                f"{device} has {readable_size(free)} free ({HEADROOM:.0%} usable)"
+            )
+        host = available_memory("cpu")
+        if device != "cpu" and host is not None and plan.load_copy > host * HEADROOM:
+            return (
+                f"reads a {readable_size(plan.load_copy)} checkpoint copy on the host while converting, but the "
+                f"CPU has {readable_size(host)} free"
+            )
+        return None
+    budget, where = memory_budget(placement)
+    needed = plan.weights + plan.working_set
+    if budget is None or needed <= budget:
+        return None
+    spill = needed - budget
+    disk = placement.offload_folder
+    if disk is None:
+        return (
+            f"needs about {readable_size(needed)} ({needed:,} bytes; {_sizes(plan)}) but {where}, and nothing may "
+            "spill to disk"
+        )
+    free_disk = disk_free(disk)
+    if free_disk is not None and spill > free_disk:
+        return (
+            f"spills about {readable_size(spill)} to the offload folder {disk!r} ({_sizes(plan)}; {where}) but its "
+            f"disk has {readable_size(free_disk)} free"
+        )
+    return None
+
+
+def disk_free(folder: str | os.PathLike[str]) -> int | None:
+    """Free bytes on the disk holding ``folder`` (its nearest existing parent); None when it cannot be read."""
+    import shutil
+
+    path = Path(folder).expanduser()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return int(shutil.disk_usage(path).free)
+    except OSError:
+        return None

@@ -189,6 +189,26 @@ class Omitted(BaseModel):
     )
 
 
+class AttentionPath(BaseModel):
+    """Which attention path a report explains, and the measured gap to the model's default path on this text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    explained: str = Field(description="the path the maps and numbers come from: the families' eager attention")
+    model_default: str = Field(description="the implementation the model runs by default (sdpa, eager, ...)")
+    tokens: int | None = Field(default=None, description="positions compared (None: no text ran, or same path)")
+    max_output_difference: float | None = Field(
+        default=None, description="largest |eager − default| of the output logits (hidden states without a head)"
+    )
+    mean_kl: float | None = Field(
+        default=None, description="mean KL(eager ‖ default) of the next-token distributions, nats"
+    )
+    max_kl: float | None = Field(default=None, description="largest per-position KL(eager ‖ default), nats")
+    top1_agreement: float | None = Field(
+        default=None, description="share of positions where both paths predict the same next token"
+    )
+
+
 class Report(BaseModel):
     """Every tool's output: the model it ran on, a short summary for an agent, and the evidence."""
 
@@ -198,6 +218,9 @@ class Report(BaseModel):
     dtype: str | None = Field(default=None, description="the precision the model ran in, e.g. float32, bfloat16")
     device: str | None = Field(
         default=None, description="where it ran (cpu, cuda:0, ...; a sharded model's input device)"
+    )
+    attention_path: AttentionPath | None = Field(
+        default=None, description="the attention path explained and its measured gap to the model's default path"
     )
     summary: str = Field(description="two or three sentences an agent can say, citing layer, head, token, value")
     findings: list[Finding] = Field(default_factory=list)

@@ -239,3 +239,84 @@ def test_uncaptured_bias_and_sinks_are_eager_and_exact() -> None:
     expected = torch.softmax(logits, dim=-1)[..., :-1]
     assert weights is not None and (weights - expected).abs().max().item() <= 1e-6
     assert (output - (expected @ v).transpose(1, 2)).abs().max().item() <= 1e-6
+
+
+def _deep_llama(dtype: torch.dtype) -> torch.nn.Module:
+    """A 16-layer Llama at small width, q/k scaled so maps are peaked: deep and sharp enough that a per-layer
+    difference between sdpa and eager (~1e-7 in float32) compounds past 1e-5 by layer 14 (1.8e-4 when the layers
+    before it ran sdpa)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(
+        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=16, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    model = tf.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for block in model.model.layers:
+            block.self_attn.q_proj.weight.mul_(12.0)
+            block.self_attn.k_proj.weight.mul_(12.0)
+    return model.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layers", [[14], [1, 14], [15]])
+def test_any_layer_subset_gives_the_eager_maps_of_a_deep_model(dtype: torch.dtype, layers: list[int]) -> None:
+    """Every layer before the last captured one runs the eager math, so a late layer captured alone equals the
+    model's own eager attention (to 1e-5 in float32, bit for bit in bfloat16)."""
+    model = _deep_llama(dtype)
+    ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(2))
+    reference = eager_reference(model, input_ids=ids)
+    keep = KeepAll()
+    with torch.inference_mode(), capture_attention(model, [keep], layers=layers, query_chunk=16):
+        model(input_ids=ids)
+    assert sorted(keep.layers) == layers
+    for layer in layers:
+        got, expected = keep.weights(layer), reference.attentions[layer]
+        if dtype == torch.float32:
+            assert (got - expected).abs().max().item() <= ATOL, layer
+        else:
+            assert torch.equal(got, expected), layer
+
+
+class _HostSyncs:
+    """Counts tensor-to-Python conversions (each one waits for the device): item, tolist, bool, int, float."""
+
+    NAMES = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor: torch.Tensor, *args: object, _original=original, **kwargs: object) -> object:
+                self.count += 1
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+class _PrefixNoop:
+    accepts_key_prefix = True
+
+    def on_layer(self, layer: LayerAttention) -> None:
+        layer.row_entropy()  # a shared per-row measure, kept on the device
+
+
+def test_host_synchronisations_are_per_layer_not_per_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A causal capture in 4-row chunks with key prefixes: the key width of every chunk is decided with one host
+    copy per layer, so 10 chunks per layer cost what 1 does."""
+    model = build_family("llama")
+    ids = torch.arange(6, 46)[None]  # 40 tokens
+    counts = {}
+    for chunk in (40, 4):
+        syncs = _HostSyncs(monkeypatch)
+        with torch.inference_mode(), capture_attention(model, [_PrefixNoop()], query_chunk=chunk):
+            model(input_ids=ids)
+        counts[chunk] = syncs.count
+        monkeypatch.undo()
+    layers = model.config.num_hidden_layers
+    assert counts[4] <= counts[40] + layers, counts  # at most one more copy per layer, whatever the chunk count
+    assert counts[4] <= 2 * layers, counts

@@ -236,6 +236,7 @@ def test_check_fits_budgets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     with pytest.raises(ResourceLimitError, match=r"max_memory \(cpu=10GiB\) allows 10 GiB"):
         check_fits(estimate, make_placement(device_map="auto", max_memory="cpu=10GiB"))
     check_fits(estimate, make_placement(device_map="auto", max_memory="cpu=20GiB"))
+    monkeypatch.setattr(pl, "disk_free", lambda folder: 10**12)
     check_fits(estimate, make_placement(device_map="auto", max_memory="cpu=1GiB", offload_folder=str(tmp_path)))
     monkeypatch.setattr(pl, "available_memory", lambda device: None)
     check_fits(estimate, Placement())  # memory unknown: let the load try
@@ -310,7 +311,8 @@ def test_refused_and_failed_loads_cache_nothing(
     calls: list[str] = []
     monkeypatch.setattr(pl, "available_memory", lambda device: 1000)
     monkeypatch.setattr(tf.LlamaForCausalLM, "from_pretrained", lambda *a, **k: calls.append("read") or None)
-    with pytest.raises(ResourceLimitError, match=rf"model .*tiny-llama.* needs about {readable_size(TINY_PARAMS * 4)}"):
+    weights = readable_size(TINY_PARAMS * 4)
+    with pytest.raises(ResourceLimitError, match=rf"model .*tiny-llama.* needs about .* \(weights {weights}, \+"):
         load_model(str(tiny_folder))
     assert calls == []  # refused before any weight was read
     no_tokenizer = tmp_path / "no-tokenizer"
@@ -344,3 +346,106 @@ def test_gguf_converts_in_bfloat16_at_half_the_size(tmp_path: Path, monkeypatch:
         assert loaded.estimated_bytes == pytest.approx(269.0e6, rel=0.01)  # 538 MB in float32
     finally:
         forget_model(str(path))
+
+
+LLAMA_32_1B = dict(
+    hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+    head_dim=64, vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=131072, dtype="bfloat16",
+)  # fmt: skip
+
+
+def test_pass_bytes_hand_computed() -> None:
+    """hidden 8, 2 heads of 4, 1 KV head, MLP 16, 3 layers, vocab 10, 5 tokens, float32:
+    per token (4·8 + (2 + 2·1)·4 + 3·16 + 2·3·1·4)·4 = 480 B, ×5 = 2400; logits 5·10·(4 + 4) = 400;
+    one attention block 3·2·5·5·4 = 600 -> 3400."""
+    config = tf.LlamaConfig(
+        hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4, intermediate_size=16,
+        num_hidden_layers=3, vocab_size=10,
+    )  # fmt: skip
+    assert pl.pass_bytes(config, torch.float32, 5) == 3400
+
+
+def test_estimate_counts_the_upcast_copy_and_the_pass() -> None:
+    """A bfloat16 checkpoint loaded in float32 holds the file's tensors while converting (half the float32 weights),
+    and in its own dtype while copying. The peak is the weights plus the larger of that copy and one pass."""
+    config = tf.LlamaConfig(**LLAMA_32_1B)
+    upcast = pl.estimate_memory(config, torch.float32)
+    own = pl.estimate_memory(config, torch.bfloat16)
+    buffers = 1024  # the rotary inverse frequencies stay float32 in both
+    assert abs(upcast.weights - 2 * own.weights) <= buffers and abs(upcast.load_copy - own.weights) <= buffers
+    assert own.load_copy == own.weights  # in its own dtype the file is still mapped while it is copied
+    assert upcast.tokens == pl.CHECK_TOKENS and upcast.working_set == pl.pass_bytes(config, torch.float32, 2048)
+    assert upcast.peak == upcast.weights + max(upcast.load_copy, upcast.working_set)
+    assert own.peak == own.weights + max(own.load_copy, own.working_set)
+
+
+def test_check_fits_counts_the_peak_not_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tf.LlamaConfig(**LLAMA_32_1B)
+    plan = pl.estimate_memory(config, torch.float32)
+    free = int((plan.weights + plan.load_copy // 2) / pl.HEADROOM)  # the weights fit, the upcast peak does not
+    monkeypatch.setattr(pl, "available_memory", lambda device: free)
+    check_fits(plan.weights, Placement())  # weights alone (the old check) would pass
+    with pytest.raises(ResourceLimitError, match="checkpoint mapped while loading") as info:
+        check_fits(plan, Placement(), dtype=torch.float32)
+    assert f"{plan.peak:,} bytes" in info.value.message and "add --dtype bfloat16" in info.value.message
+
+
+def test_advice_names_the_missing_flag_and_offload_checks_the_disk(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    plan = pl.estimate_memory(tf.LlamaConfig(**LLAMA_70B), torch.bfloat16)
+    monkeypatch.setattr(pl, "available_memory", lambda device: 100 * 2**30)
+    given = make_placement(dtype="bfloat16", device_map="auto", max_memory="cpu=60GiB")
+    with pytest.raises(ResourceLimitError) as info:
+        check_fits(plan, given, dtype=torch.bfloat16, what="model 'llama-70b'")
+    message = info.value.message
+    assert "add --offload-folder" in message and "--max-memory" not in message and "--device-map" not in message
+    offloaded = make_placement(dtype="bfloat16", device_map="auto", max_memory="cpu=60GiB", offload_folder=tmp_path)
+    monkeypatch.setattr(pl, "disk_free", lambda folder: 10 * 2**30)
+    spill = plan.weights + plan.working_set - 60 * 2**30
+    with pytest.raises(ResourceLimitError, match=rf"spills about {pl.readable_size(spill)} to the offload folder"):
+        check_fits(plan, offloaded, dtype=torch.bfloat16)
+    monkeypatch.setattr(pl, "disk_free", lambda folder: spill + 2**30)
+    check_fits(plan, offloaded, dtype=torch.bfloat16)  # room on disk: the load may try
+
+
+@pytest.mark.parametrize("shape", ["llama-3.2-1b", "llama-70b"])
+def test_describe_model_answers_from_a_config_only_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    """A folder with only config.json is described from the meta device (no weight read, no load) with the memory
+    the operator's placement would need; a 70B describes on a machine it would never fit."""
+    from agent_tools.inspector import Inspector
+    from agent_tools.tools import get_tool
+
+    config = tf.LlamaConfig(**{**(LLAMA_32_1B if shape == "llama-3.2-1b" else LLAMA_70B), "dtype": "bfloat16"})
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(tmp_path / shape)
+    assert [p.name for p in (tmp_path / shape).iterdir()] == ["config.json"]
+    monkeypatch.setattr(tf.LlamaForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights were read"))
+    report = get_tool("describe_model")(Inspector(), {"model": str(tmp_path / shape)})
+    assert not report.weights_loaded and report.device == "cpu" and report.dtype == "float32"
+    assert (report.num_layers, report.num_heads, report.num_kv_heads) == (
+        config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+    )  # fmt: skip
+    expected = pl.estimate_memory(config, torch.float32)
+    assert report.memory is not None and report.memory.peak_bytes == expected.peak
+    assert report.memory.load_copy_bytes == expected.load_copy > 0  # a bfloat16 checkpoint upcast to float32
+    assert str(tmp_path / shape) not in loaded_models()
+
+
+def test_auto_dtype_on_the_cpu_follows_its_bfloat16_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto on a CPU: bfloat16 with AMX or AVX-512 BF16, float32 without; the reason names what was found."""
+    monkeypatch.setattr(pl, "cpu_bf16_flags", lambda: ("amx_bf16",))
+    assert pl.resolve_dtype(Placement(device="cpu")) == torch.bfloat16
+    assert pl.cache_key(Placement(device="cpu")).startswith("bfloat16@cpu")
+    assert "bfloat16 hardware (amx_bf16)" in pl.dtype_reason(Placement(device="cpu"))
+    monkeypatch.setattr(pl, "cpu_bf16_flags", lambda: ())
+    assert pl.resolve_dtype(Placement(device="cpu")) == torch.float32
+    assert "without bfloat16 hardware" in pl.dtype_reason(Placement(device="cpu"))
+    assert pl.dtype_reason(Placement(dtype="float16", device="cpu")) == "float16: the operator's --dtype"
+
+
+def test_cpu_bf16_flags_read_from_cpuinfo() -> None:
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else []
+    assert set(pl.cpu_bf16_flags()) == {flag for flag in pl.CPU_BF16_FLAGS if flag in flags}

@@ -179,6 +179,8 @@ def _same_report(tool: str, arguments: dict, offloaded_inspector: Inspector, fol
     """The tool's report on the offloaded model has every number of its report on the in-memory model."""
     got = get_tool(tool)(offloaded_inspector, {"model": folder, **arguments}).model_dump()
     expected = get_tool(tool)(Inspector(), {"model": in_memory, **arguments}).model_dump()
+    for report in (got, expected):  # the loaded folder runs sdpa by default, the registered original eager
+        report.pop("attention_path", None)
     got_floats, expected_floats = _floats(got), _floats(expected)
     assert got_floats.keys() == expected_floats.keys()
     wrong = {k: (v, expected_floats[k]) for k, v in got_floats.items() if abs(v - expected_floats[k]) > 1e-4}
@@ -398,3 +400,48 @@ def test_gpu_benchmark_without_cuda_says_so_and_exits_0() -> None:
     assert done.stdout.strip().splitlines() == [
         "bench_gpu: no CUDA device here (torch.cuda.is_available() is False); nothing measured"
     ]
+
+
+def test_path_gap_on_constructed_logits() -> None:
+    """Two positions: P = (½, ½) vs Q = (¾, ¼) -> KL = ½ ln(⅔) + ½ ln 2 = 0.143841, same top-1 (index 0);
+    P = softmax(2, 0) vs Q = softmax(0, 2) -> KL = 2·(σ(2) − σ(−2)) = 1.523188, top-1 differs."""
+    from agent_tools.runner.paths import compare_outputs
+
+    eager = torch.tensor([[[0.0, 0.0], [2.0, 0.0]]])
+    own = torch.tensor([[[float(torch.log(torch.tensor(3.0))), 0.0], [0.0, 2.0]]])
+    gap = compare_outputs(eager, own, default="sdpa")
+    assert gap.tokens == 2 and gap.top1_agreement == 0.5
+    assert gap.mean_kl == pytest.approx((0.143841 + 1.523188) / 2, abs=1e-6)
+    assert gap.max_kl == pytest.approx(1.523188, abs=1e-6)
+    assert gap.max_output_difference == pytest.approx(2.0)
+    keep_first = compare_outputs(eager, own, default="sdpa", keep=torch.tensor([True, False]))
+    assert keep_first.tokens == 1 and keep_first.top1_agreement == 1.0
+    hidden = compare_outputs(eager, own, default="sdpa", logits=False)
+    assert hidden.mean_kl is None and hidden.top1_agreement is None and hidden.max_output_difference == 2.0
+
+
+@pytest.mark.parametrize("kind", ["fp32", "bf16"])
+def test_reports_state_the_path_they_explain_and_its_gap_to_the_default(bf16_and_fp32, kind: str) -> None:
+    """Every report names the eager path and, against the model's default (sdpa), the measured gap on this text:
+    the same numbers as the model's own two forwards give."""
+    from agent_tools.analysis.metrics import kl_divergence
+
+    name = bf16_and_fp32[kind]
+    loaded = load_model(name)
+    loaded.model.config._attn_implementation = "sdpa"  # what from_pretrained gives these families
+    report = get_tool("show_attention")(Inspector(), {"model": name, "text": TEXT, "layer": 1, "head": 0})
+    path = report.attention_path
+    assert path is not None and path.explained == "eager" and path.model_default == "sdpa"
+    ids = tiny_tokenizer()(TEXT, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        own = loaded.model(input_ids=ids).logits[0]
+    eager = eager_reference(loaded.model, input_ids=ids).logits[0]
+    kl = kl_divergence(eager, own)
+    assert path.tokens == ids.shape[1]
+    assert path.mean_kl == pytest.approx(kl.mean().item(), rel=2e-3, abs=1e-12)
+    assert path.top1_agreement == pytest.approx((eager.argmax(-1) == own.argmax(-1)).double().mean().item(), abs=1e-3)
+    if kind == "fp32":
+        assert path.max_output_difference is not None and path.max_output_difference <= 1e-4
+        assert path.top1_agreement == 1.0
+    else:
+        assert path.max_output_difference is not None and path.max_output_difference > 0  # bf16: sdpa rounds apart

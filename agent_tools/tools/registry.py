@@ -250,6 +250,8 @@ def _state_placement(report: BaseModel, inspector: Inspector) -> None:
         if loaded is not None:
             report.dtype = str(loaded.dtype).removeprefix("torch.")
             report.device = str(loaded.device)
+    if isinstance(report, Report) and report.attention_path is None:
+        report.attention_path = inspector.attention_path(report.model)
     for name in type(report).model_fields:
         value = getattr(report, name)
         if isinstance(value, BaseModel):

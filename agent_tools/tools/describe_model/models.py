@@ -27,6 +27,17 @@ class StackDescription(BaseModel):
     score_terms: list[str] = Field(description="additive score terms the family adds (e.g. relative position bias)")
 
 
+class MemoryNeeds(BaseModel):
+    """What loading the model with the operator's placement needs, estimated from its config (bytes)."""
+
+    dtype: str = Field(description="the precision the placement loads")
+    weights_bytes: int = Field(description="parameters and buffers in that precision")
+    load_copy_bytes: int = Field(description="the checkpoint file mapped while its tensors are loaded")
+    working_set_bytes: int = Field(description="one forward over working_set_tokens tokens, beyond the weights")
+    working_set_tokens: int
+    peak_bytes: int = Field(description="weights + the larger of the load copy and the working set")
+
+
 class DescribeModelInput(ModelInput):
     """Arguments of describe_model."""
 
@@ -53,6 +64,9 @@ class ModelDescription(Report):
     num_parameters: int
     language_model: bool = Field(description="has a next-token head (ablation reports KL of the next token)")
     placement: str = Field(description="how the operator loads models: dtype@device, device map, offload")
+    dtype_reason: str = Field(
+        default="", description="why the placement loads this dtype (auto's choice and its reason)"
+    )
     stacks: list[StackDescription] = Field(
         default_factory=list, description="every attention stack: layers, heads, widths, scale, mask, score terms"
     )
@@ -60,3 +74,7 @@ class ModelDescription(Report):
         description="bytes the weights need in each precision (parameters × dtype size + buffers); the loaded "
         "dtype is the report's dtype"
     )
+    weights_loaded: bool = Field(
+        default=True, description="False: described from the config on the meta device, no weight read"
+    )
+    memory: MemoryNeeds | None = Field(default=None, description="the memory the placement's load would need")

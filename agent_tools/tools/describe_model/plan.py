@@ -3,14 +3,44 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from torch import nn
 
-from agent_tools.families import ModelFacts, StackFacts
+from agent_tools.errors import ModelNotFoundError
+from agent_tools.families import ModelFacts, StackFacts, read_facts
 from agent_tools.inspector import Inspector
-from agent_tools.placement import cache_key, weights_bytes
-from agent_tools.schemas import rounded
-from agent_tools.tools.describe_model.models import DescribeModelInput, ModelDescription, StackDescription
+from agent_tools.loading import (  # the loader's own checks, so a bad source reads as it does when loading
+    _CACHE_LOCK,
+    LoadedModel,
+    ModelSource,
+    _cached,
+    _check_gguf_header,
+    _read_gguf_config,
+    _refuse_remote_code,
+    bundled_aliases,
+    resolve_reference,
+)
+from agent_tools.placement import (
+    cache_key,
+    dtype_name,
+    dtype_reason,
+    estimate_memory,
+    meta_model,
+    resolve_device,
+    resolve_dtype,
+    weights_bytes,
+)
+from agent_tools.runner.paths import EXPLAINED_PATH
+from agent_tools.schemas import AttentionPath, rounded
+from agent_tools.tools.describe_model.models import (
+    DescribeModelInput,
+    MemoryNeeds,
+    ModelDescription,
+    StackDescription,
+)
 from agent_tools.tools.describe_model.narrative import Scale, findings, mask_text, summary
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -41,13 +71,112 @@ def stack_description(stack: StackFacts) -> StackDescription:
     )
 
 
+def cached_model(name: str, key: str) -> LoadedModel | None:
+    """The model already loaded under ``name`` with this placement (or registered in memory), else None."""
+    with _CACHE_LOCK:
+        return _cached(name, key)
+
+
+def source_config(source: ModelSource) -> object:
+    """A source's config, read without any weight: config.json, a GGUF file's metadata, or the hub cache's."""
+    from transformers import AutoConfig
+
+    if source.kind == "gguf":
+        assert source.path is not None
+        _check_gguf_header(source.path)
+        return _read_gguf_config(source.path)
+    location = str(source.path) if source.path is not None else source.reference
+    if source.kind == "folder":
+        assert source.path is not None
+        _refuse_remote_code(source.path)
+    try:
+        return AutoConfig.from_pretrained(location, trust_remote_code=False, local_files_only=True)
+    except OSError as exc:
+        msg = (
+            f"hub model {source.reference!r} is not in the local cache and the hub is offline; "
+            f"bundled aliases: {', '.join(bundled_aliases())}"
+        )
+        raise ModelNotFoundError(msg, field="model") from exc
+    except (ValueError, KeyError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        msg = (
+            f"could not load model folder {source.reference!r}: {reason} "
+            "Give a complete model folder (config, weights, tokenizer) of a supported family."
+        )
+        raise ModelNotFoundError(msg, field="model") from exc
+
+
+@dataclass(frozen=True)
+class _Described:
+    """What describe_model reads: a loaded model, or a config's model built on the meta device (no weights)."""
+
+    name: str
+    model: nn.Module
+    facts: ModelFacts
+    dtype: torch.dtype
+    device: str
+    loaded: bool
+    config: object
+    folder: Path | None
+
+
+def _described(inspector: Inspector, reference: str | None) -> _Described:
+    """The model already in memory under this session's placement; else its config on the meta device."""
+    name = inspector.policy.check(reference)
+    placement = inspector.placement
+    in_memory = inspector.served(name) or cached_model(name, cache_key(placement))
+    if in_memory is not None:
+        loaded = inspector.model(name)  # a cache hit: marks it served, reads nothing
+        return _Described(
+            loaded.name, loaded.model, loaded.facts, loaded.dtype, str(loaded.device), True,
+            getattr(loaded.model, "config", None), loaded.source.path if loaded.source.kind == "folder" else None,
+        )  # fmt: skip
+    source = resolve_reference(name)
+    config = source_config(source)
+    try:
+        model = meta_model(config)
+        facts = read_facts(model)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        msg = (
+            f"could not load model folder {source.reference!r}: {reason} "
+            "Give a complete model folder (config, weights, tokenizer) of a supported family."
+        )
+        raise ModelNotFoundError(msg, field="model") from exc
+    dtype = resolve_dtype(placement, config)
+    device = resolve_device(placement) if placement.device_map is None else "auto"
+    folder = source.path if source.kind == "folder" else None
+    return _Described(source.alias or source.reference, model, facts, dtype, device, False, config, folder)
+
+
+def memory_needs(described: _Described, inspector: Inspector) -> MemoryNeeds | None:
+    """The operator's placement's memory estimate for this model (from the config; None without one)."""
+    if described.config is None or not hasattr(described.config, "to_dict"):
+        return None
+    estimate = estimate_memory(
+        described.config, described.dtype, quantization=inspector.placement.quantization, folder=described.folder
+    )
+    return MemoryNeeds(
+        dtype=dtype_name(described.dtype),
+        weights_bytes=estimate.weights,
+        load_copy_bytes=estimate.load_copy,
+        working_set_bytes=estimate.working_set,
+        working_set_tokens=estimate.tokens,
+        peak_bytes=estimate.peak,
+    )
+
+
 def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescription:
-    """Describe the model's attention: family, layers, heads, KV heads, head_dim, scale, positions, mask."""
-    loaded = inspector.model(args.model)
-    f = loaded.facts
+    """Describe the model's attention: family, layers, heads, KV heads, head_dim, scale, positions, mask.
+
+    A model not yet loaded is described from its config on the meta device: no weight is read, so a model that
+    does not fit (or a folder holding only a config) is described, with the memory its load would need.
+    """
+    described = _described(inspector, args.model)
+    f = described.facts
     scale = attention_scale(f)
     stacks = [stack_description(stack) for stack in f.stacks]
-    said = summary(loaded.name, f, scale)
+    said = summary(described.name, f, scale)
     if f.is_encoder_decoder:
         said += (
             " Attention stacks (attention=): "
@@ -58,8 +187,15 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
             )
             + "."
         )
+    if not described.loaded:
+        said += " Described from its config (no weights loaded)."
     return ModelDescription(
-        model=loaded.name,
+        model=described.name,
+        dtype=dtype_name(described.dtype),
+        device=described.device,
+        attention_path=AttentionPath(
+            explained=EXPLAINED_PATH, model_default=str(getattr(described.config, "_attn_implementation", "eager"))
+        ),
         summary=said,
         findings=findings(f, scale),
         family=f.family,
@@ -82,7 +218,10 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
         softcap=f.softcap,
         num_parameters=f.num_parameters,
         language_model=f.is_language_model,
-        placement=cache_key(loaded.placement),
+        placement=cache_key(inspector.placement),
+        dtype_reason=dtype_reason(inspector.placement, described.config),
         stacks=stacks,
-        weights_bytes={name: weights_bytes(loaded.model, getattr(torch, name)) for name in FLOAT_DTYPES},
+        weights_bytes={name: weights_bytes(described.model, getattr(torch, name)) for name in FLOAT_DTYPES},
+        weights_loaded=described.loaded,
+        memory=memory_needs(described, inspector),
     )
