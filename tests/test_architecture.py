@@ -56,3 +56,19 @@ def test_no_module_imports_itself_back() -> None:
     built = grimp.build_graph("agent_tools", exclude_type_checking_imports=True)
     graph = {module: set(built.find_modules_directly_imported_by(module)) for module in built.modules}
     assert strongly_connected(graph) == []
+
+
+def test_every_module_of_the_package_sits_in_a_layer_of_the_contract() -> None:
+    """A module left out of the import contract would be free to import anything: every one must be listed."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = Path(__file__).resolve().parents[1]
+    contract = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
+    listed = {name.strip() for layer in contract["layers"] for name in layer.replace("|", ":").split(":")}
+    package = root / "agent_tools"
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {p.parent.name for p in package.glob("*/__init__.py")}
+    modules -= {"prompt_files"}  # installed from prompts/, no code
+    assert modules - listed == set()
+    assert listed - modules == set()

@@ -25,7 +25,7 @@ from agent_tools.cli import build_parser, main, session_from_args
 from agent_tools.corpus import run_corpus
 from agent_tools.corpus.aggregate import bootstrap_interval, summarise
 from agent_tools.corpus.flow import TooManyErrors
-from agent_tools.corpus.items import read_items
+from agent_tools.runs.items import read_items
 from agent_tools.corpus.ray_engine import RayOptions
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
@@ -338,7 +338,7 @@ def test_a_second_run_on_a_locked_folder_is_refused_at_once_naming_the_holder(
 ) -> None:
     import socket
 
-    from agent_tools.corpus.store import RunStore
+    from agent_tools.runs.store import RunStore
 
     data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in TEXTS])
     out = tmp_path / "out"

@@ -629,7 +629,7 @@ WRITER = """
 import json, sys
 from pathlib import Path
 import numpy as np, pyarrow as pa
-from agent_tools.corpus.store import write_table
+from agent_tools.runs.store import write_table
 from agent_tools.files import write_atomic
 from agent_tools.render import attention_heatmap
 out = Path(sys.argv[1])

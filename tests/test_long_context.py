@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from crafted import circuit_tokenizer, induction_circuit
 
-from agent_tools.corpus.items import CorpusItem
+from agent_tools.runs.items import CorpusItem
 from agent_tools.corpus.tasks import TaskOptions, analyse, columns
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, register_model

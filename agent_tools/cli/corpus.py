@@ -5,7 +5,7 @@
     attention-explainer corpus collapse texts.parquet --engine ray --actors 4 --actor-gpus 0.5
     attention-explainer corpus profile ./my_dataset --engine ray --ray-address ray://head:10001
 
-Writes OUT/table.parquet, errors.parquet, summary.json and report.html (see :mod:`agent_tools.corpus.store`);
+Writes OUT/table.parquet, errors.parquet, summary.json and report.html (see :mod:`agent_tools.runs.store`);
 run the same command again after a kill to continue.
 """
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from agent_tools.corpus.items import CorpusItem, ItemOutcome
+from agent_tools.runs.items import CorpusItem, ItemOutcome
 from agent_tools.errors import InvalidInputError
 
 WINDOW_BATCHES = 8  # batches read ahead and sorted by length together

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_tools.corpus.flow import ErrorBudget, Progress, batches_by_length
-from agent_tools.corpus.items import CorpusItem, ItemOutcome
-from agent_tools.corpus.store import RunStore
+from agent_tools.runs.items import CorpusItem, ItemOutcome
+from agent_tools.runs.store import RunStore
 from agent_tools.corpus.tasks import Task, TaskOptions, analyse
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector

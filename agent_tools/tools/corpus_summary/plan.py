@@ -1,8 +1,8 @@
 """corpus_summary's work: no forward pass; it reads an allowed run folder's summary, or scans an allowed data file.
 
 Only :meth:`Inspector.data_file` turns the agent's ``data`` into a path, and it returns one of the operator's
-``allowed_data`` or refuses. The reading goes through :mod:`agent_tools.corpus.store` and
-:mod:`agent_tools.corpus.items`, which use no tool.
+``allowed_data`` or refuses. The reading goes through :mod:`agent_tools.runs.store` and
+:mod:`agent_tools.runs.items`, which use no tool.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from agent_tools.corpus.items import read_items
-from agent_tools.corpus.store import is_run_folder, read_run
+from agent_tools.runs.items import read_items
+from agent_tools.runs.store import is_run_folder, read_run
 from agent_tools.inspector import Inspector
 from agent_tools.tools.corpus_summary import narrative
 from agent_tools.tools.corpus_summary.models import (
