@@ -25,11 +25,11 @@ from agent_tools.cli import build_parser, main, session_from_args
 from agent_tools.corpus import run_corpus
 from agent_tools.corpus.aggregate import bootstrap_interval, summarise
 from agent_tools.corpus.flow import TooManyErrors
-from agent_tools.runs.items import read_items
 from agent_tools.corpus.ray_engine import RayOptions
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy
+from agent_tools.runs.items import read_items
 from agent_tools.tools import get_tool
 
 ROOT = Path(__file__).resolve().parent.parent

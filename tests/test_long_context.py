@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from crafted import circuit_tokenizer, induction_circuit
 
-from agent_tools.runs.items import CorpusItem
 from agent_tools.corpus.tasks import TaskOptions, analyse, columns
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, register_model
+from agent_tools.runs.items import CorpusItem
 
 PROMPT = "red blue green one two three king queen star sun moon tree king"
 SEGMENTS = [

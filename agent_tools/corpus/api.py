@@ -18,14 +18,14 @@ from typing import Any, Literal, get_args
 
 from agent_tools.corpus.aggregate import DEFAULT_RESAMPLES, DEFAULT_SEED, summarise
 from agent_tools.corpus.flow import ErrorBudget, Progress, TooManyErrors
-from agent_tools.runs.items import check_data, count_items, data_fingerprint, read_items
 from agent_tools.corpus.local import run_local
 from agent_tools.corpus.page import render_page
 from agent_tools.corpus.ray_engine import RayOptions, check_ray, run_ray
-from agent_tools.runs.store import RunStore
 from agent_tools.corpus.tasks import Task, TaskOptions, check_task, columns
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
+from agent_tools.runs.items import check_data, count_items, data_fingerprint, read_items
+from agent_tools.runs.store import RunStore
 
 Engine = Literal["local", "ray"]
 ENGINES: tuple[str, ...] = get_args(Engine)

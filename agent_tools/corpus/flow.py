@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from agent_tools.runs.items import CorpusItem, ItemOutcome
 from agent_tools.errors import InvalidInputError
+from agent_tools.runs.items import CorpusItem, ItemOutcome
 
 WINDOW_BATCHES = 8  # batches read ahead and sorted by length together
 

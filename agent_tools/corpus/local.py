@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agent_tools.corpus.flow import ErrorBudget, Progress, batches_by_length
-from agent_tools.runs.items import CorpusItem, ItemOutcome
-from agent_tools.runs.store import RunStore
 from agent_tools.corpus.tasks import Task, TaskOptions, analyse
 from agent_tools.inspector import Inspector, current_call
+from agent_tools.runs.items import CorpusItem, ItemOutcome
+from agent_tools.runs.store import RunStore
 
 
 def run_local(

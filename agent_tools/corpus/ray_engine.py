@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_tools.corpus.flow import ErrorBudget, Progress, batches_by_length
-from agent_tools.runs.items import CorpusItem, ItemOutcome
-from agent_tools.runs.store import RunStore
 from agent_tools.corpus.tasks import Task, TaskOptions, analyse
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy
 from agent_tools.placement import Placement
+from agent_tools.runs.items import CorpusItem, ItemOutcome
+from agent_tools.runs.store import RunStore
 
 LOCAL_OBJECT_STORE = 256 * 1024**2  # items and results are small: a local Ray needs little shared memory
 

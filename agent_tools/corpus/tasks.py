@@ -23,9 +23,9 @@ from typing import Any, Literal, Union, cast, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from agent_tools.analysis.heads import TEXT_ROLES
-from agent_tools.runs.items import CorpusItem, ItemOutcome, Row
 from agent_tools.errors import AttentionToolError, InvalidInputError
 from agent_tools.inspector import Inspector, PassPlan
+from agent_tools.runs.items import CorpusItem, ItemOutcome, Row
 from agent_tools.schemas import ChatMessage
 from agent_tools.tools import get_tool
 

@@ -32,9 +32,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_tools.runs.items import ItemOutcome
 from agent_tools.errors import InvalidInputError
 from agent_tools.files import remove_stale_partials, write_atomic
+from agent_tools.runs.items import ItemOutcome
 
 logger = logging.getLogger(__name__)
 

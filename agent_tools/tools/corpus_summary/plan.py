@@ -12,9 +12,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from agent_tools.inspector import Inspector
 from agent_tools.runs.items import read_items
 from agent_tools.runs.store import is_run_folder, read_run
-from agent_tools.inspector import Inspector
 from agent_tools.tools.corpus_summary import narrative
 from agent_tools.tools.corpus_summary.models import (
     CorpusSummaryInput,
