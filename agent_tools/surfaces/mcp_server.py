@@ -100,6 +100,8 @@ MAX_JSON_DEPTH = 64  # nesting of one message; MCP messages need about 8
 # Bytes of one tool's advertised output schema: 14 tools (18.5 KB: every top-level field typed, row structure
 # where it fits) keep ``tools/list`` near 32 KB with their inputs (issue 28).
 OUTPUT_SCHEMA_BUDGET = 1000
+# What every tool's advertised output schema keeps typed, whatever its budget: what an agent reads first.
+CORE_REPORT_FIELDS = frozenset({"model", "summary", "findings", "next_calls", "omitted"})
 # The SDK's loggers that say something per request or per session at INFO; the server keeps their warnings.
 CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
 
@@ -206,6 +208,14 @@ def output_schema(spec: ToolSpec, *, budget: int = OUTPUT_SCHEMA_BUDGET) -> dict
             break
         largest = max(candidates, key=lambda name: _json_size(shaped[name]))
         shaped[largest] = coarse[largest]
+    # Still over: the largest fields an agent reads least leave ``properties`` (still listed in ``required``, and
+    # allowed because the schema then drops ``additionalProperties: false``): a looser schema, never a wrong one.
+    while _json_size(schema) > budget:
+        droppable = [name for name in shaped if name not in CORE_REPORT_FIELDS]
+        if not droppable:
+            break
+        schema.pop("additionalProperties", None)
+        del shaped[max(droppable, key=lambda name: (_json_size(shaped[name]), name))]
     return schema
 
 

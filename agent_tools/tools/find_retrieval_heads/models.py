@@ -8,9 +8,8 @@ from agent_tools.long_context import DEFAULT_ANSWER, DEFAULT_NEEDLE, DEFAULT_QUE
 from agent_tools.schemas import ModelInput, NextCall, Report
 
 DESCRIPTION = (
-    "Which heads fetch information from far back? Builds needle-in-a-haystack prompts (your text or a built-in one) "
-    "at several depths and lengths, scores each head by Wu et al.'s retrieval score while the needle's answer is "
-    "copied, and ablates the top heads vs random heads to test whether retrieval needs them."
+    "Which heads fetch from far back? Needle-in-a-haystack prompts at several depths and lengths; each head's "
+    "retrieval score (Wu et al.); the top heads ablated vs random heads."
 )
 
 

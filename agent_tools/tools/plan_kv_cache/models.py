@@ -9,9 +9,8 @@ from pydantic import BaseModel, Field
 from agent_tools.schemas import NextCall, Report, TextInput
 
 DESCRIPTION = (
-    "Which heads could run on a short KV cache (the first `sink` tokens + the last `window`)? Measures each KV head's "
-    "next-token loss change when restricted (exact masking, on this text), plans greedily under a loss budget, "
-    "verifies the plan in one run and states the memory saved."
+    "Which KV heads could keep only the first `sink` + last `window` tokens? Loss change per head by exact masking "
+    "on this text, a greedy plan under a loss budget, verified in one run, memory saved."
 )
 
 Precision = Literal["float32", "bfloat16", "float16", "fp8", "int8"]

@@ -9,9 +9,8 @@ from agent_tools.prompt_trace.models import PROMPT_DESCRIPTION
 from agent_tools.schemas import ChatMessage, ModelInput, NextCall, Report
 
 DESCRIPTION = (
-    "Does the answer depend on where the evidence sits (lost in the middle)? Moves one named segment through "
-    "positions among the other named segments and reports, per position, the answer's log-probability and the "
-    "attention the segment receives: the U-curve, with the best and worst position."
+    "Does the answer depend on where the evidence sits? Moves one named segment through positions among the others: "
+    "answer log-probability and its attention share per position, best and worst named."
 )
 
 
