@@ -9,7 +9,7 @@ from agent_tools.schemas import ModelInput, NextCall, Report
 
 DESCRIPTION = (
     "Which heads fetch from far back? Needle-in-a-haystack prompts at several depths and lengths; each head's "
-    "retrieval score (Wu et al.); the top heads ablated vs random heads."
+    "retrieval score (Wu et al.), the top heads ablated vs random heads. Use for long-context retrieval."
 )
 
 

@@ -9,8 +9,8 @@ from pydantic import BaseModel, Field
 from agent_tools.schemas import NextCall, Report, TextInput
 
 DESCRIPTION = (
-    "Which KV heads could keep only the first `sink` + last `window` tokens? Loss change per head by exact masking "
-    "on this text, a greedy plan under a loss budget, verified in one run, memory saved."
+    "Which KV heads could keep only the first `sink` + last `window` tokens? Loss change per head by exact masking, "
+    "a greedy plan under a loss budget, verified in one run. Use to plan a short KV cache."
 )
 
 Precision = Literal["float32", "bfloat16", "float16", "fp8", "int8"]

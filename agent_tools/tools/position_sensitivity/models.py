@@ -9,8 +9,8 @@ from agent_tools.prompt_trace.models import PROMPT_DESCRIPTION
 from agent_tools.schemas import ChatMessage, ModelInput, NextCall, Report
 
 DESCRIPTION = (
-    "Does the answer depend on where the evidence sits? Moves one named segment through positions among the others: "
-    "answer log-probability and its attention share per position, best and worst named."
+    "Does the answer depend on where evidence sits? Moves one named segment through positions: answer log p and its "
+    "attention share per position. Use to find lost-in-the-middle effects."
 )
 
 
