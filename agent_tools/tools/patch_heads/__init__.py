@@ -15,7 +15,8 @@ from agent_tools.tools.patch_heads.models import (
     PatchReport,
     PositionPatch,
 )
-from agent_tools.tools.patch_heads.plan import patch_heads, single_token
+from agent_tools.clean_corrupted import single_token
+from agent_tools.tools.patch_heads.plan import patch_heads
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [

@@ -1,0 +1,77 @@
+"""find_circuit's arguments and report: edge attribution (EAP-IG) between a clean and a corrupted prompt."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from agent_tools.schemas import ModelInput, Report
+
+DESCRIPTION = (
+    "The circuit behind an answer: which head reads which earlier head (or the embeddings) through its queries, "
+    "keys or values, and what reaches the logits (EAP-IG edge attribution, clean vs corrupted prompt of the same "
+    "token length), pruned to the fewest edges reaching a faithfulness target, against random edge sets."
+)
+DEFAULT_STEPS = 5
+EdgeKind = Literal["Q", "K", "V", "direct"]
+NodeKind = Literal["embeddings", "head", "kv_head", "logits"]
+
+
+class FindCircuitInput(ModelInput):
+    clean: str = Field(description="the prompt whose answer to explain, e.g. '… John gave a drink to'")
+    corrupted: str = Field(description="the same prompt, one fact changed, same token length")
+    answer: str | None = Field(default=None, min_length=1, description="the clean answer, one token; omitted = top")
+    wrong: str | None = Field(default=None, min_length=1, description="the corrupted answer, one token; omitted = top")
+    target: float = Field(default=0.8, ge=0.05, le=1.0, description="faithfulness the circuit must reach")
+    steps: int = Field(
+        default=DEFAULT_STEPS, ge=1, le=16, description="interpolation steps of the integrated gradients"
+    )
+    max_edges: int = Field(default=40, ge=1, le=60, description="most edges in the returned graph")
+
+
+class CircuitNode(BaseModel):
+    name: str = Field(description="embeddings, logits, LxHy (a head) or LxKVg (a KV head shared by query heads)")
+    kind: NodeKind
+    layer: int | None = None
+    heads: list[int] = Field(default_factory=list, description="the query heads this node stands for")
+
+
+class CircuitEdge(BaseModel):
+    sender: str
+    receiver: str
+    kind: EdgeKind = Field(description="the receiver's input the sender is read through; direct: the logits")
+    score: float = Field(
+        description="EAP-IG estimate / (LD_clean − LD_corrupted): the share of the logit difference this edge "
+        "carries to first order (integrated); positive toward the clean answer"
+    )
+    sentence: str
+
+
+class CurvePoint(BaseModel):
+    edges: int
+    faithfulness: float = Field(description="(LD − LD_corrupted) / (LD_clean − LD_corrupted) with this edge set")
+    random_mean: float = Field(description="the same for random edge sets of this size (mean over draws)")
+    random_spread: float = Field(description="their standard deviation")
+
+
+class CircuitReport(Report):
+    tokens: int
+    answer: str
+    wrong: str
+    logit_difference_clean: float
+    logit_difference_corrupted: float
+    steps: int = Field(description="interpolation steps (midpoints α = (k + ½)/steps), one batched backward")
+    gradient_dtype: str
+    faithfulness_method: str = Field(description="how faithfulness is measured")
+    edges_scored: int = Field(description="edges scored (every sender before every receiver)")
+    target: float
+    reached: bool
+    circuit_edges: int = Field(description="edges in the smallest ranked set reaching the target (or all tried)")
+    faithfulness: float
+    empty_circuit: float = Field(description="faithfulness with no edge (every head corrupted)")
+    random_draws: int
+    threshold: float = Field(description="edges with |score| below this share of the gap are not listed")
+    nodes: list[CircuitNode]
+    edges: list[CircuitEdge]
+    curve: list[CurvePoint]
