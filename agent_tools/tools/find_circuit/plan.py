@@ -30,6 +30,7 @@ from agent_tools.tools.find_circuit.models import (
     CircuitReport,
     CurvePoint,
     FindCircuitInput,
+    NodeKind,
 )
 from agent_tools.tools.find_circuit.narrative import findings, sentence, summary
 
@@ -86,11 +87,14 @@ def _nodes(loaded: LoadedModel, passes: EdgePasses, edges: list[Edge]) -> set[tu
 def _complement_patch(loaded: LoadedModel, kept: set[tuple[int, int]]) -> HeadPatch | None:
     """One row corrupting every head not in ``kept`` (None: every head is kept)."""
     facts = loaded.facts
-    rest = sorted((l, h) for l in range(facts.num_layers) for h in range(facts.num_heads) if (l, h) not in kept)
+    every = [(layer, head) for layer in range(facts.num_layers) for head in range(facts.num_heads)]
+    rest = sorted(x for x in every if x not in kept)
     if not rest:
         return None
     first = rest[0][0]
-    return HeadPatch(first, tuple(h for l, h in rest if l == first), also=tuple(x for x in rest if x[0] != first))
+    return HeadPatch(
+        first, tuple(head for layer, head in rest if layer == first), also=tuple(x for x in rest if x[0] != first)
+    )
 
 
 def _faithfulness(
@@ -228,7 +232,7 @@ def _graph_nodes(loaded: LoadedModel, passes: EdgePasses, edges: list[Edge]) -> 
         if receiver.kind == "direct":
             found.setdefault(name, CircuitNode(name=name, kind="logits"))
         else:
-            kind = "kv_head" if name.startswith(f"L{receiver.layer}KV") else "head"
+            kind: NodeKind = "kv_head" if name.startswith(f"L{receiver.layer}KV") else "head"
             heads = [h for _, h in _receiver_heads(loaded, receiver)]
             found.setdefault(name, CircuitNode(name=name, kind=kind, layer=receiver.layer, heads=heads))
     return list(found.values())
