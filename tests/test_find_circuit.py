@@ -38,6 +38,8 @@ def test_the_induction_circuit_is_found(inspector) -> None:
     assert report.answer == " dog" or report.answer.strip() == "dog"
     # node-level faithfulness: L0H0 and L1H0 clean, every other head corrupted, restores all; no edge restores none
     assert report.reached and report.circuit_edges == 1 and report.faithfulness == pytest.approx(1.0, abs=1e-3)
+    assert [e.in_circuit for e in report.edges] == [True, False, False]  # L0H0 -> L1H0 alone keeps both clean
+    assert report.curve[0].heads == 2
     assert report.empty_circuit == pytest.approx(0.0, abs=1e-3)
     assert report.curve[0].random_mean < 0.5
     assert report.steps == 5

@@ -45,11 +45,13 @@ class CircuitEdge(BaseModel):
         description="EAP-IG estimate / (LD_clean − LD_corrupted): the share of the logit difference this edge "
         "carries to first order (integrated); positive toward the clean answer"
     )
+    in_circuit: bool = Field(description="false: listed only for its |score| above the threshold")
     sentence: str
 
 
 class CurvePoint(BaseModel):
     edges: int
+    heads: int = Field(description="heads kept clean: the endpoints of the ranked edge set")
     faithfulness: float = Field(description="(LD − LD_corrupted) / (LD_clean − LD_corrupted) with this edge set")
     random_mean: float = Field(description="the same for random edge sets of this size (mean over draws)")
     random_spread: float = Field(description="their standard deviation")
@@ -67,6 +69,10 @@ class CircuitReport(Report):
     edges_scored: int = Field(description="edges scored (every sender before every receiver)")
     target: float
     reached: bool
+    ranking: Literal["|score|", "score"] = Field(
+        description="the edge order pruned: by |score|, or by score (toward the clean answer first); both are "
+        "tried, the one reaching the target with fewer edges is kept"
+    )
     circuit_edges: int = Field(description="edges in the smallest ranked set reaching the target (or all tried)")
     faithfulness: float
     empty_circuit: float = Field(description="faithfulness with no edge (every head corrupted)")

@@ -36,7 +36,8 @@ from agent_tools.tools.find_circuit.narrative import findings, sentence, summary
 
 DRAWS = 5  # random edge sets per size
 SEED = 0
-RANKED = 200  # the ranked edge sets tried go up to this many edges
+RANKED = 200  # the ranked edge sets tried go up to this many edges, in two orders: by |score| and by score
+# (toward the clean answer first); the one reaching the target with fewer edges is the circuit
 THRESHOLD = 0.25  # edges with |score| ≥ this share of the gap are listed even beyond the circuit's size
 FAITHFULNESS = (
     "node-level: the clean prompt with every head outside the edge set's endpoints replaced by its corrupted-run "
@@ -119,6 +120,12 @@ def _faithfulness(
     return [1.0 if p is None else next(found) for p in patches]
 
 
+def _first_reaching(values: list[float], target: float) -> tuple[int, float]:
+    """Sort key of a ranked curve: the first index reaching ``target`` (len: never), then the best value."""
+    reaching = [i for i, v in enumerate(values) if v >= target]
+    return (reaching[0] if reaching else len(values), -max(values))
+
+
 def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     """Score every edge by EAP-IG, prune to the fewest ranked edges reaching ``target`` faithfulness, and size
     the curve against random edge sets of the same sizes."""
@@ -151,21 +158,27 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     shares = passes.scores / gap
     valid = passes.valid.nonzero().tolist()
     magnitude = shares.abs()
-    order = sorted(((int(s), int(r)) for s, r in valid), key=lambda e: -float(magnitude[e]))
-    ranked = order[:RANKED]
-    sizes = curve_sizes(len(ranked))
+    edges_all = [(int(s), int(r)) for s, r in valid]
+    order = sorted(edges_all, key=lambda e: -float(magnitude[e]))
+    orderings = {"|score|": order[:RANKED], "score": sorted(edges_all, key=lambda e: -float(shares[e]))[:RANKED]}
+    sizes = curve_sizes(len(order[:RANKED]))
     generator = random.Random(SEED)
     draws = [[generator.sample(order, k) for _ in range(DRAWS)] for k in sizes]
-    sets = [ranked[:k] for k in sizes] + [d for per in draws for d in per] + [[]]
+    sets = [ranked[:k] for ranked in orderings.values() for k in sizes] + [d for per in draws for d in per] + [[]]
     numbers = (answer, wrong, ld_clean, ld_corrupted)
     values = _faithfulness(inspector, loaded, passes, clean, first, sets, numbers)
-    ranked_values, random_values, empty = values[: len(sizes)], values[len(sizes) : -1], values[-1]
+    count = len(sizes)
+    curves = {name: values[i * count : (i + 1) * count] for i, name in enumerate(orderings)}
+    random_values, empty = values[2 * count : -1], values[-1]
+    ranking = min(orderings, key=lambda name: _first_reaching(curves[name], args.target))
+    ranked, ranked_values = orderings[ranking], curves[ranking]
     curve = []
     for i, k in enumerate(sizes):
         drawn = baseline(random_values[i * DRAWS : (i + 1) * DRAWS], k)
         curve.append(
             CurvePoint(
                 edges=k,
+                heads=len(_nodes(loaded, passes, ranked[:k])),
                 faithfulness=rounded(ranked_values[i]),
                 random_mean=rounded(drawn.mean),
                 random_spread=rounded(drawn.spread),
@@ -174,10 +187,11 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     reaching = [i for i, v in enumerate(ranked_values) if v >= args.target]
     chosen = reaching[0] if reaching else max(range(len(sizes)), key=lambda i: ranked_values[i])
     size = sizes[chosen]
-    above = sum(1 for e in ranked if float(magnitude[e]) >= THRESHOLD)
-    listed = ranked[: min(args.max_edges, max(size, above))]
+    above = sum(1 for e in order[:RANKED] if float(magnitude[e]) >= THRESHOLD)
+    listed = ranked[:size] + [e for e in order[:above] if e not in ranked[:size]]
+    listed = listed[: args.max_edges]
     decode = loaded.tokenizer.decode
-    edges = [_edge(loaded, passes, e, float(shares[e])) for e in listed]
+    edges = [_edge(loaded, passes, e, float(shares[e]), e in ranked[:size]) for e in listed]
     nodes = _graph_nodes(loaded, passes, listed)
     return CircuitReport(
         model=loaded.name,
@@ -194,6 +208,7 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
         edges_scored=len(order),
         target=args.target,
         reached=bool(reaching),
+        ranking=ranking,
         circuit_edges=size,
         faithfulness=rounded(ranked_values[chosen]),
         empty_circuit=rounded(empty),
@@ -206,7 +221,7 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     )
 
 
-def _edge(loaded: LoadedModel, passes: EdgePasses, edge: Edge, share: float) -> CircuitEdge:
+def _edge(loaded: LoadedModel, passes: EdgePasses, edge: Edge, share: float, inside: bool) -> CircuitEdge:
     receiver = passes.receivers[edge[1]]
     sender, name = _sender_name(passes.senders[edge[0]]), _receiver_name(loaded, receiver)
     return CircuitEdge(
@@ -214,6 +229,7 @@ def _edge(loaded: LoadedModel, passes: EdgePasses, edge: Edge, share: float) -> 
         receiver=name,
         kind=receiver.kind,  # type: ignore[arg-type]
         score=rounded(share),
+        in_circuit=inside,
         sentence=sentence(sender, name, receiver.kind, share),
     )
 
