@@ -16,6 +16,7 @@ DESCRIPTION = (
 DEFAULT_STEPS = 5
 EdgeKind = Literal["Q", "K", "V", "direct"]
 NodeKind = Literal["embeddings", "head", "kv_head", "logits"]
+Ranking = Literal["|score|", "score"]
 
 
 class FindCircuitInput(ModelInput):
@@ -69,7 +70,7 @@ class CircuitReport(Report):
     edges_scored: int = Field(description="edges scored (every sender before every receiver)")
     target: float
     reached: bool
-    ranking: Literal["|score|", "score"] = Field(
+    ranking: Ranking = Field(
         description="the edge order pruned: by |score|, or by score (toward the clean answer first); both are "
         "tried, the one reaching the target with fewer edges is kept"
     )

@@ -31,6 +31,7 @@ from agent_tools.tools.find_circuit.models import (
     CurvePoint,
     FindCircuitInput,
     NodeKind,
+    Ranking,
 )
 from agent_tools.tools.find_circuit.narrative import findings, sentence, summary
 
@@ -160,7 +161,10 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     magnitude = shares.abs()
     edges_all = [(int(s), int(r)) for s, r in valid]
     order = sorted(edges_all, key=lambda e: -float(magnitude[e]))
-    orderings = {"|score|": order[:RANKED], "score": sorted(edges_all, key=lambda e: -float(shares[e]))[:RANKED]}
+    orderings: dict[Ranking, list[Edge]] = {
+        "|score|": order[:RANKED],
+        "score": sorted(edges_all, key=lambda e: -float(shares[e]))[:RANKED],
+    }
     sizes = curve_sizes(len(order[:RANKED]))
     generator = random.Random(SEED)
     draws = [[generator.sample(order, k) for _ in range(DRAWS)] for k in sizes]
