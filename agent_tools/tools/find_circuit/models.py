@@ -8,11 +8,7 @@ from pydantic import BaseModel, Field
 
 from agent_tools.schemas import ModelInput, Report
 
-DESCRIPTION = (
-    "The circuit behind an answer: which head reads which earlier head (or the embeddings) through its queries, "
-    "keys or values, and what reaches the logits (EAP-IG edge attribution, clean vs corrupted prompt of the same "
-    "token length), pruned to the fewest edges reaching a faithfulness target, against random edge sets."
-)
+DESCRIPTION = "Use for the circuit of an answer: which head reads which (Q/K/V); EAP-IG, clean/corrupted pair"
 DEFAULT_STEPS = 5
 EdgeKind = Literal["Q", "K", "V", "direct"]
 NodeKind = Literal["embeddings", "head", "kv_head", "logits"]
@@ -20,10 +16,10 @@ Ranking = Literal["|score|", "score"]
 
 
 class FindCircuitInput(ModelInput):
-    clean: str = Field(description="the prompt whose answer to explain, e.g. '… John gave a drink to'")
-    corrupted: str = Field(description="the same prompt, one fact changed, same token length")
-    answer: str | None = Field(default=None, min_length=1, description="the clean answer, one token; omitted = top")
-    wrong: str | None = Field(default=None, min_length=1, description="the corrupted answer, one token; omitted = top")
+    clean: str
+    corrupted: str
+    answer: str | None = None  # one token ('' is refused as 0 tokens); omitted = the clean top token
+    wrong: str | None = None
     target: float = Field(default=0.8, ge=0.05, le=1.0, description="faithfulness the circuit must reach")
     steps: int = Field(
         default=DEFAULT_STEPS, ge=1, le=16, description="interpolation steps of the integrated gradients"
