@@ -72,3 +72,28 @@ def test_bad_input_is_refused(inspector) -> None:
     register_model("circuit-edges-int8", model, circuit_tokenizer())
     with pytest.raises(InvalidInputError, match=r"no floating-point embedding table \(quantized or missing\)"):
         tool(inspector, {"model": "circuit-edges-int8", "clean": CLEAN, "corrupted": CORRUPTED})
+
+
+def test_grouped_query_receivers_are_kv_heads(tiny_models, inspector) -> None:
+    """The tiny Llama has 4 query heads sharing 2 KV heads: Q receivers per query head, K/V per KV head."""
+    loaded = tiny_models["llama"]
+    facts = loaded.facts
+    clean, corrupted = (
+        inspector.encode(loaded, "the cat sat on the mat"),
+        inspector.encode(loaded, "the cat sat on the dog"),
+    )
+    passes = inspector.edge_attribution(loaded, clean, corrupted, lambda _c, x: x[:, 5] - x[:, 6], steps=2)
+    kinds = [r.kind for r in passes.receivers]
+    per_layer = facts.num_heads + 2 * facts.num_kv_heads
+    assert len(passes.receivers) == facts.num_layers * per_layer + 1 and kinds[-1] == "direct"
+    assert kinds.count("K") == kinds.count("V") == facts.num_layers * facts.num_kv_heads
+    assert len(passes.senders) == 1 + facts.num_layers * facts.num_heads
+    assert torch.isfinite(passes.scores).all() and passes.scores[~passes.valid].abs().sum() == 0
+    # the logits read only the last position: the embeddings' direct edge is nonzero when the last token differs,
+    # and exactly 0 when only an earlier one does
+    assert abs(float(passes.scores[0, -1])) > 0
+    earlier = inspector.encode(loaded, "the dog sat on the mat")
+    again = inspector.edge_attribution(
+        loaded, inspector.encode(loaded, "the cat sat on the mat"), earlier, lambda _c, x: x[:, 5] - x[:, 6], steps=2
+    )
+    assert float(again.scores[0, -1]) == 0.0
