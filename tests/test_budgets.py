@@ -25,7 +25,7 @@ from agent_tools.tools.registry import Top, trim
 TEXT_BUDGET = 2 * 1024
 REPORT_BUDGET = 16 * 1024
 DECLARATIONS_TARGET = 8 * 1024  # issue 18's target for descriptions + input schemas, all tools together
-DECLARATIONS_BUDGET = 13 * 1024  # what the declarations meet today (12.6 KB): see the README's "Sizes"
+DECLARATIONS_BUDGET = 13 * 1024 + 256  # 15 tools (find_circuit ~0.6 KB) on the 12.6 KB of 14: README "Sizes"
 
 
 def size(value: Any) -> int:

@@ -37,5 +37,5 @@ SPEC = ToolSpec(
         Top("nodes", 16, order="first"),
         Top("curve", 8, order="spaced"),
     ),
-    advanced=("wrong", "target", "steps", "max_edges"),
+    advanced=("target", "steps", "max_edges"),
 )
