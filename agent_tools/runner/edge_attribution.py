@@ -71,7 +71,15 @@ def edge_attribution(
     model = loaded.model
     layers = list(range(facts.num_layers))
     heads, width = facts.num_heads, facts.head_dim
-    embeddings = gradient_embeddings(loaded, field)
+    try:
+        embeddings = gradient_embeddings(loaded, field)
+    except InvalidInputError as error:
+        msg = (
+            f"edge attribution needs gradients through the input embeddings; model {loaded.name!r} has no "
+            "floating-point embedding table (quantized or missing): load it unquantized, or use patch_heads with "
+            "method 'exact' for per-head effects"
+        )
+        raise InvalidInputError(msg, field="model") from error
     clean, corrupted = on_device(loaded, clean_ids), on_device(loaded, corrupted_ids)
     reads = {layer: qkv_reads(model, layer, facts=facts) for layer in layers}
     readers = {layer: reads[layer][0] for layer in layers}
