@@ -97,3 +97,24 @@ def test_grouped_query_receivers_are_kv_heads(tiny_models, inspector) -> None:
         loaded, inspector.encode(loaded, "the cat sat on the mat"), earlier, lambda _c, x: x[:, 5] - x[:, 6], steps=2
     )
     assert float(again.scores[0, -1]) == 0.0
+
+
+def test_the_receivers_split_the_whole_gradient(inspector) -> None:
+    """The hand-set circuit has no MLP, so the gradient at the embeddings' residual is the sum of every receiver's
+    (each head's Q, K and V read, and the logits'): the embeddings' edge scores summed over every receiver equal
+    Δembedding · ∂M/∂residual from a plain autograd run at the one interpolation point (steps=1: α = ½)."""
+    model = induction_circuit()
+    loaded = register_model("circuit-edges-sum", model, circuit_tokenizer())
+    clean, corrupted = inspector.encode(loaded, CLEAN), inspector.encode(loaded, CORRUPTED)
+    a, w = (loaded.tokenizer.convert_tokens_to_ids(t) for t in ("dog", "moon"))
+    passes = inspector.edge_attribution(loaded, clean, corrupted, lambda _c, x: x[:, a] - x[:, w], steps=1)
+    wte = model.transformer.wte
+    with torch.no_grad():
+        delta = (wte(clean.input_ids) - wte(corrupted.input_ids)).double()
+    embeds = (0.5 * (wte(clean.input_ids) + wte(corrupted.input_ids))).detach().requires_grad_(True)
+    out = model(inputs_embeds=embeds, output_hidden_states=True)
+    residual = out.hidden_states[0]
+    (grad,) = torch.autograd.grad(out.logits[0, -1, a] - out.logits[0, -1, w], residual)
+    expected = float((delta * grad.double()).sum())
+    assert abs(expected) > 1.0
+    assert float(passes.scores[0].sum()) == pytest.approx(expected, rel=1e-4)
