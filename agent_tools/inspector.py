@@ -854,11 +854,16 @@ class Inspector:
     ) -> edge_attribution.EdgePasses:
         """find_circuit's EAP-IG passes (one backward over ``steps`` rows), refused when the backward's activations
         would not fit the budget."""
-        held = evidence.gradient_bytes(loaded, corrupted.length) * steps
+        facts = loaded.facts
+        senders = 1 + facts.num_layers * facts.num_heads
+        receivers = 1 + facts.num_layers * (facts.num_heads + 2 * facts.num_kv_heads)
+        scored = (senders + receivers) * corrupted.length * facts.hidden_size * 8  # float64 writes and gradients
+        held = evidence.gradient_bytes(loaded, corrupted.length) * steps + scored
         if held > self.memory_budget:
             msg = (
                 f"edge attribution's backward over {corrupted.length} tokens × {steps} interpolation steps would hold "
-                f"about {readable_size(held)} of activations, over the budget of {readable_size(self.memory_budget)}; "
+                f"about {readable_size(held)} of activations and per-edge tensors, over the budget of "
+                f"{readable_size(self.memory_budget)}; "
                 "use fewer steps or a shorter pair"
             )
             raise ResourceLimitError(msg, field=field)

@@ -118,3 +118,13 @@ def test_the_receivers_split_the_whole_gradient(inspector) -> None:
     expected = float((delta * grad.double()).sum())
     assert abs(expected) > 1.0
     assert float(passes.scores[0].sum()) == pytest.approx(expected, rel=1e-4)
+
+
+def test_a_pass_over_the_memory_budget_is_refused_before_it_runs() -> None:
+    from agent_tools.errors import ResourceLimitError
+    from agent_tools.inspector import Inspector
+
+    register_model("circuit-edges-budget", induction_circuit(), circuit_tokenizer())
+    small = Inspector(memory_budget=10_000)
+    with pytest.raises(ResourceLimitError, match=r"5 interpolation steps would hold about .* use fewer steps"):
+        get_tool("find_circuit")(small, {"model": "circuit-edges-budget", "clean": CLEAN, "corrupted": CORRUPTED})
