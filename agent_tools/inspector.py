@@ -29,7 +29,7 @@ from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
 from agent_tools.placement import Placement
 from agent_tools.runner import attribution as evidence
-from agent_tools.runner import attribution_patching, patching, paths, replay
+from agent_tools.runner import attribution_patching, edge_attribution, patching, paths, replay
 from agent_tools.runner.forward import locked
 from agent_tools.schemas import AttentionPath, ChatMessage, Token
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
@@ -914,6 +914,37 @@ class Inspector:
         with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
             return attribution_patching.attribution_passes(
                 loaded, clean.input_ids, corrupted.input_ids, metric, grad_drop=grad_drop, field=field
+            )
+
+    def edge_attribution(
+        self,
+        loaded: LoadedModel,
+        clean: Encoded,
+        corrupted: Encoded,
+        metric: edge_attribution.Metric,
+        *,
+        steps: int,
+        field: str = "steps",
+    ) -> edge_attribution.EdgePasses:
+        """find_circuit's EAP-IG passes (one backward over ``steps`` rows), refused when the backward's activations
+        would not fit the budget."""
+        facts = loaded.facts
+        senders = 1 + facts.num_layers * facts.num_heads
+        receivers = 1 + facts.num_layers * (facts.num_heads + 2 * facts.num_kv_heads)
+        scored = (senders + receivers) * corrupted.length * facts.hidden_size * 8  # float64 writes and gradients
+        held = evidence.gradient_bytes(loaded, corrupted.length) * steps + scored
+        if held > self.memory_budget:
+            msg = (
+                f"edge attribution's backward over {corrupted.length} tokens × {steps} interpolation steps would hold "
+                f"about {readable_size(held)} of activations and per-edge tensors, over the budget of "
+                f"{readable_size(self.memory_budget)}; "
+                "use fewer steps or a shorter pair"
+            )
+            raise ResourceLimitError(msg, field=field)
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return edge_attribution.edge_attribution(
+                loaded, clean.input_ids, corrupted.input_ids, metric, steps=steps, field=field
             )
 
     def mlp_patched_logits(

@@ -567,3 +567,71 @@ def mlp_outputs_replaced(model: nn.Module, replaced: Mapping[int, tuple[int, Ten
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def circuit_taps(
+    model: nn.Module,
+    layers: Sequence[int],
+    *,
+    num_heads: int,
+    head_dim: int,
+    readers: Mapping[int, Sequence[nn.Module]],
+    embeddings: nn.Module,
+    interpolate: Callable[[Tensor], Tensor] | None = None,
+) -> Iterator[dict[str, dict[int, Any]]]:
+    """Inside the block, a forward keeps (by reference, in the autograd graph) for every layer: its block's input
+    (the residual stream it reads, ``taps["residual"][layer]``), the input of its attention module
+    (``taps["read"][layer]``: the normalised stream the q/k/v projections read), the outputs of ``readers[layer]``
+    (its q/k/v projection modules, ``taps["qkv"][layer]``, a list), its head outputs before W_O
+    (``taps["heads"][layer]``, (B, T, H·D)), and the last block's output (``taps["final"][0]``). The embeddings'
+    output is made to require grad; ``interpolate`` (when given) replaces it first (EAP-IG's interpolation)."""
+    projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in layers}
+    blocks = _blocks_from(model, 0)
+    attentions = find_attention_modules(model)
+    taps: dict[str, dict[int, Any]] = {"residual": {}, "read": {}, "qkv": {}, "heads": {}, "final": {}}
+    last = max(blocks)
+
+    def block_pre(layer: int):
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            taps["residual"][layer] = args[0] if args and isinstance(args[0], Tensor) else kwargs["hidden_states"]
+
+        return hook
+
+    def block_post(module: nn.Module, args: tuple, output: Any) -> None:
+        taps["final"][0] = output[0] if isinstance(output, tuple) else output
+
+    def attention_pre(layer: int):
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            taps["read"][layer] = args[0] if args and isinstance(args[0], Tensor) else kwargs["hidden_states"]
+
+        return hook
+
+    def reader_post(layer: int, index: int):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            taps["qkv"].setdefault(layer, [None] * len(readers[layer]))[index] = output
+
+        return hook
+
+    def head_hook(layer: int):
+        def hook(module: nn.Module, args: tuple) -> None:
+            taps["heads"][layer] = args[0]
+
+        return hook
+
+    def embedding_hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        changed = interpolate(output) if interpolate is not None else output
+        return changed if changed.requires_grad else changed.detach().requires_grad_(True)
+
+    handles = [embeddings.register_forward_hook(embedding_hook), blocks[last].register_forward_hook(block_post)]
+    try:
+        for layer in layers:
+            handles.append(blocks[layer].register_forward_pre_hook(block_pre(layer), with_kwargs=True))
+            handles.append(attentions[layer].register_forward_pre_hook(attention_pre(layer), with_kwargs=True))
+            for index, module in enumerate(readers.get(layer, ())):
+                handles.append(module.register_forward_hook(reader_post(layer, index)))
+        with _pre_hooks(projections, head_hook):
+            yield taps
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -385,6 +385,35 @@ def head_projections(
     )
 
 
+def qkv_reads(
+    model: nn.Module, layer: int, *, facts: ModelFacts | None = None, stack: str | None = None
+) -> tuple[list[nn.Module], dict[tuple[str, int], tuple[int, int]]]:
+    """Where each head reads its q, k and v: the layer's projection module(s), and for ``("Q", head)`` and
+    ``("K", kv_head)``/``("V", kv_head)`` the (module index, first output feature) of its ``head_dim`` slice.
+    A gradient at a module's output sliced there, times the slice's weight, is the gradient at the residual as
+    that head reads it through that path (find_circuit's receivers)."""
+    facts = facts if facts is not None else read_facts(model)
+    attention = find_attention_modules(model, stack)[layer]
+    layout = _module_layout(weight_layout(facts), attention)
+    heads = facts.stack(stack)
+    modules = [_child(attention, name) for name in layout.modules]
+    groups = max(1, heads.num_heads // heads.num_kv_heads)
+    reads: dict[tuple[str, int], tuple[int, int]] = {}
+    for head in range(heads.num_heads):
+        q_start, k_start, v_start = _qkv_starts(layout, facts, head, head // groups)
+        index = (0, 1, 2) if len(modules) == 3 else (0, 0, 0)
+        reads[("Q", head)] = (index[0], q_start)
+        reads.setdefault(("K", head // groups), (index[1], k_start))
+        reads.setdefault(("V", head // groups), (index[2], v_start))
+    return modules, reads
+
+
+def slice_weight(module: nn.Module, start: int, size: int) -> Tensor:
+    """Output features ``start .. start+size`` of a projection as a ``(size, in)`` float weight (x @ W.T)."""
+    with materialised(module):
+        return _out_in(module).detach()[start : start + size].float().clone()
+
+
 # --- positions ------------------------------------------------------------------------------------------
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """transformers' ``apply_rotary_pos_emb`` for one tensor: (..., T, d_head) with cos/sin (..., T, d_rot).

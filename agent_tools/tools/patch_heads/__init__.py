@@ -6,6 +6,7 @@ evidence methods, :mod:`agent_tools.runner.patching`), ``narrative`` the summary
 
 from __future__ import annotations
 
+from agent_tools.clean_corrupted import single_token
 from agent_tools.tools.patch_heads.models import (
     DESCRIPTION,
     HeadPatchResult,
@@ -15,7 +16,7 @@ from agent_tools.tools.patch_heads.models import (
     PatchReport,
     PositionPatch,
 )
-from agent_tools.tools.patch_heads.plan import patch_heads, single_token
+from agent_tools.tools.patch_heads.plan import patch_heads
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [

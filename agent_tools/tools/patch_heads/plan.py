@@ -24,6 +24,7 @@ from agent_tools.analysis.attribution_patching import (
     verify,
 )
 from agent_tools.analysis.attribution_patching import Baseline as SizeBaseline
+from agent_tools.clean_corrupted import answer_ids, encode_pair
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
@@ -49,50 +50,12 @@ from agent_tools.tools.patch_heads.narrative import Patched, findings, summary
 MIN_LOGIT_GAP = 1e-4  # clean and corrupted logit differences closer than this leave nothing to restore
 
 
-def single_token(loaded: LoadedModel, text: str, field: str) -> int:
-    """The one token id of ``text`` as it follows a prompt, or an error naming the tokens it splits into."""
-    ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        pieces = [str(loaded.tokenizer.decode([i])) for i in ids]
-        msg = (
-            f"{field} {text!r} is {len(ids)} tokens ({pieces}) for {loaded.name!r}; give exactly one token as it "
-            "follows the prompt (mind the leading space, e.g. ' Mary')"
-        )
-        raise InvalidInputError(msg, field=field)
-    return int(ids[0])
-
-
 def _encode_pair(inspector: Inspector, loaded: LoadedModel, args: PatchHeadsInput) -> tuple[Encoded, Encoded]:
-    """Both prompts, tokenised; they must be the same length and differ somewhere."""
-    clean, corrupted = inspector.encode(loaded, args.clean), inspector.encode(loaded, args.corrupted)
-    if clean.length != corrupted.length:
-        msg = (
-            f"clean is {clean.length} tokens and corrupted is {corrupted.length} tokens; patching copies head outputs "
-            "position by position, so both prompts must have the same number of tokens: change words for words of "
-            "the same token count (e.g. one one-token name for another) or add/remove words in one of them"
-        )
-        raise InvalidInputError(msg, field="corrupted")
-    if torch.equal(clean.input_ids, corrupted.input_ids):
-        msg = "clean and corrupted are the same tokens; change the information the answer depends on in corrupted"
-        raise InvalidInputError(msg, field="corrupted")
-    if clean.length < 2:
-        msg = "the prompts are 1 token; give at least 2 so heads have something to read"
-        raise InvalidInputError(msg, field="clean")
-    return clean, corrupted
+    return encode_pair(inspector, loaded, args.clean, args.corrupted)
 
 
 def _answer_ids(loaded: LoadedModel, args: PatchHeadsInput, clean: torch.Tensor, corrupted: torch.Tensor) -> tuple:
-    """(answer, wrong) token ids: given, or the two prompts' top next tokens (which must differ)."""
-    answer = single_token(loaded, args.answer, "answer") if args.answer is not None else int(clean.argmax())
-    wrong = single_token(loaded, args.wrong, "wrong") if args.wrong is not None else int(corrupted.argmax())
-    if answer == wrong:
-        shown = str(loaded.tokenizer.decode([answer]))
-        msg = (
-            f"answer and wrong are the same token {shown!r}; give two different one-token answers (answer for the "
-            "clean prompt, wrong for the corrupted one)"
-        )
-        raise InvalidInputError(msg, field="wrong" if args.wrong is not None else "answer")
-    return answer, wrong
+    return answer_ids(loaded, args.answer, args.wrong, clean, corrupted)
 
 
 def _differences(outputs: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:

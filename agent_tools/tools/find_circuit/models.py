@@ -1,0 +1,80 @@
+"""find_circuit's arguments and report: edge attribution (EAP-IG) between a clean and a corrupted prompt."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from agent_tools.schemas import ModelInput, Report
+
+DESCRIPTION = "Use for the circuit of an answer: which head reads which (Q/K/V); EAP-IG, clean/corrupted pair"
+DEFAULT_STEPS = 5
+EdgeKind = Literal["Q", "K", "V", "direct"]
+NodeKind = Literal["embeddings", "head", "kv_head", "logits"]
+Ranking = Literal["|score|", "score"]
+
+
+class FindCircuitInput(ModelInput):
+    clean: str
+    corrupted: str
+    answer: str | None = None  # one token ('' is refused as 0 tokens); omitted = the clean top token
+    wrong: str | None = None
+    target: float = Field(default=0.8, ge=0.05, le=1.0, description="faithfulness the circuit must reach")
+    steps: int = Field(
+        default=DEFAULT_STEPS, ge=1, le=16, description="interpolation steps of the integrated gradients"
+    )
+    max_edges: int = Field(default=40, ge=1, le=60, description="most edges in the returned graph")
+
+
+class CircuitNode(BaseModel):
+    name: str = Field(description="embeddings, logits, LxHy (a head) or LxKVg (a KV head shared by query heads)")
+    kind: NodeKind
+    layer: int | None = None
+    heads: list[int] = Field(default_factory=list, description="the query heads this node stands for")
+
+
+class CircuitEdge(BaseModel):
+    sender: str
+    receiver: str
+    kind: EdgeKind = Field(description="the receiver's input the sender is read through; direct: the logits")
+    score: float = Field(
+        description="EAP-IG estimate / (LD_clean − LD_corrupted): the share of the logit difference this edge "
+        "carries to first order (integrated); positive toward the clean answer"
+    )
+    in_circuit: bool = Field(description="false: listed only for its |score| above the threshold")
+    sentence: str
+
+
+class CurvePoint(BaseModel):
+    edges: int
+    heads: int = Field(description="heads kept clean: the endpoints of the ranked edge set")
+    faithfulness: float = Field(description="(LD − LD_corrupted) / (LD_clean − LD_corrupted) with this edge set")
+    random_mean: float = Field(description="the same for random edge sets of this size (mean over draws)")
+    random_spread: float = Field(description="their standard deviation")
+
+
+class CircuitReport(Report):
+    tokens: int
+    answer: str
+    wrong: str
+    logit_difference_clean: float
+    logit_difference_corrupted: float
+    steps: int = Field(description="interpolation steps (midpoints α = (k + ½)/steps), one batched backward")
+    gradient_dtype: str
+    faithfulness_method: str = Field(description="how faithfulness is measured")
+    edges_scored: int = Field(description="edges scored (every sender before every receiver)")
+    target: float
+    reached: bool
+    ranking: Ranking = Field(
+        description="the edge order pruned: by |score|, or by score (toward the clean answer first); both are "
+        "tried, the one reaching the target with fewer edges is kept"
+    )
+    circuit_edges: int = Field(description="edges in the smallest ranked set reaching the target (or all tried)")
+    faithfulness: float
+    empty_circuit: float = Field(description="faithfulness with no edge (every head corrupted)")
+    random_draws: int
+    threshold: float = Field(description="edges with |score| below this share of the gap are not listed")
+    nodes: list[CircuitNode]
+    edges: list[CircuitEdge]
+    curve: list[CurvePoint]

@@ -1,0 +1,278 @@
+"""find_circuit's passes: EAP-IG edge scores (one batched backward), then faithfulness of the ranked edge sets and of
+random edge sets of the same sizes, measured by node-level patching in one batch of patched runs.
+
+Faithfulness here is node-level: the clean prompt runs with every head that is NOT an endpoint of the edge set
+replaced by its output in the corrupted run (so only the circuit's heads compute from clean values); the
+embeddings and MLPs stay clean. It is (LD − LD_corrupted) / (LD_clean − LD_corrupted). Exact edge patching (each
+receiver reading a different mix per edge) is not done: a head in the set reads every other head in the set clean.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from agent_tools.analysis.attribution import restored_fraction
+from agent_tools.analysis.attribution_patching import baseline, minimum_gap
+from agent_tools.analysis.edge_attribution import curve_sizes
+from agent_tools.clean_corrupted import answer_ids, encode_pair
+from agent_tools.errors import InvalidInputError
+from agent_tools.inspector import Encoded, Inspector
+from agent_tools.loading import LoadedModel
+from agent_tools.prompt_trace import NextCall
+from agent_tools.runner.edge_attribution import EMBEDDINGS, EdgePasses, Receiver
+from agent_tools.runner.patching import HeadPatch
+from agent_tools.schemas import rounded
+from agent_tools.tools.find_circuit.models import (
+    CircuitEdge,
+    CircuitNode,
+    CircuitReport,
+    CurvePoint,
+    FindCircuitInput,
+    NodeKind,
+    Ranking,
+)
+from agent_tools.tools.find_circuit.narrative import findings, sentence, summary
+
+DRAWS = 5  # random edge sets per size
+SEED = 0
+RANKED = 200  # the ranked edge sets tried go up to this many edges, in two orders: by |score| and by score
+# (toward the clean answer first); the one reaching the target with fewer edges is the circuit
+THRESHOLD = 0.25  # edges with |score| ≥ this share of the gap are listed even beyond the circuit's size
+FAITHFULNESS = (
+    "node-level: the clean prompt with every head outside the edge set's endpoints replaced by its corrupted-run "
+    "output (embeddings and MLPs clean); not exact edge patching"
+)
+
+Edge = tuple[int, int]  # (sender index, receiver index)
+
+
+def head_label(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def _groups(loaded: LoadedModel) -> int:
+    return max(1, loaded.facts.num_heads // loaded.facts.num_kv_heads)
+
+
+def _receiver_name(loaded: LoadedModel, receiver: Receiver) -> str:
+    if receiver.kind == "direct":
+        return "logits"
+    if receiver.kind == "Q" or _groups(loaded) == 1:
+        return head_label(receiver.layer, receiver.head)
+    return f"L{receiver.layer}KV{receiver.head}"
+
+
+def _sender_name(sender: tuple[int, int]) -> str:
+    return "embeddings" if sender == EMBEDDINGS else head_label(*sender)
+
+
+def _receiver_heads(loaded: LoadedModel, receiver: Receiver) -> list[tuple[int, int]]:
+    if receiver.kind == "direct":
+        return []
+    if receiver.kind == "Q":
+        return [(receiver.layer, receiver.head)]
+    groups = _groups(loaded)
+    return [(receiver.layer, receiver.head * groups + g) for g in range(groups)]
+
+
+def _nodes(loaded: LoadedModel, passes: EdgePasses, edges: list[Edge]) -> set[tuple[int, int]]:
+    heads: set[tuple[int, int]] = set()
+    for s, r in edges:
+        if passes.senders[s] != EMBEDDINGS:
+            heads.add(passes.senders[s])
+        heads.update(_receiver_heads(loaded, passes.receivers[r]))
+    return heads
+
+
+def _complement_patch(loaded: LoadedModel, kept: set[tuple[int, int]]) -> HeadPatch | None:
+    """One row corrupting every head not in ``kept`` (None: every head is kept)."""
+    facts = loaded.facts
+    every = [(layer, head) for layer in range(facts.num_layers) for head in range(facts.num_heads)]
+    rest = sorted(x for x in every if x not in kept)
+    if not rest:
+        return None
+    first = rest[0][0]
+    return HeadPatch(
+        first, tuple(head for layer, head in rest if layer == first), also=tuple(x for x in rest if x[0] != first)
+    )
+
+
+def _faithfulness(
+    inspector: Inspector,
+    loaded: LoadedModel,
+    passes: EdgePasses,
+    clean: Encoded,
+    first: int,
+    sets: list[list[Edge]],
+    metric: tuple[int, int, float, float],
+) -> list[float]:
+    """Node-level faithfulness of each edge set (one batch of patched runs of the clean prompt)."""
+    answer, wrong, ld_clean, ld_corrupted = metric
+    patches = [_complement_patch(loaded, _nodes(loaded, passes, edges)) for edges in sets]
+    rows = [p for p in patches if p is not None]
+    values: list[float] = []
+    if rows:
+        outputs = inspector.patched_outputs(loaded, clean, rows, sources=passes.corrupted_heads, prefix=first)
+        differences = (outputs[:, -1, answer] - outputs[:, -1, wrong]).double()
+        values = restored_fraction(differences, ld_clean, ld_corrupted).tolist()
+    found = iter(values)
+    return [1.0 if p is None else next(found) for p in patches]
+
+
+def _first_reaching(values: list[float], target: float) -> tuple[int, float]:
+    """Sort key of a ranked curve: the first index reaching ``target`` (len: never), then the best value."""
+    reaching = [i for i, v in enumerate(values) if v >= target]
+    return (reaching[0] if reaching else len(values), -max(values))
+
+
+def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
+    """Score every edge by EAP-IG, prune to the fewest ranked edges reaching ``target`` faithfulness, and size
+    the curve against random edge sets of the same sizes."""
+    loaded = inspector.model(args.model)
+    if not loaded.facts.is_language_model:
+        raise InvalidInputError(f"model {loaded.name!r} has no next-token head; find_circuit needs a language model")
+    clean, corrupted = encode_pair(inspector, loaded, args.clean, args.corrupted)
+    resolved: dict[str, int] = {}
+
+    def metric(clean_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        if not resolved:
+            ids = answer_ids(loaded, args.answer, args.wrong, clean_logits, logits[0].detach())
+            resolved.update(answer=ids[0], wrong=ids[1])
+        return logits[:, resolved["answer"]] - logits[:, resolved["wrong"]]
+
+    passes = inspector.edge_attribution(loaded, clean, corrupted, metric, steps=args.steps)
+    answer, wrong = resolved["answer"], resolved["wrong"]
+    ld_clean = float(passes.clean_logits[answer] - passes.clean_logits[wrong])
+    ld_corrupted = float(passes.corrupted_logits[answer] - passes.corrupted_logits[wrong])
+    threshold = minimum_gap(passes.clean_logits)
+    gap = ld_clean - ld_corrupted
+    if abs(gap) < threshold:
+        msg = (
+            f"clean and corrupted give logit differences {ld_clean:.4g} and {ld_corrupted:.4g}, {abs(gap):.3g} "
+            f"apart: below {threshold:.3g}, too small to state fractions of; corrupt the information the answer "
+            "depends on, or choose answer/wrong tokens that differ"
+        )
+        raise InvalidInputError(msg, field="corrupted")
+    first = int((clean.input_ids[0] != corrupted.input_ids[0]).nonzero()[0])
+    shares = passes.scores / gap
+    valid = passes.valid.nonzero().tolist()
+    magnitude = shares.abs()
+    edges_all = [(int(s), int(r)) for s, r in valid]
+    order = sorted(edges_all, key=lambda e: -float(magnitude[e]))
+    orderings: dict[Ranking, list[Edge]] = {
+        "|score|": order[:RANKED],
+        "score": sorted(edges_all, key=lambda e: -float(shares[e]))[:RANKED],
+    }
+    sizes = curve_sizes(len(order[:RANKED]))
+    generator = random.Random(SEED)
+    draws = [[generator.sample(order, k) for _ in range(DRAWS)] for k in sizes]
+    sets = [ranked[:k] for ranked in orderings.values() for k in sizes] + [d for per in draws for d in per] + [[]]
+    numbers = (answer, wrong, ld_clean, ld_corrupted)
+    values = _faithfulness(inspector, loaded, passes, clean, first, sets, numbers)
+    count = len(sizes)
+    curves = {name: values[i * count : (i + 1) * count] for i, name in enumerate(orderings)}
+    random_values, empty = values[2 * count : -1], values[-1]
+    ranking = min(orderings, key=lambda name: _first_reaching(curves[name], args.target))
+    ranked, ranked_values = orderings[ranking], curves[ranking]
+    curve = []
+    for i, k in enumerate(sizes):
+        drawn = baseline(random_values[i * DRAWS : (i + 1) * DRAWS], k)
+        curve.append(
+            CurvePoint(
+                edges=k,
+                heads=len(_nodes(loaded, passes, ranked[:k])),
+                faithfulness=rounded(ranked_values[i]),
+                random_mean=rounded(drawn.mean),
+                random_spread=rounded(drawn.spread),
+            )
+        )
+    reaching = [i for i, v in enumerate(ranked_values) if v >= args.target]
+    chosen = reaching[0] if reaching else max(range(len(sizes)), key=lambda i: ranked_values[i])
+    size = sizes[chosen]
+    above = sum(1 for e in order[:RANKED] if float(magnitude[e]) >= THRESHOLD)
+    listed = ranked[:size] + [e for e in order[:above] if e not in ranked[:size]]
+    listed = listed[: args.max_edges]
+    decode = loaded.tokenizer.decode
+    edges = [_edge(loaded, passes, e, float(shares[e]), e in ranked[:size]) for e in listed]
+    nodes = _graph_nodes(loaded, passes, listed)
+    return CircuitReport(
+        model=loaded.name,
+        summary=summary(edges, curve[chosen], bool(reaching), args.target, str(decode([answer])), empty),
+        findings=findings(edges),
+        tokens=clean.length,
+        answer=str(decode([answer])),
+        wrong=str(decode([wrong])),
+        logit_difference_clean=rounded(ld_clean),
+        logit_difference_corrupted=rounded(ld_corrupted),
+        steps=passes.steps,
+        gradient_dtype=passes.gradient_dtype,
+        faithfulness_method=FAITHFULNESS,
+        edges_scored=len(order),
+        target=args.target,
+        reached=bool(reaching),
+        ranking=ranking,
+        circuit_edges=size,
+        faithfulness=rounded(ranked_values[chosen]),
+        empty_circuit=rounded(empty),
+        random_draws=DRAWS,
+        threshold=THRESHOLD,
+        nodes=nodes,
+        edges=edges,
+        curve=curve,
+        next_calls=_next_calls(loaded, args, nodes),
+    )
+
+
+def _edge(loaded: LoadedModel, passes: EdgePasses, edge: Edge, share: float, inside: bool) -> CircuitEdge:
+    receiver = passes.receivers[edge[1]]
+    sender, name = _sender_name(passes.senders[edge[0]]), _receiver_name(loaded, receiver)
+    return CircuitEdge(
+        sender=sender,
+        receiver=name,
+        kind=receiver.kind,  # type: ignore[arg-type]
+        score=rounded(share),
+        in_circuit=inside,
+        sentence=sentence(sender, name, receiver.kind, share),
+    )
+
+
+def _graph_nodes(loaded: LoadedModel, passes: EdgePasses, edges: list[Edge]) -> list[CircuitNode]:
+    found: dict[str, CircuitNode] = {}
+    for s, r in edges:
+        sender = passes.senders[s]
+        if sender == EMBEDDINGS:
+            found.setdefault("embeddings", CircuitNode(name="embeddings", kind="embeddings"))
+        else:
+            name = head_label(*sender)
+            found.setdefault(name, CircuitNode(name=name, kind="head", layer=sender[0], heads=[sender[1]]))
+        receiver = passes.receivers[r]
+        name = _receiver_name(loaded, receiver)
+        if receiver.kind == "direct":
+            found.setdefault(name, CircuitNode(name=name, kind="logits"))
+        else:
+            kind: NodeKind = "kv_head" if name.startswith(f"L{receiver.layer}KV") else "head"
+            heads = [h for _, h in _receiver_heads(loaded, receiver)]
+            found.setdefault(name, CircuitNode(name=name, kind=kind, layer=receiver.layer, heads=heads))
+    return list(found.values())
+
+
+def _next_calls(loaded: LoadedModel, args: FindCircuitInput, nodes: list[CircuitNode]) -> list[NextCall]:
+    heads = [f"{n.layer}.{h}" for n in nodes if n.layer is not None for h in n.heads][:6]
+    calls = [
+        NextCall(
+            tool="patch_heads",
+            arguments={"model": loaded.name, "clean": args.clean, "corrupted": args.corrupted},
+            why="each head's own patching effect, sized against random heads",
+        )
+    ]
+    if heads:
+        calls.append(
+            NextCall(
+                tool="ablate_heads",
+                arguments={"model": loaded.name, "text": args.clean, "heads": heads},
+                why="removing the circuit's heads on the clean prompt should break its answer",
+            )
+        )
+    return calls

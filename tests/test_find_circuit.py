@@ -1,0 +1,130 @@
+"""find_circuit: EAP-IG edges on the hand-set induction circuit (known answer) and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from crafted import circuit_tokenizer, induction_circuit
+
+from agent_tools.analysis.edge_attribution import curve_sizes, edge_scores, interpolation_points
+from agent_tools.errors import InvalidInputError
+from agent_tools.loading import register_model
+from agent_tools.tools import get_tool
+
+CLEAN, CORRUPTED = "cat dog sun moon cat", "sun dog cat moon cat"
+
+
+def test_pure_pieces() -> None:
+    assert interpolation_points(5).tolist() == pytest.approx([0.1, 0.3, 0.5, 0.7, 0.9])
+    deltas = torch.tensor([[[1.0, 2.0]], [[0.0, -1.0]]])  # (S=2, T=1, C=2)
+    grads = torch.tensor([[[3.0, 4.0]]])  # (R=1, T=1, C=2)
+    assert edge_scores(deltas, grads).tolist() == [[11.0], [-4.0]]
+    assert curve_sizes(3) == [1, 2, 3]
+    assert curve_sizes(20) == [1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 20]
+
+
+def test_the_induction_circuit_is_found(inspector) -> None:
+    """Only L0H0 -> L1H0 (keys), the embeddings -> L0H0 (values: the changed tokens L0H0 copies) and L1H0 -> the
+    logits score above the threshold (a quarter of the gap); everything else is below 0.2 of the gap."""
+    register_model("circuit-edges", induction_circuit(), circuit_tokenizer())
+    report = get_tool("find_circuit")(
+        inspector, {"model": "circuit-edges", "clean": CLEAN, "corrupted": CORRUPTED, "detail": "full"}
+    )
+    listed = {(e.sender, e.receiver, e.kind) for e in report.edges}
+    assert listed == {("L0H0", "L1H0", "K"), ("embeddings", "L0H0", "V"), ("L1H0", "logits", "direct")}
+    assert report.threshold == 0.25 and all(e.score > 0.25 for e in report.edges)
+    assert report.edges[0].sender == "L0H0" and report.edges[0].kind == "K"
+    assert "L1H0 reads L0H0's output through its keys (K-composition)" in report.edges[0].sentence
+    assert report.answer == " dog" or report.answer.strip() == "dog"
+    # node-level faithfulness: L0H0 and L1H0 clean, every other head corrupted, restores all; no edge restores none
+    assert report.reached and report.circuit_edges == 1 and report.faithfulness == pytest.approx(1.0, abs=1e-3)
+    assert [e.in_circuit for e in report.edges] == [True, False, False]  # L0H0 -> L1H0 alone keeps both clean
+    assert report.curve[0].heads == 2
+    assert report.empty_circuit == pytest.approx(0.0, abs=1e-3)
+    assert report.curve[0].random_mean < 0.5
+    assert report.steps == 5
+
+
+def test_the_runner_scores_nothing_else_above_a_fifth_of_the_gap(inspector) -> None:
+    loaded = register_model("circuit-edges-raw", induction_circuit(), circuit_tokenizer())
+    clean, corrupted = inspector.encode(loaded, CLEAN), inspector.encode(loaded, CORRUPTED)
+    a, w = (loaded.tokenizer.convert_tokens_to_ids(t) for t in ("dog", "moon"))
+    passes = inspector.edge_attribution(loaded, clean, corrupted, lambda _c, x: x[:, a] - x[:, w], steps=5)
+    gap = float(
+        (passes.clean_logits[a] - passes.clean_logits[w]) - (passes.corrupted_logits[a] - passes.corrupted_logits[w])
+    )
+    shares = (passes.scores / gap).abs()
+    big = {(passes.senders[s], passes.receivers[r].kind) for s, r in (shares > 0.2).nonzero().tolist()}
+    assert big == {((0, 0), "K"), ((-1, -1), "V"), ((1, 0), "direct")}
+    assert not passes.valid[1 + 0 * 4 + 0, 0]  # a layer-0 head cannot send to a layer-0 receiver
+
+
+def test_bad_input_is_refused(inspector) -> None:
+    register_model("circuit-edges-bad", induction_circuit(), circuit_tokenizer())
+    tool = get_tool("find_circuit")
+    with pytest.raises(InvalidInputError, match=r"clean is 6 tokens and corrupted is 5 tokens.*same number of tokens"):
+        tool(inspector, {"model": "circuit-edges-bad", "clean": CLEAN, "corrupted": "sun dog cat moon"})
+    with pytest.raises(InvalidInputError, match=r"answer 'dog cat' is 2 tokens"):
+        tool(inspector, {"model": "circuit-edges-bad", "clean": CLEAN, "corrupted": CORRUPTED, "answer": "dog cat"})
+    model = induction_circuit()
+    table = model.transformer.wte.weight.detach()
+    model.transformer.wte.weight = torch.nn.Parameter((table * 100).round().to(torch.int8), requires_grad=False)
+    register_model("circuit-edges-int8", model, circuit_tokenizer())
+    with pytest.raises(InvalidInputError, match=r"no floating-point embedding table \(quantized or missing\)"):
+        tool(inspector, {"model": "circuit-edges-int8", "clean": CLEAN, "corrupted": CORRUPTED})
+
+
+def test_grouped_query_receivers_are_kv_heads(tiny_models, inspector) -> None:
+    """The tiny Llama has 4 query heads sharing 2 KV heads: Q receivers per query head, K/V per KV head."""
+    loaded = tiny_models["llama"]
+    facts = loaded.facts
+    clean, corrupted = (
+        inspector.encode(loaded, "the cat sat on the mat"),
+        inspector.encode(loaded, "the cat sat on the dog"),
+    )
+    passes = inspector.edge_attribution(loaded, clean, corrupted, lambda _c, x: x[:, 5] - x[:, 6], steps=2)
+    kinds = [r.kind for r in passes.receivers]
+    per_layer = facts.num_heads + 2 * facts.num_kv_heads
+    assert len(passes.receivers) == facts.num_layers * per_layer + 1 and kinds[-1] == "direct"
+    assert kinds.count("K") == kinds.count("V") == facts.num_layers * facts.num_kv_heads
+    assert len(passes.senders) == 1 + facts.num_layers * facts.num_heads
+    assert torch.isfinite(passes.scores).all() and passes.scores[~passes.valid].abs().sum() == 0
+    # the logits read only the last position: the embeddings' direct edge is nonzero when the last token differs,
+    # and exactly 0 when only an earlier one does
+    assert abs(float(passes.scores[0, -1])) > 0
+    earlier = inspector.encode(loaded, "the dog sat on the mat")
+    again = inspector.edge_attribution(
+        loaded, inspector.encode(loaded, "the cat sat on the mat"), earlier, lambda _c, x: x[:, 5] - x[:, 6], steps=2
+    )
+    assert float(again.scores[0, -1]) == 0.0
+
+
+def test_the_receivers_split_the_whole_gradient(inspector) -> None:
+    """The hand-set circuit has no MLP, so the gradient at the embeddings' residual is the sum of every receiver's
+    (each head's Q, K and V read, and the logits'): the embeddings' edge scores summed over every receiver equal
+    Δembedding · ∂M/∂residual from a plain autograd run at the one interpolation point (steps=1: α = ½)."""
+    model = induction_circuit()
+    loaded = register_model("circuit-edges-sum", model, circuit_tokenizer())
+    clean, corrupted = inspector.encode(loaded, CLEAN), inspector.encode(loaded, CORRUPTED)
+    a, w = (loaded.tokenizer.convert_tokens_to_ids(t) for t in ("dog", "moon"))
+    passes = inspector.edge_attribution(loaded, clean, corrupted, lambda _c, x: x[:, a] - x[:, w], steps=1)
+    wte = model.transformer.wte
+    with torch.no_grad():
+        delta = (wte(clean.input_ids) - wte(corrupted.input_ids)).double()
+    embeds = (0.5 * (wte(clean.input_ids) + wte(corrupted.input_ids))).detach().requires_grad_(True)
+    out = model(inputs_embeds=embeds, output_hidden_states=True)
+    residual = out.hidden_states[0]
+    (grad,) = torch.autograd.grad(out.logits[0, -1, a] - out.logits[0, -1, w], residual)
+    expected = float((delta * grad.double()).sum())
+    assert abs(expected) > 1.0
+    assert float(passes.scores[0].sum()) == pytest.approx(expected, rel=1e-4)
+
+
+def test_a_pass_over_the_memory_budget_is_refused_before_it_runs() -> None:
+    from agent_tools.errors import ResourceLimitError
+    from agent_tools.inspector import Inspector
+
+    register_model("circuit-edges-budget", induction_circuit(), circuit_tokenizer())
+    small = Inspector(memory_budget=10_000)
+    with pytest.raises(ResourceLimitError, match=r"5 interpolation steps would hold about .* use fewer steps"):
+        get_tool("find_circuit")(small, {"model": "circuit-edges-budget", "clean": CLEAN, "corrupted": CORRUPTED})
