@@ -157,6 +157,7 @@ class GridStyle:
     vmin: float | None = None
     vmax: float | None = None
     annotations: Sequence[Sequence[str]] | None = None
+    annotation_colour: str = "white"  # black on a diverging map, whose middle is white
 
 
 def _grid_figure(values: Sequence[Sequence[float]], title: str, style: GridStyle) -> tuple[Any, Any, Any]:
@@ -176,7 +177,13 @@ def _grid_figure(values: Sequence[Sequence[float]], title: str, style: GridStyle
         for layer in range(layers):
             for head in range(heads):
                 ax.text(
-                    head, layer, style.annotations[layer][head], ha="center", va="center", fontsize=5, color="white"
+                    head,
+                    layer,
+                    style.annotations[layer][head],
+                    ha="center",
+                    va="center",
+                    fontsize=5,
+                    color=style.annotation_colour,
                 )
     return fig, ax, image
 

@@ -57,4 +57,133 @@ def test_analyze_long_context_steps_only_for_long_texts() -> None:
     assert isinstance(steps, list) and [name for name, _ in steps] == ["find_retrieval_heads", "plan_kv_cache"]
     retrieval, plan = steps[0][1], steps[1][1]
     assert retrieval["lengths"] == [1024] and plan["context_length"] == 3000 and plan["model"] == "m"
+    assert plan["window"] == 256 and long_context_steps("t", None, 40, threshold=32)[1][1]["window"] == 10
     assert LONG_CONTEXT_TOKENS == 1024
+
+
+# --- the analyze report's long-context section (on a tiny model, the threshold lowered to fit its 64 positions) ---
+
+LONG_TEXT = " ".join(["the cat sat on the mat and looked at the bird in the tree"] * 4)  # 57 tokens on tiny-llama
+
+
+@pytest.fixture(scope="module")
+def tiny_llama() -> LoadedModel:
+    from families import build_family, tiny_tokenizer
+
+    return register_model("tiny-llama-long", build_family("llama"), tiny_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def long_analysis(tiny_llama, tmp_path_factory):
+    """The analysis of a 57-token text with the threshold lowered to 32, written out. Only the long-context pictures
+    are drawn (through the story's drawing table, as draw_pictures does): all 23 take ~30 s on a loaded core."""
+    from agent_tools.report.figures import STORY_DRAWINGS, Picture
+    from agent_tools.report.job import run_analysis
+    from agent_tools.report.outputs import write_outputs
+    from agent_tools.report.story import build_story
+
+    result = run_analysis(Inspector(), LONG_TEXT, model="tiny-llama-long", experiment=False, long_context_tokens=32)
+    step = {s.key: s for s in build_story(result)}["long_context"]
+    for wanted in step.pictures:
+        png = STORY_DRAWINGS[wanted.name](result)
+        assert png is not None
+        result.pictures[wanted.name] = Picture(wanted.name, wanted.caption, png)
+    out = tmp_path_factory.mktemp("long-context-report")
+    write_outputs(result, out)
+    return result, out
+
+
+def test_analyze_long_context_section_states_the_reports_numbers(long_analysis) -> None:
+    from agent_tools.report.long_context import NO_U_CURVE, plan_grid
+    from agent_tools.report.story import build_story
+    from agent_tools.tools.find_retrieval_heads.models import FindRetrievalHeadsReport
+    from agent_tools.tools.plan_kv_cache.models import PlanKvCacheReport
+
+    result, _ = long_analysis
+    assert "long_context" not in result.skipped  # 57 tokens >= the lowered threshold of 32
+    retrieval = result.report("find_retrieval_heads", FindRetrievalHeadsReport)
+    plan = result.report("plan_kv_cache", PlanKvCacheReport)
+    assert retrieval is not None and plan is not None
+    assert [h.length for h in retrieval.haystacks] == [57, 57, 57] and plan.window == 57 // 4 and plan.tokens == 57
+    step = {s.key: s for s in build_story(result)}["long_context"]
+    text = " ".join(step.sentences)
+    accuracy = sum(h.accuracy for h in retrieval.haystacks) / len(retrieval.haystacks)
+    assert f"copies {accuracy:.0%} of the answer tokens" in text
+    assert f"{plan.plan.planned_kv_heads} of {plan.plan.total_kv_heads} KV heads" in text
+    assert f"by {plan.plan.verified_loss_change:+.4f} nats" in text
+    assert f"saving {plan.memory.saved_fraction:.0%} of the KV cache at 57 tokens" in text
+    assert step.sentences[-1] == NO_U_CURVE  # position_sensitivity needs segments: said, not drawn
+    assert [p.name for p in step.pictures] == ["story-8-retrieval", "story-8-kv-plan"]
+    values, marks = plan_grid(plan)  # the plan picture's numbers: every KV head's loss change, planned ones marked
+    assert len(values) == 2 and len(values[0]) == 2  # tiny-llama: 2 layers × 2 KV heads
+    for h in plan.heads:
+        assert values[h.layer][h.kv_head] == h.loss_change and (marks[h.layer][h.kv_head] == "S") == h.planned
+    assert sum(row.count("S") for row in marks) == plan.plan.planned_kv_heads
+
+
+def test_analyze_long_context_section_in_every_output(long_analysis) -> None:
+    import json
+
+    from rich.console import Console
+
+    from agent_tools.report.content import SECTION_TITLES
+    from agent_tools.report.terminal import print_report
+
+    result, out = long_analysis
+    for name in ("story-8-retrieval", "story-8-kv-plan"):
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert result.pictures[name].png == (out / f"{name}.png").read_bytes()
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    step = next(s for s in report["story"] if s["key"] == "long_context")
+    assert [p["name"] for p in step["pictures"]] == ["story-8-retrieval", "story-8-kv-plan"]
+    assert {"find_retrieval_heads", "plan_kv_cache"} <= set(report["reports"])
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert step["title"] in page and SECTION_TITLES["plan_kv_cache"] in page and step["sentences"][0] in page
+    console = Console(record=True, width=200)
+    print_report(result, console)
+    shown = console.export_text()
+    assert step["title"] in shown and "story-8-kv-plan.png" in shown and SECTION_TITLES["find_retrieval_heads"] in shown
+
+
+def test_analyze_long_context_sentences_with_a_retrieving_model(long_analysis) -> None:
+    from agent_tools.report.long_context import long_context_sentences
+    from agent_tools.tools.find_retrieval_heads.models import FindRetrievalHeadsReport, RetrievalHead
+
+    result, _ = long_analysis
+    measured = result.report("find_retrieval_heads", FindRetrievalHeadsReport)
+    assert measured is not None
+    head = RetrievalHead(layer=1, head=2, score=0.75, score_sd=0.1, score_min=0.6, score_max=0.9)
+    causal = measured.causal.model_copy(
+        update={
+            "ablated": ["1.2"],
+            "accuracy_clean": 0.8,
+            "accuracy_top_ablated": 0.2,
+            "accuracy_random_mean": 0.7,
+            "accuracy_random_sd": 0.05,
+        }
+    )
+    report = measured.model_copy(update={"heads": [head], "causal": causal})
+    first, second = long_context_sentences(report, None, u_curve=True)
+    assert "1 heads score above 0; the best, L1H2, scores 0.75 ± 0.10" in first
+    assert "leaves 20% answer-token accuracy (full model 80%), against 70% ± 5% with 1 random heads" in second
+
+
+def test_analyze_skips_the_long_context_section_for_a_short_text_or_when_asked(tiny_llama) -> None:
+    from agent_tools.cli import build_parser
+    from agent_tools.report.job import run_analysis
+    from agent_tools.report.story import build_story
+
+    short = run_analysis(Inspector(), "the cat sat on the mat", model="tiny-llama-long", experiment=False)
+    assert (
+        short.skipped["long_context"]
+        == f"text has {len(short.tokens)} tokens; the long-context steps need at least 1024"
+    )
+    assert "plan_kv_cache" not in short.reports and "long_context" not in [s.key for s in build_story(short)]
+    off = run_analysis(
+        Inspector(), LONG_TEXT, model="tiny-llama-long", experiment=False, long_context=False, long_context_tokens=32
+    )
+    assert (
+        off.skipped["long_context"] == "not asked for (--no-long-context)" and "find_retrieval_heads" not in off.reports
+    )
+    assert build_parser().parse_args(["analyze", "--no-long-context"]).no_long_context is True
+    assert build_parser().parse_args(["analyze"]).no_long_context is False

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent_tools.errors import InvalidInputError
+from agent_tools.report.long_context import LONG_CONTEXT_TOKENS
 
 if TYPE_CHECKING:
     from agent_tools.inspector import Inspector
@@ -103,6 +104,7 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
             model=args.model,
             layers=layers,
             experiment=not args.no_experiment,
+            long_context=False if args.no_long_context else None,
             progress=lambda message: progress.update(task, description=message),
         )
         paths: dict[str, Any] = {}
@@ -130,5 +132,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--no-experiment",
         action="store_true",
         help="skip the training experiment (a tiny model trained with and without 1/sqrt(d_k), ~1.5 s)",
+    )
+    p.add_argument(
+        "--no-long-context",
+        action="store_true",
+        help=f"skip retrieval heads and the short-KV-cache plan (run by default on texts of at least "
+        f"{LONG_CONTEXT_TOKENS} tokens; many forwards)",
     )
     p.set_defaults(func=run)

@@ -18,6 +18,8 @@ SECTION_TITLES = {
     "inspect_projections": "Projections W_q, W_k, W_v",
     "reconstruct_attention": "Attention rebuilt step by step",
     "scaling_experiment": "Training with and without the scale",
+    "find_retrieval_heads": "Retrieval heads (needle in a haystack)",
+    "plan_kv_cache": "A short KV cache: which heads need the full context",
 }
 
 # What each section's numbers mean for the reader's question (one or two sentences, shown above its findings).
@@ -48,6 +50,16 @@ SECTION_QUESTIONS = {
     "scaling_experiment": (
         "Does training stall without the scale? Compare each run's final loss with the chance loss ln(labels) "
         "and watch ‖∂L/∂W_q‖: near 0 nothing is learned."
+    ),
+    "find_retrieval_heads": (
+        "Which heads copy a fact from far back? A retrieval score is the share of answer tokens at which the head's "
+        "most-attended key is the needle token being copied (0 to 1); the causal check ablates the top heads "
+        "against random heads of the same count."
+    ),
+    "plan_kv_cache": (
+        "Which KV heads could keep only the first and the last tokens? A head's loss change is the rise of the "
+        "next-token loss, in nats, when it reads only sink + window tokens; the plan is verified with every "
+        "planned head restricted at once."
     ),
 }
 

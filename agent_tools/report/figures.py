@@ -26,9 +26,12 @@ from agent_tools.render import (
 )
 from agent_tools.report.content import role_grid_values, top_heads
 from agent_tools.report.job import AnalysisResult
+from agent_tools.report.long_context import plan_grid
 from agent_tools.report.story import STAGE_SHORT, build_story
 from agent_tools.tools.diagnose_collapse.models import CollapseReport
 from agent_tools.tools.explain_scaling.models import ScalingReport
+from agent_tools.tools.find_retrieval_heads.models import FindRetrievalHeadsReport
+from agent_tools.tools.plan_kv_cache.models import PlanKvCacheReport
 from agent_tools.tools.scaling_experiment.models import ScalingExperimentReport
 
 HARMFUL, SINK, OTHER = "#c92a2a", "#868e96", "#3b5bdb"
@@ -205,6 +208,28 @@ def _training(result: AnalysisResult, name: str) -> bytes | None:
     return curves_png([panels[name]])
 
 
+def _retrieval(result: AnalysisResult) -> bytes | None:
+    """find_retrieval_heads' layer × head grid of mean retrieval scores, on a fixed 0..1 scale."""
+    retrieval = result.report("find_retrieval_heads", FindRetrievalHeadsReport)
+    if retrieval is None or not retrieval.score_grid:
+        return None
+    title = f"{result.model} — retrieval score per head ({len(retrieval.haystacks)} haystacks)"
+    return grid_png(retrieval.score_grid, title, GridStyle("retrieval score (0..1)", "viridis", 0.0, 1.0))
+
+
+def _kv_plan(result: AnalysisResult) -> bytes | None:
+    """plan_kv_cache's loss change per layer × KV head (columns are KV heads), planned heads marked S; the colour
+    scale is symmetric about 0 (red: the short cache hurts)."""
+    plan = result.report("plan_kv_cache", PlanKvCacheReport)
+    if plan is None or not plan.heads:
+        return None
+    values, marks = plan_grid(plan)
+    bound = max(1e-6, max(abs(v) for row in values for v in row))
+    style = GridStyle("loss change (nats)", "RdBu_r", -bound, bound, marks, annotation_colour="black")
+    title = f"{result.model} — loss change per KV head (columns: KV heads), sink {plan.sink} + window {plan.window}"
+    return grid_png(values, title, style)
+
+
 SAME_PICTURE = {"story-1-raw-dot": "story-3-stage-1"}  # drawn once, shown in both steps
 STORY_DRAWINGS: dict[str, Callable[[AnalysisResult], bytes | None]] = {
     "story-2-variance": _variance,
@@ -214,6 +239,8 @@ STORY_DRAWINGS: dict[str, Callable[[AnalysisResult], bytes | None]] = {
     "story-5-value-norms": _value_norms,
     "story-6-induction-probe": _induction,
     **{name: partial(_training, name=name) for name in ("story-7-loss", "story-7-accuracy", "story-7-gradient")},
+    "story-8-retrieval": _retrieval,
+    "story-8-kv-plan": _kv_plan,
 }
 
 

@@ -28,7 +28,7 @@ from agent_tools.consumers.grid import QuantisedMaps
 from agent_tools.errors import AttentionToolError
 from agent_tools.inspector import Encoded, Inspector, PassPlan, check_indices
 from agent_tools.loading import LoadedModel
-from agent_tools.report.long_context import long_context_steps
+from agent_tools.report.long_context import LONG_CONTEXT_TOKENS, long_context_steps
 from agent_tools.report.views import (
     NeuronData,
     ProbeHead,
@@ -337,6 +337,31 @@ def _induction_probe(inspector: Inspector, loaded: LoadedModel, outcomes: StepOu
     return view
 
 
+def _long_context(
+    inspector: Inspector,
+    text: str,
+    model: str | None,
+    tokens: int,
+    outcomes: StepOutcomes,
+    asked: bool | None,
+    threshold: int,
+) -> None:
+    """The long-context steps: by length when ``asked`` is None, always when True, never when False."""
+    if asked is False:
+        outcomes.skipped["long_context"] = "not asked for (--no-long-context)"
+        return
+    steps = long_context_steps(text, model, tokens, threshold=0 if asked else threshold)
+    if isinstance(steps, str):
+        outcomes.skipped["long_context"] = steps
+        return
+    outcomes.say("measuring long-context heads")
+    for name, arguments in steps:
+        if name in TOOLS:
+            outcomes.attempt(name, partial(TOOLS[name], inspector, arguments))
+        else:
+            outcomes.skipped[name] = "tool not available in this build"
+
+
 def run_analysis(
     inspector: Inspector,
     text: str | None = None,
@@ -345,13 +370,15 @@ def run_analysis(
     layers: list[int] | None = None,
     experiment: bool = True,
     progress: Progress | None = None,
-    long_context: bool = False,
+    long_context: bool | None = None,
+    long_context_tokens: int = LONG_CONTEXT_TOKENS,
 ) -> AnalysisResult:
     """Run every analysis on ``text`` (a built-in text when None); expected failures of the input raise.
 
     ``experiment=False`` skips the training experiment (a fixed ~1.5 s, independent of the text).
-    ``long_context=True`` adds retrieval heads and the short-cache plan for texts long enough
-    (:mod:`agent_tools.report.long_context`; many forwards).
+    ``long_context=None`` adds retrieval heads and the short-cache plan when the text has at least
+    ``long_context_tokens`` tokens (:mod:`agent_tools.report.long_context`; many forwards), ``True`` whatever its
+    length (a tool that refuses the text is skipped with its reason), ``False`` never.
     """
     outcomes = StepOutcomes(say=progress or (lambda _message: None))
     text = text if text is not None else DEFAULT_TEXT
@@ -382,11 +409,7 @@ def run_analysis(
         outcomes.attempt("scaling_experiment", partial(TOOLS["scaling_experiment"], inspector, EXPERIMENT_ARGUMENTS))
     elif not experiment:
         outcomes.skipped["scaling_experiment"] = "not asked for (--no-experiment)"
-    steps = long_context_steps(text, model, encoded.length) if long_context else []
-    for name, arguments in steps if isinstance(steps, list) else []:
-        outcomes.attempt(name, partial(TOOLS[name], inspector, arguments))
-    if isinstance(steps, str):
-        outcomes.skipped["long_context"] = steps
+    _long_context(inspector, text, model, encoded.length, outcomes, long_context, long_context_tokens)
     return _result(loaded, encoded, maps, outcomes, shared=shared, probe=probe)
 
 

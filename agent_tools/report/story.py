@@ -8,7 +8,9 @@ plain sentences written from *this model's* measured numbers, and the pictures t
 5. collapse: what removing each collapsed head does against random heads (kinds), then the value-norm evidence
    labelled as such, sinks as no-ops;
 6. what each head does, the induction head shown on the probe where its behaviour is visible;
-7. the training experiment: loss, accuracy and ‖∂L/∂W_q‖ with and without the scale.
+7. the training experiment: loss, accuracy and ‖∂L/∂W_q‖ with and without the scale;
+8. for a long text, the long-context section: retrieval heads and the short-cache plan
+   (:mod:`agent_tools.report.long_context`).
 
 Pure functions of an :class:`~agent_tools.report.job.AnalysisResult`'s reports and views; a step whose tool did
 not run is left out. The pictures are named here and drawn once by :mod:`agent_tools.report.figures`.
@@ -22,11 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION
 from agent_tools.analysis.scaling import SATURATION
+from agent_tools.report.long_context import LONG_CONTEXT_QUESTION, long_context_sentences
 from agent_tools.report.views import ProbeView
 from agent_tools.tools.diagnose_collapse.models import CollapseCheck, CollapseReport, HeadCollapseRow
 from agent_tools.tools.diagnose_collapse.narrative import check_sentence, ordered_checks, together_sentence
 from agent_tools.tools.explain_scaling.models import ScalingReport
+from agent_tools.tools.find_retrieval_heads.models import FindRetrievalHeadsReport
 from agent_tools.tools.inspect_projections.models import ProjectionReport
+from agent_tools.tools.plan_kv_cache.models import PlanKvCacheReport
 from agent_tools.tools.profile_heads.models import HeadProfiles
 from agent_tools.tools.reconstruct_attention.models import AttentionReconstruction
 from agent_tools.tools.scaling_experiment.models import VANISHED, ScalingExperimentReport
@@ -476,6 +481,32 @@ def training_step(result: AnalysisResult) -> StoryStep | None:
     )
 
 
+def long_context_step(result: AnalysisResult) -> StoryStep | None:
+    """Retrieval scores per layer × head and the short-cache plan per layer × KV head, when either ran."""
+    retrieval = result.report("find_retrieval_heads", FindRetrievalHeadsReport)
+    plan = result.report("plan_kv_cache", PlanKvCacheReport)
+    sentences = long_context_sentences(retrieval, plan)
+    if not sentences:
+        return None
+    pictures = []
+    if retrieval is not None:
+        pictures.append(StoryPicture("story-8-retrieval", "retrieval score per layer × head (mean over the haystacks)"))
+    if plan is not None:
+        caption = (
+            f"loss change per layer × KV head with only the first {plan.sink} + last {plan.window} tokens "
+            "(S: given the short cache by the plan)"
+        )
+        pictures.append(StoryPicture("story-8-kv-plan", caption))
+    return StoryStep(
+        key="long_context",
+        number=8,
+        title="Reading far back: retrieval heads and a short KV cache",
+        question=LONG_CONTEXT_QUESTION,
+        sentences=sentences,
+        pictures=pictures,
+    )
+
+
 STEPS: tuple[Callable[[AnalysisResult], StoryStep | None], ...] = (
     raw_step,
     scale_step,
@@ -484,6 +515,7 @@ STEPS: tuple[Callable[[AnalysisResult], StoryStep | None], ...] = (
     collapse_step,
     roles_step,
     training_step,
+    long_context_step,
 )
 
 

@@ -70,15 +70,24 @@ class Explainer:
         return spec(self.inspector, arguments)
 
     def analyze(
-        self, text: str | None = None, *, layers: list[int] | None = None, experiment: bool = True
+        self,
+        text: str | None = None,
+        *,
+        layers: list[int] | None = None,
+        experiment: bool = True,
+        long_context: bool | None = None,
     ) -> AnalysisResult:
         """The ``attention-explainer analyze`` job: the story in pictures, every finding, the glossary.
 
-        ``text=None`` uses the built-in text; ``experiment=False`` skips the training experiment (~1.5 s).
+        ``text=None`` uses the built-in text; ``experiment=False`` skips the training experiment (~1.5 s);
+        ``long_context`` (None: by the text's length, see :mod:`agent_tools.report.long_context`) adds retrieval
+        heads and the short-KV-cache plan.
         Display the result for the story; ``.page()`` for the interactive views; ``write_outputs`` (in
         :mod:`agent_tools.report.outputs`) for the files.
         """
-        return run_analysis(self.inspector, text, model=self.model, layers=layers, experiment=experiment)
+        return run_analysis(
+            self.inspector, text, model=self.model, layers=layers, experiment=experiment, long_context=long_context
+        )
 
     def capture_maps(
         self, text: str, *, layers: list[int] | None = None, attention: str | None = None
