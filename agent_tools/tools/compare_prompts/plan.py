@@ -84,16 +84,19 @@ def _next_calls(args: ComparePromptsInput, comparison: Comparison) -> list[NextC
             arguments["answer"] = args.answer
         if named:
             arguments["segments"] = [spec.model_dump(exclude_none=True) for spec in named]
-        arguments["checks"] = ["causal", "gradient", "value"]
         lead = trace_report.moves_most or trace_report.read_most
-        calls.append(
-            NextCall(
-                tool="trace_prompt_attention",
-                arguments=arguments,
-                why=f"variant {name} alone with the gradient check too (an approximation of removal, its agreement "
-                f"reported): per-token effects around {lead!r}",
+        if args.checks is None:  # the trace's own default checks (the removal check where there are segments)
+            why = f"variant {name} alone, segment by segment: what its answer reads and depends on around {lead!r}"
+        elif "causal" in args.checks:  # the removal check was asked for: add the gradient check beside it
+            arguments["checks"] = ["causal", "gradient", "value"]
+            why = (
+                f"variant {name} alone with the gradient check too (an approximation of removal, its agreement "
+                f"reported): per-token effects around {lead!r}"
             )
-        )
+        else:  # the checks this call ran (the removal check needs at least two segments to compare)
+            arguments["checks"] = list(args.checks)
+            why = f"variant {name} alone, segment by segment: what its answer reads around {lead!r}"
+        calls.append(NextCall(tool="trace_prompt_attention", arguments=arguments, why=why))
     return calls
 
 

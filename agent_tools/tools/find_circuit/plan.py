@@ -263,7 +263,12 @@ def _next_calls(loaded: LoadedModel, args: FindCircuitInput, nodes: list[Circuit
     calls = [
         NextCall(
             tool="patch_heads",
-            arguments={"model": loaded.name, "clean": args.clean, "corrupted": args.corrupted},
+            arguments={
+                "model": loaded.name,
+                "clean": args.clean,
+                "corrupted": args.corrupted,
+                **{k: v for k, v in (("answer", args.answer), ("wrong", args.wrong)) if v is not None},
+            },
             why="each head's own patching effect, sized against random heads",
         )
     ]

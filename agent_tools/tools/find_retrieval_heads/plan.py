@@ -38,6 +38,15 @@ def _encoded(ids: Tensor) -> Encoded:
     return Encoded(input_ids=row, attention_mask=torch.ones_like(row), tokens=[], offsets=[], text="")
 
 
+def _cache_plan_arguments(loaded: LoadedModel, stacks: list[Haystack]) -> dict[str, object]:
+    """plan_kv_cache on the longest needle-in-a-haystack prompt this call ran (as text: within the model's limit
+    by construction), with a window of a quarter of it (at most plan_kv_cache's default 64) so some keys fall out."""
+    longest = max(stacks, key=lambda hay: hay.length)
+    text = loaded.tokenizer.decode(longest.ids.tolist(), skip_special_tokens=True)
+    tokens = len(loaded.tokenizer(text)["input_ids"])
+    return {"text": text, "sink": max(1, min(4, tokens // 8)), "window": max(1, min(64, tokens // 4))}
+
+
 def _answer_scores(logits: Tensor, hay: Haystack) -> tuple[float, float]:
     """(accuracy, mean log-probability) of the answer tokens from (T, V) logits."""
     queries = torch.tensor(hay.answer_queries)
@@ -178,8 +187,8 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
         next_calls=[
             NextCall(
                 tool="plan_kv_cache",
-                arguments={"model": loaded.name, "text": haystack},
-                why="whether the retrieval heads are the ones that need the full KV cache on this text",
+                arguments={"model": loaded.name, **_cache_plan_arguments(loaded, stacks)},
+                why="whether the retrieval heads are the ones that need the full KV cache on the longest haystack",
             )
         ],
     )
