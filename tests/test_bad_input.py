@@ -131,18 +131,26 @@ CATALOGUE = [
         "show_attention",
         {**SHOW, "text": MILLION},
         error(LIMIT, f"text of 1,000,000 characters exceeds the token limit of {TOKEN_LIMIT} tokens"),
+        by_surface={
+            "cli": error(
+                LIMIT,
+                "text of 1,000,000 characters",
+                f"is longer than the model reads ({TOKEN_LIMIT:,} tokens at most)",
+            )
+        },  # before loading
     ),
     Case(
         "million_characters_profile",
         "profile_heads",
         {"text": MILLION, "layers": [0]},
         error(LIMIT, f"exceeds the token limit of {TOKEN_LIMIT} tokens"),
+        by_surface={"cli": error(LIMIT, f"is longer than the model reads ({TOKEN_LIMIT:,} tokens at most)")},
     ),
     Case(
         "over_token_limit",
         "show_attention",
         {**SHOW, "text": LONG_TEXT},
-        error(LIMIT, f"accepts at most {TOKEN_LIMIT} tokens here"),
+        error(LIMIT, f"accepts at most {TOKEN_LIMIT:,} tokens here"),
     ),
     Case(
         "generation_past_token_limit",
@@ -186,18 +194,21 @@ CATALOGUE = [
         "show_attention",
         {**SHOW, "layer": "three"},
         error(INVALID, "layer: Input should be a valid integer"),
+        by_surface={"cli": error(INVALID, 'layer: expected integer, got "three"')},  # the catalogue, before loading
     ),
     Case(
         "layer_as_fraction",
         "reconstruct_attention",
         {**SHOW, "layer": 2.5},
         error(INVALID, "layer: Input should be a valid integer"),
+        by_surface={"cli": error(INVALID, "layer: expected integer, got 2.5; a whole number, e.g. 2")},
     ),
     Case(
         "layer_as_boolean",
         "show_attention",
         {**SHOW, "layer": True},
         error(INVALID, "layer: Input should be a number, not a boolean"),
+        by_surface={"cli": error(INVALID, "layer: expected integer, got true")},
     ),
     Case("layer_missing", "show_attention", {"text": TEXT, "head": 0}, error(INVALID, "layer: Field required")),
     Case(
@@ -229,6 +240,7 @@ CATALOGUE = [
         "diagnose_collapse",
         {"text": TEXT, "layers": "1,2"},
         error(INVALID, "layers: Input should be a valid list"),
+        by_surface={"cli": error(INVALID, 'layers: expected list of integer, got "1,2"; "1,2" -> [1, 2] (a list)')},
     ),
     Case(  # the duplicate check was quadratic (73 s); now the length is refused first, on every surface
         "layers_100k_items",
@@ -323,6 +335,7 @@ CATALOGUE = [
         "trace_prompt_attention",
         {**GENERATE, "max_new_tokens": "many"},
         error(INVALID, "max_new_tokens: Input should be a valid integer"),
+        by_surface={"cli": error(INVALID, 'max_new_tokens: expected integer, got "many"')},
     ),
     Case(
         "map_over_memory_budget",
