@@ -128,7 +128,7 @@ def test_a_typo_is_answered_without_importing_torch(tmp_path) -> None:
         ({"text": "hi", "layr": 3, "head": 0}, "unknown argument 'layr'"),
         ({"text": "hi", "layer": 3, "head": 0, "top_k": 99}, "top_k 99 out of range 1..20"),
         ({"text": "hi", "heads": [[3]]}, "heads[0] [3] is not a head"),
-        ({"text": "hi", "heads": ["3.0"], "method": "avg"}, "method: Input should be 'zero' or 'mean'"),
+        ({"text": "hi", "heads": ["3.0"], "method": "avg"}, "method: Input should be 'mean' or 'resample' or 'zero' (got 'avg')"),
     ],
 )
 def test_arguments_are_checked_before_the_model_loads(tmp_path, monkeypatch, capsys, arguments, expected) -> None:
