@@ -425,33 +425,11 @@ def head_sets_patched_joining(
         alive += joining.get(layer, 0)
         if layer in masks and int(masks[layer].shape[0]) != alive:
             raise ValueError(f"layer {layer}'s mask must have {alive} rows, got {int(masks[layer].shape[0])}")
-    first = min(joining) if joining else 0
-    blocks = _blocks_from(model, first)
-
-    def join_for(layer: int):
-        extra = joining.get(layer, 0)
-
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            positional = bool(args) and isinstance(args[0], Tensor)
-            hidden = args[0] if positional else kwargs["hidden_states"]
-            if extra:
-                hidden = torch.cat([hidden, hidden[:1].expand(extra, *hidden.shape[1:])])
-            alibi = kwargs.get("alibi")
-            if isinstance(alibi, Tensor) and alibi.shape[0] == num_heads and hidden.shape[0] > 1:
-                kwargs = {**kwargs, "alibi": alibi.repeat(hidden.shape[0], 1, 1)}  # BLOOM: (B·H, 1, T)
-            if positional:
-                return (hidden, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": hidden}
-
-        return hook
-
-    handles = [blocks[layer].register_forward_pre_hook(join_for(layer), with_kwargs=True) for layer in blocks]
-    try:
-        with _patched_projections(model, masks, num_heads=num_heads, head_dim=head_dim, sources=sources):
-            yield
-    finally:
-        for handle in handles:
-            handle.remove()
+    with (
+        _rows_joining(model, joining, num_heads=num_heads),
+        _patched_projections(model, masks, num_heads=num_heads, head_dim=head_dim, sources=sources),
+    ):
+        yield
 
 
 # --- attribution patching: taps that keep outputs in the autograd graph, and GradDrop ------------------------------
