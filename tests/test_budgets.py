@@ -26,11 +26,11 @@ from agent_tools.tools.registry import Top, trim
 TEXT_BUDGET = 2 * 1024
 REPORT_BUDGET = 16 * 1024
 DECLARATIONS_TARGET = 10 * 1024  # issue 28's target for descriptions + input schemas, all tools together
-# What the declarations meet today with 17 tools (16,964 B; 11,950 B with the 14 tools issue 28 measured): a ratchet,
+# What the declarations meet today with 18 tools (18,588 B; 11,950 B with the 14 tools issue 28 measured): a ratchet,
 # not the target — issue 28's 10 KB is not met (README "Sizes").
-DECLARATIONS_BUDGET = 17_400
+DECLARATIONS_BUDGET = 18_800
 TOOLS_LIST_TARGET = 32 * 1024  # issue 28's target for MCP tools/list with output schemas
-TOOLS_LIST_BUDGET = 37_500  # met today with 17 tools (36.6-36.7 KB); issue 28's 32 KB is not met: README "Sizes"
+TOOLS_LIST_BUDGET = 40_500  # met today with 18 tools (39.9 KB); issue 28's 32 KB is not met: README "Sizes"
 
 
 def size(value: Any) -> int:

@@ -50,7 +50,7 @@ SHOW = get_tool("show_attention")
 LONG_CALLS = ("profile_heads", "ablate_heads", "patch_heads", "compare_prompts", "trace_prompt_attention")
 GENERATE = "trace_prompt_attention with target='generate'"
 LONG_TEXT = "the cat sat on the mat . " * 400  # ~2,800 tokens: diagnose_collapse runs for many seconds
-TOOLS_LIST_BUDGET = 37_500  # met today with 17 tools: 36.7 KB (issue 28's target: 32 KB; see tests/test_budgets.py)
+TOOLS_LIST_BUDGET = 40_500  # met today with 18 tools: 39.9 KB (issue 28's target: 32 KB; see tests/test_budgets.py)
 OUTPUT_SCHEMAS_BUDGET = 19 * 1024  # all 14 output schemas: every top-level field typed (18.5 KB)
 INSTRUCTIONS_BUDGET = 3 * 1024
 

@@ -211,12 +211,20 @@ def output_schema(spec: ToolSpec, *, budget: int = OUTPUT_SCHEMA_BUDGET) -> dict
     # Still over: the largest fields an agent reads least leave ``properties`` (still listed in ``required``, and
     # allowed because the schema then drops ``additionalProperties: false``): a looser schema, never a wrong one.
     while _json_size(schema) > budget:
-        droppable = [name for name in shaped if name not in CORE_REPORT_FIELDS]
+        droppable = [name for name in shaped if name not in CORE_REPORT_FIELDS and not _is_scalar(shaped[name])]
         if not droppable:
             break
         schema.pop("additionalProperties", None)
         del shaped[max(droppable, key=lambda name: (_json_size(shaped[name]), name))]
     return schema
+
+
+def _is_scalar(node: dict[str, Any]) -> bool:
+    """A number, string, boolean or null (or a union of them): cheap to keep typed, and what agents compare."""
+    kinds = [node] + [part for key in ("anyOf", "oneOf") for part in node.get(key, [])]
+    return all(
+        kind.get("type") in ("integer", "number", "string", "boolean", "null") or "enum" in kind for kind in kinds
+    )
 
 
 def _json_size(value: Any) -> int:

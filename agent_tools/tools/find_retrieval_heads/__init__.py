@@ -33,5 +33,5 @@ SPEC = ToolSpec(
     run=find_retrieval_heads,
     example={"depths": [0.5], "lengths": [128], "top_k": 5, "random_draws": 2},
     summary_lists=(Top("heads", 10, by="score"), Top("haystacks", 10, order="first")),
-    advanced=("seed", "depths", "lengths", "top_k", "random_draws"),
+    advanced=("seed",),
 )

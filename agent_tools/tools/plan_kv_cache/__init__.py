@@ -35,7 +35,6 @@ EXAMPLE_TEXT = (
 SPEC = ToolSpec(
     name="plan_kv_cache",
     description=DESCRIPTION,
-    advanced=("context_length", "precision", "layers"),
     input_model=PlanKvCacheInput,
     output_model=PlanKvCacheReport,
     run=plan_kv_cache,

@@ -27,7 +27,6 @@ _DOCS = [
 SPEC = ToolSpec(
     name="position_sensitivity",
     description=DESCRIPTION,
-    advanced=("positions",),
     input_model=PositionSensitivityInput,
     output_model=PositionSensitivityReport,
     run=position_sensitivity,
