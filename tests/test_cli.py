@@ -128,7 +128,10 @@ def test_a_typo_is_answered_without_importing_torch(tmp_path) -> None:
         ({"text": "hi", "layr": 3, "head": 0}, "unknown argument 'layr'"),
         ({"text": "hi", "layer": 3, "head": 0, "top_k": 99}, "top_k 99 out of range 1..20"),
         ({"text": "hi", "heads": [[3]]}, "heads[0] [3] is not a head"),
-        ({"text": "hi", "heads": ["3.0"], "method": "avg"}, "method: Input should be 'mean' or 'resample' or 'zero' (got 'avg')"),
+        (
+            {"text": "hi", "heads": ["3.0"], "method": "avg"},
+            "method: Input should be 'mean' or 'resample' or 'zero' (got 'avg')",
+        ),
     ],
 )
 def test_arguments_are_checked_before_the_model_loads(tmp_path, monkeypatch, capsys, arguments, expected) -> None:
@@ -168,13 +171,15 @@ def test_loading_a_model_prints_no_progress_bar(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_the_one_time_gguf_conversion_says_one_line(tmp_path) -> None:
-    result = run_cli_with_cache(tmp_path, "describe")
+    result = run_cli_with_cache(
+        tmp_path, "call", "show_attention", "--json", '{"text": "hi", "layer": 0, "head": 0}'
+    )  # reads the weights (describe reads the config only)
     assert result.returncode == 0, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr  # no tqdm bar: not for dequantising, loading or writing shards
     assert lines[0].startswith("converting SmolLM2-135M-Instruct.Q4_1 once: 513 MiB of float32 weights to ")
     assert lines[0].endswith(f"{tmp_path / 'gguf'}, ~20 s")
-    again = run_cli_with_cache(tmp_path, "describe")
+    again = run_cli_with_cache(tmp_path, "call", "show_attention", "--json", '{"text": "hi", "layer": 0, "head": 0}')
     assert again.returncode == 0 and again.stderr == ""  # converted once
 
 

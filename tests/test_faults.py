@@ -690,7 +690,7 @@ loading._read_gguf_config = lambda path: FAMILY_CONFIGS["llama"]()
 loading._read_gguf = lambda path, dtype, config: (build_family("llama"), tiny_tokenizer())
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as a full disk fails
 resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 10, 16 << 10))
-sys.exit(cli.main(["describe", "--model", {gguf!r}]))
+sys.exit(cli.main(["call", "show_attention", "--model", {gguf!r}, "--json", '{{"text": "hi", "layer": 0, "head": 0}}']))
 """
 
 

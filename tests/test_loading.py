@@ -169,7 +169,10 @@ def test_a_pickle_that_would_run_code_is_refused_in_one_line(tmp_path: Path, cap
     assert "convert the weights to safetensors" in message and "weights_only" not in message
     assert not marker.exists()
     capsys.readouterr()  # what saving the model printed
-    assert cli.main(["describe", "--model", str(folder)]) == 2
+    assert (
+        cli.main(["call", "show_attention", "--model", str(folder), "--json", '{"text": "hi", "layer": 0, "head": 0}'])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("error: refused to load") and "Traceback" not in err
     assert not marker.exists()
