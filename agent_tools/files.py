@@ -95,7 +95,7 @@ def remove_stale_partials(folder: str | Path) -> list[Path]:
         if not (entry.name.startswith(".") and entry.name.endswith(PARTIAL_SUFFIX)):
             continue
         owner = entry.name[: -len(PARTIAL_SUFFIX)].rsplit(".", 1)[-1].rsplit("-", 2)
-        if len(owner) != 3 or owner[0] != _HOST or not owner[1].isdigit() or _alive(int(owner[1])):
+        if len(owner) != 3 or owner[0] != _HOST or not owner[1].isdigit() or process_alive(int(owner[1])):
             continue
         try:
             entry.unlink()
@@ -105,16 +105,21 @@ def remove_stale_partials(folder: str | Path) -> list[Path]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine still runs (a zombie — killed, not yet reaped — does not)."""
     if pid == os.getpid():
         return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # it exists but belongs to someone else
+    except OSError:  # another user's live process
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 _FREE_SPACE = "free some space there or write to another folder"

@@ -46,7 +46,7 @@ from agent_tools.errors import (
     ResourceLimitError,
 )
 from agent_tools.families import ModelFacts, read_facts
-from agent_tools.files import write_atomic
+from agent_tools.files import process_alive, write_atomic
 from agent_tools.placement import (
     Placement,
     cache_key,
@@ -303,27 +303,10 @@ def _staging_owner(name: str) -> tuple[str, int] | None:
     return None
 
 
-def _process_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this machine still runs (a zombie — killed, not yet reaped — does not)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
-
-
 def _is_stale(entry: Path) -> bool:
     owner = _staging_owner(entry.name)
     if owner is not None and owner[0] == _HOST:
-        return not _process_alive(owner[1])
+        return not process_alive(owner[1])
     try:  # another machine's (a shared cache) or an older version's: by age only
         return time.time() - entry.stat().st_mtime > STALE_UNOWNED_SECONDS
     except OSError:
