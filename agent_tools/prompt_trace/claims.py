@@ -278,17 +278,7 @@ def view_leads(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, 
             value=rounded(views["rollout_free"][numbers.rollout_lead.best]),
         ),
     ]
-    if "value" in verdict.measures and verdict.segments:
-        values = verdict.measures["value"]
-        best = max(range(len(values)), key=lambda i: values[i])
-        rows.append(
-            ViewLead(
-                view="value",
-                measures=VIEW_MEANINGS["value"],
-                leader=_name(traced, verdict.segments[best]),
-                value=rounded(values[best]),
-            )
-        )
+    rows += _measure_lead(traced, verdict, "value")
     if verdict.moves_most is not None:
         rows.append(
             ViewLead(
@@ -298,15 +288,21 @@ def view_leads(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, 
                 value=rounded(evidence.causal[verdict.moves_most].on_token(verdict.deciding)),
             )
         )
-    if "gradient" in verdict.measures and verdict.segments:
-        values = verdict.measures["gradient"]
-        best = max(range(len(values)), key=lambda i: values[i])
-        rows.append(
-            ViewLead(
-                view="gradient",
-                measures=VIEW_MEANINGS["gradient"],
-                leader=_name(traced, verdict.segments[best]),
-                value=rounded(values[best]),
-            )
-        )
+    rows += _measure_lead(traced, verdict, "gradient")
     return rows
+
+
+def _measure_lead(traced: TracedPrompt, verdict: Verdict, view: str) -> list[ViewLead]:
+    """The named segment a ranking measure puts first, as a one-row list (empty when that measure did not run)."""
+    if view not in verdict.measures or not verdict.segments:
+        return []
+    values = verdict.measures[view]
+    best = max(range(len(values)), key=lambda i: values[i])
+    return [
+        ViewLead(
+            view=view,
+            measures=VIEW_MEANINGS[view],
+            leader=_name(traced, verdict.segments[best]),
+            value=rounded(values[best]),
+        )
+    ]
