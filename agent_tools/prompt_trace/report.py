@@ -115,18 +115,7 @@ def trace(
     )
     if prepared.neutral_id is not None:
         report.neutral_token = _decode(loaded, [prepared.neutral_id])
-    report.answer_stop = answer_stop if target == "generate" else None
-    report.next_calls = trace_next_calls(
-        report,
-        traced,
-        prompt,
-        named,
-        request=request,
-        target=target,
-        answer_stop=answer_stop,
-        max_new_tokens=max_new_tokens,
-    )
-    return TraceRun(report, traced.answer_logits)
+    return _finished(report, traced, prompt, named, request, target, answer_stop, max_new_tokens)
 
 
 SEQ2SEQ_STACKS = (
@@ -180,6 +169,20 @@ def _seq2seq_trace(
     report.summary = on_stack("cross", report.summary)
     for row in report.generated or []:
         row.position = row.step  # the decoder row that chose the token: the rows are the answer's, not the input's
+    return _finished(report, traced, prompt, named, request, target, answer_stop, max_new_tokens)
+
+
+def _finished(
+    report: PromptTrace,
+    traced: TracedPrompt,
+    prompt: str | list[ChatMessage],
+    named: list[SegmentSpec] | None,
+    request: EvidenceRequest,
+    target: Target,
+    answer_stop: AnswerStop,
+    max_new_tokens: int,
+) -> TraceRun:
+    """The report's stop rule (for a generated answer) and its suggested calls, both stacks alike."""
     report.answer_stop = answer_stop if target == "generate" else None
     report.next_calls = trace_next_calls(
         report,
