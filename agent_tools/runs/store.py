@@ -7,7 +7,7 @@
     OUT/table.parquet            every part's rows, sorted by item (each item's rows in the tool's order)
     OUT/errors.parquet           item, id, kind, reason of every bad row
     OUT/summary.json, OUT/report.html
-    OUT/.run.lock, OUT/.run.owner.json   the lock one run holds while it writes, and who holds it (PID, host)
+    OUT/.run.lock, OUT/.run.owner.json   the lock one run holds while it writes, and who holds it (PID, host; removed on release)
 
 Every file is written to a temporary name and renamed, so a kill leaves either the whole file or none. The
 final table depends only on which items are done, never on how the work was split into parts, so a resumed
@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,14 +103,23 @@ class RunStore:
             write_atomic(self.out / OWNER, json.dumps(owner))
             yield
         finally:
+            # The owner file names the lock's holder only while it holds it: a stale one would name a dead run.
+            (self.out / OWNER).unlink(missing_ok=True)
             lock.release()
 
-    def _busy_message(self) -> str:
-        try:
-            owner = json.loads((self.out / OWNER).read_text(encoding="utf-8"))
-            holder = f"PID {int(owner['pid'])} on host {owner['host']}"
-        except (OSError, ValueError, KeyError, TypeError):
-            holder = "a process that has not said who it is yet"
+    def _busy_message(self, wait_s: float = 2.0) -> str:
+        # The holder writes its owner file just after it takes the lock: a run refused in that window waits for it.
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                owner = json.loads((self.out / OWNER).read_text(encoding="utf-8"))
+                holder = f"PID {int(owner['pid'])} on host {owner['host']}"
+                break
+            except (OSError, ValueError, KeyError, TypeError):
+                if time.monotonic() >= deadline:
+                    holder = "a process that has not said who it is yet"
+                    break
+                time.sleep(0.05)
         return (
             f"--out {str(self.out)!r} is in use by another corpus run ({holder}); wait for it to finish, stop it, "
             "or give another --out"
