@@ -231,34 +231,38 @@ def _corpus_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "agent_tools.cli", "corpus", *args, "--no-progress"]
 
 
-@pytest.mark.real_model
 @pytest.mark.slow
-def test_a_killed_run_resumes_to_the_uninterrupted_table(tmp_path: Path) -> None:
-    texts = [f"{t} {TEXTS[(i + 1) % 6]} number {i}." for i, t in enumerate(TEXTS + TEXTS[:2])]
+def test_a_killed_run_resumes_to_the_uninterrupted_table(tmp_path: Path, tiny: str) -> None:
+    """SIGKILL a CLI run (a tiny saved model, so that the run is long in items, not in seconds) after two parts,
+    rerun the same command: the table equals an uninterrupted run's, and no item was computed twice."""
+    n = 30
+    texts = [f"{TEXTS[i % 6]} {TEXTS[(i + 1) % 6]} number {i}." for i in range(n)]
     data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in texts] + [{"text": ""}])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     killed = tmp_path / "killed"
-    command = _corpus_cli("profile", str(data), "--out", str(killed), "--batch-size", "1")
+    command = _corpus_cli("profile", str(data), "--out", str(killed), "--batch-size", "1", "--model", tiny)
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while len(list((killed / "parts").glob("*.done.json"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
+        time.sleep(0.005)
     process.send_signal(signal.SIGKILL)
     process.wait()
     done_before = len(list((killed / "parts").glob("*.done.json")))
-    assert 2 <= done_before < 9 and not (killed / "table.parquet").exists()  # killed mid-way
+    assert 2 <= done_before < n + 1 and not (killed / "table.parquet").exists()  # killed mid-way
     assert subprocess.run(command, env=env, capture_output=True, timeout=300).returncode == 0
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the subprocess ran (OMP_NUM_THREADS=1): the same kernels, the same sums
     try:
-        whole = run_corpus("profile", data, out=tmp_path / "whole", inspector=Inspector(), progress=False)
+        session = Inspector(policy=ModelPolicy(frozenset({tiny}), tiny))
+        whole = run_corpus("profile", data, out=tmp_path / "whole", inspector=session, progress=False)
     finally:
         torch.set_num_threads(threads)
     resumed = pq.read_table(killed / "table.parquet")
-    assert resumed.num_rows == 8 * 30 * 9 and resumed.equals(whole.arrow)
+    layers, heads = 2, 4
+    assert resumed.num_rows == n * layers * heads and resumed.equals(whole.arrow)
     assert pq.read_table(killed / "errors.parquet").equals(whole.arrow_errors)
     covered = [i for m in (killed / "parts").glob("*.done.json") for i in json.loads(m.read_text())["items"]]
-    assert sorted(covered) == list(range(9))  # every item once: the rerun skipped what was done
+    assert sorted(covered) == list(range(n + 1))  # every item once: the rerun skipped what was done
 
 
 # --- bad rows, bad input ---------------------------------------------------------------------------------------
