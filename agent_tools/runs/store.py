@@ -7,7 +7,8 @@
     OUT/table.parquet            every part's rows, sorted by item (each item's rows in the tool's order)
     OUT/errors.parquet           item, id, kind, reason of every bad row
     OUT/summary.json, OUT/report.html
-    OUT/.run.lock, OUT/.run.owner.json   the lock one run holds while it writes, and who holds it (PID, host; removed on release)
+    OUT/.run.lock, OUT/.run.owner.json   the lock one run holds while it writes, and who holds it (PID, host;
+                                         removed on release)
 
 Every file is written to a temporary name and renamed, so a kill leaves either the whole file or none. The
 final table depends only on which items are done, never on how the work was split into parts, so a resumed
