@@ -76,17 +76,25 @@ def short_cache_losses(
 
 
 def all_restricted_losses(
-    loaded: LoadedModel, input_ids: Tensor, units: Sequence[tuple[int, Sequence[int]]], *, sink: int, window: int
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    units: Sequence[tuple[int, Sequence[int]]],
+    *,
+    sink: int,
+    window: int,
+    clean_row: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Row 0 unrestricted and row 1 with every unit restricted at once: (2, S) losses and top tokens of the scored
-    predictions (positions ``sink + window`` and later)."""
+    predictions (positions ``sink + window`` and later). ``clean_row=False``: only the restricted row, (1, S) (the
+    caller holds the unrestricted losses already)."""
+    row = 1 if clean_row else 0
     restrictions: dict[int, list[tuple[int, Sequence[int]]]] = {}
     for layer, heads in units:
-        restrictions.setdefault(layer, []).append((1, tuple(heads)))
+        restrictions.setdefault(layer, []).append((row, tuple(heads)))
     checkpoint = _checkpoint()
     with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
         return restricted_pass(
-            loaded, input_ids, restrictions, rows=2, sink=sink, window=window, scored_from=sink + window
+            loaded, input_ids, restrictions, rows=row + 1, sink=sink, window=window, scored_from=sink + window
         )
 
 
