@@ -178,5 +178,9 @@ def test_bad_input_names_the_valid_range(circuit: LoadedModel, inspector: Inspec
         tool(inspector, {**base, "sink": 1, "window": 2, "tolerance": -0.01})
     with pytest.raises(ResourceLimitError, match=r"outside 1\.\.64"):
         tool(inspector, {**base, "sink": 1, "window": 2, "context_length": 100})
-    with pytest.raises(ResourceLimitError, match="over the budget"):
-        tool(Inspector(memory_budget=1000), {**base, "sink": 1, "window": 2})
+    # two rows of 7 tokens x hidden x 24 floats x 4 bytes; the budget holds two rows of 3 tokens at most
+    per_token = circuit.facts.hidden_size * 24 * 4
+    with pytest.raises(ResourceLimitError, match=r"over the budget.*a text of at most 3 tokens"):
+        tool(Inspector(memory_budget=2 * 3 * per_token + 1), {**base, "sink": 1, "window": 2})
+    with pytest.raises(ResourceLimitError, match=r"at most 64 tokens"):
+        tool(inspector, {**base, "text": " ".join(["cat"] * 70), "sink": 1, "window": 2})
