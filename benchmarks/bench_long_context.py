@@ -54,7 +54,8 @@ def bench_plan(args: argparse.Namespace) -> None:
     plain = time.perf_counter() - start
     groups = facts.num_heads // facts.num_kv_heads
     layers = args.layers if args.layers is not None else list(range(facts.num_layers))
-    units = [(layer, tuple(range(kv * groups, (kv + 1) * groups))) for layer in layers for kv in range(facts.num_kv_heads)]
+    kv_heads = range(facts.num_kv_heads)
+    units = [(layer, tuple(range(kv * groups, (kv + 1) * groups))) for layer in layers for kv in kv_heads]
     start = time.perf_counter()
     measured = short_cache_losses(inspector, loaded, ids, units, sink=args.sink, window=args.window)
     masked = time.perf_counter() - start
@@ -72,10 +73,13 @@ def bench_plan(args: argparse.Namespace) -> None:
         losses, top = all_restricted_losses(
             loaded, ids, [units[i] for i in sorted(picked)], sink=args.sink, window=args.window, clean_row=False
         )
-        return float((losses[0] - measured.clean).double().mean()), float((top[0] == measured.clean_top).double().mean())
+        change = float((losses[0] - measured.clean).double().mean())
+        return change, float((top[0] == measured.clean_top).double().mean())
 
-    print("| budget (nats) | tolerance | additive plan: heads, Σ own, verified | verified plan: heads | predicted | "
-          "verified | gap | runs | seconds (x plain) | top-token agreement |")
+    print(
+        "| budget (nats) | tolerance | additive plan: heads, Σ own, verified | verified plan: heads | predicted | "
+        "verified | gap | runs | seconds (x plain) | top-token agreement |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for budget in args.budgets:
         additive = greedy_plan(changes, budget)

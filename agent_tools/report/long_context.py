@@ -68,8 +68,8 @@ def u_curve_arguments(
     """position_sensitivity's arguments for a plain text (None when it cannot be cut into four parts).
 
     The text is cut so the prompt takes about ``limit`` tokens (by the text's characters per token; ``count`` — the
-    model's token count — shrinks it further until prompt and answer fit), then into four parts; the needle is a fifth segment,
-    moved through the five slots."""
+    model's token count — shrinks it further until prompt and answer fit), then into four parts; the needle is a
+    fifth segment, moved through the five slots."""
     budget = max(1, limit)
     chars_per_token = len(text) / max(1, tokens)
     extra = len(U_CURVE_NEEDLE) + len(U_CURVE_QUESTION) + len(U_CURVE_ANSWER) + 8

@@ -41,7 +41,8 @@ def summary(n: PlanNumbers) -> str:
         f"On this text ({n.tokens} tokens) {n.planned} of {n.total} KV heads could keep only the first {n.sink} and "
         f"last {n.window} tokens within a loss budget of {n.budget:g} nats: predicted loss change {n.predicted:+.4f}, "
         f"verified {n.verified:+.4f} with all of them restricted at once (within the {n.tolerance:g}-nat tolerance; "
-        f"top next token unchanged at {n.agreement:.1%} of positions){_cut(n)}. At {n.context_length:,} tokens in {n.precision} that saves "
+        f"top next token unchanged at {n.agreement:.1%} of positions){_cut(n)}. At {n.context_length:,} tokens in "
+        f"{n.precision} that saves "
         f"{readable_size(n.saved_bytes)} ({n.saved_fraction:.1%} of the KV cache). Heads needing the full cache most: "
         f"{worst}. Measured on this text only: check on texts like the ones you serve."
     )

@@ -78,7 +78,8 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
         losses, top = all_restricted_losses(
             loaded, encoded.input_ids, restricted, sink=args.sink, window=args.window, clean_row=False
         )
-        return float((losses[0] - measured.clean).double().mean()), float((top[0] == measured.clean_top).double().mean())
+        change = float((losses[0] - measured.clean).double().mean())
+        return change, float((top[0] == measured.clean_top).double().mean())
 
     tolerance = args.tolerance if args.tolerance is not None else max(args.loss_budget / 2, MIN_TOLERANCE)
     built = verified_greedy(changes, args.loss_budget, tolerance, verify, max_runs=max_runs(len(units)))
