@@ -1,8 +1,9 @@
 """The ``analyze`` report's long-context section: retrieval heads and the short-cache plan, for texts long enough.
 
-Both steps cost many forwards (``find_retrieval_heads``: one captured pass per haystack and two per ablated head set
-and haystack; ``plan_kv_cache``: about 45 forwards' worth on the default model, see
-``benchmarks/results-long-context.md``), so the job runs them by default only when the text has at least
+The steps cost many forwards (``find_retrieval_heads``: one captured pass per haystack and two per ablated head set
+and haystack; ``plan_kv_cache``: about 40 forwards' worth to measure every KV head on the default model plus up to
+18 single-row verifying runs, see ``benchmarks/results-long-context.md``; ``position_sensitivity``: five captured
+passes of at most :data:`U_CURVE_TOKENS` tokens), so the job runs them by default only when the text has at least
 :data:`LONG_CONTEXT_TOKENS` tokens (``run_analysis(..., long_context=None)``; ``True`` runs them whatever the
 length, ``False`` / ``--no-long-context`` never). Their reports join the job's ``reports`` (and ``report.json``)
 under the tools' names; :func:`long_context_sentences` writes the section's sentences from their numbers, and

@@ -9,7 +9,7 @@ plain sentences written from *this model's* measured numbers, and the pictures t
    labelled as such, sinks as no-ops;
 6. what each head does, the induction head shown on the probe where its behaviour is visible;
 7. the training experiment: loss, accuracy and ‖∂L/∂W_q‖ with and without the scale;
-8. for a long text, the long-context section: retrieval heads and the short-cache plan
+8. for a long text, the long-context section: retrieval heads, the short-cache plan and the U-curve
    (:mod:`agent_tools.report.long_context`).
 
 Pure functions of an :class:`~agent_tools.report.job.AnalysisResult`'s reports and views; a step whose tool did
