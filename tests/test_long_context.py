@@ -9,6 +9,7 @@ from agent_tools.corpus.tasks import TaskOptions, analyse, columns
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, register_model
 from agent_tools.runs.items import CorpusItem
+from agent_tools.tools import get_tool
 
 PROMPT = "red blue green one two three king queen star sun moon tree king"
 SEGMENTS = [
@@ -129,6 +130,20 @@ def long_analysis(tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("long-context-report")
     write_outputs(result, out)
     return result, out
+
+
+def test_u_curve_arguments_of_a_repeating_text_run_as_position_sensitivity(tiny_llama) -> None:
+    """The parts found by their occurrence are the parts meant: the needle moves through five distinct places."""
+    from agent_tools.report.long_context import u_curve_arguments
+
+    tokenizer = tiny_llama.tokenizer
+    count = lambda prompt: len(tokenizer(prompt)["input_ids"])  # noqa: E731
+    arguments = u_curve_arguments("Cats sit. Dogs run. " * 4, 24, count, limit=64)
+    assert arguments is not None
+    report = get_tool("position_sensitivity")(Inspector(), {**arguments, "model": "tiny-llama-long"})
+    starts = [p.start_token for p in sorted(report.positions, key=lambda p: p.slot)]
+    assert len(starts) == 5 and starts == sorted(set(starts)) and starts[0] <= 1
+    assert len({p.prompt_tokens for p in report.positions}) == 1  # the same pieces, rearranged
 
 
 def test_analyze_long_context_section_states_the_reports_numbers(long_analysis) -> None:
