@@ -18,7 +18,7 @@ from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector, current_call
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import locked
-from agent_tools.runner.patching import rows_per_batch
+from agent_tools.runner.patching import ROW_ACTIVATION_FLOATS, rows_per_batch
 from agent_tools.runner.short_cache import RestrictedLosses, restricted_pass, unit_losses
 from agent_tools.settings import readable_size
 
@@ -50,10 +50,12 @@ def restricted_rows(inspector: Inspector, loaded: LoadedModel, length: int) -> i
     """Rows one masked pass may carry within the call's memory budget (at least 2: the unrestricted row and one)."""
     rows = min(rows_per_batch(loaded, length, inspector.memory_budget), MAX_RESTRICTED_ROWS)
     if rows < 2:
-        per_row = inspector.memory_budget // max(rows, 1)
+        per_token = loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS * 4  # bytes per row and position
+        most = inspector.memory_budget // (2 * per_token)
         msg = (
-            f"a masked pass over {length} tokens needs two rows of about {readable_size(per_row)} of activations "
-            f"each, over the budget of {readable_size(inspector.memory_budget)}; use a shorter text"
+            f"a masked pass over {length} tokens needs two rows of about {readable_size(length * per_token)} of "
+            f"activations each, over the budget of {readable_size(inspector.memory_budget)}; use a text of at most "
+            f"{most} tokens (or a larger memory budget)"
         )
         raise ResourceLimitError(msg, field="text")
     return rows
@@ -76,17 +78,25 @@ def short_cache_losses(
 
 
 def all_restricted_losses(
-    loaded: LoadedModel, input_ids: Tensor, units: Sequence[tuple[int, Sequence[int]]], *, sink: int, window: int
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    units: Sequence[tuple[int, Sequence[int]]],
+    *,
+    sink: int,
+    window: int,
+    clean_row: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Row 0 unrestricted and row 1 with every unit restricted at once: (2, S) losses and top tokens of the scored
-    predictions (positions ``sink + window`` and later)."""
+    predictions (positions ``sink + window`` and later). ``clean_row=False``: only the restricted row, (1, S) (the
+    caller holds the unrestricted losses already)."""
+    row = 1 if clean_row else 0
     restrictions: dict[int, list[tuple[int, Sequence[int]]]] = {}
     for layer, heads in units:
-        restrictions.setdefault(layer, []).append((1, tuple(heads)))
+        restrictions.setdefault(layer, []).append((row, tuple(heads)))
     checkpoint = _checkpoint()
     with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
         return restricted_pass(
-            loaded, input_ids, restrictions, rows=2, sink=sink, window=window, scored_from=sink + window
+            loaded, input_ids, restrictions, rows=row + 1, sink=sink, window=window, scored_from=sink + window
         )
 
 
@@ -168,7 +178,7 @@ def check_haystack(pieces: NeedleTokens, lengths: Sequence[int], limit: int) -> 
     if len(pieces.needle) > len(pieces.haystack):
         msg = (
             f"the needle ({len(pieces.needle)} tokens) is longer than the haystack text ({len(pieces.haystack)} "
-            "tokens); give a haystack text longer than the needle"
+            f"tokens); give a haystack text of at least {len(pieces.needle)} tokens (or a shorter needle)"
         )
         raise InvalidInputError(msg, field="needle")
 

@@ -65,7 +65,7 @@ def test_known_answer_the_induction_head_is_the_retrieval_head_and_retrieval_nee
 def test_bad_input_names_the_valid_range(circuit: LoadedModel, inspector: Inspector) -> None:
     tool = get_tool("find_retrieval_heads")
     base = {"model": "circuit-retrieval", "text": HAYSTACK, **NEEDLE, "lengths": [32]}
-    with pytest.raises(InvalidInputError, match="longer than the haystack"):
+    with pytest.raises(InvalidInputError, match=r"longer than the haystack text \(2 tokens\).*at least \d+ tokens"):
         tool(inspector, {**base, "text": "the cat"})
     with pytest.raises(ResourceLimitError, match=r"over this model's limit.*lengths 8\.\.64"):
         tool(inspector, {**base, "lengths": [100]})

@@ -9,6 +9,7 @@ from agent_tools.corpus.tasks import TaskOptions, analyse, columns
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, register_model
 from agent_tools.runs.items import CorpusItem
+from agent_tools.tools import get_tool
 
 PROMPT = "red blue green one two three king queen star sun moon tree king"
 SEGMENTS = [
@@ -53,12 +54,50 @@ def test_analyze_long_context_steps_only_for_long_texts() -> None:
     from agent_tools.report.long_context import LONG_CONTEXT_TOKENS, long_context_steps
 
     assert "at least 1024" in str(long_context_steps("short", None, 40))
-    steps = long_context_steps("long text", "m", 3000)
+    steps = long_context_steps("long text", "m", 3000)  # two words: no four parts for a U-curve
     assert isinstance(steps, list) and [name for name, _ in steps] == ["find_retrieval_heads", "plan_kv_cache"]
     retrieval, plan = steps[0][1], steps[1][1]
     assert retrieval["lengths"] == [1024] and plan["context_length"] == 3000 and plan["model"] == "m"
     assert plan["window"] == 256 and long_context_steps("t", None, 40, threshold=32)[1][1]["window"] == 10
     assert LONG_CONTEXT_TOKENS == 1024
+
+
+def test_u_curve_default_segments_are_the_needle_among_four_parts_of_the_text() -> None:
+    from agent_tools.long_context import DEFAULT_ANSWER, DEFAULT_NEEDLE, DEFAULT_QUESTION
+    from agent_tools.report.long_context import (
+        U_CURVE_ANSWER,
+        U_CURVE_NEEDLE,
+        U_CURVE_QUESTION,
+        long_context_steps,
+        u_curve_arguments,
+    )
+
+    assert (U_CURVE_NEEDLE, U_CURVE_QUESTION, U_CURVE_ANSWER.strip()) == (
+        DEFAULT_NEEDLE,
+        DEFAULT_QUESTION,
+        DEFAULT_ANSWER,
+    )
+    # a text that repeats itself: cut at the first sentence end after each quarter (characters 19, 39, 59 of 79),
+    # a part found earlier in the prompt is named by its occurrence
+    text = "Cats sit. Dogs run. " * 4
+    arguments = u_curve_arguments(text, 20)  # the whole text fits (no count: by characters per token)
+    assert arguments is not None
+    parts = ["Cats sit. Dogs run. Cats sit.", "Dogs run. Cats sit.", "Dogs run. Cats sit.", "Dogs run."]
+    assert arguments["prompt"] == " ".join([parts[0], U_CURVE_NEEDLE, *parts[1:], U_CURVE_QUESTION])
+    assert arguments["segments"] == [
+        {"name": "needle", "text": U_CURVE_NEEDLE},
+        {"name": "part1", "text": parts[0], "occurrence": 1},
+        {"name": "part2", "text": parts[1], "occurrence": 2},  # the first lies inside part 1
+        {"name": "part3", "text": parts[2], "occurrence": 3},
+        {"name": "part4", "text": parts[3], "occurrence": 4},
+    ]
+    assert (arguments["move"], arguments["answer"], arguments["positions"]) == ("needle", U_CURVE_ANSWER, 5)
+    # the model's count shrinks the text until prompt and answer fit; a text too short for four parts gives none
+    shrunk = u_curve_arguments("word " * 400, 400, lambda prompt: len(prompt.split()), limit=60)
+    assert shrunk is not None and len((shrunk["prompt"] + U_CURVE_ANSWER).split()) <= 60
+    assert u_curve_arguments("two words", 3) is None
+    steps = long_context_steps(text * 100, "m", 3000)
+    assert isinstance(steps, list) and steps[2][0] == "position_sensitivity" and steps[2][1]["model"] == "m"
 
 
 # --- the analyze report's long-context section (on a tiny model, the threshold lowered to fit its 64 positions) ---
@@ -93,11 +132,26 @@ def long_analysis(tiny_llama, tmp_path_factory):
     return result, out
 
 
+def test_u_curve_arguments_of_a_repeating_text_run_as_position_sensitivity(tiny_llama) -> None:
+    """The parts found by their occurrence are the parts meant: the needle moves through five distinct places."""
+    from agent_tools.report.long_context import u_curve_arguments
+
+    tokenizer = tiny_llama.tokenizer
+    count = lambda prompt: len(tokenizer(prompt)["input_ids"])  # noqa: E731
+    arguments = u_curve_arguments("Cats sit. Dogs run. " * 4, 24, count, limit=64)
+    assert arguments is not None
+    report = get_tool("position_sensitivity")(Inspector(), {**arguments, "model": "tiny-llama-long"})
+    starts = [p.start_token for p in sorted(report.positions, key=lambda p: p.slot)]
+    assert len(starts) == 5 and starts == sorted(set(starts)) and starts[0] <= 1
+    assert len({p.prompt_tokens for p in report.positions}) == 1  # the same pieces, rearranged
+
+
 def test_analyze_long_context_section_states_the_reports_numbers(long_analysis) -> None:
     from agent_tools.report.long_context import NO_U_CURVE, plan_grid
     from agent_tools.report.story import build_story
     from agent_tools.tools.find_retrieval_heads.models import FindRetrievalHeadsReport
     from agent_tools.tools.plan_kv_cache.models import PlanKvCacheReport
+    from agent_tools.tools.position_sensitivity.models import PositionSensitivityReport
 
     result, _ = long_analysis
     assert "long_context" not in result.skipped  # 57 tokens >= the lowered threshold of 32
@@ -112,8 +166,16 @@ def test_analyze_long_context_section_states_the_reports_numbers(long_analysis) 
     assert f"{plan.plan.planned_kv_heads} of {plan.plan.total_kv_heads} KV heads" in text
     assert f"by {plan.plan.verified_loss_change:+.4f} nats" in text
     assert f"saving {plan.memory.saved_fraction:.0%} of the KV cache at 57 tokens" in text
-    assert step.sentences[-1] == NO_U_CURVE  # position_sensitivity needs segments: said, not drawn
-    assert [p.name for p in step.pictures] == ["story-8-retrieval", "story-8-kv-plan"]
+    curve = result.report("position_sensitivity", PositionSensitivityReport)  # the needle among four parts
+    assert curve is not None and curve.moved == "needle" and len(curve.positions) == 5
+    assert NO_U_CURVE not in step.sentences
+    best = next(p for p in curve.positions if p.slot == curve.best_slot)
+    worst = next(p for p in curve.positions if p.slot == curve.worst_slot)
+    assert best.answer_logprob == max(p.answer_logprob for p in curve.positions)
+    assert f"({best.relative_depth:.2f} depth" not in text and f"depth {best.relative_depth:.2f}" in text
+    assert f"{best.answer_logprob:.3f} nats) and worst" in text and f"{worst.answer_logprob:.3f} nats)" in text
+    assert f"spread {curve.spread:.3f} nats" in text
+    assert [p.name for p in step.pictures] == ["story-8-retrieval", "story-8-kv-plan", "story-8-u-curve"]
     values, marks = plan_grid(plan)  # the plan picture's numbers: every KV head's loss change, planned ones marked
     assert len(values) == 2 and len(values[0]) == 2  # tiny-llama: 2 layers × 2 KV heads
     for h in plan.heads:
@@ -130,13 +192,13 @@ def test_analyze_long_context_section_in_every_output(long_analysis) -> None:
     from agent_tools.report.terminal import print_report
 
     result, out = long_analysis
-    for name in ("story-8-retrieval", "story-8-kv-plan"):
+    for name in ("story-8-retrieval", "story-8-kv-plan", "story-8-u-curve"):
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert result.pictures[name].png == (out / f"{name}.png").read_bytes()
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     step = next(s for s in report["story"] if s["key"] == "long_context")
-    assert [p["name"] for p in step["pictures"]] == ["story-8-retrieval", "story-8-kv-plan"]
-    assert {"find_retrieval_heads", "plan_kv_cache"} <= set(report["reports"])
+    assert [p["name"] for p in step["pictures"]] == ["story-8-retrieval", "story-8-kv-plan", "story-8-u-curve"]
+    assert {"find_retrieval_heads", "plan_kv_cache", "position_sensitivity"} <= set(report["reports"])
     page = (out / "report.html").read_text(encoding="utf-8")
     assert step["title"] in page and SECTION_TITLES["plan_kv_cache"] in page and step["sentences"][0] in page
     console = Console(record=True, width=200)

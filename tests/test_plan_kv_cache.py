@@ -7,7 +7,7 @@ import torch
 from crafted import INDUCTION_HEAD, circuit_tokenizer, induction_circuit
 from families import build_family
 
-from agent_tools.analysis.long_context import greedy_plan, kv_cache_bytes, short_cache_saving
+from agent_tools.analysis.long_context import greedy_plan, kv_cache_bytes, short_cache_saving, verified_greedy
 from agent_tools.capture import attention_implementation
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector
@@ -45,6 +45,36 @@ def test_greedy_plan_and_bytes_by_hand() -> None:
     assert short_cache_saving(planned_kv_heads=2, head_dim=64, tokens=100, cache_tokens=20, bytes_per_number=2) == (
         2 * 64 * 2 * 2 * 80
     )
+
+
+def _interacting(picked) -> tuple[float, float]:
+    """A constructed joint effect: the units' own changes add up, except units 2 and 3 together cost 0.02 more."""
+    changes = [0.01, 0.0, 0.02, 0.03, -0.01]
+    both = 2 in picked and 3 in picked
+    return sum(changes[i] for i in picked) + (0.02 if both else 0.0), 0.5
+
+
+def test_verified_greedy_by_hand() -> None:
+    changes = [0.01, 0.0, 0.02, 0.03, -0.01]
+    plan = verified_greedy(changes, 0.06, 0.005, _interacting, max_runs=20)
+    # order 4, 1, 0, 2, 3. Run 1: the additive plan (all five, predicted 0.05) verifies at 0.07 > 0.06: halve.
+    # Run 2: [4, 1] -0.01 as predicted. Run 3: [0, 2, 3] predicted 0.05, verified 0.07: rejected, halve to one.
+    # Run 4: [0] 0.0. Run 5: [2, 3] 0.05 vs 0.07: rejected. Run 6: [2] 0.02. Run 7: [3] 0.05 vs 0.07: skipped.
+    assert [step.added for step in plan.steps] == [(4, 1, 0, 2, 3), (4, 1), (0, 2, 3), (0,), (2, 3), (2,), (3,)]
+    assert [step.accepted for step in plan.steps] == [False, True, False, True, False, True, False]
+    assert plan.chosen == (4, 1, 0, 2)
+    assert plan.predicted == pytest.approx(0.02) and plan.verified == pytest.approx(0.02)
+    assert plan.additive == pytest.approx(0.02) and plan.agreement == 0.5
+    assert plan.steps[2].predicted == pytest.approx(0.05) and plan.steps[2].verified == pytest.approx(0.07)
+    # within the budget but outside the tolerance is rejected too; a wide tolerance takes the additive plan at once
+    assert verified_greedy(changes, 0.2, 0.005, _interacting, max_runs=20).chosen == (4, 1, 0, 2)
+    wide = verified_greedy(changes, 0.2, 0.03, _interacting, max_runs=20)
+    assert wide.chosen == (4, 1, 0, 2, 3) and len(wide.steps) == 1
+    assert wide.predicted == pytest.approx(0.05) and wide.verified == pytest.approx(0.07)
+    # the run limit stops the search; an empty plan predicts and verifies 0
+    assert verified_greedy(changes, 0.06, 0.005, _interacting, max_runs=2).chosen == (4, 1)
+    empty = verified_greedy([0.1, 0.2], 0.05, 0.01, _interacting, max_runs=20)
+    assert empty.chosen == () and empty.steps == () and (empty.predicted, empty.verified, empty.agreement) == (0, 0, 1)
 
 
 @pytest.fixture(scope="module")
@@ -112,16 +142,29 @@ def test_known_answer_local_heads_planned_with_zero_change_induction_head_kept(
 
 
 @pytest.mark.real_model
-def test_default_model_plan_is_verified_within_its_budget(smol: LoadedModel, inspector: Inspector) -> None:
-    """The example (6 layers, 43 tokens): the verified change of the final plan stays within the budget, and the
-    additive prediction is within 0.05 nats of it (measured: −0.008 predicted, −0.028 verified, 18 KV heads)."""
+def test_default_model_plan_predicted_and_verified_agree_within_the_tolerance(
+    smol: LoadedModel, inspector: Inspector
+) -> None:
+    """The example (6 layers, 43 tokens, window 8, budget 0.05, tolerance 0.025 = half of it): the plan's predicted
+    and verified loss changes agree within the stated tolerance, the verified change fits the budget, and running
+    the planned heads again at once (a fresh two-row pass) gives the reported verified change."""
+    from agent_tools.long_context import all_restricted_losses
+
     spec = get_tool("plan_kv_cache")
     report = spec(inspector, {**spec.example, "detail": "full"})
     plan = report.plan
+    assert plan.tolerance == pytest.approx(report.loss_budget / 2)
     assert plan.verified_loss_change <= report.loss_budget + 1e-9
-    assert abs(plan.verified_loss_change - plan.predicted_loss_change) <= 0.05
+    assert abs(plan.verified_loss_change - plan.predicted_loss_change) <= plan.tolerance + 1e-6
     assert plan.planned_kv_heads == sum(h.planned for h in report.heads) > 0
     assert plan.loss_planned == pytest.approx(plan.loss_full + plan.verified_loss_change, abs=2e-4)
+    accepted = [step for step in plan.steps if step.accepted]
+    assert sum(step.added_kv_heads for step in accepted) == plan.planned_kv_heads
+    assert report.masked_passes == len(plan.steps) + 1  # 18 KV heads: one measuring pass of 19 rows
+    planned = [(h.layer, tuple(h.query_heads)) for h in report.heads if h.planned]
+    encoded = inspector.encode(smol, spec.example["text"])
+    losses, _ = all_restricted_losses(smol, encoded.input_ids, planned, sink=report.sink, window=report.window)
+    assert float((losses[1] - losses[0]).double().mean()) == pytest.approx(plan.verified_loss_change, abs=1e-5)
 
 
 def test_bad_input_names_the_valid_range(circuit: LoadedModel, inspector: Inspector) -> None:
@@ -131,7 +174,13 @@ def test_bad_input_names_the_valid_range(circuit: LoadedModel, inspector: Inspec
         tool(inspector, {**base, "sink": 2, "window": 6})
     with pytest.raises(InvalidInputError, match=">= 0"):
         tool(inspector, {**base, "sink": 1, "window": 2, "loss_budget": -0.1})
+    with pytest.raises(InvalidInputError, match="tolerance >= 0"):
+        tool(inspector, {**base, "sink": 1, "window": 2, "tolerance": -0.01})
     with pytest.raises(ResourceLimitError, match=r"outside 1\.\.64"):
         tool(inspector, {**base, "sink": 1, "window": 2, "context_length": 100})
-    with pytest.raises(ResourceLimitError, match="over the budget"):
-        tool(Inspector(memory_budget=1000), {**base, "sink": 1, "window": 2})
+    # two rows of 7 tokens x hidden x 24 floats x 4 bytes; the budget holds two rows of 3 tokens at most
+    per_token = circuit.facts.hidden_size * 24 * 4
+    with pytest.raises(ResourceLimitError, match=r"over the budget.*a text of at most 3 tokens"):
+        tool(Inspector(memory_budget=2 * 3 * per_token + 1), {**base, "sink": 1, "window": 2})
+    with pytest.raises(ResourceLimitError, match=r"at most 64 tokens"):
+        tool(inspector, {**base, "text": " ".join(["cat"] * 70), "sink": 1, "window": 2})

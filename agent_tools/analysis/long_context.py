@@ -5,7 +5,8 @@ Pure functions: tensors or plain numbers in, plain numbers or tensors out; input
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,81 @@ def greedy_plan(changes: Sequence[float], budget: float) -> GreedyPlan:
         chosen.append(index)
         total += changes[index]
     return GreedyPlan(chosen=tuple(chosen), predicted=total)
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    """One verifying run of :func:`verified_greedy`: heads added to the plan so far, and what was predicted for it."""
+
+    added: tuple[int, ...]  # unit indices tried in this run (on top of the plan accepted before it)
+    predicted: float  # the plan's verified change before the run + Σ of the added units' own changes
+    verified: float  # the change measured with the plan and the added units restricted at once
+    agreement: float  # top-token agreement of that run
+    accepted: bool  # within the budget and within the tolerance of the prediction
+
+
+@dataclass(frozen=True)
+class VerifiedPlan:
+    """A plan built in verified groups: every accepted group's joint change agreed with its prediction."""
+
+    chosen: tuple[int, ...]  # unit indices, in the order they were accepted
+    predicted: float  # the last accepted step's prediction (0 for an empty plan)
+    verified: float  # the last accepted step's verified change (0 for an empty plan)
+    agreement: float  # its top-token agreement (1 for an empty plan)
+    additive: float  # Σ of the chosen units' own changes (what adding single-head effects would predict)
+    steps: tuple[PlanStep, ...]
+
+
+def verified_greedy(
+    changes: Sequence[float],
+    budget: float,
+    tolerance: float,
+    verify: Callable[[Sequence[int]], tuple[float, float]],
+    *,
+    max_runs: int,
+) -> VerifiedPlan:
+    """Greedy in groups, each verified before it is accepted, so the plan's prediction is a checked one.
+
+    Units are taken in increasing order of their own ``changes`` (as :func:`greedy_plan`). A step adds the next group
+    to the accepted plan: the largest prefix of the group whose predicted change — the plan's *verified* change plus
+    the group's own changes — fits the ``budget``; ``verify(units)`` runs the plan with those units restricted at
+    once and returns (loss change, top-token agreement). The group is accepted when the verified change fits the
+    budget and lies within ``tolerance`` of the prediction; then the next group is twice its size. A rejected group
+    is halved and retried; a rejected single unit is skipped (its effect, joined to the plan, is not its own). The
+    first group is the whole additive plan (one run when effects add up). Stops when the next unit alone is predicted
+    over the budget, when every unit was tried, or after ``max_runs`` runs.
+    """
+    if budget < 0 or tolerance < 0:
+        raise ValueError(f"budget and tolerance must be >= 0, got {budget}, {tolerance}")
+    order = sorted(range(len(changes)), key=lambda i: (changes[i], i))
+    plan: list[int] = []
+    predicted, verified, agreement = 0.0, 0.0, 1.0
+    steps: list[PlanStep] = []
+    at, size = 0, max(1, len(greedy_plan(changes, budget).chosen))
+    while at < len(order) and len(steps) < max_runs:
+        group: list[int] = []
+        guess = verified
+        for index in order[at : at + size]:
+            if guess + changes[index] > budget:
+                break
+            group.append(index)
+            guess += changes[index]
+        if not group:
+            break  # the next unit alone is predicted over the budget; later units change the loss more
+        change, agree = verify([*plan, *group])
+        accepted = change <= budget and abs(change - guess) <= tolerance
+        steps.append(PlanStep(tuple(group), guess, change, agree, accepted))
+        if accepted:
+            plan.extend(group)
+            predicted, verified, agreement = guess, change, agree
+            at += len(group)
+            size = 2 * len(group)
+        elif len(group) > 1:
+            size = len(group) // 2
+        else:
+            at += 1
+    additive = math.fsum(changes[i] for i in plan)
+    return VerifiedPlan(tuple(plan), predicted, verified, agreement, additive, tuple(steps))
 
 
 def retrieval_hits(top_keys: Tensor, query_positions: Sequence[int], ids: Tensor, needle: tuple[int, int]) -> Tensor:

@@ -20,6 +20,7 @@ SECTION_TITLES = {
     "scaling_experiment": "Training with and without the scale",
     "find_retrieval_heads": "Retrieval heads (needle in a haystack)",
     "plan_kv_cache": "A short KV cache: which heads need the full context",
+    "position_sensitivity": "Where the evidence sits: the U-curve",
 }
 
 # What each section's numbers mean for the reader's question (one or two sentences, shown above its findings).
@@ -60,6 +61,10 @@ SECTION_QUESTIONS = {
         "Which KV heads could keep only the first and the last tokens? A head's loss change is the rise of the "
         "next-token loss, in nats, when it reads only sink + window tokens; the plan is verified with every "
         "planned head restricted at once."
+    ),
+    "position_sensitivity": (
+        "Does the answer depend on where the evidence sits? The needle sentence moves through five positions among "
+        "four parts of the text; log p(answer) per position, best and worst named (lost in the middle: a U-curve)."
     ),
 }
 

@@ -32,6 +32,7 @@ from agent_tools.tools.diagnose_collapse.models import CollapseReport
 from agent_tools.tools.explain_scaling.models import ScalingReport
 from agent_tools.tools.find_retrieval_heads.models import FindRetrievalHeadsReport
 from agent_tools.tools.plan_kv_cache.models import PlanKvCacheReport
+from agent_tools.tools.position_sensitivity.models import PositionSensitivityReport
 from agent_tools.tools.scaling_experiment.models import ScalingExperimentReport
 
 HARMFUL, SINK, OTHER = "#c92a2a", "#868e96", "#3b5bdb"
@@ -230,6 +231,27 @@ def _kv_plan(result: AnalysisResult) -> bytes | None:
     return grid_png(values, title, style)
 
 
+def _u_curve(result: AnalysisResult) -> bytes | None:
+    """position_sensitivity's answer log-probability and the needle's attention share against the needle's depth
+    (five points: one picture of two small panels, whatever the text's length)."""
+    report = result.report("position_sensitivity", PositionSensitivityReport)
+    if report is None or not report.positions:
+        return None
+    points = sorted(report.positions, key=lambda p: p.relative_depth)
+    depths = [p.relative_depth for p in points]
+    best = next(p for p in points if p.slot == report.best_slot)
+    worst = next(p for p in points if p.slot == report.worst_slot)
+    marks = [(best.relative_depth, "best"), (worst.relative_depth, "worst")]
+    logprob = Series("log p(answer)", depths, [p.answer_logprob for p in points], "#3b5bdb", marker="o")
+    share = Series("attention share", depths, [p.attention_share for p in points], "#f08c00", marker="o")
+    return curves_png(
+        [
+            CurvePanel("the answer", "needle depth (0 = start)", "log p(answer), nats", [logprob], marks=marks),
+            CurvePanel("attention on the needle", "needle depth (0 = start)", "share", [share], legend=False),
+        ]
+    )
+
+
 SAME_PICTURE = {"story-1-raw-dot": "story-3-stage-1"}  # drawn once, shown in both steps
 STORY_DRAWINGS: dict[str, Callable[[AnalysisResult], bytes | None]] = {
     "story-2-variance": _variance,
@@ -241,6 +263,7 @@ STORY_DRAWINGS: dict[str, Callable[[AnalysisResult], bytes | None]] = {
     **{name: partial(_training, name=name) for name in ("story-7-loss", "story-7-accuracy", "story-7-gradient")},
     "story-8-retrieval": _retrieval,
     "story-8-kv-plan": _kv_plan,
+    "story-8-u-curve": _u_curve,
 }
 
 

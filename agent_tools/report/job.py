@@ -28,7 +28,7 @@ from agent_tools.consumers.grid import QuantisedMaps
 from agent_tools.errors import AttentionToolError
 from agent_tools.inspector import Encoded, Inspector, PassPlan, check_indices
 from agent_tools.loading import LoadedModel
-from agent_tools.report.long_context import LONG_CONTEXT_TOKENS, long_context_steps
+from agent_tools.report.long_context import LONG_CONTEXT_TOKENS, U_CURVE_TOKENS, long_context_steps
 from agent_tools.report.views import (
     NeuronData,
     ProbeHead,
@@ -345,12 +345,18 @@ def _long_context(
     outcomes: StepOutcomes,
     asked: bool | None,
     threshold: int,
+    loaded: LoadedModel | None = None,
 ) -> None:
     """The long-context steps: by length when ``asked`` is None, always when True, never when False."""
     if asked is False:
         outcomes.skipped["long_context"] = "not asked for (--no-long-context)"
         return
-    steps = long_context_steps(text, model, tokens, threshold=0 if asked else threshold)
+    count, limit = None, U_CURVE_TOKENS
+    if loaded is not None:  # the U-curve's prompt sized with the model's own tokenizer, within its limit
+        tokenizer = loaded.tokenizer
+        count = lambda prompt: len(tokenizer(prompt)["input_ids"])  # noqa: E731
+        limit = min(U_CURVE_TOKENS, inspector.limit_for(loaded))
+    steps = long_context_steps(text, model, tokens, threshold=0 if asked else threshold, count=count, limit=limit)
     if isinstance(steps, str):
         outcomes.skipped["long_context"] = steps
         return
@@ -409,7 +415,7 @@ def run_analysis(
         outcomes.attempt("scaling_experiment", partial(TOOLS["scaling_experiment"], inspector, EXPERIMENT_ARGUMENTS))
     elif not experiment:
         outcomes.skipped["scaling_experiment"] = "not asked for (--no-experiment)"
-    _long_context(inspector, text, model, encoded.length, outcomes, long_context, long_context_tokens)
+    _long_context(inspector, text, model, encoded.length, outcomes, long_context, long_context_tokens, loaded)
     return _result(loaded, encoded, maps, outcomes, shared=shared, probe=probe)
 
 

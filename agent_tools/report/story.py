@@ -9,7 +9,7 @@ plain sentences written from *this model's* measured numbers, and the pictures t
    labelled as such, sinks as no-ops;
 6. what each head does, the induction head shown on the probe where its behaviour is visible;
 7. the training experiment: loss, accuracy and ‖∂L/∂W_q‖ with and without the scale;
-8. for a long text, the long-context section: retrieval heads and the short-cache plan
+8. for a long text, the long-context section: retrieval heads, the short-cache plan and the U-curve
    (:mod:`agent_tools.report.long_context`).
 
 Pure functions of an :class:`~agent_tools.report.job.AnalysisResult`'s reports and views; a step whose tool did
@@ -32,6 +32,7 @@ from agent_tools.tools.explain_scaling.models import ScalingReport
 from agent_tools.tools.find_retrieval_heads.models import FindRetrievalHeadsReport
 from agent_tools.tools.inspect_projections.models import ProjectionReport
 from agent_tools.tools.plan_kv_cache.models import PlanKvCacheReport
+from agent_tools.tools.position_sensitivity.models import PositionSensitivityReport
 from agent_tools.tools.profile_heads.models import HeadProfiles
 from agent_tools.tools.reconstruct_attention.models import AttentionReconstruction
 from agent_tools.tools.scaling_experiment.models import VANISHED, ScalingExperimentReport
@@ -485,7 +486,8 @@ def long_context_step(result: AnalysisResult) -> StoryStep | None:
     """Retrieval scores per layer × head and the short-cache plan per layer × KV head, when either ran."""
     retrieval = result.report("find_retrieval_heads", FindRetrievalHeadsReport)
     plan = result.report("plan_kv_cache", PlanKvCacheReport)
-    sentences = long_context_sentences(retrieval, plan)
+    u_curve = result.report("position_sensitivity", PositionSensitivityReport)
+    sentences = long_context_sentences(retrieval, plan, u_curve=u_curve)
     if not sentences:
         return None
     pictures = []
@@ -497,6 +499,9 @@ def long_context_step(result: AnalysisResult) -> StoryStep | None:
             "(S: given the short cache by the plan)"
         )
         pictures.append(StoryPicture("story-8-kv-plan", caption))
+    if u_curve is not None:
+        caption = "the U-curve: log p(answer) and attention on the needle against where the needle sits"
+        pictures.append(StoryPicture("story-8-u-curve", caption))
     return StoryStep(
         key="long_context",
         number=8,

@@ -1,7 +1,8 @@
 """plan_kv_cache: which KV heads could be served from a sink + window cache (DuoAttention's streaming heads)?
 
 ``models`` holds the arguments and report, ``plan`` the masked passes (every KV head restricted on its own, one pass
-per layer group; then the plan verified in one run), ``narrative`` the summary and findings.
+per layer group; then the plan built in verified groups, one single-row run each), ``narrative`` the summary and
+findings.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from agent_tools.schemas import NextCall, Report, TextInput
 
 DESCRIPTION = (
     "Which KV heads could keep only the first `sink` + last `window` tokens? Loss change per head by exact masking, "
-    "a greedy plan under a loss budget, verified in one run. Use to plan a short KV cache."
+    "a greedy plan under a loss budget built in verified groups. Use to plan a short KV cache."
 )
 
 Precision = Literal["float32", "bfloat16", "float16", "fp8", "int8"]
@@ -22,6 +22,11 @@ class PlanKvCacheInput(TextInput):
     window: int = Field(default=64, description="most recent tokens a short-cache head keeps (itself included)")
     loss_budget: float = Field(
         default=0.02, description="allowed rise of the mean next-token loss, nats, summed over planned heads"
+    )
+    tolerance: float | None = Field(
+        default=None,
+        description="a group joins the plan only when its verified loss change is within this of the prediction, "
+        "nats; omitted = half the loss budget (at least 0.0001)",
     )
     context_length: int | None = Field(
         default=None, description="tokens the memory saving is stated for; omitted = the model's limit"
@@ -41,18 +46,33 @@ class KvHeadEffect(BaseModel):
     planned: bool = Field(description="given the short cache by the plan")
 
 
+class PlanStepRun(BaseModel):
+    added_kv_heads: int = Field(description="KV heads tried in this run on top of the plan accepted before it")
+    predicted_loss_change: float = Field(description="the plan's verified change before + Σ of the added heads' own")
+    verified_loss_change: float = Field(description="measured with the plan and the added heads restricted at once")
+    accepted: bool = Field(description="within the budget and within the tolerance of the prediction")
+
+
 class PlanCheck(BaseModel):
     planned_kv_heads: int
     total_kv_heads: int = Field(description="KV heads of the whole model")
-    predicted_loss_change: float = Field(description="Σ of the planned heads' own loss changes, nats")
-    additive_kv_heads: int = Field(description="heads the additive greedy plan chose before verification")
-    additive_verified_loss_change: float = Field(
-        description="its loss change run at once; over the budget, the plan was cut back to the longest prefix fitting"
+    predicted_loss_change: float = Field(
+        description="the last accepted step's prediction: the plan's verified change before it + Σ of the heads it "
+        "added (their own changes), nats"
     )
     verified_loss_change: float = Field(description="loss change with every planned head restricted at once, nats")
+    tolerance: float = Field(description="|verified − predicted| every accepted step kept within, nats")
+    additive_loss_change: float = Field(
+        description="Σ of the planned heads' own loss changes (the prediction if single-head effects added up)"
+    )
+    additive_kv_heads: int = Field(description="heads a plan adding single-head effects would choose")
+    additive_verified_loss_change: float = Field(
+        description="that additive plan's loss change run at once (the first verifying run; 0 when empty)"
+    )
     verified_top_token_agreement: float = Field(description="share of scored positions with the same top token")
     loss_full: float = Field(description="mean next-token loss over the scored positions, full cache, nats")
     loss_planned: float = Field(description="the same with the plan applied")
+    steps: list[PlanStepRun] = Field(description="the verifying runs in order (groups halve on rejection)")
 
 
 class MemorySaving(BaseModel):
@@ -78,7 +98,8 @@ class PlanKvCacheReport(Report):
     plan: PlanCheck
     memory: MemorySaving
     masked_passes: int = Field(
-        description="masked forwards run: one per layer group to measure every KV head, then the verifying runs"
+        description="masked forwards run: one per layer group to measure every KV head (rows of a batch), then one "
+        "single-row run per plan step"
     )
     measured_on: str = Field(description="what the plan was measured on: it holds for texts like it, not in general")
     next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

@@ -29,6 +29,9 @@ class PlanNumbers:
     needs_full: Sequence[tuple[str, float]]  # (KV head label, loss change), the largest first
     additive: int = 0  # heads the additive plan chose before verification
     additive_verified: float = 0.0  # its verified loss change
+    additive_sum: float = 0.0  # Σ of the planned heads' own changes
+    tolerance: float = 0.0  # |verified − predicted| every accepted step kept within
+    runs: int = 0  # verifying runs
 
 
 def summary(n: PlanNumbers) -> str:
@@ -37,19 +40,20 @@ def summary(n: PlanNumbers) -> str:
     return (
         f"On this text ({n.tokens} tokens) {n.planned} of {n.total} KV heads could keep only the first {n.sink} and "
         f"last {n.window} tokens within a loss budget of {n.budget:g} nats: predicted loss change {n.predicted:+.4f}, "
-        f"verified {n.verified:+.4f} with all of them restricted at once (top next token unchanged at "
-        f"{n.agreement:.1%} of positions){_cut(n)}. At {n.context_length:,} tokens in {n.precision} that saves "
+        f"verified {n.verified:+.4f} with all of them restricted at once (within the {n.tolerance:g}-nat tolerance; "
+        f"top next token unchanged at {n.agreement:.1%} of positions){_cut(n)}. At {n.context_length:,} tokens in "
+        f"{n.precision} that saves "
         f"{readable_size(n.saved_bytes)} ({n.saved_fraction:.1%} of the KV cache). Heads needing the full cache most: "
         f"{worst}. Measured on this text only: check on texts like the ones you serve."
     )
 
 
 def _cut(n: PlanNumbers) -> str:
-    if n.additive <= n.planned:
+    if n.additive <= n.planned or n.additive_verified <= n.budget:
         return ""
     return (
         f"; single-head effects did not add up: the additive plan of {n.additive} heads verified at "
-        f"{n.additive_verified:+.4f}, over the budget, so it was cut back"
+        f"{n.additive_verified:+.4f}, over the budget, so the plan was built in verified groups ({n.runs} runs)"
     )
 
 
@@ -71,8 +75,9 @@ def findings(n: PlanNumbers) -> list[Finding]:
             severity="high",
             value=n.verified,
             detail=f"the plan ({n.planned} KV heads) was run at once: loss change {n.verified:+.4f} vs "
-            f"{n.predicted:+.4f} predicted by adding single-head effects (gap {gap:+.4f}); top token agrees at "
-            f"{n.agreement:.1%}",
+            f"{n.predicted:+.4f} predicted from the previous verified step plus the added heads' own changes (gap "
+            f"{gap:+.4f}, tolerance {n.tolerance:g}); adding every planned head's own change gives "
+            f"{n.additive_sum:+.4f}; top token agrees at {n.agreement:.1%}",
         )
     )
     found.append(

@@ -3,11 +3,15 @@ and one verifying pass with every planned head restricted at once."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from agent_tools.analysis.long_context import (
     KV_PRECISION_BYTES,
     greedy_plan,
     kv_cache_bytes,
     short_cache_saving,
+    verified_greedy,
 )
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector, check_indices
@@ -19,6 +23,7 @@ from agent_tools.tools.plan_kv_cache.models import (
     PlanCheck,
     PlanKvCacheInput,
     PlanKvCacheReport,
+    PlanStepRun,
 )
 from agent_tools.tools.plan_kv_cache.narrative import PlanNumbers, findings, summary
 
@@ -26,6 +31,12 @@ UNIT = (
     "KV head: a KV head can be served from the short cache only when every query head sharing it is, so the query "
     "heads of one KV head are restricted and planned together"
 )
+MIN_TOLERANCE = 1e-4  # nats: the default tolerance is half the budget, at least this (float noise is ~1e-6)
+
+
+def max_runs(units: int) -> int:
+    """Verifying runs the plan may use: halving a group down to one unit and doubling back, twice over."""
+    return 4 + 2 * math.ceil(math.log2(units + 1))
 
 
 def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheReport:
@@ -33,6 +44,9 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
     if args.loss_budget < 0:
         msg = f"loss_budget {args.loss_budget} is negative; use a loss budget >= 0 nats (e.g. 0.02)"
         raise InvalidInputError(msg, field="loss_budget")
+    if args.tolerance is not None and args.tolerance < 0:
+        msg = f"tolerance {args.tolerance} is negative; use a tolerance >= 0 nats (omit it for half the loss budget)"
+        raise InvalidInputError(msg, field="tolerance")
     loaded = inspector.model(args.model)
     facts = loaded.facts
     if not facts.is_language_model or facts.is_encoder_decoder:
@@ -57,33 +71,22 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
     additive = greedy_plan(changes, args.loss_budget)
     loss_full = float(measured.clean.double().mean())
 
-    def verify(count: int) -> tuple[float, float]:
-        """(loss change, top-token agreement) with the first ``count`` heads of the additive plan restricted."""
-        if count == 0:
-            return 0.0, 1.0
-        picked = [units[i] for i in sorted(additive.chosen[:count])]
-        losses, top = all_restricted_losses(loaded, encoded.input_ids, picked, sink=args.sink, window=args.window)
-        return float((losses[1] - losses[0]).double().mean()), float((top[1] == top[0]).double().mean())
+    def verify(picked: Sequence[int]) -> tuple[float, float]:
+        """(loss change, top-token agreement) with the ``picked`` units restricted at once, one row: the
+        unrestricted losses are the measuring passes' row 0."""
+        restricted = [units[i] for i in sorted(picked)]
+        losses, top = all_restricted_losses(
+            loaded, encoded.input_ids, restricted, sink=args.sink, window=args.window, clean_row=False
+        )
+        change = float((losses[0] - measured.clean).double().mean())
+        return change, float((top[0] == measured.clean_top).double().mean())
 
-    # Effects need not add up: when the additive plan, run at once, exceeds the budget, the plan keeps the longest
-    # prefix of its order (smallest changes first) whose verified change fits, found by bisection (log2 n runs).
-    count = len(additive.chosen)
-    additive_verified, _ = checked = verify(count)
-    verifying_passes = 1 if count else 0
-    if additive_verified > args.loss_budget:
-        low, high, checked = 0, count, (0.0, 1.0)
-        while low < high:
-            middle = (low + high + 1) // 2
-            result = verify(middle)
-            verifying_passes += 1
-            if result[0] <= args.loss_budget:
-                low, checked = middle, result
-            else:
-                high = middle - 1
-        count = low
-    verified, verified_agreement = checked
-    chosen = set(additive.chosen[:count])
-    predicted = sum(changes[i] for i in chosen)
+    tolerance = args.tolerance if args.tolerance is not None else max(args.loss_budget / 2, MIN_TOLERANCE)
+    built = verified_greedy(changes, args.loss_budget, tolerance, verify, max_runs=max_runs(len(units)))
+    first = built.steps[0] if built.steps else None
+    additive_verified = first.verified if first is not None and len(first.added) == len(additive.chosen) else 0.0
+    chosen = set(built.chosen)
+    predicted, verified, verified_agreement = built.predicted, built.verified, built.agreement
     per_number = KV_PRECISION_BYTES[args.precision]
     full = kv_cache_bytes(
         layers=facts.num_layers,
@@ -127,6 +130,9 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
         saved_fraction=saved / full if full else 0.0,
         additive=len(additive.chosen),
         additive_verified=additive_verified,
+        additive_sum=built.additive,
+        tolerance=tolerance,
+        runs=len(built.steps),
         needs_full=[(_label(units[i][0], i % facts.num_kv_heads), changes[i]) for i in ranked[:3]],
     )
     return PlanKvCacheReport(
@@ -145,12 +151,23 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
             planned_kv_heads=len(chosen),
             total_kv_heads=facts.num_layers * facts.num_kv_heads,
             predicted_loss_change=rounded(predicted, 6),
+            verified_loss_change=rounded(verified, 6),
+            tolerance=rounded(tolerance, 6),
+            additive_loss_change=rounded(built.additive, 6),
             additive_kv_heads=len(additive.chosen),
             additive_verified_loss_change=rounded(additive_verified, 6),
-            verified_loss_change=rounded(verified, 6),
             verified_top_token_agreement=rounded(verified_agreement),
             loss_full=rounded(loss_full),
             loss_planned=rounded(loss_full + verified),
+            steps=[
+                PlanStepRun(
+                    added_kv_heads=len(step.added),
+                    predicted_loss_change=rounded(step.predicted, 6),
+                    verified_loss_change=rounded(step.verified, 6),
+                    accepted=step.accepted,
+                )
+                for step in built.steps
+            ],
         ),
         memory=MemorySaving(
             context_length=context,
@@ -160,7 +177,7 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
             saved_bytes=saved,
             saved_fraction=rounded(saved / full if full else 0.0),
         ),
-        masked_passes=measured.passes + verifying_passes,
+        masked_passes=measured.passes + len(built.steps),
         measured_on=(
             f"this text ({length} tokens; {scored} predictions past sink + window scored): the plan holds for texts "
             "like it, not in general"
