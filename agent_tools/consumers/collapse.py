@@ -30,7 +30,7 @@ from agent_tools.analysis.collapse import (
     row_targets,
     zhai_entropy_bound,
 )
-from agent_tools.analysis.metrics import attention_entropy, normalised_from_entropy, upcast
+from agent_tools.analysis.metrics import SATURATION, attention_entropy, normalised_from_entropy, saturated, upcast
 from agent_tools.analysis.norms import (
     head_output_grams,
     head_output_norms,
@@ -130,7 +130,7 @@ class HeadAccumulator:
             entropy.sum(-1),
             normalised_from_entropy(entropy, visible).sum(-1),
             top.sum(-1),
-            (top >= self.threshold).double().sum(-1),
+            saturated(top, self.threshold).double().sum(-1),
             radius.sum(-1),
             bound.sum(-1),
             slack.min(-1).values,
@@ -260,7 +260,7 @@ def collapse_statistics(
     *,
     layer: int = 0,
     heads: Sequence[int] | None = None,
-    threshold: float = 0.99,
+    threshold: float = SATURATION,
     value_norms: Tensor | None = None,
     output_norms: Tensor | None = None,
 ) -> list[HeadCollapse]:
@@ -289,7 +289,7 @@ class CollapseConsumer:
         sink_mask: Tensor,
         *,
         heads: Sequence[int] | None = None,
-        threshold: float = 0.99,
+        threshold: float = SATURATION,
         output_grams: dict[int, Tensor] | None = None,
         batch_index: int = 0,
     ) -> None:
