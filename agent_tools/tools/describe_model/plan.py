@@ -34,7 +34,7 @@ from agent_tools.placement import (
     weights_bytes,
 )
 from agent_tools.runner.paths import EXPLAINED_PATH
-from agent_tools.schemas import AttentionPath, rounded
+from agent_tools.schemas import AttentionPath
 from agent_tools.tools.describe_model.models import (
     DescribeModelInput,
     MemoryNeeds,
@@ -64,8 +64,8 @@ def stack_description(stack: StackFacts) -> StackDescription:
         num_kv_heads=stack.num_kv_heads,
         head_dim=stack.head_dim,
         qk_dim=stack.qk_dim,
-        scaling=rounded(stack.scaling, 6),
-        scaling_ratio=rounded(stack.scaling * math.sqrt(stack.qk_dim)),
+        scaling=stack.scaling,
+        scaling_ratio=stack.scaling * math.sqrt(stack.qk_dim),
         causal=stack.is_causal,
         score_terms=list(stack.score_terms),
     )
@@ -206,9 +206,9 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
         kv_groups=f.kv_groups,
         head_dim=f.head_dim,
         hidden_size=f.hidden_size,
-        scaling=rounded(f.scaling, 6),
-        inverse_sqrt_head_dim=rounded(scale.inverse_sqrt_head_dim, 6),
-        scaling_ratio=rounded(scale.ratio),
+        scaling=f.scaling,
+        inverse_sqrt_head_dim=scale.inverse_sqrt_head_dim,
+        scaling_ratio=scale.ratio,
         query_prescaled=f.query_prescaled,
         positional=f.positional,
         causal=f.is_causal,
