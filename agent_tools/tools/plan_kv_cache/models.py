@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
-from agent_tools.schemas import NextCall, Report, TextInput
+from agent_tools.schemas import NextCall, Report, Rounded, Rounded6, TextInput
 
 DESCRIPTION = (
     "Which KV heads could keep only the first `sink` + last `window` tokens? Loss change per head by exact masking, "
@@ -36,23 +36,23 @@ class KvHeadEffect(BaseModel):
     layer: int
     kv_head: int
     query_heads: list[int] = Field(description="query heads sharing this KV head (restricted together)")
-    loss_change: float = Field(description="mean next-token loss change when restricted, nats (> 0: hurts)")
-    top_token_agreement: float = Field(description="share of scored positions whose top next token is unchanged")
+    loss_change: Rounded6 = Field(description="mean next-token loss change when restricted, nats (> 0: hurts)")
+    top_token_agreement: Rounded = Field(description="share of scored positions whose top next token is unchanged")
     planned: bool = Field(description="given the short cache by the plan")
 
 
 class PlanCheck(BaseModel):
     planned_kv_heads: int
     total_kv_heads: int = Field(description="KV heads of the whole model")
-    predicted_loss_change: float = Field(description="Σ of the planned heads' own loss changes, nats")
+    predicted_loss_change: Rounded6 = Field(description="Σ of the planned heads' own loss changes, nats")
     additive_kv_heads: int = Field(description="heads the additive greedy plan chose before verification")
-    additive_verified_loss_change: float = Field(
+    additive_verified_loss_change: Rounded6 = Field(
         description="its loss change run at once; over the budget, the plan was cut back to the longest prefix fitting"
     )
-    verified_loss_change: float = Field(description="loss change with every planned head restricted at once, nats")
-    verified_top_token_agreement: float = Field(description="share of scored positions with the same top token")
-    loss_full: float = Field(description="mean next-token loss over the scored positions, full cache, nats")
-    loss_planned: float = Field(description="the same with the plan applied")
+    verified_loss_change: Rounded6 = Field(description="loss change with every planned head restricted at once, nats")
+    verified_top_token_agreement: Rounded = Field(description="share of scored positions with the same top token")
+    loss_full: Rounded = Field(description="mean next-token loss over the scored positions, full cache, nats")
+    loss_planned: Rounded = Field(description="the same with the plan applied")
 
 
 class MemorySaving(BaseModel):
@@ -61,7 +61,7 @@ class MemorySaving(BaseModel):
     full_kv_bytes: int = Field(description="layers × kv_heads × head_dim × 2 × bytes × context_length")
     planned_kv_bytes: int = Field(description="the KV cache with the planned heads keeping sink + window tokens")
     saved_bytes: int
-    saved_fraction: float
+    saved_fraction: Rounded
 
 
 class PlanKvCacheReport(Report):
