@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
@@ -159,14 +159,7 @@ def _report(
     if check is not None:
         kinds = {(c.layer, c.head): c.kind for c in check.heads}
         rows = [r.model_copy(update={"kind": kinds.get((r.layer, r.head))}) for r in numbers.rows]
-        numbers = CollapseNumbers(
-            num_tokens=numbers.num_tokens,
-            rows=rows,
-            verdict_counts=numbers.verdict_counts,
-            bound_violations=numbers.bound_violations,
-            rows_counted=numbers.rows_counted,
-            check=check,
-        )
+        numbers = replace(numbers, rows=rows, check=check)
     findings = narrative.findings(numbers, top_k=args.top_k)
     png_path = _write_png(inspector, args, loaded, stack, layers, stats) if args.png else None
     return CollapseReport(

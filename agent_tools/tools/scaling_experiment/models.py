@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+import math
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, Field
 
 from agent_tools.analysis.metrics import SATURATION
 from agent_tools.schemas import DetailInput, Report, Rounded
@@ -13,6 +16,14 @@ DESCRIPTION = (
 )
 VANISHED = 1e-6  # a W_q gradient norm below this counts as vanished
 CURVE_POINTS = 30  # logged points per run when log_every is omitted
+
+
+def significant(value: float) -> float:
+    """Three significant digits (gradient norms span many orders of magnitude); NaN and inf kept."""
+    return float(f"{value:.3g}") if math.isfinite(value) else value
+
+
+Significant3 = Annotated[float, AfterValidator(significant)]
 
 
 class ScalingExperimentInput(DetailInput):
@@ -34,18 +45,18 @@ class ExperimentCurve(BaseModel):
     steps: list[int]
     loss: list[Rounded]
     accuracy: list[Rounded]
-    grad_norm_q: list[float] = Field(description="‖∂loss/∂W_q‖ at each logged step (3 significant digits)")
-    grad_norm_k: list[float]
+    grad_norm_q: list[Significant3] = Field(description="‖∂loss/∂W_q‖ at each logged step (3 significant digits)")
+    grad_norm_k: list[Significant3]
     attention_entropy: list[Rounded] = Field(description="mean attention entropy, nats (max log(items))")
     saturated_fraction: list[Rounded] = Field(description=f"fraction of queries with max weight ≥ {SATURATION}")
     target_weight: list[Rounded] = Field(description="mean weight on the item the query asks for")
     initial_entropy: Rounded
     initial_saturated_fraction: Rounded
-    initial_grad_norm_q: float
+    initial_grad_norm_q: Significant3
     final_loss: Rounded = Field(description="mean loss over the last 20% of logged points")
     final_accuracy: Rounded = Field(description="mean accuracy over the last 20% of logged points")
     vanished_gradient_fraction: Rounded = Field(description=f"logged steps with ‖∂loss/∂W_q‖ < {VANISHED}")
-    median_grad_norm_q: float
+    median_grad_norm_q: Significant3
 
 
 class ScalingExperimentReport(Report):
