@@ -14,9 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agent_tools.analysis.metrics import without_sink
-
-__all__ = ["Lead", "leading_segment", "segment_shares", "share_changes", "top_positions", "without_sink"]
+from agent_tools.analysis.metrics import without_sink as without_sink  # the trace's import (defined in metrics)
 
 
 def segment_shares(weights: Tensor, segment_index: Tensor, num_segments: int) -> Tensor:
