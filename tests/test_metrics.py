@@ -187,7 +187,8 @@ def test_threshold_sinks_from_received_attention() -> None:
     assert received.count.tolist() == [3, 2, 1, 0]
     # uniform rows over 2, 3, 4 keys: key 0 gets 1/2 + 1/3 + 1/4 = 13/12, key 1 1/3 + 1/4 = 7/12, key 2 1/4
     assert received.uniform.tolist() == pytest.approx([13 / 12, 7 / 12, 0.25, 0.0], abs=1e-6)  # float32
-    # mean shares 1.3/3 = 0.433, 0.7/2 = 0.35, 0.1; uniform 13/36 = 0.361, 7/24 = 0.292, 0.25.
+    # mean shares 1.3/3 = 0.433, 0.7/2 = 0.35, 0.1 (a key nobody reads: 0); uniform 13/36 = 0.361, 7/24 = 0.292, 0.25.
+    assert received.mean_share().tolist() == pytest.approx([1.3 / 3, 0.35, 0.1, 0.0], abs=1e-6)
     # threshold 0.3, ratio 1.1: key 0 (0.433 ≥ 0.397) and key 1 (0.35 ≥ 0.321) are sinks
     assert threshold_sinks(received, threshold=0.3, min_readers=2, min_ratio=1.1, always=()) == [0, 1]
     assert threshold_sinks(received, threshold=0.4, min_readers=2, min_ratio=1.1, always=()) == [0]

@@ -302,6 +302,10 @@ class Received:
     uniform: Tensor
     readers: Tensor
 
+    def mean_share(self) -> Tensor:
+        """(Tk,) ``total / count``: the mean share a key receives from the (head, row) pairs that could read it."""
+        return self.total / self.count.clamp_min(1)
+
     def to(self, device: torch.device | str) -> Received:
         """The same sums on ``device`` (four (Tk,) vectors)."""
         return Received(self.total.to(device), self.count.to(device), self.uniform.to(device), self.readers.to(device))
@@ -352,8 +356,7 @@ def threshold_sinks(
     ``s_j ≥ min_ratio · uniform_j / count_j`` — the second keeps short texts, where every share is large, from
     calling every token a sink.
     """
-    count = received.count.clamp_min(1)
-    mean, uniform = received.total / count, received.uniform / count  # (T,) each
+    mean, uniform = received.mean_share(), received.uniform / received.count.clamp_min(1)  # (T,) each
     heavy = (received.readers >= min_readers) & (mean >= threshold) & (mean >= min_ratio * uniform)
     found = {p for p in always if 0 <= p < mean.shape[0]}
     found |= {int(p) for p in torch.nonzero(heavy).flatten().tolist()}

@@ -117,7 +117,7 @@ def _sinks(
     )  # (rows,) each query's own key column
     received = received_attention(weights[None].float(), allowed, own)  # one head: (1, rows, keys)
     found = threshold_sinks(received, threshold=SINK_SHARE, min_readers=min(4, max(1, rows - 1)), always=())
-    share = received.total / received.count.clamp_min(1)  # (keys,) mean share over the queries that read it
+    share = received.mean_share()  # (keys,) mean share over the queries that read it
     sinks = [(p, keys[p].text, float(share[p])) for p in found if keys[p].special or p == 0]
     return tuple(sorted(sinks, key=lambda s: -s[2]))
 
