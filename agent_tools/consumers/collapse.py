@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 import torch
@@ -210,12 +210,7 @@ class HeadAccumulator:
             top_other_fraction=top_other_fraction,
             concentration=concentration,
             concentrated=concentrated,
-            dominant_value_norm=value.dominant_value_norm,
-            other_value_norm=value.other_value_norm,
-            value_norm_ratio=value.value_norm_ratio,
-            dominant_value_share=value.dominant_value_share,
-            dominant_contribution=value.dominant_contribution,
-            contribution_ratio=value.contribution_ratio,
+            **asdict(value),
             mean_output_norm=float(self.output_norm[i] / n) if self.output_norm is not None else None,
             mean_centred_score_norm=float(self.radius[i] / n),
             mean_entropy_bound=float(self.bound[i] / n),
