@@ -293,4 +293,4 @@ class TextInput(ModelInput):
 class KeyWeight(BaseModel):
     position: int
     token: str
-    weight: float
+    weight: Rounded

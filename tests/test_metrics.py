@@ -17,6 +17,8 @@ from agent_tools.analysis.metrics import (
     Baseline,
     allowed_from_additive_mask,
     attention_entropy,
+    chance_margin,
+    chance_side,
     exceeds_baseline,
     first_token_share,
     first_token_share_excluding_early_rows,
@@ -30,11 +32,14 @@ from agent_tools.analysis.metrics import (
     normalised_from_entropy,
     random_baseline,
     received_attention,
+    saturated,
+    sink_column_share,
     sink_key_mask,
     sink_row_fraction,
     threshold_sinks,
     uniform_entropy,
     visible_keys,
+    without_sink,
 )
 from agent_tools.capture import LayerAttention
 from agent_tools.consumers.collapse import collapse_statistics
@@ -182,7 +187,8 @@ def test_threshold_sinks_from_received_attention() -> None:
     assert received.count.tolist() == [3, 2, 1, 0]
     # uniform rows over 2, 3, 4 keys: key 0 gets 1/2 + 1/3 + 1/4 = 13/12, key 1 1/3 + 1/4 = 7/12, key 2 1/4
     assert received.uniform.tolist() == pytest.approx([13 / 12, 7 / 12, 0.25, 0.0], abs=1e-6)  # float32
-    # mean shares 1.3/3 = 0.433, 0.7/2 = 0.35, 0.1; uniform 13/36 = 0.361, 7/24 = 0.292, 0.25.
+    # mean shares 1.3/3 = 0.433, 0.7/2 = 0.35, 0.1 (a key nobody reads: 0); uniform 13/36 = 0.361, 7/24 = 0.292, 0.25.
+    assert received.mean_share().tolist() == pytest.approx([1.3 / 3, 0.35, 0.1, 0.0], abs=1e-6)
     # threshold 0.3, ratio 1.1: key 0 (0.433 ≥ 0.397) and key 1 (0.35 ≥ 0.321) are sinks
     assert threshold_sinks(received, threshold=0.3, min_readers=2, min_ratio=1.1, always=()) == [0, 1]
     assert threshold_sinks(received, threshold=0.4, min_readers=2, min_ratio=1.1, always=()) == [0]
@@ -245,6 +251,39 @@ def test_random_baseline_and_when_an_effect_exceeds_it() -> None:
     assert not exceeds_baseline(0.005, zeros, floor=0.01) and exceeds_baseline(0.02, zeros, floor=0.01)
     assert not exceeds_baseline(5.0, Baseline(0.0, 0.0, 1), floor=0.01)  # one draw is no baseline
     assert random_baseline([]).draws == 0
+
+
+def test_one_beyond_chance_rule_with_each_callers_parameters() -> None:
+    # margin = max(k·sd, floor): 2 × 0.1 = 0.2 beats the floor 0.05; 3 × 0.01 = 0.03 loses to it
+    assert chance_margin(0.1, sds=2.0, floor=0.05) == pytest.approx(0.2)
+    assert chance_margin(0.01, sds=3.0, floor=0.05) == 0.05
+    # mean 1.0, sd 0.1, k = 2: above 1.2 counts (+1), below 0.8 counts (−1), between is within (0)
+    assert [chance_side(v, 1.0, 0.1, sds=2.0, floor=0.05) for v in (1.21, 1.19, 0.81, 0.79)] == [1, 0, 0, -1]
+    # attribution patching's rule (k = 3, floor 0.05): sd 0 leaves the floor, on either side
+    assert [chance_side(v, 0.0, 0.0, sds=3.0, floor=0.05) for v in (0.06, 0.04, -0.06)] == [1, 0, -1]
+    assert chance_side(math.nan, 0.0, 0.1, sds=2.0, floor=0.0) == 0  # no number, no verdict
+
+
+def test_a_learned_sink_column_takes_what_the_keys_do_not() -> None:
+    # real-key weights 0.2 + 0.4 leave 0.4 to the sink column; a sum a rounding above 1 gives 0, not −1e-7
+    weights = torch.tensor([[0.2, 0.4], [1.0, 0.0], [0.6, 0.4000001]])
+    assert sink_column_share(weights).tolist() == pytest.approx([0.4, 0.0, 0.0], abs=1e-6)  # rounding: clamped at 0
+    # GPT-OSS's eager form: exp logits (1, 2) and sink exp 2 -> real keys 0.2, 0.4, sink 0.4
+    logits = torch.tensor([0.0, math.log(2.0), math.log(2.0)])
+    real = torch.softmax(logits, -1)[:-1]
+    assert float(sink_column_share(real)) == pytest.approx(0.4)
+
+
+def test_shares_without_the_sink_segment() -> None:
+    shares = torch.tensor([[0.5, 0.3, 0.2], [0.0, 0.5, 0.5]])
+    assert torch.allclose(without_sink(shares, 0), torch.tensor([[0.0, 0.6, 0.4], [0.0, 0.5, 0.5]]))
+    assert torch.equal(without_sink(shares, None), shares)
+
+
+def test_saturated_rows_reach_the_threshold() -> None:
+    tops = torch.tensor([0.5, 0.98999, 0.99, 1.0])
+    assert saturated(tops).tolist() == [False, False, True, True]  # SATURATION = 0.99, at or above
+    assert saturated(tops, 0.5).tolist() == [True, True, True, True]
 
 
 # --- the analyze grid ----------------------------------------------------------------------------------------

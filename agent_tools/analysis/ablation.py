@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from agent_tools.analysis.metrics import kl_divergence
+from agent_tools.analysis.metrics import chance_margin, chance_side, kl_divergence
 
 
 def replace_head_slices(hidden: Tensor, heads: Sequence[int], head_dim: int, means: Tensor | None = None) -> Tensor:
@@ -105,7 +105,11 @@ class Baseline:
     @property
     def margin(self) -> float:
         """How far from the mean an effect must fall to be beyond chance: max(2·spread, the floor)."""
-        return max(BASELINE_SPREAD_MULTIPLE * self.spread, EFFECT_FLOOR)
+        return chance_margin(self.spread, sds=BASELINE_SPREAD_MULTIPLE, floor=EFFECT_FLOOR)
+
+    def side(self, effect: float) -> Literal[1, 0, -1]:
+        """:func:`~agent_tools.analysis.metrics.chance_side` with this module's 2 sd and floor."""
+        return chance_side(effect, self.mean, self.spread, sds=BASELINE_SPREAD_MULTIPLE, floor=EFFECT_FLOOR)
 
 
 def compare_with_baseline(effect: float, baseline: Baseline) -> Direction:
@@ -116,9 +120,10 @@ def compare_with_baseline(effect: float, baseline: Baseline) -> Direction:
     """
     if baseline.draws == 0:
         return "within"
-    if effect > baseline.mean + baseline.margin and effect > EFFECT_FLOOR:
+    side = baseline.side(effect)
+    if side == 1 and effect > EFFECT_FLOOR:
         return "raises"
-    if effect < baseline.mean - baseline.margin and effect < -EFFECT_FLOOR:
+    if side == -1 and effect < -EFFECT_FLOOR:
         return "lowers"
     return "within"
 
@@ -127,11 +132,8 @@ def size_against(effect: float, baseline: Baseline) -> Literal["larger", "smalle
     """An unsigned effect (a KL) against random heads': beyond :attr:`Baseline.margin` above or below the mean."""
     if baseline.draws == 0:
         return "within"
-    if effect > baseline.mean + baseline.margin:
-        return "larger"
-    if effect < baseline.mean - baseline.margin:
-        return "smaller"
-    return "within"
+    sizes: dict[int, Literal["larger", "smaller", "within"]] = {1: "larger", -1: "smaller", 0: "within"}
+    return sizes[baseline.side(effect)]
 
 
 def draw_head_sets(

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from agent_tools.analysis.attribution import spearman
+from agent_tools.analysis.metrics import chance_side
 
 LARGE_SPREADS = 3.0  # an effect is large when it is this many baseline spreads from the baseline mean ...
 LARGE_FLOOR = 0.05  # ... and at least this far (5% of the clean–corrupted gap), so a zero-spread baseline
@@ -79,9 +80,10 @@ def baseline(values: Sequence[float], size: int) -> Baseline:
 
 
 def effect_size(value: float, reference: Baseline) -> EffectSize:
-    """``large`` when |value − mean| exceeds both LARGE_SPREADS × the baseline's spread and LARGE_FLOOR."""
-    distance = abs(value - reference.mean)
-    return "large" if distance > max(LARGE_SPREADS * reference.spread, LARGE_FLOOR) else "small"
+    """``large`` when |value − mean| exceeds both LARGE_SPREADS × the baseline's spread and LARGE_FLOOR
+    (:func:`~agent_tools.analysis.metrics.chance_side` on either side)."""
+    side = chance_side(value, reference.mean, reference.spread, sds=LARGE_SPREADS, floor=LARGE_FLOOR)
+    return "large" if side != 0 else "small"
 
 
 @dataclass(frozen=True)

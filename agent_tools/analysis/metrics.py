@@ -20,6 +20,8 @@ Logs are natural: entropies and divergences are in nats.
                                             used by: grid, diagnose_collapse, explain_scaling, profile_heads' broad
     max_weight                              max_j A_ij and its key                                           [1/n_i, 1]
                                             used by: grid's max weight (capture's row_peak), diagnose_collapse
+    saturated                               max_j A_ij ≥ threshold (SATURATION = 0.99 unless given)          bool
+                                            used by: diagnose_collapse, explain_scaling, scaling_experiment
     masked_softmax                          softmax(z) over the allowed keys, exactly 0 elsewhere            [0, 1]
                                             used by: explain_scaling, reconstruct_attention, inspect_projections
     allowed_from_additive_mask              mask > dtype-min / 2 (additive mask -> bool allowed)             bool
@@ -44,16 +46,24 @@ Logs are natural: entropies and divergences are in nats.
                                             used by: trace_prompt_attention, compare_prompts
     threshold_sinks                         keys with mean received share ≥ threshold and ≥ ratio · uniform  positions
                                             used by: trace_prompt_attention's sink segment
+    sink_column_share                       1 − Σ_j A_ij: a learned sink column's share (GPT-OSS)            [0, 1]
+                                            used by: reconstruct_attention's sink softmax (capture keeps the
+                                            column's weight itself: LayerAttention.sink_share)
+    without_sink                            s_k / Σ_{m ≠ sink} s_m, the sink segment 0                       [0, 1]
+                                            used by: trace_prompt_attention's shares without the sink
     head role / pattern score               mean_i Σ_j A_ij P_ij over rows i ≥ skip that may read a key of P  [0, 1]
                                             (P: the role's kernel; one definition per role in the registry
                                             analysis/heads.ROLES, scored by consumers/roles.ShareAccumulator)
                                             used by: profile_heads' roles and named patterns, pattern_scores
     random_baseline                         mean and population std of an effect over random heads          ℝ
                                             used by: profile_heads' ablation checks
-    exceeds_baseline                        effect > mean + max(2·std, floor) over ≥ 2 random draws          bool
+    chance_side                             +1 / −1 when effect ≷ mean ± max(k·std, floor), else 0            −1, 0, 1
+                                            used by: every "beyond chance" verdict (ablation: k = 2, floor
+                                            1e-3 nats; attribution patching: k = 3, floor 0.05 of the gap)
+    exceeds_baseline                        chance_side(k = 2) = 1 over ≥ 2 random draws                     bool
                                             used by: profile_heads' "is a <role> head" verdicts
 
-The four "sink" numbers are different measures and keep distinct names:
+The "sink" numbers are different measures and keep distinct names; each is defined here and only here:
 
 * ``first_token_share`` — the ``analyze`` grid's "sink share" (``QuantisedMaps``): mean weight on key 0 over
   every row. A causal row 0 can only read key 0, so it always adds 1/T.
@@ -63,6 +73,9 @@ The four "sink" numbers are different measures and keep distinct names:
   on the first token or a special token ([CLS], [SEP], BOS), not how much weight they put there.
 * ``threshold_sinks`` — ``trace_prompt_attention``'s sink segment: the keys that receive at least ``threshold``
   of the attention of the later queries, averaged over heads and layers.
+* ``sink_column_share`` — a family with learned sink logits (GPT-OSS): the weight the extra softmax column takes,
+  so the real keys' weights sum to ``1 − sink_column_share``.
+* ``without_sink`` — segment shares renormalised with the sink segment left out (what the rest of the prompt gets).
 
 Streaming consumers (:mod:`agent_tools.consumers`) add the same per-row terms chunk by chunk; the tests check
 that their results equal these functions on whole maps. ``LayerAttention.row_entropy`` (capture) computes the
@@ -77,6 +90,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -150,6 +164,14 @@ def normalised_entropy(weights: Tensor, allowed: Tensor | None = None) -> Tensor
 def max_weight(weights: Tensor) -> tuple[Tensor, Tensor]:
     """(..., q, k) -> ``max_j A_ij`` (..., q) in [1/n_i, 1] and the key that gets it (..., q)."""
     return weights.max(-1)
+
+
+SATURATION = 0.99  # a row is saturated when its largest weight is at least this
+
+
+def saturated(max_weights: Tensor, threshold: float = SATURATION) -> Tensor:
+    """(...) each row's ``max_j A_ij`` -> (...) bool: ``max_j A_ij ≥ threshold``, the row is saturated."""
+    return max_weights >= threshold
 
 
 # --- softmax ------------------------------------------------------------------------------------------------
@@ -280,6 +302,10 @@ class Received:
     uniform: Tensor
     readers: Tensor
 
+    def mean_share(self) -> Tensor:
+        """(Tk,) ``total / count``: the mean share a key receives from the (head, row) pairs that could read it."""
+        return self.total / self.count.clamp_min(1)
+
     def to(self, device: torch.device | str) -> Received:
         """The same sums on ``device`` (four (Tk,) vectors)."""
         return Received(self.total.to(device), self.count.to(device), self.uniform.to(device), self.readers.to(device))
@@ -330,12 +356,27 @@ def threshold_sinks(
     ``s_j ≥ min_ratio · uniform_j / count_j`` — the second keeps short texts, where every share is large, from
     calling every token a sink.
     """
-    count = received.count.clamp_min(1)
-    mean, uniform = received.total / count, received.uniform / count  # (T,) each
+    mean, uniform = received.mean_share(), received.uniform / received.count.clamp_min(1)  # (T,) each
     heavy = (received.readers >= min_readers) & (mean >= threshold) & (mean >= min_ratio * uniform)
     found = {p for p in always if 0 <= p < mean.shape[0]}
     found |= {int(p) for p in torch.nonzero(heavy).flatten().tolist()}
     return sorted(found)
+
+
+def sink_column_share(weights: Tensor) -> Tensor:
+    """(..., q, k) real-key weights of a softmax with a learned sink column (GPT-OSS) -> (..., q): the share the
+    sink column took, ``1 − Σ_j A_ij`` (clamped at 0 against rounding). Range [0, 1]."""
+    return (1.0 - weights.sum(-1)).clamp_min(0.0)
+
+
+def without_sink(shares: Tensor, sink: int | None) -> Tensor:
+    """(..., S) segment shares -> ``s_k / Σ_{m ≠ sink} s_m`` for ``k ≠ sink`` and 0 for the sink: the shares
+    renormalised over every segment but the sink (``sink=None``: the shares as given). Range [0, 1]."""
+    if sink is None:
+        return shares
+    kept = shares.clone()
+    kept[..., sink] = 0
+    return kept / kept.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
 # --- random-head baselines: is an effect larger than removing random heads? ----------------------------------
@@ -361,10 +402,27 @@ def random_baseline(effects: Sequence[float]) -> Baseline:
 BASELINE_SIGMAS = 2.0  # an effect counts when it is past the random draws' mean by two of their standard deviations
 
 
+def chance_margin(spread: float, *, sds: float, floor: float) -> float:
+    """How far from the random draws' mean an effect must fall to be beyond chance: ``max(sds·spread, floor)``."""
+    return max(sds * spread, floor)
+
+
+def chance_side(effect: float, mean: float, spread: float, *, sds: float, floor: float) -> Literal[1, 0, -1]:
+    """Where an effect falls against random components' effects (mean ± standard deviation ``spread``):
+    ``1`` when ``effect > mean + max(sds·spread, floor)``, ``-1`` when ``effect < mean − max(sds·spread, floor)``,
+    ``0`` within (and for NaN). ``floor`` is the smallest distance that counts (draws that all give the same value
+    leave no spread). The one "beyond chance" rule: each caller names its ``sds`` and ``floor``."""
+    margin = chance_margin(spread, sds=sds, floor=floor)
+    if effect > mean + margin:
+        return 1
+    if effect < mean - margin:
+        return -1
+    return 0
+
+
 def exceeds_baseline(effect: float, baseline: Baseline, *, floor: float) -> bool:
-    """``effect > mean + max(2·std, floor)``: the effect raises the measure (positive direction) by more than
-    removing random components does, with ``floor`` the smallest difference that counts (random draws that all
-    give exactly 0 leave no spread). False with fewer than 2 draws: no baseline, no verdict."""
+    """:func:`chance_side` ``== 1`` with ``sds = 2``: the effect raises the measure (positive direction) by more
+    than removing random components does. False with fewer than 2 draws: no baseline, no verdict."""
     if baseline.draws < 2 or math.isnan(baseline.mean):
         return False
-    return effect > baseline.mean + max(BASELINE_SIGMAS * baseline.spread, floor)
+    return chance_side(effect, baseline.mean, baseline.spread, sds=BASELINE_SIGMAS, floor=floor) == 1

@@ -170,16 +170,11 @@ def sink_softmax(logits: Tensor, allowed: Tensor | None, sink: float) -> Tensor:
     """(T, T) softmax over the allowed keys *and* one more column holding ``sink``, the sink column dropped.
 
     GPT-OSS's eager attention: ``softmax(cat([logits, sink]))[..., :-1]``. Rows sum to 1 − the sink's share
-    (:func:`sink_column_share`); keys that may not be read get exactly 0.
+    (:func:`agent_tools.analysis.metrics.sink_column_share`); keys that may not be read get exactly 0.
     """
     column = torch.full((*logits.shape[:-1], 1), float(sink), dtype=logits.dtype, device=logits.device)
     hidden = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
     return torch.softmax(torch.cat([hidden, column], dim=-1), dim=-1)[..., :-1]
-
-
-def sink_column_share(weights: Tensor) -> Tensor:
-    """(..., q, k) real-key weights of a sink softmax -> (..., q) the share the sink column took: 1 − Σ_j w_j."""
-    return (1.0 - weights.sum(-1)).clamp_min(0.0)
 
 
 def soft_capped(scores: Tensor, softcap: float | None) -> Tensor:

@@ -26,9 +26,15 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor, nn
 
-from agent_tools.analysis.metrics import attention_entropy, masked_softmax, normalised_from_entropy, upcast
+from agent_tools.analysis.metrics import (
+    SATURATION,
+    attention_entropy,
+    masked_softmax,
+    normalised_from_entropy,
+    saturated,
+    upcast,
+)
 
-SATURATION = 0.99  # a row is saturated when its largest weight is at least this
 SYNTHETIC_HEAD_DIMS = (16, 64, 256, 1024)
 SettingKind = Literal["model_scale", "no_scaling", "temperature"]
 SETTING_KINDS: tuple[str, ...] = get_args(SettingKind)
@@ -115,7 +121,7 @@ def row_measures(weights: Tensor, allowed: Tensor | None = None, *, saturation: 
         entropy=entropy,
         normalised_entropy=normalised,
         max_weight=top,
-        saturated=top >= saturation,
+        saturated=saturated(top, saturation),
         jacobian_trace=trace,
         jacobian_frobenius=frobenius,
     )
@@ -327,7 +333,7 @@ def _train(setup: RetrievalSetup, checkpoint: Callable[[], None] | None = None) 
                 logged["q"].append(float(model.w_q.grad.norm()))  # type: ignore[union-attr]
                 logged["k"].append(float(model.w_k.grad.norm()))  # type: ignore[union-attr]
                 logged["entropy"].append(float(attention_entropy(weights).mean()))
-                logged["saturated"].append(float((weights.max(-1).values >= SATURATION).float().mean()))
+                logged["saturated"].append(float(saturated(weights.max(-1).values).float().mean()))
                 logged["target"].append(float(weights[torch.arange(batch, device=weights.device), target].mean()))
         if step < steps:
             optimiser.step()

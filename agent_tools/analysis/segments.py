@@ -2,8 +2,9 @@
 
 Shapes: ``L`` layers, ``H`` heads, ``q`` query rows, ``Tk`` keys, ``S`` segments, ``V`` vocabulary.
 ``segment_index`` is a (Tk,) long tensor giving each key's segment (0..S-1). Nothing is modified in place.
-What keys receive (``received_attention``), the sink threshold (``threshold_sinks``, was ``find_sinks``) and the
-KL divergence are defined in :mod:`agent_tools.analysis.metrics`.
+What keys receive (``received_attention``), the sink threshold (``threshold_sinks``, was ``find_sinks``), the
+shares without the sink (``without_sink``, imported here for the trace) and the KL divergence are defined in
+:mod:`agent_tools.analysis.metrics`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from agent_tools.analysis.metrics import without_sink as without_sink  # the trace's import (defined in metrics)
 
 
 def segment_shares(weights: Tensor, segment_index: Tensor, num_segments: int) -> Tensor:
@@ -53,15 +56,6 @@ def top_positions(token_weights: Tensor, positions: list[int], k: int) -> list[t
     values = token_weights[index]
     order = values.argsort(descending=True, stable=True)[:k]
     return [(positions[int(i)], float(values[i])) for i in order]
-
-
-def without_sink(shares: Tensor, sink: int | None) -> Tensor:
-    """(..., S) shares -> shares renormalised over every segment but the sink (the sink's entry becomes 0)."""
-    if sink is None:
-        return shares
-    kept = shares.clone()
-    kept[..., sink] = 0
-    return kept / kept.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
 def share_changes(

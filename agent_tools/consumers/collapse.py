@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 import torch
@@ -30,7 +30,7 @@ from agent_tools.analysis.collapse import (
     row_targets,
     zhai_entropy_bound,
 )
-from agent_tools.analysis.metrics import attention_entropy, normalised_from_entropy, upcast
+from agent_tools.analysis.metrics import SATURATION, attention_entropy, normalised_from_entropy, saturated, upcast
 from agent_tools.analysis.norms import (
     head_output_grams,
     head_output_norms,
@@ -130,7 +130,7 @@ class HeadAccumulator:
             entropy.sum(-1),
             normalised_from_entropy(entropy, visible).sum(-1),
             top.sum(-1),
-            (top >= self.threshold).double().sum(-1),
+            saturated(top, self.threshold).double().sum(-1),
             radius.sum(-1),
             bound.sum(-1),
             slack.min(-1).values,
@@ -210,12 +210,7 @@ class HeadAccumulator:
             top_other_fraction=top_other_fraction,
             concentration=concentration,
             concentrated=concentrated,
-            dominant_value_norm=value.dominant_value_norm,
-            other_value_norm=value.other_value_norm,
-            value_norm_ratio=value.value_norm_ratio,
-            dominant_value_share=value.dominant_value_share,
-            dominant_contribution=value.dominant_contribution,
-            contribution_ratio=value.contribution_ratio,
+            **asdict(value),
             mean_output_norm=float(self.output_norm[i] / n) if self.output_norm is not None else None,
             mean_centred_score_norm=float(self.radius[i] / n),
             mean_entropy_bound=float(self.bound[i] / n),
@@ -260,7 +255,7 @@ def collapse_statistics(
     *,
     layer: int = 0,
     heads: Sequence[int] | None = None,
-    threshold: float = 0.99,
+    threshold: float = SATURATION,
     value_norms: Tensor | None = None,
     output_norms: Tensor | None = None,
 ) -> list[HeadCollapse]:
@@ -289,7 +284,7 @@ class CollapseConsumer:
         sink_mask: Tensor,
         *,
         heads: Sequence[int] | None = None,
-        threshold: float = 0.99,
+        threshold: float = SATURATION,
         output_grams: dict[int, Tensor] | None = None,
         batch_index: int = 0,
     ) -> None:

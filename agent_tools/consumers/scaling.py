@@ -14,9 +14,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from agent_tools.analysis.metrics import masked_softmax, upcast
+from agent_tools.analysis.metrics import SATURATION, masked_softmax, upcast
 from agent_tools.analysis.scaling import (
-    SATURATION,
     RowMeasures,
     SettingKind,
     predicted_dot_variance,

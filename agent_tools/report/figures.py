@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION
-from agent_tools.analysis.scaling import SATURATION
+from agent_tools.analysis.metrics import SATURATION
 from agent_tools.render import (
     Bar,
     CurvePanel,

@@ -14,7 +14,7 @@ from functools import cache
 
 from agent_tools.analysis import metrics
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION
-from agent_tools.analysis.scaling import SATURATION
+from agent_tools.analysis.metrics import SATURATION
 from agent_tools.tools.inspect_projections.models import EFFECTIVE_RANK_DEFINITION
 
 

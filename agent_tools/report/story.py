@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION
-from agent_tools.analysis.scaling import SATURATION
+from agent_tools.analysis.metrics import SATURATION
 from agent_tools.report.long_context import LONG_CONTEXT_QUESTION, long_context_sentences
 from agent_tools.report.views import ProbeView
 from agent_tools.tools.diagnose_collapse.models import CollapseCheck, CollapseReport, HeadCollapseRow

@@ -14,7 +14,7 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import check_index
 from agent_tools.intervene import AblationMethod
 from agent_tools.prompt_trace import NextCall
-from agent_tools.schemas import Report, TextInput, head_label
+from agent_tools.schemas import Report, Rounded, Rounded6, TextInput, head_label
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -104,26 +104,26 @@ class AblateHeadsInput(TextInput, StackInput):
 class PositionEffect(BaseModel):
     position: int = Field(description="the position whose output changed (for a causal LM: predicting position+1)")
     token: str
-    value: float = Field(description="KL(clean ‖ ablated) of the next-token distribution (nats), or 1 − cos")
+    value: Rounded6 = Field(description="KL(clean ‖ ablated) of the next-token distribution (nats), or 1 − cos")
 
 
 class HeadLogit(BaseModel):
     layer: int
     head: int
-    logit: float = Field(description="what the head writes into the target's logit at the last position")
+    logit: Rounded = Field(description="what the head writes into the target's logit at the last position")
 
 
 class DirectLogitAttribution(BaseModel):
     token: str
     token_id: int
-    logit: float = Field(description="the target's logit after the text (clean model)")
-    heads_total: float = Field(description="Σ over every head's direct logit attribution")
+    logit: Rounded = Field(description="the target's logit after the text (clean model)")
+    heads_total: Rounded = Field(description="Σ over every head's direct logit attribution")
     final_norm: str = Field(description="the final norm whose scale was frozen: layer_norm or rms_norm")
-    frozen_scale: float = Field(description="σ of the final residual at the last position, held fixed")
+    frozen_scale: Rounded6 = Field(description="σ of the final residual at the last position, held fixed")
     method: str = Field(description="how the numbers are computed, and what they do not say")
     ablated: list[HeadLogit] = Field(description="the ablated heads' direct logit attribution")
     top_heads: list[HeadLogit] = Field(description="the heads with the largest |direct logit attribution|")
-    layers: list[float] = Field(description="per layer, Σ over its heads")
+    layers: list[Rounded] = Field(description="per layer, Σ over its heads")
 
 
 class AblationBaseline(BaseModel):
@@ -131,10 +131,10 @@ class AblationBaseline(BaseModel):
 
     draws: int
     heads_per_draw: int
-    effect: tuple[float, float] = Field(
+    effect: tuple[Rounded6, Rounded6] = Field(
         description="(mean, sd) of the loss change (causal LM, nats) or of the pooled 1 − cos (encoder)"
     )
-    kl_mean: tuple[float, float] | None = Field(default=None, description="(mean, sd) of the mean KL, nats")
+    kl_mean: tuple[Rounded6, Rounded6] | None = Field(default=None, description="(mean, sd) of the mean KL, nats")
     effect_direction: str = Field(
         description="raises / lowers / within: the named heads' effect against the draws' spread"
     )
@@ -147,11 +147,11 @@ class AblationReport(Report, StackReport):
     method: AblationMethod
     measure: str = Field(description="next_token (causal LM: KL, loss, top token) or embedding (encoder: cosine)")
     tokens: int = Field(description="tokens in the text")
-    kl_last_position: float | None = Field(default=None, description="KL(P_clean ‖ P_ablated) at the last position")
-    kl_mean: float | None = Field(default=None, description="KL averaged over every position, nats")
-    loss_clean: float | None = Field(default=None, description="mean next-token loss on the text, nats")
-    loss_ablated: float | None = None
-    loss_change: float | None = Field(default=None, description="loss_ablated − loss_clean (> 0: the heads helped)")
+    kl_last_position: Rounded6 | None = Field(default=None, description="KL(P_clean ‖ P_ablated) at the last position")
+    kl_mean: Rounded6 | None = Field(default=None, description="KL averaged over every position, nats")
+    loss_clean: Rounded | None = Field(default=None, description="mean next-token loss on the text, nats")
+    loss_ablated: Rounded | None = None
+    loss_change: Rounded6 | None = Field(default=None, description="loss_ablated − loss_clean (> 0: the heads helped)")
     top_token_clean: str | None = Field(default=None, description="most likely next token after the text")
     top_token_ablated: str | None = None
     top_token_changed: bool | None = Field(default=None, description="the top token ids differ (tie or flip)")
@@ -159,17 +159,17 @@ class AblationReport(Report, StackReport):
         default=None,
         description=f"same, tie (the new top leads the old by < {TIE_MARGIN} probability under the ablation) or flip",
     )
-    top_token_probability_new: float | None = Field(
+    top_token_probability_new: Rounded | None = Field(
         default=None, description="the ablated top token's probability with the heads ablated"
     )
-    top_token_probability_clean: float | None = Field(default=None, description="its probability, clean model")
-    top_token_probability_ablated: float | None = Field(
+    top_token_probability_clean: Rounded | None = Field(default=None, description="its probability, clean model")
+    top_token_probability_ablated: Rounded | None = Field(
         default=None, description="the clean top token's probability with the heads ablated"
     )
-    pooled_cosine_change: float | None = Field(
+    pooled_cosine_change: Rounded6 | None = Field(
         default=None, description="encoder: 1 − cos between the mean-pooled embeddings, clean vs ablated"
     )
-    mean_token_cosine_change: float | None = Field(default=None, description="encoder: mean over tokens of 1 − cos")
+    mean_token_cosine_change: Rounded6 | None = Field(default=None, description="encoder: mean over tokens of 1 − cos")
     largest_effects: list[PositionEffect] = Field(default_factory=list)
     baseline: AblationBaseline | None = Field(default=None, description="the same ablation on random heads")
     resample_source: str | None = Field(default=None, description="method resample: what was copied in")

@@ -12,7 +12,7 @@ from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_trace import NextCall
 from agent_tools.runner import AblationEffect
-from agent_tools.schemas import head_label, rounded
+from agent_tools.schemas import head_label
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.ablate_heads.models import (
     AblateHeadsInput,
@@ -142,8 +142,8 @@ def _baseline(effect: float, kl: float | None, draws: list, count: int) -> Ablat
     return AblationBaseline(
         draws=len(draws),
         heads_per_draw=count,
-        effect=(rounded(effects.mean, 6), rounded(effects.spread, 6)),
-        kl_mean=(rounded(kls.mean, 6), rounded(kls.spread, 6)) if kls is not None else None,
+        effect=(effects.mean, effects.spread),
+        kl_mean=(kls.mean, kls.spread) if kls is not None else None,
         effect_direction=compare_with_baseline(effect, effects),
         kl_size=size_against(kl, kls) if kls is not None and kl is not None else None,
         rule=BEYOND,
@@ -194,20 +194,20 @@ def _direct_logits(
     grid = found.heads  # (L, H)
 
     def row(layer: int, head: int) -> HeadLogit:
-        return HeadLogit(layer=layer, head=head, logit=rounded(float(grid[layer, head])))
+        return HeadLogit(layer=layer, head=head, logit=float(grid[layer, head]))
 
     order = grid.abs().flatten().argsort(descending=True)[:DLA_HEADS_SHOWN].tolist()
     return DirectLogitAttribution(
         token=_decode(loaded, token),
         token_id=token,
-        logit=rounded(found.logit),
-        heads_total=rounded(float(grid.sum())),
+        logit=found.logit,
+        heads_total=float(grid.sum()),
         final_norm=found.norm,
-        frozen_scale=rounded(found.scale, 6),
+        frozen_scale=found.scale,
         method=DLA_METHOD,
         ablated=[row(layer, head) for layer, head in heads],
         top_heads=[row(*divmod(int(i), grid.shape[1])) for i in order],
-        layers=[rounded(float(v)) for v in grid.sum(1)],
+        layers=grid.sum(1).tolist(),
     )
 
 
@@ -236,8 +236,8 @@ def _next_calls(
 
 
 def _largest(values: list[float], order: list[int], encoded: Encoded) -> list[PositionEffect]:
-    """The per-position effects at ``order`` (the largest first), rounded for reading."""
-    return [PositionEffect(position=p, token=encoded.tokens[p].text, value=rounded(values[p], 6)) for p in order]
+    """The per-position effects at ``order`` (the largest first)."""
+    return [PositionEffect(position=p, token=encoded.tokens[p].text, value=values[p]) for p in order]
 
 
 def _decode(loaded: LoadedModel, token_id: int) -> str:
@@ -291,18 +291,18 @@ def _next_token_report(
         method=args.method,
         measure="next_token",
         tokens=encoded.length,
-        kl_last_position=rounded(numbers.kl_last, 6),
-        kl_mean=rounded(numbers.kl_mean, 6),
-        loss_clean=rounded(numbers.loss_clean) if numbers.loss_clean is not None else None,
-        loss_ablated=rounded(numbers.loss_ablated) if numbers.loss_ablated is not None else None,
-        loss_change=rounded(numbers.loss_change, 6) if numbers.loss_change is not None else None,
+        kl_last_position=numbers.kl_last,
+        kl_mean=numbers.kl_mean,
+        loss_clean=numbers.loss_clean,
+        loss_ablated=numbers.loss_ablated,
+        loss_change=numbers.loss_change,
         top_token_clean=numbers.top_clean,
         top_token_ablated=numbers.top_ablated,
         top_token_changed=numbers.top_change != "same",
         top_token_change=numbers.top_change,
-        top_token_probability_clean=rounded(numbers.p_clean),
-        top_token_probability_ablated=rounded(numbers.p_ablated),
-        top_token_probability_new=rounded(numbers.p_new),
+        top_token_probability_clean=numbers.p_clean,
+        top_token_probability_ablated=numbers.p_ablated,
+        top_token_probability_new=numbers.p_new,
         largest_effects=largest,
     )
 
@@ -331,7 +331,7 @@ def _embedding_report(
         method=args.method,
         measure="embedding",
         tokens=encoded.length,
-        pooled_cosine_change=rounded(numbers.pooled, 6),
-        mean_token_cosine_change=rounded(numbers.mean, 6),
+        pooled_cosine_change=numbers.pooled,
+        mean_token_cosine_change=numbers.mean,
         largest_effects=largest,
     )

@@ -28,7 +28,7 @@ from agent_tools.prompt_trace import (
     answer_stop_form,
     max_new_tokens_in_range,
 )
-from agent_tools.schemas import ChatMessage, ModelInput, Report
+from agent_tools.schemas import ChatMessage, ModelInput, Report, Rounded
 from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack, StackReport
 
 DESCRIPTION = (
@@ -67,7 +67,7 @@ class SegmentComparison(BaseModel):
     kind: str
     share_a: float | None = Field(description="share in variant A (mean over layers and heads); None: absent")
     share_b: float | None
-    change: float = Field(description="share_b - share_a (an absent segment counts as 0)")
+    change: Rounded = Field(description="share_b - share_a (an absent segment counts as 0)")
     share_without_sink_a: float | None
     share_without_sink_b: float | None
     last_layer_a: float | None
@@ -91,7 +91,7 @@ class PromptComparison(Report, StackReport):
     segments: list[SegmentComparison] = Field(description="every segment of either variant, largest |change| first")
     read_most_a: str
     read_most_b: str
-    next_token_kl: float | None = Field(
+    next_token_kl: Rounded | None = Field(
         description="KL(P_a ‖ P_b) in nats between the next-token distributions at the last prompt positions"
     )
     next_tokens_a: list[TokenProbability] | None

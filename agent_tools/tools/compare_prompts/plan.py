@@ -17,7 +17,7 @@ from agent_tools.prompt_trace import (
     prepare_evidence,
     trace,
 )
-from agent_tools.schemas import ChatMessage, rounded
+from agent_tools.schemas import ChatMessage
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.compare_prompts.models import ComparePromptsInput, PromptComparison, SegmentComparison
 from agent_tools.tools.compare_prompts.narrative import Comparison, narrate
@@ -53,7 +53,7 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
         segments=comparison.rows,
         read_most_a=a.read_most,
         read_most_b=b.read_most,
-        next_token_kl=rounded(comparison.kl) if comparison.kl is not None else None,
+        next_token_kl=comparison.kl,
         next_tokens_a=a.next_tokens,
         next_tokens_b=b.next_tokens,
         same_top_token=comparison.same_top_token,
@@ -179,7 +179,7 @@ def segment_rows(a: PromptTrace, b: PromptTrace) -> list[SegmentComparison]:
             kind=kinds[name],
             share_a=share_a,
             share_b=share_b,
-            change=rounded(change),
+            change=change,
             share_without_sink_a=columns["share_without_sink"][0].get(name),
             share_without_sink_b=columns["share_without_sink"][1].get(name),
             last_layer_a=columns["last_layer_share"][0].get(name),

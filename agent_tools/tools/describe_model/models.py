@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from agent_tools.schemas import ModelInput, Report
+from agent_tools.schemas import ModelInput, Report, Rounded, Rounded6
 
 DESCRIPTION = (
     "Call first: the model's attention layout (family, layers, heads, KV heads, head_dim, score scale vs "
@@ -21,8 +21,8 @@ class StackDescription(BaseModel):
     num_kv_heads: int
     head_dim: int = Field(description="value width per head")
     qk_dim: int = Field(description="q·k width per head (d_k of the scale; differs from head_dim for MLA)")
-    scaling: float
-    scaling_ratio: float = Field(description="scaling · sqrt(qk_dim): 1.0 means the standard 1/sqrt(d_k)")
+    scaling: Rounded6
+    scaling_ratio: Rounded = Field(description="scaling · sqrt(qk_dim): 1.0 means the standard 1/sqrt(d_k)")
     causal: bool
     score_terms: list[str] = Field(description="additive score terms the family adds (e.g. relative position bias)")
 
@@ -51,9 +51,9 @@ class ModelDescription(Report):
     kv_groups: int = Field(description="query heads sharing each KV head")
     head_dim: int = Field(description="d_k: dimensions per head")
     hidden_size: int
-    scaling: float = Field(description="the factor the model multiplies q·k by")
-    inverse_sqrt_head_dim: float = Field(description="1/sqrt(head_dim) for comparison")
-    scaling_ratio: float = Field(description="scaling · sqrt(head_dim): 1.0 means the standard 1/sqrt(d_k)")
+    scaling: Rounded6 = Field(description="the factor the model multiplies q·k by")
+    inverse_sqrt_head_dim: Rounded6 = Field(description="1/sqrt(head_dim) for comparison")
+    scaling_ratio: Rounded = Field(description="scaling · sqrt(head_dim): 1.0 means the standard 1/sqrt(d_k)")
     query_prescaled: bool = Field(description="the scale is folded into the query projection (e.g. OPT)")
     positional: str = Field(description="how positions enter attention")
     causal: bool = Field(description="True: each token reads only earlier tokens (decoder); False: bidirectional")

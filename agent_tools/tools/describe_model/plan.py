@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -34,7 +34,7 @@ from agent_tools.placement import (
     weights_bytes,
 )
 from agent_tools.runner.paths import EXPLAINED_PATH
-from agent_tools.schemas import AttentionPath, rounded
+from agent_tools.schemas import AttentionPath
 from agent_tools.tools.describe_model.models import (
     DescribeModelInput,
     MemoryNeeds,
@@ -44,6 +44,10 @@ from agent_tools.tools.describe_model.models import (
 from agent_tools.tools.describe_model.narrative import Scale, findings, mask_text, summary
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+FACT_FIELDS = (  # ModelFacts read into the report under the same name
+    "family", "architecture", "num_layers", "num_heads", "num_kv_heads", "kv_groups", "head_dim", "hidden_size",
+    "scaling", "query_prescaled", "positional", "max_positions", "sliding_window", "softcap", "num_parameters",
+)  # fmt: skip
 
 
 def attention_scale(facts: ModelFacts) -> Scale:
@@ -56,19 +60,9 @@ def attention_scale(facts: ModelFacts) -> Scale:
 
 
 def stack_description(stack: StackFacts) -> StackDescription:
-    """One stack's facts as the report states them."""
-    return StackDescription(
-        name=stack.name,
-        num_layers=stack.num_layers,
-        num_heads=stack.num_heads,
-        num_kv_heads=stack.num_kv_heads,
-        head_dim=stack.head_dim,
-        qk_dim=stack.qk_dim,
-        scaling=rounded(stack.scaling, 6),
-        scaling_ratio=rounded(stack.scaling * math.sqrt(stack.qk_dim)),
-        causal=stack.is_causal,
-        score_terms=list(stack.score_terms),
-    )
+    """One stack's facts as the report states them (built from the :class:`StackFacts` fields)."""
+    ratio = stack.scaling * math.sqrt(stack.qk_dim)
+    return StackDescription.model_validate(asdict(stack) | {"scaling_ratio": ratio, "causal": stack.is_causal})
 
 
 def cached_model(name: str, key: str) -> LoadedModel | None:
@@ -198,25 +192,11 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
         ),
         summary=said,
         findings=findings(f, scale),
-        family=f.family,
-        architecture=f.architecture,
-        num_layers=f.num_layers,
-        num_heads=f.num_heads,
-        num_kv_heads=f.num_kv_heads,
-        kv_groups=f.kv_groups,
-        head_dim=f.head_dim,
-        hidden_size=f.hidden_size,
-        scaling=rounded(f.scaling, 6),
-        inverse_sqrt_head_dim=rounded(scale.inverse_sqrt_head_dim, 6),
-        scaling_ratio=rounded(scale.ratio),
-        query_prescaled=f.query_prescaled,
-        positional=f.positional,
+        **{name: getattr(f, name) for name in FACT_FIELDS},
+        inverse_sqrt_head_dim=scale.inverse_sqrt_head_dim,
+        scaling_ratio=scale.ratio,
         causal=f.is_causal,
         mask=mask_text(f),
-        max_positions=f.max_positions,
-        sliding_window=f.sliding_window,
-        softcap=f.softcap,
-        num_parameters=f.num_parameters,
         language_model=f.is_language_model,
         placement=cache_key(inspector.placement),
         dtype_reason=dtype_reason(inspector.placement, described.config),

@@ -14,7 +14,8 @@ from agent_tools.analysis.collapse import (
     Concentration,
     Verdict,
 )
-from agent_tools.schemas import Report, TextInput
+from agent_tools.analysis.metrics import SATURATION
+from agent_tools.schemas import Report, Rounded, Rounded6, TextInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -28,7 +29,7 @@ class DiagnoseCollapseInput(TextInput, StackInput):
     layers: list[int] | None = Field(default=None, description="omitted = all")
     heads: list[int] | None = Field(default=None, description="omitted = all")
     threshold: float = Field(
-        default=0.99, gt=0.0, le=1.0, description="a row is saturated when its max weight is at or above this"
+        default=SATURATION, gt=0.0, le=1.0, description="a row is saturated when its max weight is at or above this"
     )
     top_k: int = Field(default=10, ge=1, le=2000, description="heads listed, most collapsed first")
     png: bool = Field(default=False, description="write a layer × head PNG (artifact)")
@@ -65,46 +66,50 @@ class HeadCollapseRow(BaseModel):
         description="what removing the head did (see checks); None: not checked",
     )
     concentration: Concentration = Field(description="where most rows put their largest weight")
-    mean_entropy: float = Field(description="mean row entropy, nats")
-    mean_normalised_entropy: float = Field(description="mean of entropy / log(keys the row may see): 0 one key, 1 flat")
-    mean_max_weight: float
-    saturated_fraction: float = Field(description="fraction of rows whose max weight ≥ threshold")
+    mean_entropy: Rounded = Field(description="mean row entropy, nats")
+    mean_normalised_entropy: Rounded = Field(
+        description="mean of entropy / log(keys the row may see): 0 one key, 1 flat"
+    )
+    mean_max_weight: Rounded
+    saturated_fraction: Rounded = Field(description="fraction of rows whose max weight ≥ threshold")
     dominant_position: int = Field(description="key with the largest mean weight over rows")
     dominant_token: str
-    dominant_share: float = Field(description="mean weight the dominant key receives")
-    dominant_argmax_fraction: float = Field(description="fraction of rows whose argmax is the dominant key")
-    sink_fraction: float = Field(description="fraction of rows whose argmax is the first token or a special token")
-    self_fraction: float
-    previous_fraction: float
+    dominant_share: Rounded = Field(description="mean weight the dominant key receives")
+    dominant_argmax_fraction: Rounded = Field(description="fraction of rows whose argmax is the dominant key")
+    sink_fraction: Rounded = Field(description="fraction of rows whose argmax is the first token or a special token")
+    self_fraction: Rounded
+    previous_fraction: Rounded
     top_other_position: int | None = Field(description="most frequent argmax among non-sink keys")
     top_other_token: str | None
-    top_other_fraction: float
-    dominant_value_norm: float | None = Field(description="‖v_j W_O^h‖ of the dominant key")
-    other_value_norm: float | None = Field(description="mean ‖v_j W_O^h‖ of the other keys")
-    value_norm_ratio: float | None = Field(description="dominant / other value norm")
-    dominant_value_share: float | None = Field(
+    top_other_fraction: Rounded
+    dominant_value_norm: Rounded | None = Field(description="‖v_j W_O^h‖ of the dominant key")
+    other_value_norm: Rounded | None = Field(description="mean ‖v_j W_O^h‖ of the other keys")
+    value_norm_ratio: Rounded | None = Field(description="dominant / other value norm")
+    dominant_value_share: Rounded | None = Field(
         description="mean share of Σ_j ‖α_ij v_j W_O^h‖ the dominant key supplies (norm-based analysis)"
     )
-    dominant_contribution: float | None = Field(
+    dominant_contribution: Rounded | None = Field(
         description="mean_i ‖α_ij v_j W_O^h‖ of the dominant key: the norm of what it actually writes"
     )
-    contribution_ratio: float | None = Field(
+    contribution_ratio: Rounded | None = Field(
         description=(
             f"dominant_contribution / other_value_norm; below {NO_OP_CONTRIBUTION} the dominant key writes less "
             "than half of what reading an ordinary key would, so a head concentrated on it is a no-op sink"
         )
     )
-    mean_output_norm: float | None = Field(description="mean ‖Σ_j α_ij v_j W_O^h‖: what the head writes per row")
-    mean_centred_score_norm: float = Field(description="mean r = ‖z − mean z‖ of the pre-mask scores per row")
-    mean_entropy_bound: float = Field(description="mean Zhai et al. entropy lower bound from r, nats")
-    min_bound_slack: float = Field(description="min over rows of entropy − bound (≥ 0 up to rounding)")
+    mean_output_norm: Rounded | None = Field(description="mean ‖Σ_j α_ij v_j W_O^h‖: what the head writes per row")
+    mean_centred_score_norm: Rounded = Field(description="mean r = ‖z − mean z‖ of the pre-mask scores per row")
+    mean_entropy_bound: Rounded = Field(description="mean Zhai et al. entropy lower bound from r, nats")
+    min_bound_slack: Rounded6 = Field(description="min over rows of entropy − bound (≥ 0 up to rounding)")
     rows: int = Field(description="query rows counted (rows that see ≥ 2 keys)")
 
 
 class AblationEffectRow(BaseModel):
     """One ablation's effect and how it compares with the same ablation on random heads."""
 
-    effect: float = Field(description="Δ mean next-token loss when removed (ablated − clean, nats; encoder: 1 − cos)")
+    effect: Rounded6 = Field(
+        description="Δ mean next-token loss when removed (ablated − clean, nats; encoder: 1 − cos)"
+    )
     direction: Direction = Field(description="raises / lowers the loss beyond the baseline's spread, or within it")
 
 
@@ -139,13 +144,15 @@ class BaselineRow(BaseModel):
 
     draws: int
     heads_per_draw: int
-    mean_ablation: tuple[float, float] = Field(description="(mean, sd) of Δ loss, mean-ablation")
-    resample_ablation: tuple[float, float] | None = Field(default=None, description="(mean, sd), resample-ablation")
+    mean_ablation: tuple[Rounded6, Rounded6] = Field(description="(mean, sd) of Δ loss, mean-ablation")
+    resample_ablation: tuple[Rounded6, Rounded6] | None = Field(
+        default=None, description="(mean, sd), resample-ablation"
+    )
 
 
 class CollapseCheck(BaseModel):
     measure: str = Field(description="next_token_loss (causal LM) or embedding_cosine (encoder)")
-    loss_clean: float | None = Field(default=None, description="mean next-token loss on the text, nats")
+    loss_clean: Rounded | None = Field(default=None, description="mean next-token loss on the text, nats")
     collapsed: int = Field(description="collapsed heads (no_op_sink or writing_collapse)")
     checked: int = Field(description="how many of them were checked (max_checked, most collapsed first)")
     rule: str = Field(description="when an effect counts as beyond chance")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 
 import torch
 
@@ -31,7 +32,7 @@ from agent_tools.intervene import AblationMethod
 from agent_tools.layout import output_weight
 from agent_tools.loading import LoadedModel
 from agent_tools.render import grid_heatmap
-from agent_tools.schemas import Token, head_label, rounded
+from agent_tools.schemas import Token, head_label
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.diagnose_collapse import narrative
 from agent_tools.tools.diagnose_collapse.models import (
@@ -89,42 +90,16 @@ def stack_output_grams(model: torch.nn.Module, layers: Sequence[int], stack: Sta
 
 
 def head_row(stats: HeadCollapse, tokens: Sequence[Token], kv_head: int) -> HeadCollapseRow:
-    """One head's statistics as the report states them: rounded, positions named by their token."""
-
-    def opt(value: float | None) -> float | None:
-        return None if value is None else rounded(value)
-
-    return HeadCollapseRow(
-        layer=stats.layer,
-        head=stats.head,
-        kv_head=kv_head,
-        verdict=stats.verdict,
-        concentration=stats.concentration,
-        mean_entropy=rounded(stats.mean_entropy),
-        mean_normalised_entropy=rounded(stats.mean_normalised_entropy),
-        mean_max_weight=rounded(stats.mean_max_weight),
-        saturated_fraction=rounded(stats.saturated_fraction),
-        dominant_position=stats.dominant_position,
-        dominant_token=tokens[stats.dominant_position].text,
-        dominant_share=rounded(stats.dominant_share),
-        dominant_argmax_fraction=rounded(stats.dominant_argmax_fraction),
-        sink_fraction=rounded(stats.sink_fraction),
-        self_fraction=rounded(stats.self_fraction),
-        previous_fraction=rounded(stats.previous_fraction),
-        top_other_position=stats.top_other_position,
-        top_other_token=tokens[stats.top_other_position].text if stats.top_other_position is not None else None,
-        top_other_fraction=rounded(stats.top_other_fraction),
-        dominant_value_norm=opt(stats.dominant_value_norm),
-        other_value_norm=opt(stats.other_value_norm),
-        value_norm_ratio=opt(stats.value_norm_ratio),
-        dominant_value_share=opt(stats.dominant_value_share),
-        dominant_contribution=opt(stats.dominant_contribution),
-        contribution_ratio=opt(stats.contribution_ratio),
-        mean_output_norm=opt(stats.mean_output_norm),
-        mean_centred_score_norm=rounded(stats.mean_centred_score_norm),
-        mean_entropy_bound=rounded(stats.mean_entropy_bound),
-        min_bound_slack=rounded(stats.min_bound_slack, 6),
-        rows=stats.rows,
+    """One head's statistics as the report states them (rounded by the row's types), positions named by their
+    token."""
+    top_other = stats.top_other_position
+    return HeadCollapseRow.model_validate(
+        asdict(stats)
+        | {
+            "kv_head": kv_head,
+            "dominant_token": tokens[stats.dominant_position].text,
+            "top_other_token": tokens[top_other].text if top_other is not None else None,
+        }
     )
 
 
@@ -184,14 +159,7 @@ def _report(
     if check is not None:
         kinds = {(c.layer, c.head): c.kind for c in check.heads}
         rows = [r.model_copy(update={"kind": kinds.get((r.layer, r.head))}) for r in numbers.rows]
-        numbers = CollapseNumbers(
-            num_tokens=numbers.num_tokens,
-            rows=rows,
-            verdict_counts=numbers.verdict_counts,
-            bound_violations=numbers.bound_violations,
-            rows_counted=numbers.rows_counted,
-            check=check,
-        )
+        numbers = replace(numbers, rows=rows, check=check)
     findings = narrative.findings(numbers, top_k=args.top_k)
     png_path = _write_png(inspector, args, loaded, stack, layers, stats) if args.png else None
     return CollapseReport(
@@ -261,7 +229,7 @@ def _causal_check(
         for method in methods:
             effect = found[(heads, method)].effect
             rows[method] = AblationEffectRow(
-                effect=rounded(effect, 6), direction=compare_with_baseline(effect, baseline(drawn, method))
+                effect=effect, direction=compare_with_baseline(effect, baseline(drawn, method))
             )
         return rows
 
@@ -288,7 +256,7 @@ def _causal_check(
         )
     return CollapseCheck(
         measure="next_token_loss" if measured.loss_clean is not None else "embedding_cosine",
-        loss_clean=rounded(measured.loss_clean) if measured.loss_clean is not None else None,
+        loss_clean=measured.loss_clean,
         collapsed=len(collapsed),
         checked=len(checked),
         rule=BEYOND_RULE,
@@ -312,6 +280,6 @@ def _baseline_row(
     return BaselineRow(
         draws=len(drawn),
         heads_per_draw=len(drawn[0]),
-        mean_ablation=(rounded(mean.mean, 6), rounded(mean.spread, 6)),
-        resample_ablation=(rounded(resample.mean, 6), rounded(resample.spread, 6)) if resample is not None else None,
+        mean_ablation=(mean.mean, mean.spread),
+        resample_ablation=(resample.mean, resample.spread) if resample is not None else None,
     )

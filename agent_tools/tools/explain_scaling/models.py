@@ -7,7 +7,8 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, Field
 from pydantic_core import PydanticCustomError
 
-from agent_tools.analysis.scaling import SATURATION, SYNTHETIC_HEAD_DIMS, SettingKind
+from agent_tools.analysis.metrics import SATURATION
+from agent_tools.analysis.scaling import SYNTHETIC_HEAD_DIMS, SettingKind
 from agent_tools.schemas import Report, Rounded, Rounded6, TextInput
 from agent_tools.stack_input import StackInput, StackReport
 

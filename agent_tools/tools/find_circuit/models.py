@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from agent_tools.schemas import ModelInput, Report
+from agent_tools.schemas import ModelInput, Report, Rounded
 
 DESCRIPTION = "Use for the circuit of an answer: which head reads which (Q/K/V); EAP-IG, clean/corrupted pair"
 DEFAULT_STEPS = 5
@@ -38,7 +38,7 @@ class CircuitEdge(BaseModel):
     sender: str
     receiver: str
     kind: EdgeKind = Field(description="the receiver's input the sender is read through; direct: the logits")
-    score: float = Field(
+    score: Rounded = Field(
         description="EAP-IG estimate / (LD_clean − LD_corrupted): the share of the logit difference this edge "
         "carries to first order (integrated); positive toward the clean answer"
     )
@@ -49,17 +49,17 @@ class CircuitEdge(BaseModel):
 class CurvePoint(BaseModel):
     edges: int
     heads: int = Field(description="heads kept clean: the endpoints of the ranked edge set")
-    faithfulness: float = Field(description="(LD − LD_corrupted) / (LD_clean − LD_corrupted) with this edge set")
-    random_mean: float = Field(description="the same for random edge sets of this size (mean over draws)")
-    random_spread: float = Field(description="their standard deviation")
+    faithfulness: Rounded = Field(description="(LD − LD_corrupted) / (LD_clean − LD_corrupted) with this edge set")
+    random_mean: Rounded = Field(description="the same for random edge sets of this size (mean over draws)")
+    random_spread: Rounded = Field(description="their standard deviation")
 
 
 class CircuitReport(Report):
     tokens: int
     answer: str
     wrong: str
-    logit_difference_clean: float
-    logit_difference_corrupted: float
+    logit_difference_clean: Rounded
+    logit_difference_corrupted: Rounded
     steps: int = Field(description="interpolation steps (midpoints α = (k + ½)/steps), one batched backward")
     gradient_dtype: str
     faithfulness_method: str = Field(description="how faithfulness is measured")
@@ -71,8 +71,8 @@ class CircuitReport(Report):
         "tried, the one reaching the target with fewer edges is kept"
     )
     circuit_edges: int = Field(description="edges in the smallest ranked set reaching the target (or all tried)")
-    faithfulness: float
-    empty_circuit: float = Field(description="faithfulness with no edge (every head corrupted)")
+    faithfulness: Rounded
+    empty_circuit: Rounded = Field(description="faithfulness with no edge (every head corrupted)")
     random_draws: int
     threshold: float = Field(description="edges with |score| below this share of the gap are not listed")
     nodes: list[CircuitNode]

@@ -23,7 +23,6 @@ from agent_tools.loading import LoadedModel
 from agent_tools.prompt_trace import NextCall
 from agent_tools.runner.edge_attribution import EMBEDDINGS, EdgePasses, Receiver
 from agent_tools.runner.patching import HeadPatch
-from agent_tools.schemas import rounded
 from agent_tools.tools.find_circuit.models import (
     CircuitEdge,
     CircuitNode,
@@ -183,9 +182,9 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
             CurvePoint(
                 edges=k,
                 heads=len(_nodes(loaded, passes, ranked[:k])),
-                faithfulness=rounded(ranked_values[i]),
-                random_mean=rounded(drawn.mean),
-                random_spread=rounded(drawn.spread),
+                faithfulness=ranked_values[i],
+                random_mean=drawn.mean,
+                random_spread=drawn.spread,
             )
         )
     reaching = [i for i, v in enumerate(ranked_values) if v >= args.target]
@@ -204,8 +203,8 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
         tokens=clean.length,
         answer=str(decode([answer])),
         wrong=str(decode([wrong])),
-        logit_difference_clean=rounded(ld_clean),
-        logit_difference_corrupted=rounded(ld_corrupted),
+        logit_difference_clean=ld_clean,
+        logit_difference_corrupted=ld_corrupted,
         steps=passes.steps,
         gradient_dtype=passes.gradient_dtype,
         faithfulness_method=FAITHFULNESS,
@@ -214,8 +213,8 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
         reached=bool(reaching),
         ranking=ranking,
         circuit_edges=size,
-        faithfulness=rounded(ranked_values[chosen]),
-        empty_circuit=rounded(empty),
+        faithfulness=ranked_values[chosen],
+        empty_circuit=empty,
         random_draws=DRAWS,
         threshold=THRESHOLD,
         nodes=nodes,
@@ -232,7 +231,7 @@ def _edge(loaded: LoadedModel, passes: EdgePasses, edge: Edge, share: float, ins
         sender=sender,
         receiver=name,
         kind=receiver.kind,  # type: ignore[arg-type]
-        score=rounded(share),
+        score=share,
         in_circuit=inside,
         sentence=sentence(sender, name, receiver.kind, share),
     )

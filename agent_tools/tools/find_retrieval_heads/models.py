@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from agent_tools.long_context import DEFAULT_ANSWER, DEFAULT_NEEDLE, DEFAULT_QUESTION
-from agent_tools.schemas import ModelInput, NextCall, Report
+from agent_tools.schemas import ModelInput, NextCall, Report, Rounded
 
 DESCRIPTION = (
     "Which heads fetch from far back? Needle-in-a-haystack prompts at several depths and lengths; each head's "
@@ -30,30 +30,30 @@ class FindRetrievalHeadsInput(ModelInput):
 class RetrievalHead(BaseModel):
     layer: int
     head: int
-    score: float = Field(description="mean retrieval score over every depth and length, 0..1")
-    score_sd: float = Field(description="standard deviation of the score over depths and lengths")
-    score_min: float
-    score_max: float
+    score: Rounded = Field(description="mean retrieval score over every depth and length, 0..1")
+    score_sd: Rounded = Field(description="standard deviation of the score over depths and lengths")
+    score_min: Rounded
+    score_max: Rounded
 
 
 class Haystack(BaseModel):
     length: int
     depth: float
     needle_start: int = Field(description="token position where the needle starts")
-    accuracy: float = Field(description="share of answer tokens the model predicts (teacher forced), full model")
-    top_head_score: float = Field(description="the best head's retrieval score on this haystack")
+    accuracy: Rounded = Field(description="share of answer tokens the model predicts (teacher forced), full model")
+    top_head_score: Rounded = Field(description="the best head's retrieval score on this haystack")
 
 
 class CausalCheck(BaseModel):
     ablated: list[str] = Field(description='the top heads ablated together, as "L.H" (mean ablation)')
-    accuracy_clean: float = Field(description="answer-token accuracy over every haystack, full model")
-    accuracy_top_ablated: float
-    accuracy_random_mean: float = Field(description="the same with random heads of the same count ablated, mean")
-    accuracy_random_sd: float
+    accuracy_clean: Rounded = Field(description="answer-token accuracy over every haystack, full model")
+    accuracy_top_ablated: Rounded
+    accuracy_random_mean: Rounded = Field(description="the same with random heads of the same count ablated, mean")
+    accuracy_random_sd: Rounded
     random_draws: int
-    logprob_clean: float = Field(description="mean log-probability of the answer tokens, full model")
-    logprob_top_ablated: float
-    logprob_random_mean: float
+    logprob_clean: Rounded = Field(description="mean log-probability of the answer tokens, full model")
+    logprob_top_ablated: Rounded
+    logprob_random_mean: Rounded
     verdict: str = Field(description="what the check says, with its baseline")
 
 
@@ -61,7 +61,7 @@ class FindRetrievalHeadsReport(Report):
     method: str = Field(description="how the score is computed and what it does not say")
     haystacks: list[Haystack]
     heads: list[RetrievalHead] = Field(description="heads with a non-zero score, best first")
-    layer_scores: list[float] = Field(description="per layer, the largest head score")
+    layer_scores: list[Rounded] = Field(description="per layer, the largest head score")
     score_grid: list[list[float]] = Field(description="layer x head mean retrieval scores (for a picture)")
     causal: CausalCheck
     next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

@@ -146,10 +146,10 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
         RetrievalHead(
             layer=layer,
             head=head,
-            score=rounded(float(mean[layer, head])),
-            score_sd=rounded(float(spread[layer, head])),
-            score_min=rounded(float(grid[:, layer, head].min())),
-            score_max=rounded(float(grid[:, layer, head].max())),
+            score=float(mean[layer, head]),
+            score_sd=float(spread[layer, head]),
+            score_min=float(grid[:, layer, head].min()),
+            score_max=float(grid[:, layer, head].max()),
         )
         for layer, head in (divmod(i, facts.num_heads) for i in order)
         if float(mean[layer, head]) > 0
@@ -164,24 +164,24 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
                 length=hay.length,
                 depth=hay.depth,
                 needle_start=hay.needle[0],
-                accuracy=rounded(clean[index][0]),
-                top_head_score=rounded(float(grid[index].max())),
+                accuracy=clean[index][0],
+                top_head_score=float(grid[index].max()),
             )
             for index, hay in enumerate(stacks)
         ],
         heads=heads,
-        layer_scores=[rounded(float(v)) for v in mean.amax(-1)],
+        layer_scores=mean.amax(-1).tolist(),
         score_grid=[[rounded(float(v), 3) for v in row] for row in mean],
         causal=CausalCheck(
             ablated=[head_label(layer, head) for layer, head in top],
-            accuracy_clean=rounded(accuracy_clean),
-            accuracy_top_ablated=rounded(top_accuracy),
-            accuracy_random_mean=rounded(numbers.accuracy_random),
-            accuracy_random_sd=rounded(random_sd),
+            accuracy_clean=accuracy_clean,
+            accuracy_top_ablated=top_accuracy,
+            accuracy_random_mean=numbers.accuracy_random,
+            accuracy_random_sd=random_sd,
             random_draws=args.random_draws,
-            logprob_clean=rounded(statistics.fmean(c[1] for c in clean)),
-            logprob_top_ablated=rounded(top_logprob),
-            logprob_random_mean=rounded(statistics.fmean(r[1] for r in random_results)),
+            logprob_clean=statistics.fmean(c[1] for c in clean),
+            logprob_top_ablated=top_logprob,
+            logprob_random_mean=statistics.fmean(r[1] for r in random_results),
             verdict=verdict(numbers),
         ),
         next_calls=[

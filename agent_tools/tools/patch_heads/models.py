@@ -7,7 +7,7 @@ from typing import Literal, get_args
 from pydantic import BaseModel, Field
 
 from agent_tools.prompt_trace import NextCall
-from agent_tools.schemas import ModelInput, Report
+from agent_tools.schemas import ModelInput, Report, Rounded
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -53,17 +53,19 @@ class PatchHeadsInput(ModelInput, StackInput):
 class HeadPatchResult(BaseModel):
     layer: int
     head: int
-    restored: float = Field(
+    restored: Rounded = Field(
         description="(LD_patched − LD_corrupted) / (LD_clean − LD_corrupted): the fraction of the logit difference "
         "this head's clean output restores in the corrupted run (1 all, 0 none, < 0 pushes the other way)"
     )
-    logit_difference: float = Field(description="LD with the head patched: logit(answer) − logit(wrong), last position")
+    logit_difference: Rounded = Field(
+        description="LD with the head patched: logit(answer) − logit(wrong), last position"
+    )
     size: Literal["large", "small"] | None = Field(
         default=None,
         description="against patching one random head (single_head_baseline): large when |restored − mean| > "
         "3 spreads and > 0.05; set for the top heads",
     )
-    estimate: float | None = Field(
+    estimate: Rounded | None = Field(
         default=None, description="attribution's first-order estimate of restored, next to the exact value above"
     )
 
@@ -71,8 +73,8 @@ class HeadPatchResult(BaseModel):
 class Baseline(BaseModel):
     """What patching the same number of random heads restores."""
 
-    mean: float
-    spread: float = Field(description="standard deviation over the draws")
+    mean: Rounded
+    spread: Rounded = Field(description="standard deviation over the draws")
     draws: int = Field(description="random draws (seeded, reproducible)")
     heads: int = Field(description="heads patched together in each draw")
 
@@ -81,7 +83,7 @@ class SetPatch(BaseModel):
     """The top heads patched together, against random sets of as many heads."""
 
     heads: list[str]
-    restored: float
+    restored: Rounded
     baseline: Baseline
     size: Literal["large", "small"]
     top_token_corrupted: str = Field(description="the corrupted run's top next token")
@@ -89,20 +91,20 @@ class SetPatch(BaseModel):
     change: Literal["unchanged", "flip", "tie"] = Field(
         description="flip: the new top token leads the old one by at least tie_margin in probability; tie: by less"
     )
-    p_old: float = Field(description="after patching, the probability of the corrupted run's top token")
-    p_new: float = Field(description="after patching, the probability of the new top token")
+    p_old: Rounded = Field(description="after patching, the probability of the corrupted run's top token")
+    p_new: Rounded = Field(description="after patching, the probability of the new top token")
 
 
 class LayerPatchResult(BaseModel):
     layer: int
-    restored: float = Field(description="the fraction restored by patching every head of the layer at once")
+    restored: Rounded = Field(description="the fraction restored by patching every head of the layer at once")
 
 
 class PositionPatch(BaseModel):
     position: int
     token: str = Field(description="the corrupted prompt's token there")
-    restored: float
-    estimate: float | None = Field(default=None, description="attribution's estimate there, beside the exact value")
+    restored: Rounded
+    estimate: Rounded | None = Field(default=None, description="attribution's estimate there, beside the exact value")
 
 
 class HeadPositions(BaseModel):
@@ -118,12 +120,12 @@ class LayerEstimate(BaseModel):
     """A layer's attention output and MLP output: attribution estimate beside the exact value (restored fractions)."""
 
     layer: int
-    attention_estimate: float
+    attention_estimate: Rounded
     attention_exact: float | None = Field(default=None, description="every head of the layer patched at once")
-    mlp_estimate: float | None = Field(
+    mlp_estimate: Rounded | None = Field(
         default=None, description="set only for the MLPs patched exactly (the 3 largest |estimates|)"
     )
-    mlp_exact: float | None = Field(default=None, description="the layer's whole MLP output patched")
+    mlp_exact: Rounded | None = Field(default=None, description="the layer's whole MLP output patched")
 
 
 class AttributionCheck(BaseModel):
@@ -132,7 +134,7 @@ class AttributionCheck(BaseModel):
     estimated: int = Field(description="heads estimated (one clean pass, one corrupted pass with a backward)")
     verified_top: int = Field(description="the estimate's top candidates patched exactly")
     verified_random: int = Field(description="heads drawn at random outside them and patched exactly")
-    spearman: float | None = Field(description="rank agreement of |estimate| and |exact| over the verified heads")
+    spearman: Rounded | None = Field(description="rank agreement of |estimate| and |exact| over the verified heads")
     recall: int = Field(description="of the exact top k among verified heads, how many the estimate's top k holds")
     k: int = Field(description="top_k, or fewer when fewer candidates were verified")
     missed: HeadPatchResult | None = Field(
@@ -152,11 +154,11 @@ class PatchReport(Report, StackReport):
     answer_id: int
     wrong: str
     wrong_id: int
-    logit_difference_clean: float = Field(
+    logit_difference_clean: Rounded = Field(
         description="logit(answer) − logit(wrong) at the clean prompt's last position"
     )
-    logit_difference_corrupted: float
-    gap_threshold: float = Field(
+    logit_difference_corrupted: Rounded
+    gap_threshold: Rounded = Field(
         description="the smallest |LD_clean − LD_corrupted| accepted: 0.25 × the standard deviation of the clean "
         "run's next-token logits (a smaller gap would turn ordinary head noise into hundreds of percent)"
     )

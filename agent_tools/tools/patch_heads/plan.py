@@ -194,9 +194,9 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
         answer_id=pair.answer,
         wrong=numbers.wrong,
         wrong_id=pair.wrong,
-        logit_difference_clean=rounded(pair.ld_clean),
-        logit_difference_corrupted=rounded(pair.ld_corrupted),
-        gap_threshold=rounded(pair.gap_threshold),
+        logit_difference_clean=pair.ld_clean,
+        logit_difference_corrupted=pair.ld_corrupted,
+        gap_threshold=pair.gap_threshold,
         method="attribution" if attribution is not None else "exact",
         single_head_baseline=single,
         top_set=top_set,
@@ -222,11 +222,9 @@ def _raw(reference: Baseline) -> SizeBaseline:
 
 
 def _baseline(values: list[float], size: int) -> Baseline:
-    """The report's baseline (rounded) of the draws' restored fractions; an empty pool gives no spread."""
+    """The report's baseline of the draws' restored fractions; an empty pool gives no spread."""
     measured = baseline(values or [0.0], size)
-    return Baseline(
-        mean=rounded(measured.mean), spread=rounded(measured.spread), draws=len(values), heads=measured.size
-    )
+    return Baseline(mean=measured.mean, spread=measured.spread, draws=len(values), heads=measured.size)
 
 
 def _patch_heads_exactly(
@@ -240,12 +238,11 @@ def _patch_heads_exactly(
     outputs = inspector.patched_outputs(loaded, pair.corrupted, patches, sources=pair.sources, prefix=pair.first)
     fractions, differences = (values.tolist() for values in pair.restored(outputs))
     head_rows = [
-        HeadPatchResult(layer=p.layer, head=p.heads[0], restored=rounded(f), logit_difference=rounded(d))
+        HeadPatchResult(layer=p.layer, head=p.heads[0], restored=f, logit_difference=d)
         for p, f, d in zip(single, fractions, differences, strict=False)
     ]
     layer_rows = [
-        LayerPatchResult(layer=p.layer, restored=rounded(f))
-        for p, f in zip(whole, fractions[len(single) :], strict=True)
+        LayerPatchResult(layer=p.layer, restored=f) for p, f in zip(whole, fractions[len(single) :], strict=True)
     ]
     return head_rows, layer_rows
 
@@ -279,14 +276,14 @@ def _top_set(
     decode = loaded.tokenizer.decode
     return SetPatch(
         heads=[head_label(layer, head) for layer, head in chosen],
-        restored=rounded(values[0]),
+        restored=values[0],
         baseline=reference,
         size=effect_size(values[0], baseline(values[1:], len(chosen))),
         top_token_corrupted=str(decode([change.before])),
         top_token_patched=str(decode([change.after])),
         change=change.kind,
-        p_old=rounded(change.p_before),
-        p_new=rounded(change.p_after),
+        p_old=change.p_before,
+        p_new=change.p_after,
     )
 
 
@@ -311,9 +308,9 @@ def _layer_estimates(
     return [
         LayerEstimate(
             layer=layer,
-            attention_estimate=rounded(float(passes.heads[layer].sum()) / gap),
-            mlp_estimate=rounded(mlp[layer] / gap) if layer in exact else None,
-            mlp_exact=rounded(exact[layer]) if layer in exact else None,
+            attention_estimate=float(passes.heads[layer].sum()) / gap,
+            mlp_estimate=mlp[layer] / gap if layer in exact else None,
+            mlp_exact=exact.get(layer),
         )
         for layer in layers
     ]
@@ -348,7 +345,10 @@ def _attribution(
     outside = [x for x in heads if x not in candidates]
     sample = random.Random(SEED).sample(outside, min(len(outside), SAMPLE_OUTSIDE, args.verify))
     rows, layer_rows = _patch_heads_exactly(inspector, loaded, pair, candidates + sample, layers)
-    rows = [r.model_copy(update={"estimate": rounded(float(per_head[r.layer, r.head]) / gap)}) for r in rows]
+    rows = [
+        HeadPatchResult.model_validate(r.model_dump() | {"estimate": float(per_head[r.layer, r.head]) / gap})
+        for r in rows
+    ]
     estimates = [float(per_head[r.layer, r.head]) for r in rows]
     exact = [r.restored for r in rows]
     k = min(args.top_k, len(candidates))
@@ -360,7 +360,7 @@ def _attribution(
         estimated=len(heads),
         verified_top=len(candidates),
         verified_random=len(sample),
-        spearman=rounded(checked.spearman) if checked.spearman is not None else None,
+        spearman=checked.spearman,
         recall=checked.recall,
         k=k,
         missed=missed,
@@ -387,8 +387,8 @@ def _positions(inspector: Inspector, loaded: LoadedModel, pair: _Pair, top: list
                 PositionPatch(
                     position=p,
                     token=corrupted.tokens[p].text,
-                    restored=rounded(float(fractions[k, p - first])) if p >= first else 0.0,
-                    estimate=rounded(float(pair.estimates[r.layer, p, r.head])) if pair.estimates is not None else None,
+                    restored=float(fractions[k, p - first]) if p >= first else 0.0,
+                    estimate=float(pair.estimates[r.layer, p, r.head]) if pair.estimates is not None else None,
                 )
                 for p in range(corrupted.length)
             ],

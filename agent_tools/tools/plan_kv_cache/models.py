@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
-from agent_tools.schemas import NextCall, Report, TextInput
+from agent_tools.schemas import NextCall, Report, Rounded, Rounded6, TextInput
 
 DESCRIPTION = (
     "Which KV heads could keep only the first `sink` + last `window` tokens? Loss change per head by exact masking, "
@@ -41,37 +41,37 @@ class KvHeadEffect(BaseModel):
     layer: int
     kv_head: int
     query_heads: list[int] = Field(description="query heads sharing this KV head (restricted together)")
-    loss_change: float = Field(description="mean next-token loss change when restricted, nats (> 0: hurts)")
-    top_token_agreement: float = Field(description="share of scored positions whose top next token is unchanged")
+    loss_change: Rounded6 = Field(description="mean next-token loss change when restricted, nats (> 0: hurts)")
+    top_token_agreement: Rounded = Field(description="share of scored positions whose top next token is unchanged")
     planned: bool = Field(description="given the short cache by the plan")
 
 
 class PlanStepRun(BaseModel):
     added_kv_heads: int = Field(description="KV heads tried in this run on top of the plan accepted before it")
-    predicted_loss_change: float = Field(description="the plan's verified change before + Σ of the added heads' own")
-    verified_loss_change: float = Field(description="measured with the plan and the added heads restricted at once")
+    predicted_loss_change: Rounded6 = Field(description="the plan's verified change before + Σ of the added heads' own")
+    verified_loss_change: Rounded6 = Field(description="measured with the plan and the added heads restricted at once")
     accepted: bool = Field(description="within the budget and within the tolerance of the prediction")
 
 
 class PlanCheck(BaseModel):
     planned_kv_heads: int
     total_kv_heads: int = Field(description="KV heads of the whole model")
-    predicted_loss_change: float = Field(
+    predicted_loss_change: Rounded6 = Field(
         description="the last accepted step's prediction: the plan's verified change before it + Σ of the heads it "
         "added (their own changes), nats"
     )
-    verified_loss_change: float = Field(description="loss change with every planned head restricted at once, nats")
-    tolerance: float = Field(description="|verified − predicted| every accepted step kept within, nats")
-    additive_loss_change: float = Field(
+    verified_loss_change: Rounded6 = Field(description="loss change with every planned head restricted at once, nats")
+    tolerance: Rounded6 = Field(description="|verified − predicted| every accepted step kept within, nats")
+    additive_loss_change: Rounded6 = Field(
         description="Σ of the planned heads' own loss changes (the prediction if single-head effects added up)"
     )
     additive_kv_heads: int = Field(description="heads a plan adding single-head effects would choose")
-    additive_verified_loss_change: float = Field(
+    additive_verified_loss_change: Rounded6 = Field(
         description="that additive plan's loss change run at once (the first verifying run; 0 when empty)"
     )
-    verified_top_token_agreement: float = Field(description="share of scored positions with the same top token")
-    loss_full: float = Field(description="mean next-token loss over the scored positions, full cache, nats")
-    loss_planned: float = Field(description="the same with the plan applied")
+    verified_top_token_agreement: Rounded = Field(description="share of scored positions with the same top token")
+    loss_full: Rounded = Field(description="mean next-token loss over the scored positions, full cache, nats")
+    loss_planned: Rounded = Field(description="the same with the plan applied")
     steps: list[PlanStepRun] = Field(description="the verifying runs in order (groups halve on rejection)")
 
 
@@ -81,7 +81,7 @@ class MemorySaving(BaseModel):
     full_kv_bytes: int = Field(description="layers × kv_heads × head_dim × 2 × bytes × context_length")
     planned_kv_bytes: int = Field(description="the KV cache with the planned heads keeping sink + window tokens")
     saved_bytes: int
-    saved_fraction: float
+    saved_fraction: Rounded
 
 
 class PlanKvCacheReport(Report):

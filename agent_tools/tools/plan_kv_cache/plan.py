@@ -16,7 +16,7 @@ from agent_tools.analysis.long_context import (
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector, check_indices
 from agent_tools.long_context import all_restricted_losses, check_short_cache, short_cache_losses
-from agent_tools.schemas import NextCall, rounded
+from agent_tools.schemas import NextCall
 from agent_tools.tools.plan_kv_cache.models import (
     KvHeadEffect,
     MemorySaving,
@@ -107,8 +107,8 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
             layer=layer,
             kv_head=index % facts.num_kv_heads,
             query_heads=list(query_heads),
-            loss_change=rounded(changes[index], 6),
-            top_token_agreement=rounded(agreement[index]),
+            loss_change=changes[index],
+            top_token_agreement=agreement[index],
             planned=index in chosen,
         )
         for index, (layer, query_heads) in enumerate(units)
@@ -150,20 +150,20 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
         plan=PlanCheck(
             planned_kv_heads=len(chosen),
             total_kv_heads=facts.num_layers * facts.num_kv_heads,
-            predicted_loss_change=rounded(predicted, 6),
-            verified_loss_change=rounded(verified, 6),
-            tolerance=rounded(tolerance, 6),
-            additive_loss_change=rounded(built.additive, 6),
+            predicted_loss_change=predicted,
+            verified_loss_change=verified,
+            tolerance=tolerance,
+            additive_loss_change=built.additive,
             additive_kv_heads=len(additive.chosen),
-            additive_verified_loss_change=rounded(additive_verified, 6),
-            verified_top_token_agreement=rounded(verified_agreement),
-            loss_full=rounded(loss_full),
-            loss_planned=rounded(loss_full + verified),
+            additive_verified_loss_change=additive_verified,
+            verified_top_token_agreement=verified_agreement,
+            loss_full=loss_full,
+            loss_planned=loss_full + verified,
             steps=[
                 PlanStepRun(
                     added_kv_heads=len(step.added),
-                    predicted_loss_change=rounded(step.predicted, 6),
-                    verified_loss_change=rounded(step.verified, 6),
+                    predicted_loss_change=step.predicted,
+                    verified_loss_change=step.verified,
                     accepted=step.accepted,
                 )
                 for step in built.steps
@@ -175,7 +175,7 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
             full_kv_bytes=full,
             planned_kv_bytes=full - saved,
             saved_bytes=saved,
-            saved_fraction=rounded(saved / full if full else 0.0),
+            saved_fraction=saved / full if full else 0.0,
         ),
         masked_passes=measured.passes + len(built.steps),
         measured_on=(

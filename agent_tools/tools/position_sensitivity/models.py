@@ -6,7 +6,7 @@ from pydantic import BaseModel, Field
 
 from agent_tools.prompt_segments import SegmentSpec
 from agent_tools.prompt_trace.models import PROMPT_DESCRIPTION
-from agent_tools.schemas import ChatMessage, ModelInput, NextCall, Report
+from agent_tools.schemas import ChatMessage, ModelInput, NextCall, Report, Rounded
 
 DESCRIPTION = (
     "Does the answer depend on where evidence sits? Moves one named segment through positions: answer log p and its "
@@ -30,10 +30,10 @@ class PositionResult(BaseModel):
     slot: int = Field(description="0 = before every other segment; n = after the last")
     start_token: int = Field(description="token position where the moved segment starts")
     prompt_tokens: int = Field(description="tokens of the prompt at this position (answer not counted)")
-    relative_depth: float = Field(description="start_token / prompt length, 0..1")
-    answer_logprob: float = Field(description="Σ log p of the answer tokens, nats")
+    relative_depth: Rounded = Field(description="start_token / prompt length, 0..1")
+    answer_logprob: Rounded = Field(description="Σ log p of the answer tokens, nats")
     top_token_is_answer: bool = Field(description="the answer's first token is the top next token")
-    attention_share: float = Field(
+    attention_share: Rounded = Field(
         description="mean over layers, heads and answer rows of the weight on the segment (token 0, the sink, left out)"
     )
 
@@ -44,6 +44,6 @@ class PositionSensitivityReport(Report):
     positions: list[PositionResult]
     best_slot: int
     worst_slot: int
-    spread: float = Field(description="best − worst answer log-probability, nats")
+    spread: Rounded = Field(description="best − worst answer log-probability, nats")
     shape: str = Field(description="u_shaped, flat, or other (see summary)")
     next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

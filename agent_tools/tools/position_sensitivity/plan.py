@@ -11,7 +11,7 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import SegmentSpec, segment_prompt
-from agent_tools.schemas import ChatMessage, NextCall, rounded
+from agent_tools.schemas import ChatMessage, NextCall
 from agent_tools.tools.position_sensitivity.models import (
     PositionResult,
     PositionSensitivityInput,
@@ -127,10 +127,10 @@ def position_sensitivity(inspector: Inspector, args: PositionSensitivityInput) -
                 slot=slot,
                 start_token=start,
                 prompt_tokens=encoded.length,
-                relative_depth=rounded(start / encoded.length),
-                answer_logprob=rounded(logprob),
+                relative_depth=start / encoded.length,
+                answer_logprob=logprob,
                 top_token_is_answer=int(logits[0].argmax()) == answer[0],
-                attention_share=rounded(consumer.share),
+                attention_share=consumer.share,
             )
         )
     values = [r.answer_logprob for r in results]
@@ -155,7 +155,7 @@ def position_sensitivity(inspector: Inspector, args: PositionSensitivityInput) -
         positions=results,
         best_slot=best.slot,
         worst_slot=worst.slot,
-        spread=rounded(best.answer_logprob - worst.answer_logprob),
+        spread=best.answer_logprob - worst.answer_logprob,
         shape=curve_shape(values),
         next_calls=[
             NextCall(

@@ -20,7 +20,7 @@ from agent_tools.analysis.heads import (
 )
 from agent_tools.probes import DEFAULT_PROBE_LENGTH
 from agent_tools.prompt_trace import NextCall
-from agent_tools.schemas import ModelInput, Report, ToolInput
+from agent_tools.schemas import ModelInput, Report, Rounded, Rounded6, ToolInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -139,15 +139,15 @@ class HeadProfile(BaseModel):
     layer: int
     head: int
     kv_head: int
-    scores: dict[HeadRole, float] = Field(description="every measurable role's score in [0, 1]")
+    scores: dict[HeadRole, Rounded] = Field(description="every measurable role's score in [0, 1]")
     primary_role: HeadRole | None = Field(
         description="the qualifying role furthest past its threshold, specific roles before the fallbacks first_token "
         "and broad (what a head does when its pattern is absent); None = no role reaches its threshold"
     )
-    confidence: float = Field(description="(score − threshold) / (1 − threshold) of the primary role, 0..1")
+    confidence: Rounded = Field(description="(score − threshold) / (1 − threshold) of the primary role, 0..1")
     runner_up: HeadRole | None = None
-    runner_up_score: float | None = None
-    score_spread: dict[HeadRole, float] = Field(
+    runner_up_score: Rounded | None = None
+    score_spread: dict[HeadRole, Rounded] = Field(
         default_factory=dict, description="probe roles: standard deviation of the score over the probe seeds"
     )
     # text roles' scores are on the text (or the sample); the role tables' top heads give their mean over texts
@@ -159,9 +159,9 @@ class AblationEvidence(BaseModel):
         "next-token loss on the probe's second copy (previous_token, probe roles) or over the text (other text "
         "roles), nats, + = the loss rises; encoders: 1 − cos of the mean-pooled embedding"
     )
-    value: float
-    baseline_mean: float | None = Field(default=None, description="the same on random single heads: mean")
-    baseline_spread: float | None = Field(default=None, description="… and population standard deviation")
+    value: Rounded6
+    baseline_mean: Rounded6 | None = Field(default=None, description="the same on random single heads: mean")
+    baseline_spread: Rounded6 | None = Field(default=None, description="… and population standard deviation")
     baseline_draws: int = Field(default=0, description="random heads drawn (other than the tested heads)")
     exceeds_baseline: bool = Field(
         default=False, description="value > baseline mean + max(2 × spread, a floor): it matters more than chance"
@@ -171,9 +171,9 @@ class AblationEvidence(BaseModel):
 class TopHead(BaseModel):
     layer: int
     head: int
-    score: float = Field(description="mean over the role's inputs (texts or probe seeds; see the role's inputs)")
-    spread: float | None = Field(default=None, description="population standard deviation over those inputs")
-    score_on_text: float | None = Field(default=None, description="text roles: the score on the text alone")
+    score: Rounded = Field(description="mean over the role's inputs (texts or probe seeds; see the role's inputs)")
+    spread: Rounded | None = Field(default=None, description="population standard deviation over those inputs")
+    score_on_text: Rounded | None = Field(default=None, description="text roles: the score on the text alone")
     qualifies: bool = Field(description="score ≥ the role's threshold")
     primary_role: HeadRole | None
     ablation: AblationEvidence | None = None
@@ -194,7 +194,7 @@ class RoleReport(BaseModel):
         + "; ".join(f"{name}: {formula}" for name, formula in ABLATION_CHECK_FORMULAS.items())
     )
     threshold: float
-    uniform_baseline: float | None = Field(
+    uniform_baseline: Rounded | None = Field(
         default=None,
         description="the score a head attending uniformly (over the keys each query may read) gets on the same input",
     )
@@ -206,16 +206,16 @@ class RoleReport(BaseModel):
 class PatternTop(BaseModel):
     layer: int
     head: int
-    score: float = Field(description="mean over the texts")
-    spread: float | None = Field(default=None, description="population standard deviation over the texts")
-    score_on_text: float | None = Field(default=None, description="the score on the text alone")
+    score: Rounded = Field(description="mean over the texts")
+    spread: Rounded | None = Field(default=None, description="population standard deviation over the texts")
+    score_on_text: Rounded | None = Field(default=None, description="the score on the text alone")
 
 
 class PatternReport(BaseModel):
     name: PatternName
     formula: str
     inputs: int = Field(description="texts the pattern had a key on (the mean is over these)")
-    uniform_baseline: float | None = Field(default=None, description="a uniform head's score on the text")
+    uniform_baseline: Rounded | None = Field(default=None, description="a uniform head's score on the text")
     top: list[PatternTop]
 
 
@@ -229,14 +229,14 @@ class ProbeInfo(BaseModel):
 
 
 class InductionCheck(BaseModel):
-    loss_first_copy: float = Field(description="mean next-token loss on the first copy (random tokens), nats")
-    loss_second_copy: float = Field(description="the same on the second copy; far lower = the model copies")
+    loss_first_copy: Rounded = Field(description="mean next-token loss on the first copy (random tokens), nats")
+    loss_second_copy: Rounded = Field(description="the same on the second copy; far lower = the model copies")
     ablated_heads: list[str] = Field(description="top induction heads mean-ablated together")
-    loss_second_copy_ablated: float | None = Field(default=None, description="second-copy loss with them removed")
-    baseline_mean: float | None = Field(
+    loss_second_copy_ablated: Rounded | None = Field(default=None, description="second-copy loss with them removed")
+    baseline_mean: Rounded | None = Field(
         default=None, description="second-copy loss with as many random heads mean-ablated together: mean"
     )
-    baseline_spread: float | None = Field(default=None, description="… and population standard deviation")
+    baseline_spread: Rounded | None = Field(default=None, description="… and population standard deviation")
     baseline_draws: int = Field(default=0, description="random sets drawn")
     exceeds_baseline: bool = Field(default=False, description="the rise beats the random sets' (mean + 2 × spread)")
 

@@ -50,7 +50,7 @@ from agent_tools.probes import Probe, build_probe
 from agent_tools.prompt_trace import NextCall
 from agent_tools.runner import model_output
 from agent_tools.runner.patching import HeadPatch
-from agent_tools.schemas import head_label, rounded
+from agent_tools.schemas import head_label
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.profile_heads.models import (
     HELD_OUT_TEXTS,
@@ -416,14 +416,12 @@ def _head_profiles(
                     layer=layer,
                     head=head,
                     kv_head=facts.kv_head_of(head),
-                    scores={r: rounded(s) for r, s in head_scores.items()},
+                    scores=head_scores,
                     primary_role=verdict.primary,
-                    confidence=rounded(verdict.confidence),
+                    confidence=verdict.confidence,
                     runner_up=verdict.runner_up,
-                    runner_up_score=rounded(verdict.runner_up_score) if verdict.runner_up_score is not None else None,
-                    score_spread={
-                        r: rounded(float(v[head])) for r, v in probe_spreads.get(layer, {}).items() if r in roles
-                    },
+                    runner_up_score=verdict.runner_up_score,
+                    score_spread={r: float(v[head]) for r, v in probe_spreads.get(layer, {}).items() if r in roles},
                 )
             )
     return profiles
@@ -535,9 +533,9 @@ def draw_random_heads(num_layers: int, num_heads: int, *, exclude: Sequence[Head
 def _evidence(metric: EvidenceMetric, value: float, baseline: Baseline) -> AblationEvidence:
     return AblationEvidence(
         metric=metric,
-        value=rounded(value, 6),
-        baseline_mean=rounded(baseline.mean, 6) if baseline.draws else None,
-        baseline_spread=rounded(baseline.spread, 6) if baseline.draws else None,
+        value=value,
+        baseline_mean=baseline.mean if baseline.draws else None,
+        baseline_spread=baseline.spread if baseline.draws else None,
         baseline_draws=baseline.draws,
         exceeds_baseline=exceeds_baseline(value, baseline, floor=EFFECT_FLOORS[metric]),
     )
@@ -568,9 +566,9 @@ def _role_report(
             TopHead(
                 layer=layer,
                 head=head,
-                score=rounded(mean),
-                spread=rounded(float(spread[head])) if spread is not None else None,
-                score_on_text=rounded(on_text) if on_text is not None else None,
+                score=mean,
+                spread=float(spread[head]) if spread is not None else None,
+                score_on_text=on_text,
                 qualifies=mean >= threshold,
                 primary_role=primary[(layer, head)],
                 ablation=found,
@@ -605,7 +603,7 @@ def _uniform_baseline(layout: SequenceLayout | None, role: HeadRole) -> float | 
     """The score of a head that spreads each query evenly over the keys it may read, on the role's own input."""
     if layout is None or not layout.measurable(role):
         return None
-    return rounded(float(role_scores(_uniform(layout), layout, [role])[role][0]))
+    return float(role_scores(_uniform(layout), layout, [role])[role][0])
 
 
 def _pattern_reports(
@@ -633,9 +631,9 @@ def _pattern_reports(
             PatternTop(
                 layer=layer,
                 head=head,
-                score=rounded(score),
-                spread=rounded(float(spreads[layer][head])) if layer in spreads else None,
-                score_on_text=rounded(float(on_text[layer][name][head])) if name in on_text.get(layer, {}) else None,
+                score=score,
+                spread=float(spreads[layer][head]) if layer in spreads else None,
+                score_on_text=float(on_text[layer][name][head]) if name in on_text.get(layer, {}) else None,
             )
             for layer, head, score in top_heads(means, name, top_k)
         ]
@@ -657,12 +655,10 @@ def _pattern_uniform(name: PatternName, text: _TextPass) -> float | None:
         return None
     length = text.layout.length
     pattern = reader.dense(torch.arange(length), length)
-    value = float(
-        pattern_scores(
-            _uniform(text.layout), pattern.clamp(0, 1), causal=text.layout.causal, skip_queries=text.layout.skip_queries
-        )[0]
+    scores = pattern_scores(
+        _uniform(text.layout), pattern.clamp(0, 1), causal=text.layout.causal, skip_queries=text.layout.skip_queries
     )
-    return rounded(value)
+    return float(scores[0])
 
 
 def _induction_losses(
@@ -713,12 +709,12 @@ def _induction_check(losses: InductionLosses | None) -> InductionCheck | None:
         return None
     baseline = losses.baseline
     return InductionCheck(
-        loss_first_copy=rounded(losses.first),
-        loss_second_copy=rounded(losses.second),
+        loss_first_copy=losses.first,
+        loss_second_copy=losses.second,
         ablated_heads=losses.heads,
-        loss_second_copy_ablated=rounded(losses.ablated),
-        baseline_mean=rounded(losses.second + baseline.mean) if baseline.draws else None,
-        baseline_spread=rounded(baseline.spread) if baseline.draws else None,
+        loss_second_copy_ablated=losses.ablated,
+        baseline_mean=losses.second + baseline.mean if baseline.draws else None,
+        baseline_spread=baseline.spread if baseline.draws else None,
         baseline_draws=baseline.draws,
         exceeds_baseline=losses.exceeds,
     )

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+import math
+from typing import Annotated
 
-from agent_tools.analysis.scaling import SATURATION
-from agent_tools.schemas import DetailInput, Report
+from pydantic import AfterValidator, BaseModel, Field
+
+from agent_tools.analysis.metrics import SATURATION
+from agent_tools.schemas import DetailInput, Report, Rounded
 
 DESCRIPTION = (
     "Train a tiny attention head (CPU, seconds) with and without 1/sqrt(d_k) at a small and a large d_k: loss, "
@@ -13,6 +16,14 @@ DESCRIPTION = (
 )
 VANISHED = 1e-6  # a W_q gradient norm below this counts as vanished
 CURVE_POINTS = 30  # logged points per run when log_every is omitted
+
+
+def significant(value: float) -> float:
+    """Three significant digits (gradient norms span many orders of magnitude); NaN and inf kept."""
+    return float(f"{value:.3g}") if math.isfinite(value) else value
+
+
+Significant3 = Annotated[float, AfterValidator(significant)]
 
 
 class ScalingExperimentInput(DetailInput):
@@ -32,20 +43,20 @@ class ExperimentCurve(BaseModel):
     head_dim: int
     scaled: bool = Field(description="scores divided by sqrt(d_k)")
     steps: list[int]
-    loss: list[float]
-    accuracy: list[float]
-    grad_norm_q: list[float] = Field(description="‖∂loss/∂W_q‖ at each logged step (3 significant digits)")
-    grad_norm_k: list[float]
-    attention_entropy: list[float] = Field(description="mean attention entropy, nats (max log(items))")
-    saturated_fraction: list[float] = Field(description=f"fraction of queries with max weight ≥ {SATURATION}")
-    target_weight: list[float] = Field(description="mean weight on the item the query asks for")
-    initial_entropy: float
-    initial_saturated_fraction: float
-    initial_grad_norm_q: float
-    final_loss: float = Field(description="mean loss over the last 20% of logged points")
-    final_accuracy: float = Field(description="mean accuracy over the last 20% of logged points")
-    vanished_gradient_fraction: float = Field(description=f"logged steps with ‖∂loss/∂W_q‖ < {VANISHED}")
-    median_grad_norm_q: float
+    loss: list[Rounded]
+    accuracy: list[Rounded]
+    grad_norm_q: list[Significant3] = Field(description="‖∂loss/∂W_q‖ at each logged step (3 significant digits)")
+    grad_norm_k: list[Significant3]
+    attention_entropy: list[Rounded] = Field(description="mean attention entropy, nats (max log(items))")
+    saturated_fraction: list[Rounded] = Field(description=f"fraction of queries with max weight ≥ {SATURATION}")
+    target_weight: list[Rounded] = Field(description="mean weight on the item the query asks for")
+    initial_entropy: Rounded
+    initial_saturated_fraction: Rounded
+    initial_grad_norm_q: Significant3
+    final_loss: Rounded = Field(description="mean loss over the last 20% of logged points")
+    final_accuracy: Rounded = Field(description="mean accuracy over the last 20% of logged points")
+    vanished_gradient_fraction: Rounded = Field(description=f"logged steps with ‖∂loss/∂W_q‖ < {VANISHED}")
+    median_grad_norm_q: Significant3
 
 
 class ScalingExperimentReport(Report):
@@ -57,10 +68,10 @@ class ScalingExperimentReport(Report):
     steps: int
     learning_rate: float
     seed: int
-    max_entropy: float = Field(description="log(items): entropy of uniform attention")
-    chance_loss: float = Field(description="cross-entropy of a uniform guess, log(labels)")
+    max_entropy: Rounded = Field(description="log(items): entropy of uniform attention")
+    chance_loss: Rounded = Field(description="cross-entropy of a uniform guess, log(labels)")
     answer_gain: float = Field(description="g: logits = g · Σ_j α_j onehot(label_j)")
-    confident_wrong_loss: float = Field(
+    confident_wrong_loss: Rounded = Field(
         description="loss when all attention sits on one wrong item: ln(e^g + labels − 1); a saturated head that "
         "picks the wrong item pays this, which is why unscaled runs can end above chance_loss"
     )

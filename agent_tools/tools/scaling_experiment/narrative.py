@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from agent_tools.analysis.scaling import SATURATION
+from agent_tools.analysis.metrics import SATURATION
 from agent_tools.schemas import Finding, NextCall, follow_up
 from agent_tools.tools.scaling_experiment.models import (
     VANISHED,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import asdict
 
 from agent_tools.analysis.scaling import ExperimentRun, train_retrieval
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector, current_call
-from agent_tools.schemas import rounded
 from agent_tools.tools.scaling_experiment import narrative
 from agent_tools.tools.scaling_experiment.models import (
     CURVE_POINTS,
@@ -28,31 +28,21 @@ LABELS = 16  # classes an item can carry
 GAIN = 8.0  # logits = GAIN · Σ_j α_j onehot(label_j): the answer's logit when all weight is on one item
 
 
-def _significant(value: float, digits: int = 3) -> float:
-    return float(f"{value:.{digits}g}") if math.isfinite(value) else value
-
-
 def _curve(run: ExperimentRun) -> ExperimentCurve:
-    """One run's logged curves as the report states them, with its start, end and gradient summary."""
+    """One run's logged curves as the report states them (from the :class:`ExperimentRun` fields), with its
+    start, end and gradient summary."""
     tail = max(1, len(run.loss) // 5)
-    return ExperimentCurve(
-        head_dim=run.head_dim,
-        scaled=run.scaled,
-        steps=run.steps,
-        loss=[rounded(v) for v in run.loss],
-        accuracy=[rounded(v) for v in run.accuracy],
-        grad_norm_q=[_significant(v) for v in run.grad_norm_q],
-        grad_norm_k=[_significant(v) for v in run.grad_norm_k],
-        attention_entropy=[rounded(v) for v in run.attention_entropy],
-        saturated_fraction=[rounded(v) for v in run.saturated_fraction],
-        target_weight=[rounded(v) for v in run.target_weight],
-        initial_entropy=rounded(run.attention_entropy[0]),
-        initial_saturated_fraction=rounded(run.saturated_fraction[0]),
-        initial_grad_norm_q=_significant(run.grad_norm_q[0]),
-        final_loss=rounded(statistics.fmean(run.loss[-tail:])),
-        final_accuracy=rounded(statistics.fmean(run.accuracy[-tail:])),
-        vanished_gradient_fraction=rounded(sum(g < VANISHED for g in run.grad_norm_q) / len(run.grad_norm_q)),
-        median_grad_norm_q=_significant(statistics.median(run.grad_norm_q)),
+    return ExperimentCurve.model_validate(
+        asdict(run)
+        | {
+            "initial_entropy": run.attention_entropy[0],
+            "initial_saturated_fraction": run.saturated_fraction[0],
+            "initial_grad_norm_q": run.grad_norm_q[0],
+            "final_loss": statistics.fmean(run.loss[-tail:]),
+            "final_accuracy": statistics.fmean(run.accuracy[-tail:]),
+            "vanished_gradient_fraction": sum(g < VANISHED for g in run.grad_norm_q) / len(run.grad_norm_q),
+            "median_grad_norm_q": statistics.median(run.grad_norm_q),
+        }
     )
 
 
@@ -116,9 +106,9 @@ def scaling_experiment(inspector: Inspector, args: ScalingExperimentInput) -> Sc
         steps=args.steps,
         learning_rate=args.learning_rate,
         seed=args.seed,
-        max_entropy=rounded(math.log(args.items)),
-        chance_loss=rounded(math.log(LABELS)),
+        max_entropy=math.log(args.items),
+        chance_loss=math.log(LABELS),
         answer_gain=GAIN,
-        confident_wrong_loss=rounded(math.log(math.exp(GAIN) + LABELS - 1)),
+        confident_wrong_loss=math.log(math.exp(GAIN) + LABELS - 1),
         runs=numbers.curves,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from agent_tools.schemas import KeyWeight, Report, TextInput, Token
+from agent_tools.schemas import KeyWeight, Report, Rounded, Rounded6, TextInput, Token
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -24,7 +24,7 @@ class ShowAttentionInput(TextInput, StackInput):
 class QueryRow(BaseModel):
     position: int
     token: str
-    entropy: float = Field(description="entropy of this query's weights, nats")
+    entropy: Rounded = Field(description="entropy of this query's weights, nats")
     top_keys: list[KeyWeight]
 
 
@@ -34,7 +34,9 @@ class AttentionView(Report, StackReport):
     kv_head: int = Field(description="the KV head this query head reads (grouped-query attention)")
     tokens: list[Token]
     rows: list[QueryRow]
-    mean_entropy: float = Field(description="mean entropy over queries, nats")
-    mean_normalised_entropy: float = Field(description="mean of entropy / log(keys visible), 0 = one key, 1 = uniform")
-    weights: list[list[float]] | None = Field(default=None, description="the full map (queries × keys), when asked")
+    mean_entropy: Rounded = Field(description="mean entropy over queries, nats")
+    mean_normalised_entropy: Rounded = Field(
+        description="mean of entropy / log(keys visible), 0 = one key, 1 = uniform"
+    )
+    weights: list[list[Rounded6]] | None = Field(default=None, description="the full map (queries × keys), when asked")
     png_path: str | None = None

@@ -14,7 +14,7 @@ from agent_tools.consumers.head_map import HeadMapConsumer
 from agent_tools.inspector import Encoded, Inspector, kv_head_of, text_digest
 from agent_tools.loading import LoadedModel
 from agent_tools.render import attention_heatmap
-from agent_tools.schemas import KeyWeight, Token, rounded
+from agent_tools.schemas import KeyWeight, Token
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.show_attention.models import AttentionView, QueryRow, ShowAttentionInput
 from agent_tools.tools.show_attention.narrative import (
@@ -100,9 +100,9 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
         kv_head=kv_head_of(stack, head),
         tokens=keys,
         rows=rows,
-        mean_entropy=rounded(view.mean_entropy),
-        mean_normalised_entropy=rounded(view.mean_normalised_entropy),
-        weights=[[rounded(v, 6) for v in row] for row in weights.tolist()] if args.include_map else None,
+        mean_entropy=view.mean_entropy,
+        mean_normalised_entropy=view.mean_normalised_entropy,
+        weights=weights.tolist() if args.include_map else None,
         png_path=png_path,
     )
 
@@ -117,7 +117,7 @@ def _sinks(
     )  # (rows,) each query's own key column
     received = received_attention(weights[None].float(), allowed, own)  # one head: (1, rows, keys)
     found = threshold_sinks(received, threshold=SINK_SHARE, min_readers=min(4, max(1, rows - 1)), always=())
-    share = received.total / received.count.clamp_min(1)  # (keys,) mean share over the queries that read it
+    share = received.mean_share()  # (keys,) mean share over the queries that read it
     sinks = [(p, keys[p].text, float(share[p])) for p in found if keys[p].special or p == 0]
     return tuple(sorted(sinks, key=lambda s: -s[2]))
 
@@ -135,9 +135,9 @@ def _rows(
     rows = []
     for q in range(len(tokens)):
         keys = [
-            KeyWeight(position=int(i), token=key_tokens[int(i)].text, weight=rounded(v))
+            KeyWeight(position=int(i), token=key_tokens[int(i)].text, weight=v)
             for v, i in zip(values[q].tolist(), indices[q].tolist(), strict=True)
             if allowed[q, int(i)]
         ]
-        rows.append(QueryRow(position=q, token=tokens[q].text, entropy=rounded(float(entropy[q])), top_keys=keys))
+        rows.append(QueryRow(position=q, token=tokens[q].text, entropy=float(entropy[q]), top_keys=keys))
     return rows
