@@ -195,3 +195,21 @@ def test_a_block_that_normalises_head_outputs_falls_back_to_node_level(tiny_mode
     )
     assert report.faithfulness_method.startswith("node-level")
     assert "post_attention_layernorm" in report.faithfulness_method
+
+
+def test_the_circuit_is_drawn_as_png_and_svg_page(inspector) -> None:
+    """png: a PNG and a standalone HTML page (inline SVG, no script) whose edges carry their sentences."""
+    from pathlib import Path
+
+    register_model("circuit-edges-picture", induction_circuit(), circuit_tokenizer())
+    report = get_tool("find_circuit")(
+        inspector, {"model": "circuit-edges-picture", "clean": CLEAN, "corrupted": CORRUPTED, "png": True}
+    )
+    assert report.png_path is not None and report.html_path is not None
+    assert Path(report.png_path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = Path(report.html_path).read_text()
+    assert "<svg" in page and "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
+    assert page.count('<g class="edge">') == 3 and page.count('<g class="node">') == 4
+    for edge in report.edges:
+        assert f"<title>{edge.sentence}</title>" in page.replace("&#x27;", "'")
+    assert 'stroke="#e8590c"' in page  # the K-composition edge in the keys' colour

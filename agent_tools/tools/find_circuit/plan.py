@@ -12,6 +12,7 @@ report's ``faithfulness_method`` says which and why.
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 import torch
@@ -21,6 +22,7 @@ from agent_tools.analysis.attribution_patching import baseline, minimum_gap
 from agent_tools.analysis.edge_attribution import curve_sizes
 from agent_tools.clean_corrupted import answer_ids, encode_pair
 from agent_tools.errors import InvalidInputError
+from agent_tools.files import write_atomic
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_trace import NextCall
@@ -38,6 +40,7 @@ from agent_tools.tools.find_circuit.models import (
     Ranking,
 )
 from agent_tools.tools.find_circuit.narrative import findings, sentence, summary
+from agent_tools.tools.find_circuit.picture import circuit_html, circuit_png
 
 DRAWS = 5  # random edge sets per size
 SEED = 0
@@ -246,7 +249,7 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     decode = loaded.tokenizer.decode
     edges = [_edge(loaded, passes, e, float(shares[e]), e in ranked[:size]) for e in listed]
     nodes = _graph_nodes(loaded, passes, listed)
-    return CircuitReport(
+    report = CircuitReport(
         model=loaded.name,
         summary=summary(edges, curve[chosen], bool(reaching), args.target, str(decode([answer])), empty),
         findings=findings(edges),
@@ -272,6 +275,21 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
         curve=curve,
         next_calls=_next_calls(loaded, args, nodes),
     )
+    if args.png:
+        report.png_path, report.html_path = _write_pictures(inspector, loaded, args, report)
+    return report
+
+
+def _write_pictures(
+    inspector: Inspector, loaded: LoadedModel, args: FindCircuitInput, report: CircuitReport
+) -> tuple[str, str]:
+    """The graph as a PNG and as a standalone HTML page in the artifact folder (each written whole or not at all)."""
+    digest = hashlib.sha256(f"{args.clean}\0{args.corrupted}\0{report.answer}\0{report.wrong}".encode()).hexdigest()
+    stem = f"circuit-{loaded.name}-{digest[:10]}"
+    title = f"{loaded.name}: circuit for {report.answer!r} over {report.wrong!r} ({report.circuit_edges} edges)"
+    png = write_atomic(inspector.artifact_path(stem, ".png"), circuit_png(report.nodes, report.edges, title))
+    page = circuit_html(report.nodes, report.edges, title, report.summary)
+    return str(png), str(write_atomic(inspector.artifact_path(stem, ".html"), page))
 
 
 def _edge(loaded: LoadedModel, passes: EdgePasses, edge: Edge, share: float, inside: bool) -> CircuitEdge:
