@@ -213,3 +213,66 @@ def test_the_circuit_is_drawn_as_png_and_svg_page(inspector) -> None:
     for edge in report.edges:
         assert f"<title>{edge.sentence}</title>" in page.replace("&#x27;", "'")
     assert 'stroke="#e8590c"' in page  # the K-composition edge in the keys' colour
+
+
+def _trained_induction_model(steps: int = 150) -> tuple[torch.nn.Module, float]:
+    """The hand-set two-layer model with L1H0's query and key weights replaced by random ones and trained (Adam,
+    ``steps`` batches of 32 induction sequences ``<bos> x1 … x6 xj`` -> ``x(j+1)``, seeded): the first step (L0H0,
+    previous-token head) and L1H0's copy (OV) are planted; the second step's match must be learned. Returns the
+    model and its accuracy on 512 fresh sequences."""
+    from crafted import CIRCUIT_HEAD_DIM, CIRCUIT_HIDDEN
+
+    torch.manual_seed(0)
+    model = induction_circuit()
+    weight = model.transformer.h[1].attn.c_attn.weight  # (C, 3C): q | k | v, head 0 first in each
+    trained = torch.zeros(3 * CIRCUIT_HIDDEN, dtype=torch.bool)
+    trained[:CIRCUIT_HEAD_DIM] = trained[CIRCUIT_HIDDEN : CIRCUIT_HIDDEN + CIRCUIT_HEAD_DIM] = True
+    with torch.no_grad():
+        weight[:, trained] = 0.05 * torch.randn(CIRCUIT_HIDDEN, 2 * CIRCUIT_HEAD_DIM)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    weight.requires_grad_(True)
+    optimiser = torch.optim.Adam([weight], lr=2e-2)
+    generator = torch.Generator().manual_seed(0)
+
+    def batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        words = torch.rand(n, 28, generator=generator).argsort(1)[:, :6] + 4  # 6 distinct words (ids 4..31)
+        j = torch.randint(0, 5, (n,), generator=generator)
+        ids = torch.cat([torch.zeros(n, 1, dtype=torch.long), words, words.gather(1, j[:, None])], 1)
+        return ids, words.gather(1, (j + 1)[:, None])[:, 0]
+
+    for _ in range(steps):
+        ids, target = batch(32)
+        loss = torch.nn.functional.cross_entropy(model(input_ids=ids, logits_to_keep=1).logits[:, -1], target)
+        optimiser.zero_grad()
+        loss.backward()
+        weight.grad[:, ~trained] = 0  # type: ignore[index]
+        optimiser.step()
+    weight.requires_grad_(False)
+    ids, target = batch(512)
+    with torch.no_grad():
+        accuracy = float((model(input_ids=ids).logits[:, -1].argmax(-1) == target).float().mean())
+    return model, accuracy
+
+
+@pytest.mark.slow
+def test_a_trained_two_step_circuit_is_recovered(inspector) -> None:
+    """After 150 training steps L1H0 has learned to match the current token against L0H0's previous-token write
+    (K-composition); find_circuit recovers exactly the planted path — the embeddings -> L0H0 (values), L0H0 ->
+    L1H0 (keys), L1H0 -> the logits — as the smallest edge set reaching the target, faithfulness ≥ 0.9 by exact
+    edge patching, no other edge above the threshold, on two pairs."""
+    model, accuracy = _trained_induction_model()
+    assert accuracy >= 0.95
+    register_model("circuit-trained", model, circuit_tokenizer())
+    planted = {("embeddings", "L0H0", "V"), ("L0H0", "L1H0", "K"), ("L1H0", "logits", "direct")}
+    pairs = [(CLEAN, CORRUPTED), ("red one blue two green three blue", "blue one red two green three blue")]
+    for clean, corrupted in pairs:
+        report = get_tool("find_circuit")(
+            inspector, {"model": "circuit-trained", "clean": clean, "corrupted": corrupted, "detail": "full"}
+        )
+        assert report.faithfulness_method.startswith("edge-level")
+        assert report.reached and report.circuit_edges == 3 and report.faithfulness >= 0.9
+        assert {(e.sender, e.receiver, e.kind) for e in report.edges if e.in_circuit} == planted
+        assert {(e.sender, e.receiver, e.kind) for e in report.edges} == planted  # nothing else ≥ 0.25 of the gap
+        assert report.empty_circuit == pytest.approx(0.0, abs=1e-3)
+        assert report.curve[2].random_mean <= 0.2  # 5 random sets of 3 edges

@@ -88,7 +88,9 @@ def reading_norms(loaded: LoadedModel, ids: Tensor) -> _Norms:
             for name, child in block.named_children():
                 if id(child) not in skip:
                     handles.append(child.register_forward_hook(child_post(layer, name, child)))
-            handles.append(attentions[layer].register_forward_pre_hook(reader_pre("attention", layer), with_kwargs=True))
+            handles.append(
+                attentions[layer].register_forward_pre_hook(reader_pre("attention", layer), with_kwargs=True)
+            )
             if layer in mlps:
                 handles.append(mlps[layer].register_forward_pre_hook(reader_pre("mlp", layer), with_kwargs=True))
         with torch.inference_mode():

@@ -105,9 +105,10 @@ def circuit_html(nodes: list[CircuitNode], edges: list[CircuitEdge], title: str,
         (x0, y0), (x1, y1) = point(edge.sender), point(edge.receiver)
         dash = "" if edge.score >= 0 else ' stroke-dasharray="6 4"'
         opacity = 1.0 if edge.in_circuit else 0.45
+        stroke = f'stroke="{COLOURS[edge.kind]}" stroke-width="{_width(edge.score, largest):.1f}"'
         parts.append(
             f'<g class="edge"><title>{html.escape(edge.sentence)}</title><line x1="{x0 + 28:.1f}" y1="{y0:.1f}" '
-            f'x2="{x1 - 30:.1f}" y2="{y1:.1f}" stroke="{COLOURS[edge.kind]}" stroke-width="{_width(edge.score, largest):.1f}" '
+            f'x2="{x1 - 30:.1f}" y2="{y1:.1f}" {stroke} '
             f'stroke-opacity="{opacity}"{dash} marker-end="url(#arrow)"/></g>'
         )
     for node in nodes:
@@ -131,7 +132,8 @@ def circuit_html(nodes: list[CircuitNode], edges: list[CircuitEdge], title: str,
         '<!doctype html><html><head><meta charset="utf-8"><title>'
         + html.escape(title)
         + "</title><style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}"
-        "td,th{border:1px solid #ccc;padding:3px 6px}.edge:hover line{stroke-opacity:1;filter:drop-shadow(0 0 2px #000)}"
+        "td,th{border:1px solid #ccc;padding:3px 6px}"
+        ".edge:hover line{stroke-opacity:1;filter:drop-shadow(0 0 2px #000)}"
         "</style></head><body>"
         + f"<h2>{html.escape(title)}</h2><p>{html.escape(summary)}</p>"
         + "".join(parts)
