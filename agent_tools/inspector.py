@@ -951,7 +951,7 @@ class Inspector:
         self,
         loaded: LoadedModel,
         clean: Encoded,
-        passes: edge_attribution.EdgePasses,
+        passes: edge_patching.EdgePasses,
         sets: Sequence[Sequence[tuple[int, int]]],
         nodes: Sequence[set[int]],
     ) -> torch.Tensor:

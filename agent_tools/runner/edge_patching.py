@@ -101,13 +101,13 @@ def reading_norms(loaded: LoadedModel, ids: Tensor) -> _Norms:
 
     def source(kind: str, layer: int) -> nn.Module:
         read = reads.get((kind, layer))
-        candidates = outputs[layer] if read is not None else []
-        for module, output in candidates:  # the very tensor first: two norms may give equal outputs
-            if output is read:
-                return module
-        for module, output in candidates:
-            if output.shape == read.shape and torch.equal(output, read):  # type: ignore[union-attr]
-                return module
+        if read is not None:
+            for module, output in outputs[layer]:  # the very tensor first: two norms may give equal outputs
+                if output is read:
+                    return module
+            for module, output in outputs[layer]:
+                if output.shape == read.shape and torch.equal(output, read):
+                    return module
         msg = f"layer {layer}'s {kind} does not read a normalisation module's output directly"
         raise EdgePatchingUnsupported(msg)
 
@@ -208,9 +208,9 @@ def edges_patched(
             state.calling = False
 
     receivers_at: dict[int, list[int]] = {}
-    for r, receiver in enumerate(passes.receivers):
-        if r in incoming and receiver.kind != "direct":
-            receivers_at.setdefault(receiver.layer, []).append(r)
+    for r, reader in enumerate(passes.receivers):
+        if r in incoming and reader.kind != "direct":
+            receivers_at.setdefault(reader.layer, []).append(r)
 
     def block_pre(layer: int):
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
