@@ -29,7 +29,7 @@ from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
 from agent_tools.placement import Placement
 from agent_tools.runner import attribution as evidence
-from agent_tools.runner import attribution_patching, edge_attribution, patching, paths, replay
+from agent_tools.runner import attribution_patching, edge_attribution, edge_patching, patching, paths, replay
 from agent_tools.runner.forward import locked
 from agent_tools.schemas import AttentionPath, ChatMessage, Token
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
@@ -946,6 +946,21 @@ class Inspector:
             return edge_attribution.edge_attribution(
                 loaded, clean.input_ids, corrupted.input_ids, metric, steps=steps, field=field
             )
+
+    def edge_patched_logits(
+        self,
+        loaded: LoadedModel,
+        clean: Encoded,
+        passes: edge_patching.EdgePasses,
+        sets: Sequence[Sequence[tuple[int, int]]],
+        nodes: Sequence[set[int]],
+    ) -> torch.Tensor:
+        """(R, V) last-position logits of the clean prompt with only each set's edges clean (exact edge patching,
+        :mod:`agent_tools.runner.edge_patching`); rows batched within the memory budget."""
+        rows = min(patching.rows_per_batch(loaded, clean.length, self.memory_budget), patching.BATCH_ROWS)
+        checkpoint = _checkpoint()
+        with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+            return edge_patching.edge_patched_logits(loaded, clean.input_ids, passes, sets, nodes, max_rows=rows)
 
     def mlp_patched_logits(
         self, loaded: LoadedModel, encoded: Encoded, sources: dict[int, torch.Tensor]

@@ -9,6 +9,7 @@ from crafted import circuit_tokenizer, induction_circuit
 from agent_tools.analysis.edge_attribution import curve_sizes, edge_scores, interpolation_points
 from agent_tools.errors import InvalidInputError
 from agent_tools.loading import register_model
+from agent_tools.runner.patching import HeadPatch
 from agent_tools.tools import get_tool
 
 CLEAN, CORRUPTED = "cat dog sun moon cat", "sun dog cat moon cat"
@@ -36,12 +37,16 @@ def test_the_induction_circuit_is_found(inspector) -> None:
     assert report.edges[0].sender == "L0H0" and report.edges[0].kind == "K"
     assert "L1H0 reads L0H0's output through its keys (K-composition)" in report.edges[0].sentence
     assert report.answer == " dog" or report.answer.strip() == "dog"
-    # node-level faithfulness: L0H0 and L1H0 clean, every other head corrupted, restores all; no edge restores none
-    assert report.reached and report.circuit_edges == 1 and report.faithfulness == pytest.approx(1.0, abs=1e-3)
-    assert [e.in_circuit for e in report.edges] == [True, False, False]  # L0H0 -> L1H0 alone keeps both clean
-    assert report.curve[0].heads == 2
+    # exact edge patching: the circuit is the three edges together (the K edge alone leaves L1H0's output
+    # corrupted where the logits read it; without the embeddings' V edge L0H0 writes the corrupted previous token)
+    assert report.faithfulness_method.startswith("edge-level (exact edge patching)")
+    assert report.reached and report.circuit_edges == 3 and report.faithfulness == pytest.approx(1.0, abs=1e-3)
+    assert all(e.in_circuit for e in report.edges)
+    assert [p.faithfulness for p in report.curve[:3]] == pytest.approx([0.0, 0.0, 1.0], abs=1e-3)
+    assert report.curve[2].heads == 2
     assert report.empty_circuit == pytest.approx(0.0, abs=1e-3)
-    assert report.curve[0].random_mean < 0.5
+    assert report.curve[-1].edges == report.edges_scored and report.curve[-1].faithfulness == pytest.approx(1.0)
+    assert report.curve[2].random_mean == pytest.approx(0.0, abs=1e-3)  # 5 random sets of 3 edges restore nothing
     assert report.steps == 5
 
 
@@ -128,3 +133,146 @@ def test_a_pass_over_the_memory_budget_is_refused_before_it_runs() -> None:
     small = Inspector(memory_budget=10_000)
     with pytest.raises(ResourceLimitError, match=r"5 interpolation steps would hold about .* use fewer steps"):
         get_tool("find_circuit")(small, {"model": "circuit-edges-budget", "clean": CLEAN, "corrupted": CORRUPTED})
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "phi3"])
+def test_exact_edge_patching_matches_the_runs_it_must_reproduce(tiny_models, inspector, family) -> None:
+    """Every edge clean gives the clean run, no edge the corrupted run, and every edge among a node set (with the
+    embeddings) gives node-level patching of the same heads: the heads outside corrupted, MLPs reading the rest."""
+    loaded = tiny_models[family]
+    facts = loaded.facts
+    clean, corrupted = (inspector.encode(loaded, t) for t in ("the cat sat on the mat", "the dog sat on the mat"))
+    passes = inspector.edge_attribution(loaded, clean, corrupted, lambda _c, x: x[:, 5] - x[:, 6], steps=1)
+    every = [(s, r) for s, r in passes.valid.nonzero().tolist()]
+    kept = {(0, 1), (1, 0), (facts.num_layers - 1, facts.num_heads - 1)}
+    groups = facts.num_heads // facts.num_kv_heads
+
+    def reads_from(r: int) -> set[tuple[int, int]]:
+        receiver = passes.receivers[r]
+        if receiver.kind == "direct":
+            return set()
+        if receiver.kind == "Q":
+            return {(receiver.layer, receiver.head)}
+        return {(receiver.layer, receiver.head * groups + g) for g in range(groups)}
+
+    def inside(s: int, r: int) -> bool:
+        sender_ok = passes.senders[s] == (-1, -1) or passes.senders[s] in kept
+        receiver = passes.receivers[r]
+        return sender_ok and (receiver.kind == "direct" or bool(reads_from(r) & kept))
+
+    among = [(s, r) for s, r in every if inside(s, r)]
+    node_senders = {0} | {1 + layer * facts.num_heads + head for layer, head in kept}
+    everything = set(range(len(passes.senders)))
+    logits = inspector.edge_patched_logits(loaded, clean, passes, [every, [], among], [everything, set(), node_senders])
+    assert torch.allclose(logits[0], passes.clean_logits, atol=1e-5)
+    assert torch.allclose(logits[1], passes.corrupted_logits, atol=1e-5)
+    # node-level reference (K/V receivers shared by a kept and a corrupted head read clean only for the kept head)
+    if groups == 1:
+        rest = sorted((layer, head) for layer in range(facts.num_layers) for head in range(facts.num_heads))
+        rest = [x for x in rest if x not in kept]
+        patch = HeadPatch(
+            rest[0][0],
+            tuple(h for layer, h in rest if layer == rest[0][0]),
+            also=tuple(x for x in rest if x[0] != rest[0][0]),
+        )
+        node = inspector.patched_outputs(loaded, clean, [patch], sources=passes.corrupted_heads)[0, -1]
+        assert torch.allclose(logits[2], node, atol=1e-5)
+    assert not torch.allclose(logits[2], passes.clean_logits, atol=1e-3)
+
+
+def test_a_block_that_normalises_head_outputs_falls_back_to_node_level(tiny_models, inspector) -> None:
+    """Gemma 2 normalises the attention output before adding it (post_attention_layernorm): a head's write is not
+    a W_O slice, so edge patching is refused and the report says it measured node-level faithfulness, and why."""
+    report = get_tool("find_circuit")(
+        inspector,
+        {
+            "model": "tiny-gemma2",
+            "clean": "the cat sat on the mat",
+            "corrupted": "the dog sat on the mat",
+            "answer": "dog",
+            "wrong": "the",
+        },
+    )
+    assert report.faithfulness_method.startswith("node-level")
+    assert "post_attention_layernorm" in report.faithfulness_method
+
+
+def test_the_circuit_is_drawn_as_png_and_svg_page(inspector) -> None:
+    """png: a PNG and a standalone HTML page (inline SVG, no script) whose edges carry their sentences."""
+    from pathlib import Path
+
+    register_model("circuit-edges-picture", induction_circuit(), circuit_tokenizer())
+    report = get_tool("find_circuit")(
+        inspector, {"model": "circuit-edges-picture", "clean": CLEAN, "corrupted": CORRUPTED, "png": True}
+    )
+    assert report.png_path is not None and report.html_path is not None
+    assert Path(report.png_path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = Path(report.html_path).read_text()
+    assert "<svg" in page and "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
+    assert page.count('<g class="edge">') == 3 and page.count('<g class="node">') == 4
+    for edge in report.edges:
+        assert f"<title>{edge.sentence}</title>" in page.replace("&#x27;", "'")
+    assert 'stroke="#e8590c"' in page  # the K-composition edge in the keys' colour
+
+
+def _trained_induction_model(steps: int = 150) -> tuple[torch.nn.Module, float]:
+    """The hand-set two-layer model with L1H0's query and key weights replaced by random ones and trained (Adam,
+    ``steps`` batches of 32 induction sequences ``<bos> x1 … x6 xj`` -> ``x(j+1)``, seeded): the first step (L0H0,
+    previous-token head) and L1H0's copy (OV) are planted; the second step's match must be learned. Returns the
+    model and its accuracy on 512 fresh sequences."""
+    from crafted import CIRCUIT_HEAD_DIM, CIRCUIT_HIDDEN
+
+    torch.manual_seed(0)
+    model = induction_circuit()
+    weight = model.transformer.h[1].attn.c_attn.weight  # (C, 3C): q | k | v, head 0 first in each
+    trained = torch.zeros(3 * CIRCUIT_HIDDEN, dtype=torch.bool)
+    trained[:CIRCUIT_HEAD_DIM] = trained[CIRCUIT_HIDDEN : CIRCUIT_HIDDEN + CIRCUIT_HEAD_DIM] = True
+    with torch.no_grad():
+        weight[:, trained] = 0.05 * torch.randn(CIRCUIT_HIDDEN, 2 * CIRCUIT_HEAD_DIM)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    weight.requires_grad_(True)
+    optimiser = torch.optim.Adam([weight], lr=2e-2)
+    generator = torch.Generator().manual_seed(0)
+
+    def batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        words = torch.rand(n, 28, generator=generator).argsort(1)[:, :6] + 4  # 6 distinct words (ids 4..31)
+        j = torch.randint(0, 5, (n,), generator=generator)
+        ids = torch.cat([torch.zeros(n, 1, dtype=torch.long), words, words.gather(1, j[:, None])], 1)
+        return ids, words.gather(1, (j + 1)[:, None])[:, 0]
+
+    for _ in range(steps):
+        ids, target = batch(32)
+        loss = torch.nn.functional.cross_entropy(model(input_ids=ids, logits_to_keep=1).logits[:, -1], target)
+        optimiser.zero_grad()
+        loss.backward()
+        weight.grad[:, ~trained] = 0  # type: ignore[index]
+        optimiser.step()
+    weight.requires_grad_(False)
+    ids, target = batch(512)
+    with torch.no_grad():
+        accuracy = float((model(input_ids=ids).logits[:, -1].argmax(-1) == target).float().mean())
+    return model, accuracy
+
+
+@pytest.mark.slow
+def test_a_trained_two_step_circuit_is_recovered(inspector) -> None:
+    """After 150 training steps L1H0 has learned to match the current token against L0H0's previous-token write
+    (K-composition); find_circuit recovers exactly the planted path — the embeddings -> L0H0 (values), L0H0 ->
+    L1H0 (keys), L1H0 -> the logits — as the smallest edge set reaching the target, faithfulness ≥ 0.9 by exact
+    edge patching, no other edge above the threshold, on two pairs."""
+    model, accuracy = _trained_induction_model()
+    assert accuracy >= 0.95
+    register_model("circuit-trained", model, circuit_tokenizer())
+    planted = {("embeddings", "L0H0", "V"), ("L0H0", "L1H0", "K"), ("L1H0", "logits", "direct")}
+    pairs = [(CLEAN, CORRUPTED), ("red one blue two green three blue", "blue one red two green three blue")]
+    for clean, corrupted in pairs:
+        report = get_tool("find_circuit")(
+            inspector, {"model": "circuit-trained", "clean": clean, "corrupted": corrupted, "detail": "full"}
+        )
+        assert report.faithfulness_method.startswith("edge-level")
+        assert report.reached and report.circuit_edges == 3 and report.faithfulness >= 0.9
+        assert {(e.sender, e.receiver, e.kind) for e in report.edges if e.in_circuit} == planted
+        assert {(e.sender, e.receiver, e.kind) for e in report.edges} == planted  # nothing else ≥ 0.25 of the gap
+        assert report.empty_circuit == pytest.approx(0.0, abs=1e-3)
+        assert report.curve[2].random_mean <= 0.2  # 5 random sets of 3 edges

@@ -47,6 +47,7 @@ class EdgePasses:
     valid: Tensor  # (S, R) bool: the sender's layer is before the receiver's
     clean_heads: dict[int, Tensor]  # layer -> (T, H, D)
     corrupted_heads: dict[int, Tensor]
+    embedding_delta: Tensor  # (T, C) what the embeddings write, clean − corrupted (the first block's input)
     clean_logits: Tensor  # (V,)
     corrupted_logits: Tensor  # (V,)
     steps: int
@@ -158,6 +159,7 @@ def edge_attribution(
         valid=valid,
         clean_heads=clean_heads,
         corrupted_heads=corrupted_heads,
+        embedding_delta=deltas[0],
         clean_logits=clean_logits.detach().cpu(),
         corrupted_logits=corrupted_logits.detach().cpu(),
         steps=steps,

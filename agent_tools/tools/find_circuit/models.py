@@ -25,6 +25,9 @@ class FindCircuitInput(ModelInput):
         default=DEFAULT_STEPS, ge=1, le=16, description="interpolation steps of the integrated gradients"
     )
     max_edges: int = Field(default=40, ge=1, le=60, description="most edges in the returned graph")
+    png: bool = Field(
+        default=False, description="write the circuit graph as a PNG and a standalone HTML page (SVG; artifacts)"
+    )
 
 
 class CircuitNode(BaseModel):
@@ -78,3 +81,5 @@ class CircuitReport(Report):
     nodes: list[CircuitNode]
     edges: list[CircuitEdge]
     curve: list[CurvePoint]
+    png_path: str | None = Field(default=None, description="the graph as a PNG (with png)")
+    html_path: str | None = Field(default=None, description="the graph as inline SVG with the edge table (with png)")

@@ -1,14 +1,18 @@
 """find_circuit's passes: EAP-IG edge scores (one batched backward), then faithfulness of the ranked edge sets and of
-random edge sets of the same sizes, measured by node-level patching in one batch of patched runs.
+random edge sets of the same sizes, measured by exact edge patching in one batch of patched runs.
 
-Faithfulness here is node-level: the clean prompt runs with every head that is NOT an endpoint of the edge set
-replaced by its output in the corrupted run (so only the circuit's heads compute from clean values); the
-embeddings and MLPs stay clean. It is (LD − LD_corrupted) / (LD_clean − LD_corrupted). Exact edge patching (each
-receiver reading a different mix per edge) is not done: a head in the set reads every other head in the set clean.
+Faithfulness is edge-level (:mod:`agent_tools.runner.edge_patching`): the clean prompt runs with each head's
+queries, keys and values and the logits reading the clean-run write of a sender only when that edge is in the set,
+the corrupted-run write otherwise; MLPs read the circuit's nodes clean and every other sender corrupted. It is
+(LD − LD_corrupted) / (LD_clean − LD_corrupted). Where a block's normalisations cannot be found, or the empty set
+does not reproduce the corrupted run (a block that does not add head outputs to the stream as W_O slices), it is
+node-level instead (every head that is not an endpoint of the set corrupted; embeddings and MLPs clean), and the
+report's ``faithfulness_method`` says which and why.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 import torch
@@ -18,10 +22,12 @@ from agent_tools.analysis.attribution_patching import baseline, minimum_gap
 from agent_tools.analysis.edge_attribution import curve_sizes
 from agent_tools.clean_corrupted import answer_ids, encode_pair
 from agent_tools.errors import InvalidInputError
+from agent_tools.files import write_atomic
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_trace import NextCall
 from agent_tools.runner.edge_attribution import EMBEDDINGS, EdgePasses, Receiver
+from agent_tools.runner.edge_patching import EdgePatchingUnsupported
 from agent_tools.runner.patching import HeadPatch
 from agent_tools.tools.find_circuit.models import (
     CircuitEdge,
@@ -33,16 +39,23 @@ from agent_tools.tools.find_circuit.models import (
     Ranking,
 )
 from agent_tools.tools.find_circuit.narrative import findings, sentence, summary
+from agent_tools.tools.find_circuit.picture import circuit_html, circuit_png
 
 DRAWS = 5  # random edge sets per size
 SEED = 0
 RANKED = 200  # the ranked edge sets tried go up to this many edges, in two orders: by |score| and by score
 # (toward the clean answer first); the one reaching the target with fewer edges is the circuit
 THRESHOLD = 0.25  # edges with |score| ≥ this share of the gap are listed even beyond the circuit's size
-FAITHFULNESS = (
-    "node-level: the clean prompt with every head outside the edge set's endpoints replaced by its corrupted-run "
-    "output (embeddings and MLPs clean); not exact edge patching"
+EDGE_LEVEL = (
+    "edge-level (exact edge patching): each head's Q, K and V inputs and the logits read a sender's clean-run "
+    "write only through an edge in the set, its corrupted-run write otherwise; MLPs read the circuit's nodes clean "
+    "and every other sender corrupted"
 )
+NODE_LEVEL = (
+    "node-level: the clean prompt with every head outside the edge set's endpoints replaced by its corrupted-run "
+    "output (embeddings and MLPs clean); exact edge patching was not possible: {why}"
+)
+EMPTY_TOLERANCE = 0.02  # the empty edge set must reproduce the corrupted run's logit difference to this share
 
 Edge = tuple[int, int]  # (sender index, receiver index)
 
@@ -120,6 +133,42 @@ def _faithfulness(
     return [1.0 if p is None else next(found) for p in patches]
 
 
+def _node_senders(loaded: LoadedModel, passes: EdgePasses, edges: list[Edge]) -> set[int]:
+    """Sender indices of an edge set's nodes: its senders and the heads its receivers stand for."""
+    heads = loaded.facts.num_heads
+    found = {s for s, _ in edges}
+    for _, r in edges:
+        found.update(1 + layer * heads + head for layer, head in _receiver_heads(loaded, passes.receivers[r]))
+    return found
+
+
+def _edge_faithfulness(
+    inspector: Inspector,
+    loaded: LoadedModel,
+    passes: EdgePasses,
+    clean: Encoded,
+    sets: list[list[Edge]],
+    metric: tuple[int, int, float, float],
+) -> tuple[list[float] | None, str]:
+    """Edge-level faithfulness of each edge set (the last set must be empty: it checks the decomposition), or
+    None and why not."""
+    answer, wrong, ld_clean, ld_corrupted = metric
+    nodes = [_node_senders(loaded, passes, edges) for edges in sets]
+    try:
+        logits = inspector.edge_patched_logits(loaded, clean, passes, sets, nodes)
+    except EdgePatchingUnsupported as error:
+        return None, str(error)
+    differences = (logits[:, answer] - logits[:, wrong]).double()
+    values = restored_fraction(differences, ld_clean, ld_corrupted).tolist()
+    if abs(values[-1]) > EMPTY_TOLERANCE:
+        why = (
+            f"the empty edge set gave {values[-1]:.3f} of the gap instead of 0 (this family's blocks do not add "
+            "head outputs to the stream as W_O slices)"
+        )
+        return None, why
+    return values, EDGE_LEVEL
+
+
 def _first_reaching(values: list[float], target: float) -> tuple[int, float]:
     """Sort key of a ranked curve: the first index reaching ``target`` (len: never), then the best value."""
     reaching = [i for i, v in enumerate(values) if v >= target]
@@ -169,7 +218,10 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     draws = [[generator.sample(order, k) for _ in range(DRAWS)] for k in sizes]
     sets = [ranked[:k] for ranked in orderings.values() for k in sizes] + [d for per in draws for d in per] + [[]]
     numbers = (answer, wrong, ld_clean, ld_corrupted)
-    values = _faithfulness(inspector, loaded, passes, clean, first, sets, numbers)
+    values, method = _edge_faithfulness(inspector, loaded, passes, clean, sets, numbers)
+    if values is None:
+        values = _faithfulness(inspector, loaded, passes, clean, first, sets, numbers)
+        method = NODE_LEVEL.format(why=method)
     count = len(sizes)
     curves = {name: values[i * count : (i + 1) * count] for i, name in enumerate(orderings)}
     random_values, empty = values[2 * count : -1], values[-1]
@@ -196,7 +248,7 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     decode = loaded.tokenizer.decode
     edges = [_edge(loaded, passes, e, float(shares[e]), e in ranked[:size]) for e in listed]
     nodes = _graph_nodes(loaded, passes, listed)
-    return CircuitReport(
+    report = CircuitReport(
         model=loaded.name,
         summary=summary(edges, curve[chosen], bool(reaching), args.target, str(decode([answer])), empty),
         findings=findings(edges),
@@ -207,7 +259,7 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
         logit_difference_corrupted=ld_corrupted,
         steps=passes.steps,
         gradient_dtype=passes.gradient_dtype,
-        faithfulness_method=FAITHFULNESS,
+        faithfulness_method=method,
         edges_scored=len(order),
         target=args.target,
         reached=bool(reaching),
@@ -222,6 +274,21 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
         curve=curve,
         next_calls=_next_calls(loaded, args, nodes),
     )
+    if args.png:
+        report.png_path, report.html_path = _write_pictures(inspector, loaded, args, report)
+    return report
+
+
+def _write_pictures(
+    inspector: Inspector, loaded: LoadedModel, args: FindCircuitInput, report: CircuitReport
+) -> tuple[str, str]:
+    """The graph as a PNG and as a standalone HTML page in the artifact folder (each written whole or not at all)."""
+    digest = hashlib.sha256(f"{args.clean}\0{args.corrupted}\0{report.answer}\0{report.wrong}".encode()).hexdigest()
+    stem = f"circuit-{loaded.name}-{digest[:10]}"
+    title = f"{loaded.name}: circuit for {report.answer!r} over {report.wrong!r} ({report.circuit_edges} edges)"
+    png = write_atomic(inspector.artifact_path(stem, ".png"), circuit_png(report.nodes, report.edges, title))
+    page = circuit_html(report.nodes, report.edges, title, report.summary)
+    return str(png), str(write_atomic(inspector.artifact_path(stem, ".html"), page))
 
 
 def _edge(loaded: LoadedModel, passes: EdgePasses, edge: Edge, share: float, inside: bool) -> CircuitEdge:
