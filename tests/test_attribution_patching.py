@@ -155,7 +155,8 @@ def test_grad_drop_of_a_last_layer_head_is_its_plain_estimate(tiny_models, inspe
 
 def test_saturated_attention_hides_the_previous_token_head_and_verification_finds_it(inspector) -> None:
     """In the hand-built induction circuit L1H0's softmax is saturated (scores near 60), so the gradient through
-    its keys is ~0 and the first-order estimate of L0H0 is far from its exact +100% (the failure AtP* names).
+    its keys is ~0 and the first-order estimate of L0H0 is far from its exact +100% (the failure AtP* names; here
+    its LayerNorms are far from linear over the change too, so the plain estimate is shown, ``saturation_fix`` off).
     patch_heads never reports the estimate alone: L0H0 is patched exactly, with the estimate beside it."""
     register_model("circuit-attribution", induction_circuit(), circuit_tokenizer())
     from agent_tools.tools import get_tool
@@ -167,6 +168,7 @@ def test_saturated_attention_hides_the_previous_token_head_and_verification_find
         "method": "attribution",
         "verify": 2,
         "detail": "full",
+        "saturation_fix": False,
     }
     report = get_tool("patch_heads")(inspector, arguments)
     assert report.method == "attribution" and report.attribution is not None
@@ -264,3 +266,122 @@ def test_a_backward_over_the_budget_is_refused_before_it_runs(tiny_models) -> No
     arguments = {"model": "tiny-llama", "clean": CLEAN, "corrupted": CORRUPTED, "method": "attribution"}
     with pytest.raises(ResourceLimitError, match=r"attribution patching's backward over 9 tokens × 1 rows .* use "):
         get_tool("patch_heads")(small, arguments)
+
+
+# --- AtP*: the saturated-attention fix ------------------------------------------------------------------------------
+ANCHOR = 100.0  # a constant ±ANCHOR pair in every residual: LayerNorm divides by (almost) the same σ everywhere
+
+
+def _saturated_selector():
+    """A two-layer, two-head GPT-2 built by hand where the answer is chosen by a saturated head's keys.
+
+    Tokens (circuit tokenizer): S ∈ {cat, dog}, X = red, Y = blue, ? = sat; prompt ``<bos> S red blue sat``.
+    Every residual vector has zero mean and the anchor pair (+100, −100), so each LayerNorm (weight σ_ref = 100/√8)
+    is the identity to 1e-4 and linear in the changes below. Residual dims: 2 isBos, 3 isS, 4 S's sign (cat +1,
+    dog −1; 10 balances it), 5 isX, 6 isY, 7 is?, 8 FLAG (11 balances), 9 OUT (12 balances), 15 balances the rest.
+
+    * L0H0 (saturated, scores 30): red reads S, blue/?/S read <bos>; its value is S's sign, written to FLAG. So
+      FLAG = +1 at red for cat, −1 for dog, 0 elsewhere.
+    * L1H0 (saturated): ? reads with scores 40·FLAG at red and 20 at blue (0 elsewhere), so cat -> red, dog -> blue;
+      its value is isX − isY, written to OUT; the unembedding gives logit(red) − logit(blue) = 4·OUT.
+    * L0H1, L1H1, the MLPs: zero.
+
+    Clean (cat) LD = +4, corrupted (dog) LD = −4. Patching L0H0's clean output restores FLAG, so L1H0 reads red:
+    exactly 100% restored. Its gradient path runs through L1H0's softmax, saturated in the corrupted run (weight
+    1 − 3e−20 on blue): plain attribution estimates ~0%. AtP* recomputes L1H0's pattern with the clean scores
+    (red +40 instead of −40: Δs = 80 at red), ΔA = e_red − e_blue, g·ΔA·v = 4·(1 − (−1)) = 8 = the whole gap, all
+    of it along L0H0's score change: 100%.
+    """
+    import math
+
+    import transformers as tf
+
+    config = tf.GPT2Config(
+        n_layer=2, n_head=2, n_embd=16, vocab_size=32, n_positions=16, bos_token_id=0, eos_token_id=1,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(config).eval()
+    ids = {"<bos>": 0, "cat": 5, "dog": 6, "red": 10, "blue": 11, "sat": 7}  # circuit_tokenizer's ids
+    score_l0, score_l1 = 30 * math.sqrt(8), 40 * math.sqrt(8)  # GPT-2 scales scores by 1/√head_dim = 1/√8
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+        for norm in [block.ln_1 for block in model.transformer.h] + [block.ln_2 for block in model.transformer.h]:
+            norm.weight.fill_(ANCHOR / math.sqrt(8))
+        model.transformer.ln_f.weight.fill_(ANCHOR / math.sqrt(8))
+        model.transformer.wpe.weight[:, 0], model.transformer.wpe.weight[:, 1] = ANCHOR, -ANCHOR
+        table = model.transformer.wte.weight
+        codes = {"<bos>": {2: 1.0}, "cat": {3: 1.0, 4: 1.0, 10: -1.0}, "dog": {3: 1.0, 4: -1.0, 10: 1.0}}
+        codes |= {"red": {5: 1.0}, "blue": {6: 1.0}, "sat": {7: 1.0}}
+        for word, code in codes.items():
+            for dim, value in code.items():
+                table[ids[word], dim] = value
+            table[ids[word], 15] = -sum(code.values())
+        first, second = model.transformer.h[0].attn, model.transformer.h[1].attn
+        q, k, v = 0, 16, 32  # c_attn's columns: queries, keys, values; head 0 is the first 8 of each
+        first.c_attn.weight[5, q + 0] = score_l0  # red asks for S
+        first.c_attn.weight[[3, 6, 7], q + 1] = score_l0  # S, blue and ? ask for <bos>
+        first.c_attn.weight[3, k + 0] = first.c_attn.weight[2, k + 1] = 1.0
+        first.c_attn.weight[4, v + 0] = 1.0
+        first.c_proj.weight[0, 8], first.c_proj.weight[0, 11] = 1.0, -1.0
+        second.c_attn.weight[7, q + 0] = second.c_attn.weight[7, q + 1] = score_l1
+        second.c_attn.weight[8, k + 0], second.c_attn.weight[6, k + 1] = 1.0, 0.5
+        second.c_attn.weight[5, v + 0], second.c_attn.weight[6, v + 0] = 1.0, -1.0
+        second.c_proj.weight[0, 9], second.c_proj.weight[0, 12] = 1.0, -1.0
+        model.lm_head.weight[ids["red"], 9], model.lm_head.weight[ids["blue"], 9] = 2.0, -2.0
+    return model
+
+
+SELECTOR_CLEAN, SELECTOR_CORRUPTED = "cat red blue sat", "dog red blue sat"
+
+
+def test_saturated_softmax_hides_the_upstream_head_from_plain_attribution_and_atp_star_finds_it(inspector) -> None:
+    loaded = register_model("saturated-selector", _saturated_selector(), circuit_tokenizer())
+    clean, corrupted = inspector.encode(loaded, SELECTOR_CLEAN), inspector.encode(loaded, SELECTOR_CORRUPTED)
+    red, blue = 10, 11
+    metric = _metric(red, blue)
+    plain = inspector.attribution_passes(loaded, clean, corrupted, metric, grad_drop=False, saturation_fix=False)
+    fixed = inspector.attribution_passes(loaded, clean, corrupted, metric, grad_drop=False)
+    ld = [float(p[red] - p[blue]) for p in (fixed.clean_logits, fixed.corrupted_logits)]
+    assert ld == pytest.approx([4.0, -4.0], abs=1e-3)
+    gap = ld[0] - ld[1]
+    # plain AtP: L1H0 (its own output) 100%, L0H0 ~0 (its path runs through L1H0's saturated softmax)
+    assert (plain.heads.sum(1) / gap).flatten().tolist() == pytest.approx([0.0, 0.0, 1.0, 0.0], abs=1e-3)
+    assert plain.saturated is None
+    # AtP*: L1H0's softmax is the saturated one; L0H0 now gets the whole pattern change: 100%, as exact patching
+    assert fixed.saturated == {1: [0]}
+    assert (fixed.heads.sum(1) / gap).flatten().tolist() == pytest.approx([1.0, 0.0, 1.0, 0.0], abs=1e-3)
+    sources = fixed.clean_heads
+    outputs = inspector.patched_outputs(loaded, corrupted, [HeadPatch(0, (0,)), HeadPatch(1, (0,))], sources=sources)
+    exact = ((outputs[:, -1, red] - outputs[:, -1, blue]).double() - ld[1]) / gap
+    assert exact.tolist() == pytest.approx([1.0, 1.0], abs=1e-3)
+
+
+def test_patch_heads_names_the_saturated_head_and_verifies_what_atp_star_ranks(inspector) -> None:
+    from agent_tools.tools import get_tool
+
+    register_model("saturated-selector-tool", _saturated_selector(), circuit_tokenizer())
+    arguments = {
+        "model": "saturated-selector-tool",
+        "clean": SELECTOR_CLEAN,
+        "corrupted": SELECTOR_CORRUPTED,
+        "answer": "red",
+        "wrong": "blue",
+        "method": "attribution",
+        "verify": 2,
+        "top_k": 2,
+        "detail": "full",
+    }
+    report = get_tool("patch_heads")(inspector, arguments)
+    check = report.attribution
+    assert check is not None and check.saturated == ["1.0"]
+    assert "AtP* recomputed the saturated softmax of L1H0" in report.summary
+    top = {(h.layer, h.head): (h.restored, h.estimate) for h in report.top_heads}
+    assert top == {(0, 0): pytest.approx((1.0, 1.0), abs=1e-3), (1, 0): pytest.approx((1.0, 1.0), abs=1e-3)}
+    assert check.recall == 2 and check.k == 2
+    plain = get_tool("patch_heads")(inspector, {**arguments, "saturation_fix": False})
+    assert plain.attribution is not None and plain.attribution.saturated is None
+    rows = {(h.layer, h.head): h for h in plain.heads}
+    assert rows[(0, 0)].restored == pytest.approx(1.0, abs=1e-3)  # exact, whether or not it was a candidate
+    assert abs(rows[(0, 0)].estimate) < 1e-3  # ... beside plain attribution's ~0
