@@ -385,3 +385,50 @@ def test_patch_heads_names_the_saturated_head_and_verifies_what_atp_star_ranks(i
     rows = {(h.layer, h.head): h for h in plain.heads}
     assert rows[(0, 0)].restored == pytest.approx(1.0, abs=1e-3)  # exact, whether or not it was a candidate
     assert abs(rows[(0, 0)].estimate) < 1e-3  # ... beside plain attribution's ~0
+
+
+# --- the trace's causal check by attribution -----------------------------------------------------------------------
+TRACE_TEXT = "cat sat on the mat because it was tired and the dog ran to the park"
+TRACE_SEGMENTS = ["cat sat", "on the mat", "because it", "was tired", "and the dog", "ran to the park"]
+
+
+def test_the_trace_ablates_the_top_three_estimates_and_one_random_segment_and_reports_only_exact_values(
+    tiny_models, inspector
+) -> None:
+    """Six named segments: every one is estimated (one forward and one backward), the three largest |estimates|
+    and one drawn from the rest are ablated exactly; the two others carry no causal number, a note names them,
+    and each checked segment's exact Δ Σ log p (neutral replacement) equals a plain forward's, estimate beside it."""
+    from agent_tools.prompt_trace.evidence import neutral_token
+    from agent_tools.segment_attribution import choose_segments
+    from agent_tools.tools import get_tool
+
+    loaded = tiny_models["llama"]
+    segments = [{"name": f"s{i}", "text": text} for i, text in enumerate(TRACE_SEGMENTS)]
+    arguments = {"model": "tiny-llama", "prompt": TRACE_TEXT, "segments": segments, "detail": "full"}
+    report = get_tool("trace_prompt_attention")(inspector, arguments)
+    check = report.causal_attribution
+    assert check is not None and check.estimated == 6 and len(check.checked) == 4
+    assert [row.chosen for row in check.checked] == ["top", "top", "top", "random"]
+    rows = {s.name: s for s in report.segments}
+    checked = {row.segment for row in check.checked}
+    assert {name for name, s in rows.items() if s.causal is not None} == checked
+    assert sorted(check.unchecked) == sorted(f"s{i}" for i in range(6) if f"s{i}" not in checked)
+    assert any("not ablated" in note and all(repr(n) in note for n in check.unchecked) for note in report.evidence_notes)
+    # the choice is attribution's: the three largest |estimates| of the same estimate, computed here again
+    ids = inspector.encode(loaded, TRACE_TEXT).input_ids[0].tolist()
+    neutral = neutral_token(loaded, None)
+    answer = [report.answer_evidence.token_ids[0]]
+    positions = {s.name: list(s.positions) for s in report.segments}
+    names = [f"s{i}" for i in range(6)]
+    variants = [[neutral if p in positions[n] else t for p, t in enumerate(ids)] for n in names]
+    choice = choose_segments(inspector, loaded, ids, answer, variants)
+    assert [names[i] for i in choice.verified] == [row.segment for row in check.checked[:3]]
+    with torch.inference_mode():
+        logits = loaded.model(input_ids=torch.tensor([ids, *variants])).logits[:, -1].float()
+    logp = torch.log_softmax(logits, -1)[:, answer[0]]
+    for row in check.checked:
+        index = names.index(row.segment)
+        assert row.exact == pytest.approx(float(logp[1 + index] - logp[0]), abs=1e-3)
+        assert row.estimate == pytest.approx(choice.estimates[index], abs=1e-3)
+        assert rows[row.segment].causal.answer_neutral == row.exact
+    assert check.missed is not None and check.missed.chosen == "random"

@@ -75,9 +75,7 @@ def _attribution_text(check: AttributionCheck) -> str:
         if check.missed is not None
         else ""
     )
-    saturated = (
-        f"; AtP* recomputed the saturated softmax of {_listed(check.saturated)}" if check.saturated else ""
-    )
+    saturated = f"; AtP* recomputed the saturated softmax of {_listed(check.saturated)}" if check.saturated else ""
     return (
         f" Ranked by attribution patching ({check.estimated} heads estimated by gradients{saturated}; "
         f"{check.verified_top} "
