@@ -432,3 +432,40 @@ def test_the_trace_ablates_the_top_three_estimates_and_one_random_segment_and_re
         assert row.estimate == pytest.approx(choice.estimates[index], abs=1e-3)
         assert rows[row.segment].causal.answer_neutral == row.exact
     assert check.missed is not None and check.missed.chosen == "random"
+
+
+def test_the_trace_falls_back_to_exact_ablation_when_the_estimate_cannot_run(tiny_models) -> None:
+    """Over the gradient budget, or without float embeddings (quantized): every segment is ablated exactly and a
+    note says why (the causal check itself never needs gradients); four or fewer segments never estimate."""
+    from agent_tools.segment_attribution import choice_for_trace
+
+    loaded = tiny_models["llama"]
+    ids = loaded.tokenizer(TRACE_TEXT, add_special_tokens=False)["input_ids"]
+    variants = [[0] + ids[1:], ids[:1] + [0] + ids[2:], ids[:2] + [0] + ids[3:], ids[:3] + [0] + ids[4:], ids[:-1] + [0]]
+    notes: list[str] = []
+    small = Inspector(memory_budget=1024)
+    assert choice_for_trace(small, loaded, ids, ids[-1:], variants, notes) is None
+    assert len(notes) == 1 and notes[0].startswith(
+        "causal check: every segment ablated exactly (the attribution estimate could not run: a gradient pass over "
+    )
+    assert "of activations, over the budget of 1 KiB" in notes[0]
+    assert choice_for_trace(Inspector(), loaded, ids, ids[-1:], variants[:4], notes) is None and len(notes) == 1
+    model = induction_circuit()
+    table = model.transformer.wte.weight.detach()
+    model.transformer.wte.weight = torch.nn.Parameter((table * 100).round().to(torch.int8), requires_grad=False)
+    quantized = register_model("circuit-int8-trace", model, circuit_tokenizer())
+    words = quantized.tokenizer("cat dog sun moon cat", add_special_tokens=False)["input_ids"]
+    neutral = [[4 if p == k else t for p, t in enumerate(words)] for k in range(5)]
+    assert choice_for_trace(Inspector(), quantized, words, [5], neutral, notes) is None
+    assert "no floating-point embedding table (quantized or missing)" in notes[1]
+
+
+def test_segment_estimates_refuse_a_variant_of_another_length(tiny_models, inspector) -> None:
+    from agent_tools.segment_attribution import choose_segments
+
+    loaded = tiny_models["llama"]
+    ids = loaded.tokenizer(TRACE_TEXT, add_special_tokens=False)["input_ids"]
+    with pytest.raises(InvalidInputError, match=r"a neutral variant is 3 tokens, the prompt \d+: .* as many neutral"):
+        choose_segments(inspector, loaded, ids, ids[-1:], [ids[:3]])
+    with pytest.raises(InvalidInputError, match=r"verify must check at least one segment exactly"):
+        choose_segments(inspector, loaded, ids, ids[-1:], [ids], verify=0)
