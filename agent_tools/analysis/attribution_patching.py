@@ -191,11 +191,11 @@ class SaturationCorrectedSoftmax(torch.autograd.Function):
     Inputs: (B, H, T, K) float32 scores, (1 or B, H, T, K) clean-run scores, (H,) bool heads."""
 
     @staticmethod
-    def forward(ctx, scores: Tensor, target: Tensor, heads: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx, scores: Tensor, target: Tensor, heads: Tensor) -> Tensor:
         ctx.save_for_backward(scores, target, heads)
         return torch.softmax(scores, -1)
 
     @staticmethod
-    def backward(ctx, gradient: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, gradient: Tensor) -> tuple[Tensor, None, None]:
         scores, target, heads = ctx.saved_tensors
         return corrected_score_gradient(scores, target, gradient, heads), None, None
