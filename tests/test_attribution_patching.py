@@ -470,3 +470,26 @@ def test_segment_estimates_refuse_a_variant_of_another_length(tiny_models, inspe
         choose_segments(inspector, loaded, ids, ids[-1:], [ids[:3]])
     with pytest.raises(InvalidInputError, match=r"verify must check at least one segment exactly"):
         choose_segments(inspector, loaded, ids, ids[-1:], [ids], verify=0)
+
+
+def test_a_head_is_saturated_when_the_first_order_misses_most_of_a_real_pattern_change() -> None:
+    from agent_tools.analysis.attribution_patching import corrected_score_gradient, saturated_heads
+
+    minimum = torch.finfo(torch.float32).min
+    # head 0: two keys at scores (−40, 20) -> (40, 20): the pattern flips (ΔA = (1, −1), L1 mass 2), the first
+    # order at a saturated softmax is ~0; head 1: scores (0, 0) -> (0.1, 0): a small, linear change (mass 0.05)
+    scores = torch.tensor([[[-40.0, 20.0]], [[0.0, 0.0]]])
+    target = torch.tensor([[[40.0, 20.0]], [[0.1, 0.0]]])
+    assert saturated_heads(scores, target).tolist() == [True, False]
+    # head 1 moved further, still linear: 0.5 -> ΔA = ±0.1225 (mass 0.245), first order ±0.125: not saturated
+    assert not bool(saturated_heads(scores[1:], torch.tensor([[[0.5, 0.0]]]))[0])
+    # a masked key (dtype minimum) takes no weight and no share of the change
+    masked = torch.tensor([[[-40.0, 20.0, minimum]]])
+    assert saturated_heads(masked, torch.tensor([[[40.0, 20.0, minimum]]])).tolist() == [True]
+    # the corrected gradient times the whole change is g·ΔA: with g = (1, −1), ΔA ≈ (1, −1) -> 2
+    gradient = torch.tensor([[[[1.0, -1.0]], [[1.0, -1.0]]]])
+    fixed = corrected_score_gradient(scores[None], target[None], gradient, torch.tensor([True, False]))
+    change = (target - scores)[None]
+    assert float((fixed[0, 0] * change[0, 0]).sum()) == pytest.approx(2.0, abs=1e-6)
+    plain = torch.softmax(scores[1], -1) * (gradient[0, 1] - (torch.softmax(scores[1], -1) * gradient[0, 1]).sum())
+    torch.testing.assert_close(fixed[0, 1], plain)  # an uncorrected head keeps the plain softmax gradient

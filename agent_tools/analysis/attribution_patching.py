@@ -137,8 +137,8 @@ def verify(estimates: Sequence[float], exact: Sequence[float], top: Sequence[int
     return Verification(spearman=rho, recall=len(chosen & set(exact_top)), k=k, missed=missed)
 
 
-SATURATION_TOLERANCE = 0.1  # a head's softmax is saturated over a change when its first-order pattern change is
-# off by more than this much attention mass (L1 over one query row's keys) on some row
+SATURATION_MASS = 0.1  # a head's softmax is saturated over a change when, on some query row, the pattern moves by at
+SATURATION_MISSED = 0.5  # least this much attention mass (L1) and its first-order change misses more than this share
 
 
 def _softmax_jvp(weights: Tensor, direction: Tensor) -> Tensor:
@@ -146,15 +146,18 @@ def _softmax_jvp(weights: Tensor, direction: Tensor) -> Tensor:
     return weights * (direction - (weights * direction).sum(-1, keepdim=True))
 
 
-def saturated_heads(scores: Tensor, target: Tensor, *, tolerance: float = SATURATION_TOLERANCE) -> Tensor:
-    """(H, T, K) float32 masked scores of the corrupted run and of the clean run -> (H,) bool: the heads whose
-    first-order pattern change J(A)·Δs misses the exact change softmax(s') − softmax(s) by more than ``tolerance``
-    (L1 over the keys) on some query row: there the gradient of the softmax says little about patching its inputs.
-    Masked keys (scores at the dtype's minimum) carry no weight in either run."""
+def saturated_heads(
+    scores: Tensor, target: Tensor, *, mass: float = SATURATION_MASS, missed: float = SATURATION_MISSED
+) -> Tensor:
+    """(H, T, K) float32 masked scores of the corrupted run and of the clean run -> (H,) bool: the heads with a
+    query row whose exact pattern change ΔA = softmax(s') − softmax(s) moves at least ``mass`` of attention (L1)
+    while the first-order change J(A)·Δs misses more than ``missed`` of it (‖ΔA − J(A)·Δs‖₁ > missed·‖ΔA‖₁): the
+    softmax's gradient says little about patching its inputs there. Masked keys carry no weight in either run."""
     weights, patched = torch.softmax(scores, -1), torch.softmax(target, -1)
     change = torch.where(_allowed(scores), target - scores, torch.zeros_like(scores))
+    moved = (patched - weights).abs().sum(-1)  # (H, T)
     error = (patched - weights - _softmax_jvp(weights, change)).abs().sum(-1)  # (H, T)
-    return error.amax(-1) > tolerance
+    return ((moved >= mass) & (error > missed * moved)).any(-1)
 
 
 def _allowed(scores: Tensor) -> Tensor:
