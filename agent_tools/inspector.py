@@ -898,6 +898,7 @@ class Inspector:
         *,
         grad_drop: bool,
         field: str = "method",
+        saturation_fix: bool = True,
     ) -> attribution_patching.AttributionPasses:
         """Attribution patching's clean pass and corrupted pass with a backward (rows: 1, or 1 + L with GradDrop),
         refused when the backward's activations would not fit the budget."""
@@ -913,7 +914,13 @@ class Inspector:
         checkpoint = _checkpoint()
         with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
             return attribution_patching.attribution_passes(
-                loaded, clean.input_ids, corrupted.input_ids, metric, grad_drop=grad_drop, field=field
+                loaded,
+                clean.input_ids,
+                corrupted.input_ids,
+                metric,
+                grad_drop=grad_drop,
+                field=field,
+                saturation_fix=saturation_fix,
             )
 
     def edge_attribution(

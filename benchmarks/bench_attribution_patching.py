@@ -7,10 +7,16 @@ model or a random-weight model of a real shape:
 * attribution: one clean pass, one corrupted pass and a backward (the estimate of every head), timed, with GradDrop
   rows when ``--grad-drop``;
 * recall: how many of exact patching's top-10 heads (by |restored|) attribution's top-10 holds, and Spearman's ρ of
-  |estimate| and |exact| over every head.
+  |estimate| and |exact| over every head;
+* forward-equivalents: each method's seconds over one plain forward of the corrupted prompt (same process, same
+  load), the figure the issue's "≤ 3 forward-equivalents, independent of the number of heads" is about.
+
+AtP*'s saturation fix is on unless ``--plain`` (the heads it corrected are counted in ``saturated``).
 
     python benchmarks/bench_attribution_patching.py                       # default model, three pairs (~1 min)
     python benchmarks/bench_attribution_patching.py --shape llama-3.2-1b  # random weights, the real shape
+    python benchmarks/bench_attribution_patching.py --shape qwen2.5-1.5b --layers 2   # its first 2 layers only
+    python benchmarks/bench_attribution_patching.py --plain               # without AtP*'s saturation fix
     python benchmarks/bench_attribution_patching.py --out benchmarks/results-attribution.md
 
 Timing targets live here, never in the tests.
@@ -58,6 +64,8 @@ SHAPES = {  # random-weight models of real configs (no download: the config only
         "num_key_value_heads": 8,
         "head_dim": 64,
         "vocab_size": 128256,
+        "tie_word_embeddings": True,
+        "rope_theta": 500000.0,
     },
     "qwen2.5-1.5b": {
         "model_type": "qwen2",
@@ -67,12 +75,14 @@ SHAPES = {  # random-weight models of real configs (no download: the config only
         "num_attention_heads": 12,
         "num_key_value_heads": 2,
         "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "rope_theta": 1000000.0,
     },
 }
 TOP = 10
 
 
-def _model(shape: str | None):
+def _model(shape: str | None, layers: int | None):
     from agent_tools.loading import load_model, register_model
 
     if shape is None:
@@ -81,14 +91,19 @@ def _model(shape: str | None):
     import transformers as tf
 
     spec = dict(SHAPES[shape])
+    if layers is not None:
+        spec["num_hidden_layers"] = layers
     config = tf.AutoConfig.for_model(spec.pop("model_type"), **spec)
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config).eval()
     tokenizer = load_model("smollm2-135m-instruct").tokenizer  # ids stay below every shape's vocabulary
-    return register_model(f"bench-{shape}", model, tokenizer)
+    suffix = f"-{layers}l" if layers is not None else ""
+    return register_model(f"bench-{shape}{suffix}", model, tokenizer)
 
 
-def measure(loaded, inspector, name: str, pair: tuple[str, str, str, str], *, grad_drop: bool) -> dict:
+def measure(
+    loaded, inspector, name: str, pair: tuple[str, str, str, str], *, grad_drop: bool, saturation_fix: bool
+) -> dict:
     import torch
 
     from agent_tools.analysis.attribution import spearman
@@ -116,7 +131,9 @@ def measure(loaded, inspector, name: str, pair: tuple[str, str, str, str], *, gr
         return logits[:, answer_id] - logits[:, wrong_id]
 
     started = time.perf_counter()
-    passes = inspector.attribution_passes(loaded, encoded[0], encoded[1], metric, grad_drop=grad_drop)
+    passes = inspector.attribution_passes(
+        loaded, encoded[0], encoded[1], metric, grad_drop=grad_drop, saturation_fix=saturation_fix
+    )
     attribution_seconds = time.perf_counter() - started
     started = time.perf_counter()
     with torch.inference_mode():
@@ -138,6 +155,7 @@ def measure(loaded, inspector, name: str, pair: tuple[str, str, str, str], *, gr
         "forward_s": forward_seconds,
         "gap": report.logit_difference_clean - report.logit_difference_corrupted,
         "missed": [f"L{k[0]}H{k[1]}" for k in exact_top if k not in estimate_top],
+        "saturated": sum(len(v) for v in (passes.saturated or {}).values()),
     }
 
 
@@ -146,25 +164,34 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="random weights of a real shape")
     parser.add_argument("--pairs", default=",".join(PAIRS))
     parser.add_argument("--grad-drop", action="store_true")
+    parser.add_argument("--plain", action="store_true", help="without AtP*'s saturation fix")
+    parser.add_argument("--layers", type=int, default=None, help="--shape: only the first N layers")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from agent_tools.inspector import Inspector
 
-    loaded = _model(args.shape)
+    loaded = _model(args.shape, args.layers)
     inspector = Inspector()
-    rows = [measure(loaded, inspector, name, PAIRS[name], grad_drop=args.grad_drop) for name in args.pairs.split(",")]
+    fix = not args.plain
+    rows = [
+        measure(loaded, inspector, name, PAIRS[name], grad_drop=args.grad_drop, saturation_fix=fix)
+        for name in args.pairs.split(",")
+    ]
     lines = [
-        f"model: {loaded.name}; GradDrop: {args.grad_drop}",
+        f"model: {loaded.name}; GradDrop: {args.grad_drop}; AtP* saturation fix: {fix}",
         "",
-        "| pair | tokens | heads | LD gap | recall@10 | ρ | exact s | attribution s | forward s | missed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| pair | tokens | heads | LD gap | recall@10 | ρ | exact s (fwd-eq) | attribution s (fwd-eq) | forward s | "
+        "saturated | missed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         rho = f"{r['rho']:.2f}" if r["rho"] is not None else "-"
         lines.append(
             f"| {r['pair']} | {r['tokens']} | {r['heads']} | {r['gap']:.2f} | {r['recall']}/10 | {rho} | "
-            f"{r['exact_s']:.2f} | {r['attribution_s']:.2f} | {r['forward_s']:.3f} | {' '.join(r['missed'])} |"
+            f"{r['exact_s']:.2f} ({r['exact_s'] / r['forward_s']:.0f}) | "
+            f"{r['attribution_s']:.2f} ({r['attribution_s'] / r['forward_s']:.1f}) | {r['forward_s']:.3f} | "
+            f"{r['saturated']} | {' '.join(r['missed'])} |"
         )
     lines.append("")
     lines.append(

@@ -155,7 +155,8 @@ def test_grad_drop_of_a_last_layer_head_is_its_plain_estimate(tiny_models, inspe
 
 def test_saturated_attention_hides_the_previous_token_head_and_verification_finds_it(inspector) -> None:
     """In the hand-built induction circuit L1H0's softmax is saturated (scores near 60), so the gradient through
-    its keys is ~0 and the first-order estimate of L0H0 is far from its exact +100% (the failure AtP* names).
+    its keys is ~0 and the first-order estimate of L0H0 is far from its exact +100% (the failure AtP* names; here
+    its LayerNorms are far from linear over the change too, so the plain estimate is shown, ``saturation_fix`` off).
     patch_heads never reports the estimate alone: L0H0 is patched exactly, with the estimate beside it."""
     register_model("circuit-attribution", induction_circuit(), circuit_tokenizer())
     from agent_tools.tools import get_tool
@@ -167,6 +168,7 @@ def test_saturated_attention_hides_the_previous_token_head_and_verification_find
         "method": "attribution",
         "verify": 2,
         "detail": "full",
+        "saturation_fix": False,
     }
     report = get_tool("patch_heads")(inspector, arguments)
     assert report.method == "attribution" and report.attribution is not None
@@ -264,3 +266,230 @@ def test_a_backward_over_the_budget_is_refused_before_it_runs(tiny_models) -> No
     arguments = {"model": "tiny-llama", "clean": CLEAN, "corrupted": CORRUPTED, "method": "attribution"}
     with pytest.raises(ResourceLimitError, match=r"attribution patching's backward over 9 tokens × 1 rows .* use "):
         get_tool("patch_heads")(small, arguments)
+
+
+# --- AtP*: the saturated-attention fix ------------------------------------------------------------------------------
+ANCHOR = 100.0  # a constant ±ANCHOR pair in every residual: LayerNorm divides by (almost) the same σ everywhere
+
+
+def _saturated_selector():
+    """A two-layer, two-head GPT-2 built by hand where the answer is chosen by a saturated head's keys.
+
+    Tokens (circuit tokenizer): S ∈ {cat, dog}, X = red, Y = blue, ? = sat; prompt ``<bos> S red blue sat``.
+    Every residual vector has zero mean and the anchor pair (+100, −100), so each LayerNorm (weight σ_ref = 100/√8)
+    is the identity to 1e-4 and linear in the changes below. Residual dims: 2 isBos, 3 isS, 4 S's sign (cat +1,
+    dog −1; 10 balances it), 5 isX, 6 isY, 7 is?, 8 FLAG (11 balances), 9 OUT (12 balances), 15 balances the rest.
+
+    * L0H0 (saturated, scores 30): red reads S, blue/?/S read <bos>; its value is S's sign, written to FLAG. So
+      FLAG = +1 at red for cat, −1 for dog, 0 elsewhere.
+    * L1H0 (saturated): ? reads with scores 40·FLAG at red and 20 at blue (0 elsewhere), so cat -> red, dog -> blue;
+      its value is isX − isY, written to OUT; the unembedding gives logit(red) − logit(blue) = 4·OUT.
+    * L0H1, L1H1, the MLPs: zero.
+
+    Clean (cat) LD = +4, corrupted (dog) LD = −4. Patching L0H0's clean output restores FLAG, so L1H0 reads red:
+    exactly 100% restored. Its gradient path runs through L1H0's softmax, saturated in the corrupted run (weight
+    1 − 3e−20 on blue): plain attribution estimates ~0%. AtP* recomputes L1H0's pattern with the clean scores
+    (red +40 instead of −40: Δs = 80 at red), ΔA = e_red − e_blue, g·ΔA·v = 4·(1 − (−1)) = 8 = the whole gap, all
+    of it along L0H0's score change: 100%.
+    """
+    import math
+
+    import transformers as tf
+
+    config = tf.GPT2Config(
+        n_layer=2, n_head=2, n_embd=16, vocab_size=32, n_positions=16, bos_token_id=0, eos_token_id=1,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(config).eval()
+    ids = {"<bos>": 0, "cat": 5, "dog": 6, "red": 10, "blue": 11, "sat": 7}  # circuit_tokenizer's ids
+    score_l0, score_l1 = 30 * math.sqrt(8), 40 * math.sqrt(8)  # GPT-2 scales scores by 1/√head_dim = 1/√8
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+        for norm in [block.ln_1 for block in model.transformer.h] + [block.ln_2 for block in model.transformer.h]:
+            norm.weight.fill_(ANCHOR / math.sqrt(8))
+        model.transformer.ln_f.weight.fill_(ANCHOR / math.sqrt(8))
+        model.transformer.wpe.weight[:, 0], model.transformer.wpe.weight[:, 1] = ANCHOR, -ANCHOR
+        table = model.transformer.wte.weight
+        codes = {"<bos>": {2: 1.0}, "cat": {3: 1.0, 4: 1.0, 10: -1.0}, "dog": {3: 1.0, 4: -1.0, 10: 1.0}}
+        codes |= {"red": {5: 1.0}, "blue": {6: 1.0}, "sat": {7: 1.0}}
+        for word, code in codes.items():
+            for dim, value in code.items():
+                table[ids[word], dim] = value
+            table[ids[word], 15] = -sum(code.values())
+        first, second = model.transformer.h[0].attn, model.transformer.h[1].attn
+        q, k, v = 0, 16, 32  # c_attn's columns: queries, keys, values; head 0 is the first 8 of each
+        first.c_attn.weight[5, q + 0] = score_l0  # red asks for S
+        first.c_attn.weight[[3, 6, 7], q + 1] = score_l0  # S, blue and ? ask for <bos>
+        first.c_attn.weight[3, k + 0] = first.c_attn.weight[2, k + 1] = 1.0
+        first.c_attn.weight[4, v + 0] = 1.0
+        first.c_proj.weight[0, 8], first.c_proj.weight[0, 11] = 1.0, -1.0
+        second.c_attn.weight[7, q + 0] = second.c_attn.weight[7, q + 1] = score_l1
+        second.c_attn.weight[8, k + 0], second.c_attn.weight[6, k + 1] = 1.0, 0.5
+        second.c_attn.weight[5, v + 0], second.c_attn.weight[6, v + 0] = 1.0, -1.0
+        second.c_proj.weight[0, 9], second.c_proj.weight[0, 12] = 1.0, -1.0
+        model.lm_head.weight[ids["red"], 9], model.lm_head.weight[ids["blue"], 9] = 2.0, -2.0
+    return model
+
+
+SELECTOR_CLEAN, SELECTOR_CORRUPTED = "cat red blue sat", "dog red blue sat"
+
+
+def test_saturated_softmax_hides_the_upstream_head_from_plain_attribution_and_atp_star_finds_it(inspector) -> None:
+    loaded = register_model("saturated-selector", _saturated_selector(), circuit_tokenizer())
+    clean, corrupted = inspector.encode(loaded, SELECTOR_CLEAN), inspector.encode(loaded, SELECTOR_CORRUPTED)
+    red, blue = 10, 11
+    metric = _metric(red, blue)
+    plain = inspector.attribution_passes(loaded, clean, corrupted, metric, grad_drop=False, saturation_fix=False)
+    fixed = inspector.attribution_passes(loaded, clean, corrupted, metric, grad_drop=False)
+    ld = [float(p[red] - p[blue]) for p in (fixed.clean_logits, fixed.corrupted_logits)]
+    assert ld == pytest.approx([4.0, -4.0], abs=1e-3)
+    gap = ld[0] - ld[1]
+    # plain AtP: L1H0 (its own output) 100%, L0H0 ~0 (its path runs through L1H0's saturated softmax)
+    assert (plain.heads.sum(1) / gap).flatten().tolist() == pytest.approx([0.0, 0.0, 1.0, 0.0], abs=1e-3)
+    assert plain.saturated is None
+    # AtP*: L1H0's softmax is the saturated one; L0H0 now gets the whole pattern change: 100%, as exact patching
+    assert fixed.saturated == {1: [0]}
+    assert (fixed.heads.sum(1) / gap).flatten().tolist() == pytest.approx([1.0, 0.0, 1.0, 0.0], abs=1e-3)
+    sources = fixed.clean_heads
+    outputs = inspector.patched_outputs(loaded, corrupted, [HeadPatch(0, (0,)), HeadPatch(1, (0,))], sources=sources)
+    exact = ((outputs[:, -1, red] - outputs[:, -1, blue]).double() - ld[1]) / gap
+    assert exact.tolist() == pytest.approx([1.0, 1.0], abs=1e-3)
+
+
+def test_patch_heads_names_the_saturated_head_and_verifies_what_atp_star_ranks(inspector) -> None:
+    from agent_tools.tools import get_tool
+
+    register_model("saturated-selector-tool", _saturated_selector(), circuit_tokenizer())
+    arguments = {
+        "model": "saturated-selector-tool",
+        "clean": SELECTOR_CLEAN,
+        "corrupted": SELECTOR_CORRUPTED,
+        "answer": "red",
+        "wrong": "blue",
+        "method": "attribution",
+        "verify": 2,
+        "top_k": 2,
+        "detail": "full",
+    }
+    report = get_tool("patch_heads")(inspector, arguments)
+    check = report.attribution
+    assert check is not None and check.saturated == ["1.0"]
+    assert "AtP* recomputed the saturated softmax of L1H0" in report.summary
+    top = {(h.layer, h.head): (h.restored, h.estimate) for h in report.top_heads}
+    assert top == {(0, 0): pytest.approx((1.0, 1.0), abs=1e-3), (1, 0): pytest.approx((1.0, 1.0), abs=1e-3)}
+    assert check.recall == 2 and check.k == 2
+    plain = get_tool("patch_heads")(inspector, {**arguments, "saturation_fix": False})
+    assert plain.attribution is not None and plain.attribution.saturated is None
+    rows = {(h.layer, h.head): h for h in plain.heads}
+    assert rows[(0, 0)].restored == pytest.approx(1.0, abs=1e-3)  # exact, whether or not it was a candidate
+    assert abs(rows[(0, 0)].estimate) < 1e-3  # ... beside plain attribution's ~0
+
+
+# --- the trace's causal check by attribution -----------------------------------------------------------------------
+TRACE_TEXT = "cat sat on the mat because it was tired and the dog ran to the park"
+TRACE_SEGMENTS = ["cat sat", "on the mat", "because it", "was tired", "and the dog", "ran to the park"]
+
+
+def test_the_trace_ablates_the_top_three_estimates_and_one_random_segment_and_reports_only_exact_values(
+    tiny_models, inspector
+) -> None:
+    """Six named segments: every one is estimated (one forward and one backward), the three largest |estimates|
+    and one drawn from the rest are ablated exactly; the two others carry no causal number, a note names them,
+    and each checked segment's exact Δ Σ log p (neutral replacement) equals a plain forward's, estimate beside it."""
+    from agent_tools.prompt_trace.evidence import neutral_token
+    from agent_tools.segment_attribution import choose_segments
+    from agent_tools.tools import get_tool
+
+    loaded = tiny_models["llama"]
+    segments = [{"name": f"s{i}", "text": text} for i, text in enumerate(TRACE_SEGMENTS)]
+    arguments = {"model": "tiny-llama", "prompt": TRACE_TEXT, "segments": segments, "detail": "full"}
+    report = get_tool("trace_prompt_attention")(inspector, arguments)
+    check = report.causal_attribution
+    assert check is not None and check.estimated == 6 and len(check.checked) == 4
+    assert [row.chosen for row in check.checked] == ["top", "top", "top", "random"]
+    rows = {s.name: s for s in report.segments}
+    checked = {row.segment for row in check.checked}
+    assert {name for name, s in rows.items() if s.causal is not None} == checked
+    assert sorted(check.unchecked) == sorted(f"s{i}" for i in range(6) if f"s{i}" not in checked)
+    notes = [note for note in report.evidence_notes if "not ablated" in note]
+    assert len(notes) == 1 and all(repr(name) in notes[0] for name in check.unchecked)
+    # the choice is attribution's: the three largest |estimates| of the same estimate, computed here again
+    ids = inspector.encode(loaded, TRACE_TEXT).input_ids[0].tolist()
+    neutral = neutral_token(loaded, None)
+    answer = [report.answer_evidence.token_ids[0]]
+    positions = {s.name: list(s.positions) for s in report.segments}
+    names = [f"s{i}" for i in range(6)]
+    variants = [[neutral if p in positions[n] else t for p, t in enumerate(ids)] for n in names]
+    choice = choose_segments(inspector, loaded, ids, answer, variants)
+    assert [names[i] for i in choice.verified] == [row.segment for row in check.checked[:3]]
+    with torch.inference_mode():
+        logits = loaded.model(input_ids=torch.tensor([ids, *variants])).logits[:, -1].float()
+    logp = torch.log_softmax(logits, -1)[:, answer[0]]
+    for row in check.checked:
+        index = names.index(row.segment)
+        assert row.exact == pytest.approx(float(logp[1 + index] - logp[0]), abs=1e-3)
+        assert row.estimate == pytest.approx(choice.estimates[index], abs=1e-3)
+        assert rows[row.segment].causal.answer_neutral == row.exact
+    assert check.missed is not None and check.missed.chosen == "random"
+
+
+def test_the_trace_falls_back_to_exact_ablation_when_the_estimate_cannot_run(tiny_models) -> None:
+    """Over the gradient budget, or without float embeddings (quantized): every segment is ablated exactly and a
+    note says why (the causal check itself never needs gradients); four or fewer segments never estimate."""
+    from agent_tools.segment_attribution import choice_for_trace
+
+    loaded = tiny_models["llama"]
+    ids = loaded.tokenizer(TRACE_TEXT, add_special_tokens=False)["input_ids"]
+    variants = [[0 if p == k else t for p, t in enumerate(ids)] for k in range(5)]
+    notes: list[str] = []
+    small = Inspector(memory_budget=1024)
+    assert choice_for_trace(small, loaded, ids, ids[-1:], variants, notes) is None
+    assert len(notes) == 1 and notes[0].startswith(
+        "causal check: every segment ablated exactly (the attribution estimate could not run: a gradient pass over "
+    )
+    assert "of activations, over the budget of 1 KiB" in notes[0]
+    assert choice_for_trace(Inspector(), loaded, ids, ids[-1:], variants[:4], notes) is None and len(notes) == 1
+    model = induction_circuit()
+    table = model.transformer.wte.weight.detach()
+    model.transformer.wte.weight = torch.nn.Parameter((table * 100).round().to(torch.int8), requires_grad=False)
+    quantized = register_model("circuit-int8-trace", model, circuit_tokenizer())
+    words = quantized.tokenizer("cat dog sun moon cat", add_special_tokens=False)["input_ids"]
+    neutral = [[4 if p == k else t for p, t in enumerate(words)] for k in range(5)]
+    assert choice_for_trace(Inspector(), quantized, words, [5], neutral, notes) is None
+    assert "no floating-point embedding table (quantized or missing)" in notes[1]
+
+
+def test_segment_estimates_refuse_a_variant_of_another_length(tiny_models, inspector) -> None:
+    from agent_tools.segment_attribution import choose_segments
+
+    loaded = tiny_models["llama"]
+    ids = loaded.tokenizer(TRACE_TEXT, add_special_tokens=False)["input_ids"]
+    with pytest.raises(InvalidInputError, match=r"a neutral variant is 3 tokens, the prompt \d+: .* as many neutral"):
+        choose_segments(inspector, loaded, ids, ids[-1:], [ids[:3]])
+    with pytest.raises(InvalidInputError, match=r"verify must check at least one segment exactly"):
+        choose_segments(inspector, loaded, ids, ids[-1:], [ids], verify=0)
+
+
+def test_a_head_is_saturated_when_the_first_order_misses_most_of_a_real_pattern_change() -> None:
+    from agent_tools.analysis.attribution_patching import corrected_score_gradient, saturated_heads
+
+    minimum = torch.finfo(torch.float32).min
+    # head 0: two keys at scores (−40, 20) -> (40, 20): the pattern flips (ΔA = (1, −1), L1 mass 2), the first
+    # order at a saturated softmax is ~0; head 1: scores (0, 0) -> (0.1, 0): a small, linear change (mass 0.05)
+    scores = torch.tensor([[[-40.0, 20.0]], [[0.0, 0.0]]])
+    target = torch.tensor([[[40.0, 20.0]], [[0.1, 0.0]]])
+    assert saturated_heads(scores, target).tolist() == [True, False]
+    # head 1 moved further, still linear: 0.5 -> ΔA = ±0.1225 (mass 0.245), first order ±0.125: not saturated
+    assert not bool(saturated_heads(scores[1:], torch.tensor([[[0.5, 0.0]]]))[0])
+    # a masked key (dtype minimum) takes no weight and no share of the change
+    masked = torch.tensor([[[-40.0, 20.0, minimum]]])
+    assert saturated_heads(masked, torch.tensor([[[40.0, 20.0, minimum]]])).tolist() == [True]
+    # the corrected gradient times the whole change is g·ΔA: with g = (1, −1), ΔA ≈ (1, −1) -> 2
+    gradient = torch.tensor([[[[1.0, -1.0]], [[1.0, -1.0]]]])
+    fixed = corrected_score_gradient(scores[None], target[None], gradient, torch.tensor([True, False]))
+    change = (target - scores)[None]
+    assert float((fixed[0, 0] * change[0, 0]).sum()) == pytest.approx(2.0, abs=1e-6)
+    plain = torch.softmax(scores[1], -1) * (gradient[0, 1] - (torch.softmax(scores[1], -1) * gradient[0, 1]).sum())
+    torch.testing.assert_close(fixed[0, 1], plain)  # an uncorrected head keeps the plain softmax gradient

@@ -137,3 +137,70 @@ def verify(estimates: Sequence[float], exact: Sequence[float], top: Sequence[int
     missed = max(outside, key=lambda i: abs(exact[i])) if outside else None
     rho = spearman([abs(v) for v in estimates], [abs(v) for v in exact])
     return Verification(spearman=rho, recall=len(chosen & set(exact_top)), k=k, missed=missed)
+
+
+SATURATION_MASS = 0.1  # a head's softmax is saturated over a change when, on some query row, the pattern moves by at
+SATURATION_MISSED = 0.5  # least this much attention mass (L1) and its first-order change misses more than this share
+
+
+def _softmax_jvp(weights: Tensor, direction: Tensor) -> Tensor:
+    """J_softmax(A)·v row by row: A ⊙ (v − Σ_k A_k v_k) (the same form gives Jᵀ·g, the Jacobian is symmetric)."""
+    return weights * (direction - (weights * direction).sum(-1, keepdim=True))
+
+
+def saturated_heads(
+    scores: Tensor, target: Tensor, *, mass: float = SATURATION_MASS, missed: float = SATURATION_MISSED
+) -> Tensor:
+    """(H, T, K) float32 masked scores of the corrupted run and of the clean run -> (H,) bool: the heads with a
+    query row whose exact pattern change ΔA = softmax(s') − softmax(s) moves at least ``mass`` of attention (L1)
+    while the first-order change J(A)·Δs misses more than ``missed`` of it (‖ΔA − J(A)·Δs‖₁ > missed·‖ΔA‖₁): the
+    softmax's gradient says little about patching its inputs there. Masked keys carry no weight in either run."""
+    weights, patched = torch.softmax(scores, -1), torch.softmax(target, -1)
+    change = torch.where(_allowed(scores), target - scores, torch.zeros_like(scores))
+    moved = (patched - weights).abs().sum(-1)  # (H, T)
+    error = (patched - weights - _softmax_jvp(weights, change)).abs().sum(-1)  # (H, T)
+    return ((moved >= mass) & (error > missed * moved)).any(-1)
+
+
+def _allowed(scores: Tensor) -> Tensor:
+    return scores > torch.finfo(torch.float32).min / 2
+
+
+def corrected_score_gradient(scores: Tensor, target: Tensor, gradient: Tensor, heads: Tensor) -> Tensor:
+    """AtP*'s fix for saturated attention (Kramár et al. 2024, §3.1.1), as the gradient at the scores.
+
+    (B, H, T, K) scores s of the corrupted run, (1 or B, H, T, K) scores s' with the clean run's queries and keys,
+    (B, H, T, K) ∂M/∂A at the pattern A = softmax(s), (H,) bool heads to correct -> (B, H, T, K) ∂M/∂s.
+
+    The plain gradient is J(A)ᵀ·g; on a saturated row it is ~0 although moving the scores from s to s' flips the
+    pattern. For the corrected heads the row's gradient becomes J(A)ᵀ·g + r·c/‖c‖², where c is Δs = s' − s centred
+    over the row's allowed keys (a constant shift changes no softmax) and r = g·(softmax(s') − softmax(s)) − (J(A)ᵀ·g)·c
+    is what the first order misses. Then the gradient times the whole change Δs is exactly g·ΔA, the linear estimate
+    through the recomputed pattern; a component that moves the scores by part of Δs gets the share of r its score
+    change has along c (a change orthogonal to c, or a constant shift, gets the plain gradient)."""
+    weights = torch.softmax(scores, -1)
+    local = _softmax_jvp(weights, gradient)
+    allowed = _allowed(scores)
+    change = torch.where(allowed, target - scores, torch.zeros_like(scores))
+    count = allowed.sum(-1, keepdim=True).clamp(min=1)
+    centred = torch.where(allowed, change - change.sum(-1, keepdim=True) / count, torch.zeros_like(change))
+    exact = (gradient * (torch.softmax(target, -1) - weights)).sum(-1, keepdim=True)
+    missing = exact - (local * centred).sum(-1, keepdim=True)
+    norm = (centred * centred).sum(-1, keepdim=True)
+    fix = torch.where(norm > 1e-12, missing / norm.clamp(min=1e-12), torch.zeros_like(norm)) * centred
+    return torch.where(heads.reshape(1, -1, 1, 1), local + fix, local)
+
+
+class SaturationCorrectedSoftmax(torch.autograd.Function):
+    """softmax(scores) forward; :func:`corrected_score_gradient` backward for the chosen heads (plain elsewhere).
+    Inputs: (B, H, T, K) float32 scores, (1 or B, H, T, K) clean-run scores, (H,) bool heads."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, target: Tensor, heads: Tensor) -> Tensor:
+        ctx.save_for_backward(scores, target, heads)
+        return torch.softmax(scores, -1)
+
+    @staticmethod
+    def backward(ctx, gradient: Tensor) -> tuple[Tensor, None, None]:
+        scores, target, heads = ctx.saved_tensors
+        return corrected_score_gradient(scores, target, gradient, heads), None, None

@@ -90,7 +90,7 @@ def causal_lead(
             f"Deciding token {token!r} (step {step} of {len(tokens)}, the one removals move most): it "
             f"{_token_clauses(traced, evidence, verdict)}."
         )
-        whole = min(verdict.segments, key=lambda i: evidence.causal[i].answer_removed)
+        whole = min(verdict.checked, key=lambda i: evidence.causal[i].answer_removed)
         delta = evidence.causal[whole].answer_removed
         if direction(delta) == "depends_on":
             text += f" The whole answer {effect_words(_name(traced, whole), delta, of='Σ log p')} most."
@@ -207,7 +207,7 @@ def evidence_findings(
     findings: list[Finding] = []
     step = verdict.deciding
     token = measured.tokens[step] if step is not None and step < len(measured.tokens) else measured.text
-    ranked = sorted(verdict.segments, key=lambda i: -abs(evidence.causal[i].on_token(step))) if evidence.causal else []
+    ranked = sorted(verdict.checked, key=lambda i: -abs(evidence.causal[i].on_token(step))) if evidence.causal else []
     for i in ranked[:3]:
         delta = evidence.causal[i].on_token(step)
         findings.append(

@@ -37,6 +37,7 @@ from agent_tools.prompt_trace.answer import measured_ids
 from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers
 from agent_tools.prompt_trace.models import AGREEMENT_RHO, CHECKS, DEFAULT_CHECKS, NEGLIGIBLE_NATS, Check, Direction
 from agent_tools.runner.attribution import SegmentVariant, input_embeddings
+from agent_tools.segment_attribution import SegmentCheck, choice_for_trace, segment_check, unchecked_note
 
 CHECK_ORDER: tuple[Check, ...] = ("causal", "gradient", "value")
 
@@ -230,6 +231,8 @@ class Evidence:
     clean: torch.Tensor | None = None  # (A,) clean log-probabilities of the answer tokens
     generated_ids: list[int] = field(default_factory=list)  # what the model wrote (the answer may drop its stop)
     causal: dict[int, SegmentCausal] = field(default_factory=dict)
+    # causal check by attribution (more than 4 segments): the check, and the segment index of each of its rows
+    attribution: tuple[SegmentCheck, list[int]] | None = None
     gradient: GradientNumbers | None = None
     notes: list[str] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
@@ -261,13 +264,14 @@ def _causal(
     """Each content segment removed and replaced by neutral tokens: the answer's log-probability changes."""
     prompt, neutral = traced.prompt, prepared.neutral_id
     assert neutral is not None
-    segments = content_segments(prompt)
+    candidates, ids = content_segments(prompt), prompt.encoded.input_ids[0].tolist()
+    variants = _variants(prompt, candidates, neutral)
+    neutral_ids = [v.neutral for v in variants]
+    choice = choice_for_trace(inspector, loaded, ids, evidence.answer_ids, neutral_ids, evidence.notes)
+    rows = choice.chosen if choice is not None else list(range(len(candidates)))  # the rest only estimated
+    segments = [candidates[r] for r in rows]
     result = inspector.segment_ablations(
-        loaded,
-        prompt.encoded.input_ids[0].tolist(),
-        evidence.answer_ids,
-        _variants(prompt, segments, neutral),
-        traced=traced.answer_pass,
+        loaded, ids, evidence.answer_ids, [variants[r] for r in rows], traced=traced.answer_pass
     )
     evidence.clean = result.clean
     first_removed, whole_removed = logprob_changes(result.removed, result.clean)  # (n,) each
@@ -282,6 +286,11 @@ def _causal(
             top_changed_neutral=result.neutral_top[row] != result.clean_top,
             per_token_removed=tuple((result.removed[row] - result.clean).tolist()),
         )
+    if choice is not None:
+        exact = {r: float(whole_neutral[k]) for k, r in enumerate(rows)}
+        evidence.attribution = segment_check(choice, exact), candidates
+        skipped = [prompt.segments[i].name for i in candidates if i not in evidence.causal]
+        evidence.notes.append(unchecked_note(skipped, evidence.attribution[0]))
     evidence.checks.append("causal")
 
 
@@ -359,6 +368,7 @@ class Verdict:
     moves_most: int | None  # the named segment with the largest |Δ| either way
     read_first: int | None  # the named segment attention ranks first
     agree: bool | None  # attention and removal: the same top and ρ ≥ AGREEMENT_RHO
+    checked: list[int] = field(default_factory=list)  # the named segments ablated exactly (all but attribution's rest)
 
 
 def verdict(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence) -> Verdict:
@@ -376,25 +386,42 @@ def verdict(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence) -> 
     against: list[int] = []
     moves: int | None = None
     causal = evidence.causal
-    if causal and segments:
-        per_token = [list(causal[i].per_token_removed) or [causal[i].answer_removed] for i in segments]
+    checked = [i for i in segments if i in causal]  # all, unless attribution left some unablated
+    if causal and checked:
+        per_token = [list(causal[i].per_token_removed) or [causal[i].answer_removed] for i in checked]
         deciding = deciding_step(torch.tensor(per_token, dtype=torch.float64))  # (S, A) -> step
-        delta = {i: causal[i].on_token(deciding) for i in segments}
-        measures["causal"] = [abs(delta[i]) for i in segments]
-        depends = sorted((i for i in segments if direction(delta[i]) == "depends_on"), key=lambda i: delta[i])
-        against = sorted((i for i in segments if direction(delta[i]) == "works_against"), key=lambda i: -delta[i])
-        moves = segments[top_index(measures["causal"])]
+        delta = {i: causal[i].on_token(deciding) for i in checked}
+        depends = sorted((i for i in checked if direction(delta[i]) == "depends_on"), key=lambda i: delta[i])
+        against = sorted((i for i in checked if direction(delta[i]) == "works_against"), key=lambda i: -delta[i])
+        moves = checked[top_index([abs(delta[i]) for i in checked])]
+        if checked == segments:
+            measures["causal"] = [abs(delta[i]) for i in segments]
     if evidence.gradient is not None:
         measures["gradient"] = [evidence.gradient.integrated[i] for i in segments]
-        if causal:
+        if causal and checked == segments:
             measures["removal"] = [-causal[i].answer_removed for i in segments]  # support, as IG's sign
     read_first = segments[top_index(measures["attention"])] if segments else None
     agreement = _agreement(measures) if len(segments) >= 2 else []
+    if causal and checked != segments and len(checked) >= 2:  # the ablated segments only
+        subset = _agreement(_checked_measures(segments, checked, measures, delta, causal))
+        agreement += [row for row in subset if {"causal", "removal"} & set(row[:2])]
     agree: bool | None = None
-    if moves is not None and read_first is not None and len(segments) >= 2:
+    if moves is not None and read_first is not None and len(checked) >= 2:
         rho = next((r for a, b, r, _ in agreement if (a, b) == ("attention", "causal")), None)
         agree = read_first == moves and (rho is None or rho >= AGREEMENT_RHO)
-    return Verdict(segments, apart, measures, agreement, deciding, depends, against, moves, read_first, agree)
+    return Verdict(segments, apart, measures, agreement, deciding, depends, against, moves, read_first, agree, checked)
+
+
+def _checked_measures(
+    segments: list[int], checked: list[int], measures: dict[str, list[float]], delta: dict[int, float], causal: dict
+) -> dict[str, list[float]]:
+    """The measures over the ablated segments only, with |Δ| and removal's Δ (rank agreement needs them paired)."""
+    rows = [segments.index(i) for i in checked]
+    kept = {name: [values[r] for r in rows] for name, values in measures.items()}
+    kept["causal"] = [abs(delta[i]) for i in checked]
+    if "gradient" in kept:
+        kept["removal"] = [-causal[i].answer_removed for i in checked]
+    return kept
 
 
 AGREEMENT_PAIRS = (("attention", "causal"), ("value", "causal"), ("attention", "value"), ("gradient", "removal"))

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from agent_tools.inspector import MAX_NEW_TOKENS
 from agent_tools.schemas import KeyWeight, NextCall, Report
+from agent_tools.segment_attribution import CausalAttribution
 from agent_tools.stack_input import StackReport
 
 Target = Literal["last", "generate"]
@@ -302,6 +303,9 @@ class PromptTrace(Report, StackReport):
     gradient_run: GradientRun | None = None
     views: list[ViewLead] = Field(default_factory=list, description="what each view measures and whom it puts first")
     evidence_notes: list[str] = Field(default_factory=list, description="checks skipped, and why")
+    causal_attribution: CausalAttribution | None = Field(
+        default=None, description="more than 4 segments: how attribution chose the segments ablated exactly"
+    )
     next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")
 
 

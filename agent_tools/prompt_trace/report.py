@@ -52,6 +52,7 @@ from agent_tools.prompt_trace.models import (
 from agent_tools.prompt_trace.narrative import Answer, narrate
 from agent_tools.prompt_trace.next_calls import trace_next_calls
 from agent_tools.schemas import ChatMessage, KeyWeight, rounded
+from agent_tools.segment_attribution import causal_attribution
 from agent_tools.stack_input import on_stack
 
 NEXT_TOKENS_SHOWN = 5
@@ -282,7 +283,7 @@ def _deciding_token(
     if step is None or evidence.clean is None:
         return None
     names = traced.prompt.names
-    ranked = sorted(checked.segments, key=lambda i: -abs(evidence.causal[i].on_token(step)))
+    ranked = sorted(checked.checked, key=lambda i: -abs(evidence.causal[i].on_token(step)))
     return DecidingToken(
         step=step,
         token=measured.tokens[step],
@@ -321,6 +322,7 @@ def _evidence_fields(
         "gradient_run": _gradient_run(evidence),
         "views": view_leads(traced, numbers, evidence, checked),
         "evidence_notes": list(evidence.notes),
+        "causal_attribution": causal_attribution(*evidence.attribution, names) if evidence.attribution else None,
     }
 
 
@@ -332,7 +334,7 @@ def _answer_evidence(
     names = traced.prompt.names
     per_token = []
     for step, token in enumerate(measured.tokens):
-        mover = max(checked.segments, key=lambda i: abs(evidence.causal[i].on_token(step)), default=None)
+        mover = max(checked.checked, key=lambda i: abs(evidence.causal[i].on_token(step)), default=None)
         mover = mover if evidence.causal and mover is not None else None
         per_token.append(
             AnswerToken(

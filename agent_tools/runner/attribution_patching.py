@@ -19,7 +19,7 @@ floating point (quantized) is refused. These are the only runner passes outside 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +30,7 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.intervene import attribution_taps, mlp_outputs_replaced, residual_gradients_dropped
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import on_device
+from agent_tools.runner.saturation import saturation_corrected, saturation_state
 
 FLOAT16_LOSS_SCALE = 4096.0  # the metric is scaled by this before a float16 backward (no underflow), then unscaled
 
@@ -51,6 +52,7 @@ class AttributionPasses:
     corrupted_logits: Tensor  # (V,)
     gradient_dtype: str  # the backward's dtype, and the loss scale when one was used
     rows: int  # batch rows of the corrupted forward and backward
+    saturated: dict[int, list[int]] | None = None  # AtP*: layer -> heads whose softmax got the corrected backward
 
 
 def gradient_embeddings(loaded: LoadedModel, field: str) -> nn.Module:
@@ -88,10 +90,20 @@ def _last_logits(loaded: LoadedModel, ids: Tensor) -> Tensor:
 
 
 def attribution_passes(
-    loaded: LoadedModel, clean_ids: Tensor, corrupted_ids: Tensor, metric: Metric, *, grad_drop: bool, field: str
+    loaded: LoadedModel,
+    clean_ids: Tensor,
+    corrupted_ids: Tensor,
+    metric: Metric,
+    *,
+    grad_drop: bool,
+    field: str,
+    saturation_fix: bool = True,
 ) -> AttributionPasses:
     """(1, T) clean and corrupted ids and a metric of the last-position logits -> every head's, every position's
-    and every MLP's first-order patching estimate (denoising: clean values into the corrupted run)."""
+    and every MLP's first-order patching estimate (denoising: clean values into the corrupted run). With
+    ``saturation_fix`` (AtP*) both passes run eager attention in float32 (:mod:`agent_tools.runner.saturation`):
+    the clean pass records every layer's scores, and in the corrupted backward each head whose softmax is saturated
+    over the change passes on the gradient of the pattern recomputed exactly."""
     facts = loaded.facts
     layers = list(range(facts.num_layers))
     heads, width = facts.num_heads, facts.head_dim
@@ -101,8 +113,13 @@ def attribution_passes(
     def taps_of() -> AbstractContextManager[dict[str, dict[int, Tensor]]]:
         return attribution_taps(loaded.model, layers, num_heads=heads, head_dim=width, embeddings=embeddings)
 
+    state = saturation_state(loaded.model) if saturation_fix else None
+
+    def fixed(record: bool) -> AbstractContextManager[object]:
+        return saturation_corrected(loaded.model, state, record=record) if state is not None else nullcontext()
+
     with loaded.lock:
-        with torch.inference_mode(False), torch.no_grad(), taps_of() as taps:
+        with torch.inference_mode(False), torch.no_grad(), taps_of() as taps, fixed(True):
             clean_logits = _last_logits(loaded, clean)[0]
         clean_heads = {
             layer: t[0].reshape(t.shape[1], heads, width).detach().clone() for layer, t in taps["heads"].items()
@@ -114,6 +131,7 @@ def attribution_passes(
             stack.enter_context(torch.inference_mode(False))
             stack.enter_context(torch.enable_grad())
             taps = stack.enter_context(taps_of())
+            stack.enter_context(fixed(False))
             if grad_drop:
                 stack.enter_context(residual_gradients_dropped(loaded.model, {layer: layer + 1 for layer in layers}))
             logits = _last_logits(loaded, batch)
@@ -155,6 +173,7 @@ def attribution_passes(
         corrupted_logits=logits[0].detach().cpu(),
         gradient_dtype=_dtype_note(loaded),
         rows=rows,
+        saturated={layer: heads for layer, heads in state.corrected.items() if heads} if state is not None else None,
     )
 
 

@@ -49,5 +49,5 @@ SPEC = ToolSpec(
         Top("layer_results", 10, by="restored", order="largest_abs"),
         Top("attribution.layers", 8, by="attention_exact", order="largest_abs"),
     ),
-    advanced=("top_k", "per_position", "verify", "grad_drop"),
+    advanced=("top_k", "per_position", "verify", "grad_drop", "saturation_fix"),
 )

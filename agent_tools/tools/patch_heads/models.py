@@ -41,6 +41,12 @@ class PatchHeadsInput(ModelInput, StackInput):
         description="attribution: also choose candidates by GradDrop (one more backward row per layer), for heads "
         "whose direct and indirect effects cancel in the plain estimate",
     )
+    saturation_fix: bool = Field(
+        default=True,
+        description="attribution: AtP*'s fix for saturated attention (the pattern of a head whose softmax is "
+        "saturated over the change is recomputed exactly with the clean queries and keys, and the heads upstream "
+        "credited through that change instead of the ~0 gradient of the saturated softmax)",
+    )
     verify: int = Field(
         default=20,
         ge=1,
@@ -141,6 +147,11 @@ class AttributionCheck(BaseModel):
         description="the largest exact effect outside the estimate's top candidates (what the estimate may have missed)"
     )
     grad_drop: bool = Field(description="candidates also chosen by GradDrop (Kramár et al. 2024)")
+    saturated: list[str] | None = Field(
+        default=None,
+        description="AtP*: the heads whose saturated softmax was recomputed exactly with the clean queries and keys "
+        "(None: the fix was off)",
+    )
     gradient_dtype: str = Field(description="precision of the backward (float32 when the model is half precision)")
     layers: list[LayerEstimate] = Field(default_factory=list)
     forward_equivalents: float = Field(description="passes the estimate cost, in forwards (backward ≈ 2)")

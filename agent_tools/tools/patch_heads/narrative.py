@@ -75,11 +75,19 @@ def _attribution_text(check: AttributionCheck) -> str:
         if check.missed is not None
         else ""
     )
+    saturated = f"; AtP* recomputed the saturated softmax of {_listed(check.saturated)}" if check.saturated else ""
     return (
-        f" Ranked by attribution patching ({check.estimated} heads estimated by gradients; {check.verified_top} "
+        f" Ranked by attribution patching ({check.estimated} heads estimated by gradients{saturated}; "
+        f"{check.verified_top} "
         f"candidates and {check.verified_random} random heads patched exactly, only exact values reported; {rho}; "
         f"the estimate's top {check.k} holds {check.recall} of the exact top {check.k}{missed})."
     )
+
+
+def _listed(labels: list[str], shown: int = 4) -> str:
+    """``"layer.head"`` labels as ``L1H0, L2H3`` (the first ``shown``, then how many more)."""
+    more = f" and {len(labels) - shown} more" if len(labels) > shown else ""
+    return ", ".join("L" + label.replace(".", "H") for label in labels[:shown]) + more
 
 
 def _head(result: HeadPatchResult) -> str:

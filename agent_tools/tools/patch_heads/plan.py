@@ -331,7 +331,9 @@ def _attribution(
             resolved.update(answer=answer, wrong=wrong)
         return logits[:, resolved["answer"]] - logits[:, resolved["wrong"]]
 
-    passes = inspector.attribution_passes(loaded, prompts[0], prompts[1], metric, grad_drop=args.grad_drop)
+    passes = inspector.attribution_passes(
+        loaded, prompts[0], prompts[1], metric, grad_drop=args.grad_drop, saturation_fix=args.saturation_fix
+    )
     pair = _pair(loaded, args, prompts, (passes.clean_logits, passes.corrupted_logits), passes.clean_heads)
     gap = pair.ld_clean - pair.ld_corrupted
     pair = replace(pair, estimates=passes.heads / gap)
@@ -365,11 +367,19 @@ def _attribution(
         k=k,
         missed=missed,
         grad_drop=passes.grad_drop is not None,
+        saturated=_saturated_labels(passes.saturated, layers),
         gradient_dtype=passes.gradient_dtype,
         layers=_layer_estimates(inspector, loaded, pair, passes, layers),
         forward_equivalents=rounded(1 + 3 * passes.rows, 1),
     )
     return pair, rows, layer_rows, check, outside_rows
+
+
+def _saturated_labels(saturated: dict[int, list[int]] | None, layers: list[int]) -> list[str] | None:
+    """The heads AtP* corrected, among the layers asked for (None when the fix was off)."""
+    if saturated is None:
+        return None
+    return [head_label(layer, head) for layer in layers for head in saturated.get(layer, [])]
 
 
 def _positions(inspector: Inspector, loaded: LoadedModel, pair: _Pair, top: list[HeadPatchResult]) -> list:
