@@ -82,9 +82,11 @@ def zhai_entropy_bound(radius: Tensor, count: Tensor) -> Tensor:
     """Lower bound on softmax entropy (nats) for ``count`` logits whose centred norm is ``radius`` (Zhai et al.).
 
     Tight: attained by one logit ``r·sqrt((T−1)/T)`` above the mean and the rest equal. ``count ≤ 1`` gives 0.
+    Computed in float64 on the CPU and in float32 (at least) on an accelerator, where float64 is slow.
     """
-    r = radius.double()
-    t = count.double()
+    dtype = torch.float64 if radius.device.type == "cpu" else torch.promote_types(radius.dtype, torch.float32)
+    r = radius.to(dtype)
+    t = count.to(dtype)
     several = t > 1
     t_safe = torch.where(several, t, torch.full_like(t, 2.0))
     eta = torch.exp(-r * torch.sqrt(t_safe / (t_safe - 1)))
