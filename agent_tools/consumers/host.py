@@ -31,3 +31,42 @@ def to_host(tensor: Tensor) -> Tensor:
 def accumulation_dtype(device: torch.device) -> torch.dtype:
     """The dtype of running sums kept on ``device``: float64 on the CPU, float32 on an accelerator."""
     return torch.float64 if device.type == "cpu" else torch.float32
+
+
+class PendingSums:
+    """One layer's running sums, kept on the device across its query chunks and moved to the CPU in one copy.
+
+    ``add`` sums a named block, ``minimum`` keeps a running minimum, ``first`` keeps the first block given (a
+    per-layer value every chunk repeats); :meth:`take` moves every block in one device-to-host copy and returns
+    them as float64 CPU tensors (their shapes kept), then starts afresh.
+    """
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, Tensor] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._blocks)
+
+    def add(self, name: str, block: Tensor) -> None:
+        previous = self._blocks.get(name)
+        self._blocks[name] = block if previous is None else previous + block
+
+    def minimum(self, name: str, block: Tensor) -> None:
+        previous = self._blocks.get(name)
+        self._blocks[name] = block if previous is None else torch.minimum(previous, block)
+
+    def first(self, name: str, block: Tensor) -> None:
+        self._blocks.setdefault(name, block)
+
+    def take(self) -> dict[str, Tensor]:
+        """name -> float64 CPU tensor; one copy for every block (none when nothing was added)."""
+        if not self._blocks:
+            return {}
+        names = list(self._blocks)
+        blocks = [self._blocks[name] for name in names]
+        dtype = accumulation_dtype(blocks[0].device)
+        flat = torch.cat([block.reshape(-1).to(dtype) for block in blocks])
+        moved = to_host(flat).double()  # the one device-to-host copy
+        self._blocks = {}
+        parts = moved.split([block.numel() for block in blocks])
+        return {name: part.view(block.shape) for name, part, block in zip(names, parts, blocks, strict=True)}
