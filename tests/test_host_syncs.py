@@ -10,6 +10,7 @@ equal. Conversions of CPU-side results after the pass count too; they do not dep
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterator
@@ -21,7 +22,12 @@ import torch
 from families import build_family, tiny_tokenizer
 
 import agent_tools.consumers as consumers_package
+from agent_tools.capture import capture_attention
+from agent_tools.consumers import collapse as collapse_module
 from agent_tools.consumers import host
+from agent_tools.consumers import scaling as scaling_module
+from agent_tools.consumers.collapse import CollapseConsumer
+from agent_tools.consumers.scaling import ScalingConsumer
 from agent_tools.inspector import Inspector
 from agent_tools.loading import register_model
 from agent_tools.tools import get_tool
@@ -143,3 +149,40 @@ def test_the_counter_sees_a_conversion_per_chunk(counter: SyncCounter) -> None:
         weights[weights > 2.0]
     counter.active = False
     assert counter.counts == {"__float__": 4, "__bool__": 4, "boolean index": 4}
+
+
+def test_sums_on_an_accelerator_are_float32_and_agree_with_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator the consumers' running sums are float32 (float64 is slow there): the collapse and scale
+    statistics they give agree with the CPU's float64 sums to float32 rounding."""
+    assert host.accumulation_dtype(torch.device("cpu")) == torch.float64
+    assert host.accumulation_dtype(torch.device("cuda", 0)) == torch.float32
+    model = build_family("llama")
+    ids = torch.tensor([[0, 7, 9, 30, 11, 5, 31, 7, 9, 30, 11, 5]])
+
+    def run() -> tuple[list[Any], list[Any]]:
+        sinks = torch.zeros(ids.shape[1], dtype=torch.bool)
+        sinks[0] = True
+        collapse = CollapseConsumer(sinks)
+        scaling = ScalingConsumer(1, range(4), [0.5, 2.0], model_scale=0.25)
+        with torch.inference_mode(), capture_attention(model, [collapse, scaling], query_chunk=3):
+            model(input_ids=ids)
+        rows = [dataclasses.astuple(row) for row in collapse.results()]
+        sums = [setting.sums for setting in scaling.settings] + [scaling.variances()["raw_variance"].tolist()]
+        return rows, sums
+
+    wide = run()
+    for module in (collapse_module, scaling_module, host):
+        monkeypatch.setattr(module, "accumulation_dtype", lambda device: torch.float32)
+    narrow = run()
+    assert narrow[0][0] != wide[0][0] or narrow[1] != wide[1]  # float32 sums did run
+    assert _flat(narrow) == pytest.approx(_flat(wide), rel=1e-5, abs=1e-6)
+
+
+def _flat(value: Any) -> list[float]:
+    if isinstance(value, dict):
+        return [x for key in sorted(value) for x in _flat(value[key])]
+    if isinstance(value, (list, tuple)):
+        return [x for item in value for x in _flat(item)]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return []
+    return [float(value)]
