@@ -18,8 +18,8 @@ plus a parity check: on a short text the captured weights against the model's ow
 
 Lengths past the model's trained positions (SmolLM2: 8192) are run anyway — RoPE computes any position, and
 only the cost is measured here. Without CUDA this prints one line and exits 0 (``--dry-run`` runs every step on the
-CPU in float32 instead, timings and peaks meaningless, so a broken script shows before GPU time is spent on it). The table is rewritten after
-every configuration, so a run cut short keeps what it measured.
+CPU in float32 instead, timings and peaks meaningless, so a broken script shows before GPU time is spent on it).
+The table is rewritten after every configuration, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
