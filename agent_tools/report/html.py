@@ -122,7 +122,7 @@ def thumbnail_side(length: int, num_layers: int, num_heads: int) -> int:
 def thumbnails(maps: torch.Tensor, side: int) -> torch.Tensor:
     """(L, H, T, T) uint8 maps -> (L, H, side, side) uint8: each pixel the largest weight of its block (peaks stay
     visible), a layer at a time."""
-    layers, heads, length, _ = maps.shape
+    layers, heads = maps.shape[:2]
     out = torch.zeros(layers, heads, side, side, dtype=torch.uint8)
     for layer in range(layers):
         pooled = torch.nn.functional.adaptive_max_pool2d(maps[layer].float()[:, None], side)  # (H, 1, side, side)
@@ -143,7 +143,9 @@ def _maps_json(report: HtmlReport) -> dict[str, Any]:
         "full_heads": [[layer, head] for layer, head in heads],
         "full_b64": base64.b64encode(full.contiguous().numpy().tobytes()).decode("ascii"),
         "thumb_side": side,
-        "thumbs_b64": base64.b64encode(thumbs.contiguous().numpy().tobytes()).decode("ascii") if side else None,
+        "thumbs_b64": base64.b64encode(thumbs.contiguous().numpy().tobytes()).decode("ascii")
+        if thumbs is not None
+        else None,
     }
 
 
