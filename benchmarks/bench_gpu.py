@@ -14,10 +14,12 @@ with ``torch.cuda.synchronize`` (median of N runs after a warm-up) and its peak 
 plus a parity check: on a short text the captured weights against the model's own eager output_attentions.
 
     python benchmarks/bench_gpu.py --out benchmarks/results-gpu.md          # ~8 minutes on one H200
+    python benchmarks/bench_gpu.py --dry-run   # the same script on the CPU, 64 tokens, to /tmp (checks it runs)
 
 Lengths past the model's trained positions (SmolLM2: 8192) are run anyway — RoPE computes any position, and
-only the cost is measured here. Without CUDA this prints one line and exits 0. The table is rewritten after
-every configuration, so a run cut short keeps what it measured.
+only the cost is measured here. Without CUDA this prints one line and exits 0 (``--dry-run`` runs every step on the
+CPU in float32 instead, timings and peaks meaningless, so a broken script shows before GPU time is spent on it).
+The table is rewritten after every configuration, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import importlib.util
 import os
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -86,7 +89,8 @@ class Bench:
         self.args = args
         self.started = time.perf_counter()
         self.lengths = [int(x) for x in args.lengths.split(",")]
-        self.placement = Placement(dtype="bfloat16", device=args.device)
+        self.cuda = args.device.startswith("cuda")
+        self.placement = Placement(dtype="bfloat16" if self.cuda else "float32", device=args.device)
         start = time.perf_counter()
         self.loaded = load_model(args.model, self.placement)
         self.load_s = time.perf_counter() - start
@@ -97,7 +101,7 @@ class Bench:
             self.loaded.facts = replace(self.loaded.facts, max_positions=None)  # cost only: see the docstring
             self.notes.append(f"lengths above the model's {trained} trained positions run with RoPE extrapolated")
         self.inspector = Inspector(placement=self.placement, token_limit=max(self.lengths) + 16)
-        self.weights_bytes = torch.cuda.memory_allocated()
+        self.weights_bytes = torch.cuda.memory_allocated() if self.cuda else 0
         self.rows: list[dict[str, Any]] = []
         self.parity: dict[str, Any] = {}
         self.restore: Any = None  # undoes a configuration's change to the model (flash)
@@ -109,18 +113,31 @@ class Bench:
         ids = encoded.input_ids[:, :length]
         return replace(encoded, input_ids=ids, attention_mask=self.torch.ones_like(ids), tokens=encoded.tokens[:length])
 
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def peak(self) -> int:
+        return self.torch.cuda.max_memory_allocated() if self.cuda else 0
+
+    def total_memory(self) -> int:
+        if self.cuda:
+            return self.torch.cuda.get_device_properties(self.loaded.device).total_memory
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
     def left_s(self) -> float:
         return self.args.budget_s - (time.perf_counter() - self.started)
 
     def timed(self, once: Any) -> dict[str, Any]:
         torch = self.torch
         gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        torch.cuda.synchronize()
+        if self.cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        self.sync()
         start = time.perf_counter()
         once()  # warm-up
-        torch.cuda.synchronize()
+        self.sync()
         warm = time.perf_counter() - start
         # A slow configuration is timed fewer times: once past SLOW_WARMUP_S, and never past the time budget.
         fits = int(max(self.left_s(), 0.0) // max(warm, 1e-9))
@@ -129,9 +146,9 @@ class Bench:
         for _ in range(repeats):
             start = time.perf_counter()
             once()
-            torch.cuda.synchronize()
+            self.sync()
             times.append(time.perf_counter() - start)
-        return {"median_s": statistics.median(times), "times_s": times, "peak_bytes": torch.cuda.max_memory_allocated()}
+        return {"median_s": statistics.median(times), "times_s": times, "peak_bytes": self.peak()}
 
     # --- the configurations -----------------------------------------------------------------------------
     def config(self, name: str, length: int) -> Any:
@@ -161,7 +178,7 @@ class Bench:
             return once
         if name == "eager":
             maps = loaded.facts.num_layers * loaded.facts.num_heads * length * length * 2  # bf16 maps kept
-            total = torch.cuda.get_device_properties(loaded.device).total_memory
+            total = self.total_memory()
             if maps > total:
                 return f"OOM (not tried: the maps alone are {gib(maps):.0f} GiB, the GPU has {gib(total):.0f} GiB)"
 
@@ -206,7 +223,7 @@ class Bench:
                 return row | {"skipped": once}
             return row | self.timed(once)
         except torch.cuda.OutOfMemoryError:
-            return row | {"skipped": "OOM", "peak_bytes": torch.cuda.max_memory_allocated()}
+            return row | {"skipped": "OOM", "peak_bytes": self.peak()}
         except Exception as exc:  # one configuration's failure must not lose the others
             reason = (str(exc).strip().splitlines() or [""])[0][:160]
             return row | {"skipped": f"failed: {type(exc).__name__}: {reason}"}
@@ -215,7 +232,8 @@ class Bench:
                 self.restore()
                 self.restore = None
             gc.collect()
-            torch.cuda.empty_cache()
+            if self.cuda:
+                torch.cuda.empty_cache()
 
     def check_parity(self) -> None:
         """Captured weights vs the model's eager output_attentions, on the GPU, on a short text."""
@@ -241,7 +259,7 @@ class Bench:
     # --- report -----------------------------------------------------------------------------------------
     def markdown(self) -> str:
         torch, loaded = self.torch, self.loaded
-        props = torch.cuda.get_device_properties(loaded.device)
+        device = torch.cuda.get_device_properties(loaded.device).name if self.cuda else "CPU (--dry-run)"
         import transformers
 
         flash = importlib.util.find_spec("flash_attn")
@@ -253,7 +271,7 @@ class Bench:
         lines = [
             f"# Attention inspection cost on the GPU — {self.model_name}, bfloat16, batch 1",
             "",
-            f"{props.name} ({gib(props.total_memory):.0f} GiB), torch {torch.__version__}, transformers "
+            f"{device} ({gib(self.total_memory()):.0f} GiB), torch {torch.__version__}, transformers "
             f"{transformers.__version__}, flash-attn {flash_version}. Model loaded in {self.load_s:.1f} s "
             f"({loaded.dtype}, {loaded.device}, weights {gib(self.weights_bytes):.2f} GiB allocated).",
             "",
@@ -309,10 +327,16 @@ def main() -> int:
     parser.add_argument("--parity-tokens", type=int, default=64)
     parser.add_argument("--budget-s", type=float, default=420.0, help="start no configuration after this many s")
     parser.add_argument("--out", default="benchmarks/results-gpu.md")
+    parser.add_argument("--dry-run", action="store_true", help="run every step on the CPU (64 tokens, out in /tmp)")
     args = parser.parse_args()
     import torch
 
-    if not torch.cuda.is_available():
+    if args.dry_run:
+        args.device, args.lengths, args.repeats = "cpu", "64", 1
+        args.configs = args.configs if "--configs" in sys.argv else "sdpa,flash,eager,stats"
+        args.out = args.out if "--out" in sys.argv else str(Path(tempfile.gettempdir()) / "bench-gpu-dry-run.md")
+        args.parity_tokens = min(args.parity_tokens, 16)
+    elif not torch.cuda.is_available():
         print("bench_gpu: no CUDA device here (torch.cuda.is_available() is False); nothing measured")
         return 0
     args.command = "python benchmarks/bench_gpu.py " + " ".join(sys.argv[1:])

@@ -185,11 +185,22 @@ def _check_attention_view(page) -> None:
     assert "layer 5, head 2" in page.text_content("#head-title")
     page.locator("#grid td[data-layer='7'][data-head='4']").click()
     assert "layer 7, head 4" in page.text_content("#head-title")
+    # The page keeps whole maps for the story's heads only (its size is bounded by budget): another head shows its
+    # thumbnail and names show_attention for the whole map
+    full = page.evaluate("() => DATA.full_heads")
+    assert 1 <= len(full) <= 8
+    layer, head = full[-1]
+    page.locator(f"#grid td[data-layer='{layer}'][data-head='{head}']").click()
     before = page.evaluate("() => document.querySelector('#tokens .tok').style.background")
     page.locator("#tokens .tok").nth(6).hover()
     assert page.text_content("#readout").startswith("query 6")
     after = page.evaluate("() => document.querySelector('#tokens .tok').style.background")
     assert after != before
+    if [7, 4] not in full:
+        page.locator("#grid td[data-layer='7'][data-head='4']").click()
+        page.locator("#tokens .tok").nth(5).hover()
+        assert "show_attention" in page.text_content("#readout")
+        assert _dark_pixels(page, "#heatmap") > 0
 
 
 def _dark_pixels(page, selector: str) -> int:

@@ -39,6 +39,7 @@ from agent_tools.analysis.heads import HEAD_ROLES, SequenceLayout
 from agent_tools.analysis.metrics import attention_entropy, masked_softmax, sink_key_mask
 from agent_tools.analysis.scaling import row_measures, weighted_variance
 from agent_tools.capture import LayerAttention, capture_attention
+from agent_tools.consumers import host
 from agent_tools.consumers.collapse import CollapseConsumer, collapse_statistics, output_grams_for
 from agent_tools.consumers.grid import QuantisedMaps
 from agent_tools.consumers.head_inputs import HeadInputsConsumer
@@ -356,6 +357,13 @@ def assert_identical(a: Any, b: Any) -> None:
 
 def _any_on_device(value: Any) -> bool:
     return any(isinstance(t, Simulated) for t in _tensors(value))
+
+
+@pytest.fixture(autouse=True)
+def _float64_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulation checks where consumers compute, exactly: sums on a simulated accelerator in float64, as on
+    the CPU (float32 sums on an accelerator are checked in test_host_syncs)."""
+    monkeypatch.setattr(host, "ACCELERATOR_SUMS", torch.float64)
 
 
 def _run(family: str, *, query_chunk: int | None) -> list[tuple[Case, Any, Any, DeviceSimulation, Tee]]:

@@ -24,7 +24,9 @@ from agent_tools.loading import (
     resolve_reference,
 )
 from agent_tools.placement import (
+    ATTENTION_BLOCK_BYTES,
     Placement,
+    attention_block_bytes,
     cache_key,
     check_fits,
     checkpoint_bytes,
@@ -33,6 +35,7 @@ from agent_tools.placement import (
     make_placement,
     meta_model,
     parse_max_memory,
+    query_chunk_rows,
     resolve_device,
     resolve_dtype,
     size_bytes,
@@ -449,3 +452,30 @@ def test_auto_dtype_on_the_cpu_follows_its_bfloat16_hardware(monkeypatch: pytest
 def test_cpu_bf16_flags_read_from_cpuinfo() -> None:
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else []
     assert set(pl.cpu_bf16_flags()) == {flag for flag in pl.CPU_BF16_FLAGS if flag in flags}
+
+
+def test_query_chunk_rows_fit_the_block() -> None:
+    """3 float32 (heads, rows, length) tensors per block: 64 MiB at 32 heads × 2,048 keys holds 85 rows of 786,432
+    bytes (85.3); when every row fits the answer is None (one block); never fewer than one row."""
+    per_row = 3 * 32 * 2048 * 4  # 786,432 bytes
+    assert query_chunk_rows(32, 2048, 64 * 1024**2) == 64 * 1024**2 // per_row == 85
+    assert query_chunk_rows(32, 2048, 2048 * per_row) is None  # the whole layer in one block
+    assert query_chunk_rows(32, 87_000, 1024) == 1  # never zero rows
+    assert query_chunk_rows(9, 100, 10 * 3 * 9 * 100 * 4) == 10
+
+
+def test_attention_block_bytes_follow_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU gets its configured budget; CUDA a quarter of the free memory mem_get_info reports, at least that."""
+    assert attention_block_bytes("cpu") == ATTENTION_BLOCK_BYTES
+    assert attention_block_bytes("cpu", cpu_budget=1000) == 1000
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    free = {"bytes": 40 * 1024**3}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 80 * 1024**3))
+    assert attention_block_bytes("cuda:0") == 10 * 1024**3
+    assert attention_block_bytes("cuda:0", free_share=0.5) == 20 * 1024**3
+    free["bytes"] = 100 * 1024**2  # nearly full: never below the CPU's block
+    assert attention_block_bytes("cuda:0") == ATTENTION_BLOCK_BYTES
+    # 40 GiB free at 32 heads × 87,000 keys: 321 rows per block (the CPU's 64 MiB gives 2)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * 1024**3, 80 * 1024**3))
+    assert query_chunk_rows(32, 87_000, attention_block_bytes("cuda:0")) == 321
+    assert query_chunk_rows(32, 87_000, ATTENTION_BLOCK_BYTES) == 2

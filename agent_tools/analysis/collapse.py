@@ -82,9 +82,11 @@ def zhai_entropy_bound(radius: Tensor, count: Tensor) -> Tensor:
     """Lower bound on softmax entropy (nats) for ``count`` logits whose centred norm is ``radius`` (Zhai et al.).
 
     Tight: attained by one logit ``r·sqrt((T−1)/T)`` above the mean and the rest equal. ``count ≤ 1`` gives 0.
+    Computed in the radius' precision (float32 at least): float64 radii give float64 bounds.
     """
-    r = radius.double()
-    t = count.double()
+    dtype = torch.promote_types(radius.dtype, torch.float32)
+    r = radius.to(dtype)
+    t = count.to(dtype)
     several = t > 1
     t_safe = torch.where(several, t, torch.full_like(t, 2.0))
     eta = torch.exp(-r * torch.sqrt(t_safe / (t_safe - 1)))
@@ -96,7 +98,7 @@ def zhai_entropy_bound(radius: Tensor, count: Tensor) -> Tensor:
 def entropy_lower_bound(scores: Tensor, allowed: Tensor) -> Tensor:
     """(..., q, k) pre-mask scores -> (..., q): the Zhai et al. bound for each row over its visible keys."""
     count = allowed.expand(scores.shape).sum(-1)
-    return zhai_entropy_bound(centred_score_norm(scores, allowed), count)
+    return zhai_entropy_bound(centred_score_norm(scores, allowed).double(), count)
 
 
 def row_targets(argmax: Tensor, query_positions: Tensor, sink_mask: Tensor) -> Tensor:

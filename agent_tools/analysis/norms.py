@@ -50,16 +50,19 @@ def norm_shares(weighted: Tensor) -> Tensor:
     return torch.where(total > 0, weighted / total.clamp_min(1e-30), torch.zeros_like(weighted))
 
 
-def value_share_sums(weights: Tensor, value_norms: Tensor) -> Tensor:
+def value_share_sums(weights: Tensor, value_norms: Tensor, *, rows: Tensor | None = None) -> Tensor:
     """(h, q, k) weights, (h, k) ‖v_j W_O^h‖ -> (h, k): Σ_i of each key's share of ``Σ_j ‖α_ij v_j W_O^h‖``.
 
     Equals ``norm_shares(weighted_value_norms(...)).sum(q)`` without the (h, q, k) temporaries: with
-    ``d_i = Σ_j α_ij n_j`` the sum is ``n_j · Σ_i α_ij / d_i`` (rows with ``d_i = 0`` add nothing).
+    ``d_i = Σ_j α_ij n_j`` the sum is ``n_j · Σ_i α_ij / d_i`` (rows with ``d_i = 0`` add nothing). ``rows``
+    (h, q) or (q,) weighs each row's shares (1 counts it, 0 leaves it out); None counts every row.
     """
     w = weights.float()
     norms = value_norms.float()
     totals = torch.einsum("hqk,hk->hq", w, norms)  # (h, q)
     inverse = torch.where(totals > 0, 1.0 / totals.clamp_min(1e-30), torch.zeros_like(totals))
+    if rows is not None:
+        inverse = inverse * rows.to(inverse.dtype)
     return torch.einsum("hq,hqk->hk", inverse, w) * norms
 
 

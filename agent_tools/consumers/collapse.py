@@ -39,7 +39,7 @@ from agent_tools.analysis.norms import (
     value_share_sums,
 )
 from agent_tools.capture import LayerAttention
-from agent_tools.consumers.host import to_host
+from agent_tools.consumers.host import accumulation_dtype, to_host
 from agent_tools.layout import output_weight
 
 BOUND_TOLERANCE = {torch.float64: 1e-5, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
@@ -58,12 +58,17 @@ class _ValueSide:
 
 
 class HeadAccumulator:
-    """Running sums for ``h`` heads of one layer over query chunks; :meth:`finish` gives :class:`HeadCollapse`."""
+    """Running sums for ``h`` heads of one layer over query chunks; :meth:`finish` gives :class:`HeadCollapse`.
+
+    Each block of rows adds its sums on its own device (no host synchronisation per chunk); :meth:`flush` moves
+    them to the CPU in one copy — the consumer calls it at a layer's last chunk, :meth:`finish` calls it too.
+    """
 
     def __init__(self, layer: int, heads: Sequence[int], keys: int, *, threshold: float) -> None:
         n = len(heads)
         self.layer, self.heads, self.threshold = layer, list(heads), threshold
-        self.rows = 0  # the sums live on the CPU; each block of rows adds its own (agent_tools.consumers.host)
+        self.keys = keys
+        self.rows = 0  # the sums live on the CPU; each layer's blocks add theirs on the device, moved by flush()
         self.entropy = torch.zeros(n, dtype=torch.float64)
         self.normalised = torch.zeros(n, dtype=torch.float64)
         self.max_weight = torch.zeros(n, dtype=torch.float64)
@@ -78,6 +83,7 @@ class HeadAccumulator:
         self.value_norms: Tensor | None = None  # (h, k) ‖v_j W_O^h‖
         self.value_share: Tensor | None = None  # (h, k) Σ rows of each key's share of Σ‖α v W_O‖
         self.output_norm: Tensor | None = None  # (h,) Σ rows of ‖head output‖
+        self._pending: dict[str, Tensor] = {}  # device-side sums of the blocks not yet flushed
 
     def add(
         self,
@@ -98,81 +104,105 @@ class HeadAccumulator:
 
         ``entropy`` (h, q), ``peak`` ((h, q) max, (h, q) argmax) and ``radius`` (h, q) centred score norm may be
         given when the caller already has them (the capture computes them once for every consumer); ``scores``
-        is then not read. Rows that see a single key are left out: they cannot choose. The block is reduced on
-        its own device (positions must be there too) and only its sums cross to the CPU.
+        is then not read. Rows that see a single key are left out (weighted 0): they cannot choose. The block is
+        reduced on its own device (positions must be there too) and nothing is read back until :meth:`flush`.
         """
+        device = weights.device
+        dtype = accumulation_dtype(device)
         visible = allowed.sum(-1)  # (q,)
-        keep = visible > 1  # rows that can choose between keys
-        if not bool(keep.any()):
-            return
+        keep = visible > 1  # (q,) rows that can choose between keys
         if entropy is None:
             entropy = attention_entropy(weights if weights.dtype == torch.float64 else weights.float())
         top, argmax = peak if peak is not None else weights.max(-1)  # (h, q)
         if radius is None:
             assert scores is not None, "scores are needed when the centred score norm is not given"
             radius = centred_score_norm(scores, allowed)
-        if not bool(keep.all()):  # only the first rows of a causal map see a single key
-            weights, allowed, visible = weights[:, keep], allowed[keep], visible[keep]
-            query_positions = query_positions[keep]
-            entropy, top, argmax, radius = entropy[:, keep], top[:, keep], argmax[:, keep], radius[:, keep]
-            output_norms = output_norms[:, keep] if output_norms is not None else None
         # How far below the bound a row may fall before it counts as a violation: float32 rounding, or the ~2⁻⁸
         # relative rounding of weights stored in half precision (their entropy moves by up to ~1e-2 nats)
         tolerance = BOUND_TOLERANCE.get(weights.dtype, BOUND_TOLERANCE[torch.float32])
-        entropy, top, radius = entropy.double(), top.double(), radius.double()
+        entropy, top, radius = entropy.to(dtype), top.to(dtype), radius.to(dtype)
         weights = upcast(weights)
-        self.rows += int(keep.sum())
-        ones = torch.ones_like(top)
-        codes = row_targets(argmax, query_positions, sink_mask.to(weights.device))  # (h, q)
-        bound = zhai_entropy_bound(radius, visible.expand_as(radius))  # the Zhai et al. bound of the kept rows
-        slack = entropy - bound
+        kept = keep.expand_as(top)  # (h, q)
+        ones = kept.to(dtype)  # 1 for a row that can choose, 0 for one that sees a single key
+
+        def kept_sum(values: Tensor) -> Tensor:
+            return torch.where(kept, values, 0.0).sum(-1)  # (h,)
+
+        codes = row_targets(argmax, query_positions, sink_mask.to(device))  # (h, q)
+        bound = zhai_entropy_bound(radius, visible.expand_as(radius).to(dtype))  # the Zhai et al. bound per row
+        slack = torch.where(kept, entropy - bound, math.inf)
         per_head = [
-            entropy.sum(-1),
-            normalised_from_entropy(entropy, visible).sum(-1),
-            top.sum(-1),
-            saturated(top, self.threshold).double().sum(-1),
-            radius.sum(-1),
-            bound.sum(-1),
-            slack.min(-1).values,
-            (slack < -tolerance).double().sum(-1),
+            kept_sum(entropy),
+            kept_sum(normalised_from_entropy(entropy, visible)),
+            kept_sum(top),
+            kept_sum(saturated(top, self.threshold).to(dtype)),
+            kept_sum(radius),
+            kept_sum(bound),
+            (slack < -tolerance).to(dtype).sum(-1),
+            ones.sum(-1),  # rows kept (the same for every head)
             *top.new_zeros(top.shape[0], len(ROW_TARGETS)).scatter_add_(1, codes, ones).T,
         ]
         if output_norms is not None:  # Σ rows of ‖head output‖
-            per_head.append(output_norms.double().sum(-1))
-        sums = to_host(torch.stack(per_head))  # (n, h) float64
+            per_head.append(kept_sum(output_norms.to(dtype)))
+        self._accumulate("per_head", torch.stack(per_head))  # (n, h)
+        slack_min = slack.min(-1).values  # (h,)
+        previous = self._pending.get("slack")
+        self._pending["slack"] = slack_min if previous is None else torch.minimum(previous, slack_min)
+        self._add_keys(weights, argmax, ones, value_norms, dtype)
+
+    def _accumulate(self, name: str, block: Tensor) -> None:
+        previous = self._pending.get(name)
+        self._pending[name] = block if previous is None else previous + block
+
+    def _add_keys(
+        self, weights: Tensor, argmax: Tensor, ones: Tensor, value_norms: Tensor | None, dtype: torch.dtype
+    ) -> None:
+        """Per key, over the kept rows (``ones`` (h, q): 1 kept, 0 not): Σ weight, argmax counts and (with value
+        norms) Σ of each key's share of ``Σ_j ‖α_ij v_j W_O^h‖``; (h, q, k) weights over key columns [0, k)."""
+        heads, width = weights.shape[0], weights.shape[-1]
+        per_key = weights.new_zeros(3 if value_norms is not None else 2, heads, self.keys, dtype=dtype)
+        per_key[0, :, :width] = torch.einsum("hqk,hq->hk", weights, ones.to(weights.dtype)).to(dtype)
+        per_key[1].scatter_add_(1, argmax, ones)
+        if value_norms is not None:
+            if "value_norms" not in self._pending and self.value_norms is None:
+                self._pending["value_norms"] = value_norms.to(dtype)  # (h, keys): the same for every chunk
+            shares = value_share_sums(weights, value_norms[:, :width], rows=ones)
+            per_key[2, :, :width] = shares.to(dtype)
+        self._accumulate("per_key", per_key)
+
+    def flush(self) -> None:
+        """Move the device-side sums of the blocks added since the last flush to the CPU totals, in one copy."""
+        if not self._pending:
+            return
+        names = sorted(self._pending)
+        shapes = [self._pending[name].shape for name in names]
+        flat = torch.cat([self._pending[name].reshape(-1).to(self._pending["per_head"].dtype) for name in names])
+        moved = to_host(flat).double()  # the layer's one device-to-host copy
+        self._pending = {}
+        parts = dict(zip(names, moved.split([math.prod(shape) for shape in shapes]), strict=True))
+        sums = parts["per_head"].view(shapes[names.index("per_head")])  # (n, h)
         self.entropy += sums[0]
         self.normalised += sums[1]
         self.max_weight += sums[2]
         self.saturated += sums[3]
         self.radius += sums[4]
         self.bound += sums[5]
-        self.slack = torch.minimum(self.slack, sums[6])
-        self.violations += sums[7].long()
+        self.violations += sums[6].round().long()
+        self.rows += int(sums[7, 0].round())  # read from the CPU copy: no device synchronisation
         self.targets += sums[8 : 8 + len(ROW_TARGETS)].T
-        if output_norms is not None:
+        if sums.shape[0] > 8 + len(ROW_TARGETS):
             self.output_norm = sums[-1] if self.output_norm is None else self.output_norm + sums[-1]
-        self._add_keys(weights, argmax, ones, value_norms)
-
-    def _add_keys(self, weights: Tensor, argmax: Tensor, ones: Tensor, value_norms: Tensor | None) -> None:
-        """Per key, over the kept rows: Σ weight, argmax counts and (with value norms) Σ of each key's share of
-        ``Σ_j ‖α_ij v_j W_O^h‖``; (h, q, k) weights over key columns [0, k), (h, q) argmax."""
-        heads, width = weights.shape[0], weights.shape[-1]
-        keys = self.column.shape[-1]
-        per_key = weights.new_zeros(3 if value_norms is not None else 2, heads, keys, dtype=torch.float64)
-        per_key[0, :, :width] = weights.sum(1).double()
-        per_key[1].scatter_add_(1, argmax, ones)
-        if value_norms is not None:
-            if self.value_norms is None or self.value_share is None:
-                self.value_norms = to_host(value_norms.double()).clone()  # (h, keys): the same for every chunk
-                self.value_share = torch.zeros_like(self.column)
-            per_key[2, :, :width] = value_share_sums(weights, value_norms[:, :width]).double()
-        sums = to_host(per_key)
-        self.column += sums[0]
-        self.argmax += sums[1]
-        if value_norms is not None and self.value_share is not None:
-            self.value_share += sums[2]
+        self.slack = torch.minimum(self.slack, parts["slack"])
+        per_key = parts["per_key"].view(shapes[names.index("per_key")])  # (2 or 3, h, keys)
+        self.column += per_key[0]
+        self.argmax += per_key[1]
+        if "value_norms" in parts:
+            self.value_norms = parts["value_norms"].view(shapes[names.index("value_norms")]).clone()
+        if per_key.shape[0] > 2:
+            self.value_share = per_key[2] if self.value_share is None else self.value_share + per_key[2]
 
     def finish(self, sink_mask: Tensor) -> list[HeadCollapse]:
+        self.flush()
         if self.rows == 0:
             return []
         return [self._head(i, head, sink_mask) for i, head in enumerate(self.heads)]
@@ -327,6 +357,8 @@ class CollapseConsumer:
             peak=(pick(top[b]), pick(argmax[b])),
             radius=radius,
         )
+        if captured.query_start + captured.weights.shape[2] == captured.query_length:
+            accumulator.flush()  # the layer's last chunk: its sums cross to the CPU in one copy
 
     def _value_norms(self, captured: LayerAttention, pick: _Picker) -> tuple[Tensor | None, Tensor | None]:
         """(h, Tk) ‖v_j W_O^h‖ and (h, q) ‖head output‖ of this chunk, or (None, None) without Grams."""

@@ -23,7 +23,7 @@ import torch
 
 from agent_tools.analysis.metrics import first_token_share, normalised_from_entropy, upcast
 from agent_tools.capture import LayerAttention
-from agent_tools.consumers.host import to_host
+from agent_tools.consumers.host import PendingSums
 
 
 class QuantisedMaps:
@@ -42,6 +42,7 @@ class QuantisedMaps:
         self.first_token_share = torch.zeros(num_layers, num_heads)  # mean weight on position 0, every row
         self.max_weight = torch.zeros(num_layers, num_heads)
         self.length = length
+        self._pending = PendingSums()  # the current layer's statistics, on its device
 
     def on_layer(self, layer: LayerAttention) -> None:
         weights = layer.weights[0]  # (H, q, T) on the layer's device
@@ -61,8 +62,10 @@ class QuantisedMaps:
                 upcast(layer.row_peak()[0]).mean(-1),
             ]
         )  # (4, H) on the layer's device
-        entropy_part, normalised_part, first_part, peak_part = to_host(means * share)  # this chunk's share
-        self.entropy[layer.layer] += entropy_part
-        self.normalised_entropy[layer.layer] += normalised_part
-        self.first_token_share[layer.layer] += first_part
-        self.max_weight[layer.layer] += peak_part
+        self._pending.add("means", means * share)  # this chunk's share, summed on the device
+        if layer.query_start + weights.shape[1] == layer.query_length:  # the layer's last chunk: one copy
+            entropy_part, normalised_part, first_part, peak_part = self._pending.take()["means"].float()
+            self.entropy[layer.layer] += entropy_part
+            self.normalised_entropy[layer.layer] += normalised_part
+            self.first_token_share[layer.layer] += first_part
+            self.max_weight[layer.layer] += peak_part

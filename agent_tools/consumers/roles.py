@@ -18,7 +18,7 @@ from torch import Tensor
 from agent_tools.analysis.heads import HEAD_ROLES, ROLES, HeadRole, KeyReader, SequenceLayout, user_pattern
 from agent_tools.analysis.metrics import attention_entropy, normalised_from_entropy
 from agent_tools.capture import LayerAttention
-from agent_tools.consumers.host import to_host
+from agent_tools.consumers.host import PendingSums, accumulation_dtype
 
 BROAD: HeadRole = "broad"  # the one role scored by entropy rather than a key pattern
 
@@ -40,6 +40,7 @@ class ShareAccumulator:
         self.names = (*self.readers, *([entropy_name] if entropy_name else []))
         self.sums = torch.zeros(num_heads, len(self.names), dtype=torch.float64)  # on the CPU, whatever the device
         self.counts = torch.zeros(len(self.names), dtype=torch.float64)
+        self._pending = PendingSums()  # blocks added on the device since the last flush
 
     def add(
         self, weights: Tensor, rows: Tensor, allowed: Tensor | None = None, *, entropy: Tensor | None = None
@@ -59,12 +60,13 @@ class ShareAccumulator:
         else:
             visible = torch.ones(batch, q, keys, dtype=torch.bool, device=w.device)
         scored = (rows >= self.skip_queries)[None]  # (1, q)
-        block = w.new_zeros(heads + 1, len(self.names), dtype=torch.float64)  # rows 0..H-1: sums; row H: counts
+        dtype = accumulation_dtype(w.device)
+        block = w.new_zeros(heads + 1, len(self.names), dtype=dtype)  # rows 0..H-1: sums; row H: counts
         visible_float = visible.float()
         for slot, reader in enumerate(self.readers.values()):
             share = reader.read(w, rows)  # (B, H, q)
             row_mask = scored & (reader.read(visible_float, rows) > 0)  # (B, q): may read a key of the pattern
-            block[:heads, slot] = torch.einsum("bhq,bq->h", share, row_mask.to(share.dtype)).double()
+            block[:heads, slot] = torch.einsum("bhq,bq->h", share, row_mask.to(share.dtype)).to(dtype)
             block[heads, slot] = row_mask.sum()
         if self.entropy_name is not None:
             count = visible.sum(-1)  # (B, q) keys each row may read
@@ -73,14 +75,21 @@ class ShareAccumulator:
                 entropy = attention_entropy(w)  # (B, H, q) nats
             normalised = normalised_from_entropy(entropy.float(), count[:, None].float())  # (B, H, q)
             slot = len(self.names) - 1
-            block[:heads, slot] = torch.einsum("bhq,bq->h", normalised, rows_ok.float()).double()
+            block[:heads, slot] = torch.einsum("bhq,bq->h", normalised, rows_ok.float()).to(dtype)
             block[heads, slot] = rows_ok.sum()
-        sums = to_host(block)
-        self.sums += sums[:heads]
-        self.counts += sums[heads]
+        self._pending.add("block", block)  # summed on the device; crosses to the CPU in flush()
+
+    def flush(self) -> None:
+        """Move the blocks added since the last flush to the CPU sums, in one copy (a layer's last chunk)."""
+        moved = self._pending.take()
+        if moved:
+            heads = self.sums.shape[0]
+            self.sums += moved["block"][:heads]
+            self.counts += moved["block"][heads]
 
     def scores(self) -> dict[str, Tensor]:
         """name -> (H,) mean share; names with no scored row are left out."""
+        self.flush()
         return {
             name: (self.sums[:, slot] / self.counts[slot]).float()
             for slot, name in enumerate(self.names)
@@ -181,6 +190,8 @@ class ShareScoreConsumer:
         rows = torch.arange(q, device=layer.weights.device) + layer.key_index_offset
         entropy = layer.row_entropy() if accumulator.entropy_name is not None else None
         accumulator.add(layer.weights, rows, layer.allowed(), entropy=entropy)
+        if layer.query_start + q == layer.query_length:
+            accumulator.flush()  # the layer's last chunk: its sums cross to the CPU in one copy
 
     def share_scores(self) -> dict[int, dict[str, Tensor]]:
         return {index: acc.scores() for index, acc in sorted(self.layers.items())}

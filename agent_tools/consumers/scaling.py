@@ -22,7 +22,7 @@ from agent_tools.analysis.scaling import (
     row_measures,
 )
 from agent_tools.capture import LayerAttention
-from agent_tools.consumers.host import to_host
+from agent_tools.consumers.host import PendingSums, accumulation_dtype
 
 
 @dataclass
@@ -37,16 +37,22 @@ class SettingSums:
     sums: dict[str, float] = field(default_factory=dict)
     derivative: float = 0.0
 
-    def add(self, measures: RowMeasures, derivative: Tensor | None) -> None:
-        self.rows += measures.entropy.numel()
-        sums = _sums(measures)
-        if derivative is not None:
-            sums = torch.cat([sums, derivative.sum().double()[None]])
-        values = sums.tolist()  # the chunk's sums, read from the layer's device at once
-        for name, value in zip(_SUMMED, values, strict=False):
+    def block(self, measures: RowMeasures, derivative: Tensor | None, keep: Tensor) -> Tensor:
+        """(8,) this block's sums on its device — the six measures, dH/dβ, rows — over the rows ``keep`` (h, q)
+        marks (rows that can choose); :meth:`add` takes them once they are on the CPU."""
+        dtype = accumulation_dtype(keep.device)
+        zero = torch.zeros((), dtype=dtype, device=keep.device)
+        sums = _sums(measures, keep, dtype)
+        extra = torch.where(keep, derivative, 0.0).sum().to(dtype) if derivative is not None else zero
+        return torch.cat([sums, extra[None], keep.sum().to(dtype)[None]])
+
+    def add(self, sums: list[float], rescaled: bool) -> None:
+        """The CPU copy of :meth:`block`'s sums (summed over a layer's chunks)."""
+        for name, value in zip(_SUMMED, sums, strict=False):
             self.sums[name] = self.sums.get(name, 0.0) + value
-        if derivative is not None:
-            self.derivative += values[-1]
+        if rescaled:
+            self.derivative += sums[len(_SUMMED)]
+        self.rows += round(sums[len(_SUMMED) + 1])
 
     def means(self) -> dict[str, float]:
         n = max(self.rows, 1)
@@ -63,18 +69,17 @@ _SUMMED = (
 )
 
 
-def _sums(measures: RowMeasures) -> Tensor:
-    """(6,) float64 sums of the row measures, in the order of ``_SUMMED``, on the measures' device."""
-    return torch.stack(
-        [
-            measures.entropy.double().sum(),
-            measures.normalised_entropy.double().sum(),
-            measures.max_weight.double().sum(),
-            measures.saturated.double().sum(),
-            measures.jacobian_trace.double().sum(),
-            measures.jacobian_frobenius.double().sum(),
-        ]
+def _sums(measures: RowMeasures, keep: Tensor, dtype: torch.dtype) -> Tensor:
+    """(6,) sums of the row measures over the rows ``keep`` marks, in the order of ``_SUMMED``, on their device."""
+    measured = (
+        measures.entropy,
+        measures.normalised_entropy,
+        measures.max_weight,
+        measures.saturated,
+        measures.jacobian_trace,
+        measures.jacobian_frobenius,
     )
+    return torch.stack([torch.where(keep, value.to(dtype), 0.0).sum() for value in measured])
 
 
 class ScalingConsumer:
@@ -117,17 +122,19 @@ class ScalingConsumer:
         self.monotone_rows = 0
         self.monotone_violations = 0
         self.head_dim = 0
+        self._pending = PendingSums()  # this layer's sums on its device until its last chunk
 
     def on_layer(self, captured: LayerAttention) -> None:
         if captured.layer != self.layer:
             return
         b = self.batch_index
         index = torch.tensor(self.heads, device=captured.query.device)
-        query = captured.query[b].index_select(0, index).double()  # (h, q, D)
+        dtype = accumulation_dtype(captured.query.device)  # float64 on the CPU, float32 on an accelerator
+        query = captured.query[b].index_select(0, index).to(dtype)  # (h, q, D)
         if self.query_prescaled:
             query = query / self.model_scale
         width = captured.key_width  # key columns of this chunk's rows (later ones carry no weight)
-        key = captured.head_key(captured.key)[b].index_select(0, index).double()  # (h, Tk, D)
+        key = captured.head_key(captured.key)[b].index_select(0, index).to(dtype)  # (h, Tk, D)
         # (h, q, k) the model's scores where a key may be read: the softmax input equals them there (the mask adds
         # 0), so no second q·kᵀ; hidden keys are masked below.
         source = captured.logits if captured.logits is not None else captured.scores
@@ -140,9 +147,7 @@ class ScalingConsumer:
         # float64 product of a 2,048-token layer costs twice the time and memory for digits the sweep drops anyway
         raw = query.float() @ key[:, :width].float().transpose(-1, -2)
         self._add_raw_variance(raw, allowed)
-        keep = allowed.sum(-1) > 1  # rows that can choose
-        if not bool(keep.any()):
-            return
+        keep = allowed.sum(-1) > 1  # (q,) rows that can choose; the others are weighted 0 (no host read)
         if scores.dtype not in (torch.float32, torch.float64):
             # A half-precision model's scores were rounded (~2⁻⁸ in bf16) after q·k: the sweep's settings would then
             # compare softmaxes of two slightly different score sets (raw vs rounded). Rebuild them in float32
@@ -150,36 +155,36 @@ class ScalingConsumer:
             scaled = raw * self.model_scale  # raw is the unscaled q·k (a prescaled query was divided back above)
             scores = torch.tanh(scaled / self.softcap) * self.softcap if self.softcap is not None else scaled
         # The sweep runs in float32 (the capture's precision; sums are taken in float64): half the memory traffic.
-        self._sweep(raw[:, keep], upcast(scores[:, keep]), allowed[keep])
+        self._sweep(raw, upcast(scores), allowed, keep)
+        if captured.query_start + captured.weights.shape[2] == captured.query_length:
+            self._flush()  # the layer's last chunk: its sums cross to the CPU in one copy
 
     def _add_moments(self, query: Tensor, key: Tensor) -> None:
         """Running q moments over query rows (h, q, D); k moments (h, Tk, D) from the first chunk (same keys)."""
-        if self.q_sum is None or self.q_sq is None:
-            self.q_sum = torch.zeros(query.shape[0], query.shape[-1], dtype=torch.float64)
-            self.q_sq = torch.zeros_like(self.q_sum)
-            self.k_mean, self.k_var = to_host(torch.stack([key.mean(1), key.var(1, unbiased=False)]))
+        if not self.settings:
             self._make_settings()
-        q_sum, q_sq = to_host(torch.stack([query.sum(1), query.pow(2).sum(1)]))  # (h, D) each
-        self.q_sum = self.q_sum + q_sum
-        self.q_sq = self.q_sq + q_sq
+        self._pending.first("k_moments", torch.stack([key.mean(1), key.var(1, unbiased=False)]))  # (2, h, D)
+        self._pending.add("q_moments", torch.stack([query.sum(1), query.pow(2).sum(1)]))  # (2, h, D)
         self.q_rows += query.shape[1]
 
     def _add_raw_variance(self, raw: Tensor, allowed: Tensor) -> None:
         """Sums for Var(q·k) over the pairs the model may score: raw (h, q, k) unscaled q·k, allowed (q, k)."""
+        dtype = accumulation_dtype(raw.device)
         pairs = allowed.expand(raw.shape)
         masked = raw.masked_fill(~pairs, 0.0)  # (h, q, k) q·k of the pairs the model may score
-        self.raw_n += float(allowed.sum())
-        sums = masked.sum((-2, -1), dtype=torch.float64)
-        squares = (masked * masked).sum((-2, -1), dtype=torch.float64)
-        raw_sum, raw_sq = to_host(torch.stack([sums, squares]))
-        self.raw_sum += raw_sum
-        self.raw_sq += raw_sq
+        sums = masked.sum((-2, -1), dtype=dtype)
+        squares = (masked * masked).sum((-2, -1), dtype=dtype)
+        pairs_n = allowed.sum().to(dtype).expand_as(sums)
+        self._pending.add("raw", torch.stack([sums, squares, pairs_n]))  # (3, h)
 
-    def _sweep(self, raw: Tensor, scores: Tensor, allowed: Tensor) -> None:
-        """Row measures at every scale setting, on the rows that can choose: (h, q, k) raw q·k, scores; (q, k)."""
+    def _sweep(self, raw: Tensor, scores: Tensor, allowed: Tensor, keep: Tensor) -> None:
+        """Row measures at every scale setting over the rows that can choose (``keep`` (q,)): (h, q, k) raw q·k,
+        scores; (q, k)."""
         visible_scores = scores.masked_fill(~allowed, 0.0)  # (h, q, k) z where a key may be read
         visible_squares = visible_scores * visible_scores
+        kept = keep.expand(scores.shape[:-1])  # (h, q)
         family_entropies = []
+        blocks = []
         for setting in self.settings:
             temperature = setting.temperature if setting.kind != "no_scaling" else None
             rescaled = temperature is not None
@@ -194,15 +199,35 @@ class ScalingConsumer:
                 second = torch.einsum("hqk,hqk->hq", weights, visible_squares)  # E_p[z²]
                 derivative = -(setting.beta / self.model_scale) * (second - first * first).clamp_min(0.0)
             measures = row_measures(weights, allowed, saturation=self.saturation)
-            setting.add(measures, derivative)
+            blocks.append(setting.block(measures, derivative, kept))
             if setting.in_family:
                 family_entropies.append((setting.beta, measures.entropy))
+        self._pending.add("settings", torch.stack(blocks))  # (settings, 8)
         family_entropies.sort(key=lambda item: item[0])
         stacked = torch.stack([e for _, e in family_entropies])  # (settings, h, q), β ascending
         tolerance = 1e-9 if stacked.dtype == torch.float64 else 1e-5  # float32 rounding of equal entropies
-        rises = stacked[1:] > stacked[:-1] + tolerance
-        self.monotone_rows += stacked[0].numel()
-        self.monotone_violations += int(rises.any(0).sum())
+        rises = (stacked[1:] > stacked[:-1] + tolerance).any(0) & kept  # (h, q)
+        self._pending.add("monotone", torch.stack([kept.sum(), rises.sum()]))  # (2,) rows, violations
+
+    def _flush(self) -> None:
+        """Add the layer's device-side sums (moved in one copy) to the CPU totals."""
+        sums = self._pending.take()
+        if not sums:
+            return
+        if self.k_mean is None:
+            self.k_mean, self.k_var = sums["k_moments"]
+        q_sum, q_sq = sums["q_moments"]
+        self.q_sum = q_sum if self.q_sum is None else self.q_sum + q_sum
+        self.q_sq = q_sq if self.q_sq is None else self.q_sq + q_sq
+        raw_sum, raw_sq, raw_n = sums["raw"]
+        self.raw_sum += raw_sum
+        self.raw_sq += raw_sq
+        self.raw_n += raw_n
+        for setting, values in zip(self.settings, sums["settings"].tolist(), strict=True):  # CPU: no sync
+            setting.add(values, rescaled=setting.kind != "no_scaling")
+        rows, violations = sums["monotone"].tolist()
+        self.monotone_rows += round(rows)
+        self.monotone_violations += round(violations)
 
     def _make_settings(self) -> None:
         for temperature in self.temperatures:

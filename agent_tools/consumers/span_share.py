@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 
 from agent_tools.capture import LayerAttention
+from agent_tools.consumers.host import PendingSums, accumulation_dtype
 
 
 class SpanShareConsumer:
@@ -20,18 +21,20 @@ class SpanShareConsumer:
         self.span = list(span)
         self.total = 0.0
         self.count = 0
+        self._pending = PendingSums()  # the current layer's total, on its device
 
     def on_layer(self, layer: LayerAttention) -> None:
         start, count = layer.query_start, layer.weights.shape[2]
         local = [r - start for r in self.rows if start <= r < start + count]
         keys = [j for j in self.span if j < layer.key_width]
-        if not local:
-            return
-        weights = layer.weights[0][:, torch.tensor(local, device=layer.weights.device)]  # (H, a, Tk)
-        if keys:
-            picked = weights[..., torch.tensor(keys, device=weights.device)].float().sum(-1)  # (H, a)
-            self.total += float(picked.sum())
-        self.count += weights.shape[0] * weights.shape[1]
+        if local:
+            weights = layer.weights[0][:, torch.tensor(local, device=layer.weights.device)]  # (H, a, Tk)
+            if keys:
+                picked = weights[..., torch.tensor(keys, device=weights.device)].float().sum(-1)  # (H, a)
+                self._pending.add("total", picked.sum(dtype=accumulation_dtype(picked.device)))
+            self.count += weights.shape[0] * weights.shape[1]
+        if start + count == layer.query_length and self._pending:  # the layer's last chunk: one copy
+            self.total += float(self._pending.take()["total"])
 
     @property
     def share(self) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -24,6 +25,7 @@ from agent_tools.report.content import (
     head_descriptions,
     html_grids,
     model_card,
+    top_heads,
 )
 from agent_tools.report.figures import Picture, draw_pictures, story_pictures
 from agent_tools.report.glossary import glossary
@@ -33,6 +35,13 @@ from agent_tools.report.views import NeuronData
 from agent_tools.schemas import Report
 
 CARD_TERMS = {"head_dim": "dk", "scaling": "scale", "scaling_ratio": "scale"}  # card key -> glossary key
+# The page's size is bounded by these, not by the model: full (T, T) maps for at most FULL_MAP_HEADS heads (the ones
+# the story shows), and one max-pooled thumbnail per head, all together within THUMBNAIL_BYTES (side THUMBNAIL_SIDE
+# at most, smaller for a model with many heads; none below MIN_THUMBNAIL_SIDE). Every other map: show_attention.
+FULL_MAP_HEADS = 8
+THUMBNAIL_BYTES = 1024**2
+THUMBNAIL_SIDE = 48
+MIN_THUMBNAIL_SIDE = 4
 
 
 @dataclass
@@ -57,6 +66,7 @@ class HtmlReport:
     neuron: NeuronData | None = None
     questions: dict[str, str] = field(default_factory=dict)  # section title -> what its numbers mean
     notes: list[str] = field(default_factory=list)  # skipped steps and timings
+    full_heads: list[tuple[int, int]] = field(default_factory=list)  # heads whose whole map the page embeds
 
 
 def _png_uri(png: bytes) -> str:
@@ -88,7 +98,55 @@ def page_for(result: AnalysisResult) -> HtmlReport:
         neuron=result.neuron,
         questions={SECTION_TITLES.get(n, n): q for n, q in SECTION_QUESTIONS.items()},
         notes=[f"skipped {name}: {why}" for name, why in result.skipped.items()] + [f"timings: {timing}"],
+        full_heads=story_heads(result),
     )
+
+
+def story_heads(result: AnalysisResult) -> list[tuple[int, int]]:
+    """The heads whose whole map the page keeps: the focus head, then the story's pictured heads (at most
+    :data:`FULL_MAP_HEADS`)."""
+    chosen = [focus_head(result)]
+    for _why, layer, head in top_heads(result):
+        if (layer, head) not in chosen:
+            chosen.append((layer, head))
+    return chosen[:FULL_MAP_HEADS]
+
+
+def thumbnail_side(length: int, num_layers: int, num_heads: int) -> int:
+    """Pixels per side of every head's thumbnail: at most :data:`THUMBNAIL_SIDE` (or the text's length), and all
+    thumbnails within :data:`THUMBNAIL_BYTES`; 0 (no thumbnails) when that leaves fewer than MIN_THUMBNAIL_SIDE."""
+    side = min(length, THUMBNAIL_SIDE, math.isqrt(THUMBNAIL_BYTES // max(num_layers * num_heads, 1)))
+    return side if side >= MIN_THUMBNAIL_SIDE else 0
+
+
+def thumbnails(maps: torch.Tensor, side: int) -> torch.Tensor:
+    """(L, H, T, T) uint8 maps -> (L, H, side, side) uint8: each pixel the largest weight of its block (peaks stay
+    visible), a layer at a time."""
+    layers, heads = maps.shape[:2]
+    out = torch.zeros(layers, heads, side, side, dtype=torch.uint8)
+    for layer in range(layers):
+        pooled = torch.nn.functional.adaptive_max_pool2d(maps[layer].float()[:, None], side)  # (H, 1, side, side)
+        out[layer] = pooled[:, 0].to(torch.uint8)
+    return out
+
+
+def _maps_json(report: HtmlReport) -> dict[str, Any]:
+    """The maps the page embeds: whole maps of ``full_heads``, every head's thumbnail (within the budget)."""
+    maps = report.maps
+    if maps is None:
+        return {"full_heads": [], "full_b64": None, "thumb_side": 0, "thumbs_b64": None}
+    heads = [(layer, head) for layer, head in report.full_heads[:FULL_MAP_HEADS]]
+    full = torch.stack([maps[layer, head] for layer, head in heads]) if heads else maps.new_zeros(0)
+    side = thumbnail_side(maps.shape[-1], maps.shape[0], maps.shape[1])
+    thumbs = thumbnails(maps, side) if side else None
+    return {
+        "full_heads": [[layer, head] for layer, head in heads],
+        "full_b64": base64.b64encode(full.contiguous().numpy().tobytes()).decode("ascii"),
+        "thumb_side": side,
+        "thumbs_b64": base64.b64encode(thumbs.contiguous().numpy().tobytes()).decode("ascii")
+        if thumbs is not None
+        else None,
+    }
 
 
 def _neuron_json(neuron: NeuronData | None) -> dict[str, Any] | None:
@@ -132,7 +190,6 @@ def _pictures_json(report: HtmlReport) -> dict[str, dict[str, str]]:
 def render_html(report: HtmlReport) -> str:
     """The page as one string: the template with the data inlined (``</`` escaped so no script ends early)."""
     num_layers, num_heads = len(report.head_info), len(report.head_info[0])
-    maps = report.maps
     data = {
         "model": report.model,
         "subtitle": report.subtitle,
@@ -142,7 +199,7 @@ def render_html(report: HtmlReport) -> str:
         "num_layers": num_layers,
         "num_heads": num_heads,
         "tokens": [{"text": t} for t in report.tokens],
-        "maps_b64": base64.b64encode(maps.contiguous().numpy().tobytes()).decode("ascii") if maps is not None else None,
+        **_maps_json(report),
         "grids": report.grids,
         "head_info": report.head_info,
         "initial": {"layer": report.initial[0], "head": report.initial[1]},

@@ -388,7 +388,12 @@ def _positions(inspector: Inspector, loaded: LoadedModel, pair: _Pair, top: list
     span = range(first, corrupted.length)
     patches = [HeadPatch(r.layer, (r.head,), (p,)) for r in top for p in span]
     outputs = inspector.patched_outputs(loaded, corrupted, patches, sources=pair.sources, prefix=first)
-    fractions = pair.restored(outputs)[0].reshape(len(top), len(span))
+    fractions = pair.restored(outputs)[0].reshape(len(top), len(span)).tolist()  # one copy for every row
+    estimates = (
+        pair.estimates[[r.layer for r in top], :, [r.head for r in top]].tolist()  # (top, T): one copy
+        if pair.estimates is not None
+        else None
+    )
     return [
         HeadPositions(
             layer=r.layer,
@@ -397,8 +402,8 @@ def _positions(inspector: Inspector, loaded: LoadedModel, pair: _Pair, top: list
                 PositionPatch(
                     position=p,
                     token=corrupted.tokens[p].text,
-                    restored=float(fractions[k, p - first]) if p >= first else 0.0,
-                    estimate=float(pair.estimates[r.layer, p, r.head]) if pair.estimates is not None else None,
+                    restored=fractions[k][p - first] if p >= first else 0.0,
+                    estimate=estimates[k][p] if estimates is not None else None,
                 )
                 for p in range(corrupted.length)
             ],

@@ -132,12 +132,16 @@ def _rows(
 ) -> list[QueryRow]:
     """Per query: its entropy and its top keys among those it may read (``key_tokens`` label the columns)."""
     values, indices = top_keys(weights, top_k)  # (rows, k)
+    readable = allowed.gather(-1, indices)  # (rows, k) whether each top key may be read
+    # one copy each, not a conversion per row and key
+    value_rows, index_rows, readable_rows = values.tolist(), indices.tolist(), readable.tolist()
+    entropies = entropy.tolist()
     rows = []
     for q in range(len(tokens)):
         keys = [
-            KeyWeight(position=int(i), token=key_tokens[int(i)].text, weight=v)
-            for v, i in zip(values[q].tolist(), indices[q].tolist(), strict=True)
-            if allowed[q, int(i)]
+            KeyWeight(position=i, token=key_tokens[i].text, weight=v)
+            for v, i, ok in zip(value_rows[q], index_rows[q], readable_rows[q], strict=True)
+            if ok
         ]
-        rows.append(QueryRow(position=q, token=tokens[q].text, entropy=float(entropy[q]), top_keys=keys))
+        rows.append(QueryRow(position=q, token=tokens[q].text, entropy=entropies[q], top_keys=keys))
     return rows
