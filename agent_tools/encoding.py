@@ -124,9 +124,8 @@ def render_messages(
         validate_text(message.content, field="messages.content")
     tokenizer = loaded.tokenizer
     if not getattr(tokenizer, "chat_template", None):
-        raise InvalidInputError(
-            f"model {loaded.name!r} has no chat template; send plain text instead", field="messages"
-        )
+        msg = f"model {loaded.name!r} has no chat template; send plain text instead"
+        raise InvalidInputError(msg, field="messages")
     try:
         rendered = tokenizer.apply_chat_template(
             [m.model_dump() for m in parsed], tokenize=False, add_generation_prompt=add_generation_prompt
@@ -154,17 +153,28 @@ def encode(loaded: LoadedModel, text: str, *, limit: int, add_special_tokens: bo
         raise ResourceLimitError(f"{msg}: {long_text_advice(limit)}", field="text")
     offsets = [(int(start), int(end)) for start, end in encoding["offset_mapping"][0].tolist()]
     special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    tokens = [
-        Token(
-            position=i,
-            text=_token_text(tokenizer, int(t), text, offsets[i]),
-            token_id=int(t),
-            special=int(t) in special_ids,
-        )
+    tokens = [  # tolist() gives Python ints
+        Token(position=i, text=_token_text(tokenizer, t, text, offsets[i]), token_id=t, special=t in special_ids)
         for i, t in enumerate(ids[0].tolist())
     ]
     mask = encoding.get("attention_mask", torch.ones_like(ids))
     return Encoded(input_ids=ids, attention_mask=mask, tokens=tokens, offsets=offsets, text=text)
+
+
+def id_tokens(loaded: LoadedModel, ids: list[int]) -> list[Token]:
+    """Tokens of ids with no text behind them, each decoded on its own."""
+    special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
+    return [
+        Token(position=i, text=str(loaded.tokenizer.decode([t])), token_id=t, special=t in special)
+        for i, t in enumerate(ids)
+    ]
+
+
+def encode_ids(loaded: LoadedModel, ids: list[int]) -> Encoded:
+    """Token ids (no text behind them) as an :class:`Encoded` of one sequence, every token unmasked."""
+    input_ids = torch.tensor([ids])  # (1, T)
+    mask, offsets = torch.ones_like(input_ids), [(0, 0)] * len(ids)
+    return Encoded(input_ids=input_ids, attention_mask=mask, tokens=id_tokens(loaded, ids), offsets=offsets, text="")
 
 
 def answer_input(loaded: LoadedModel, encoded: Encoded, generation: runner.Generation) -> DecoderInput:
@@ -172,10 +182,6 @@ def answer_input(loaded: LoadedModel, encoded: Encoded, generation: runner.Gener
     answer token."""
     start = runner.decoder_start_id(loaded)
     ids = [start, *generation.token_ids[:-1]]
-    special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
-    tokens = [
-        Token(position=i, text=str(loaded.tokenizer.decode([t])), token_id=t, special=t in special)
-        for i, t in enumerate(ids)
-    ]
     input_ids = torch.tensor([ids], dtype=encoded.input_ids.dtype)
-    return DecoderInput(input_ids=input_ids, tokens=tokens, answer=generation.token_ids, stopped=generation.stopped)
+    tokens, answer = id_tokens(loaded, ids), generation.token_ids
+    return DecoderInput(input_ids=input_ids, tokens=tokens, answer=answer, stopped=generation.stopped)

@@ -18,7 +18,7 @@ import torch
 
 from agent_tools import encoding, runner
 from agent_tools.capture import AttentionConsumer
-from agent_tools.encoding import DecoderInput, Encoded
+from agent_tools.encoding import Encoded
 from agent_tools.encoding import check_unicode as check_unicode
 from agent_tools.encoding import validate_text as validate_text
 from agent_tools.errors import InvalidInputError, ResourceLimitError
@@ -111,10 +111,7 @@ def check_indices(values: Sequence[int] | None, count: int, name: str, *, where:
     seen: set[int] = set()
     duplicates: set[int] = set()
     for value in items:
-        if where:
-            check_index(value, count, name, where=where)
-        else:
-            check_index(value, count, name)
+        check_index(value, count, name, where=where)
         (duplicates if value in seen else seen).add(value)
     if duplicates:
         raise InvalidInputError(
@@ -235,11 +232,6 @@ class Inspector(Session):
         is the query that chose answer token i."""
         if stack.name not in ("decoder", "cross"):
             return encoded.on_stack(stack.name)
-        return encoded.on_stack(stack.name, self.decoder_input(loaded, encoded, max_new_tokens or DECODER_TOKENS))
-
-    def decoder_input(self, loaded: LoadedModel, encoded: Encoded, max_new_tokens: int) -> DecoderInput:
-        """The model's greedy answer to ``encoded`` as what its decoder reads: the start token + the answer
-        without its last token (one row per answer token)."""
         if not loaded.facts.is_language_model:
             msg = (
                 f"model {loaded.name!r} has no next-token head, so it cannot answer and its decoder has nothing to "
@@ -247,7 +239,8 @@ class Inspector(Session):
                 "...ForConditionalGeneration): use attention='encoder'"
             )
             raise InvalidInputError(msg, field="attention")
-        return encoding.answer_input(loaded, encoded, self.generate(loaded, encoded, max_new_tokens=max_new_tokens))
+        answer = self.generate(loaded, encoded, max_new_tokens=max_new_tokens or DECODER_TOKENS)
+        return encoded.on_stack(stack.name, encoding.answer_input(loaded, encoded, answer))
 
     # --- running --------------------------------------------------------------------------------------
     def run(

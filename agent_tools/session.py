@@ -25,6 +25,7 @@ import torch
 
 from agent_tools.capture import layer_checkpoints
 from agent_tools.errors import CallCancelledError, DeadlineExceededError, InvalidInputError, ResourceLimitError
+from agent_tools.files import write_atomic
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
 from agent_tools.placement import Placement
 from agent_tools.runner import attribution, paths
@@ -305,9 +306,7 @@ class TextStore:
             try:
                 if not path.exists():
                     self.folder.mkdir(parents=True, exist_ok=True)
-                    partial = path.with_name(f".{digest}.{os.getpid()}.partial")
-                    partial.write_text(text, encoding="utf-8", errors="surrogatepass")
-                    os.replace(partial, path)
+                    write_atomic(path, text.encode("utf-8", "surrogatepass"))
             except OSError:
                 pass  # the handle still works in this process
         return TEXT_HANDLE_PREFIX + digest

@@ -296,7 +296,7 @@ MLPS_VERIFIED = 3  # attribution: the MLP outputs with the largest |estimate| pa
 
 
 def _layer_estimates(
-    loaded: LoadedModel, pair: _Pair, passes: AttributionPasses, layers: list[int]
+    inspector: Inspector, loaded: LoadedModel, pair: _Pair, passes: AttributionPasses, layers: list[int]
 ) -> list[LayerEstimate]:
     """Each layer's attention-output estimate (its exact value is filled in from the whole-layer patches), and the
     MLP estimate beside the exact value for the :data:`MLPS_VERIFIED` largest (no MLP estimate is shown alone)."""
@@ -368,7 +368,7 @@ def _attribution(
         missed=missed,
         grad_drop=passes.grad_drop is not None,
         gradient_dtype=passes.gradient_dtype,
-        layers=_layer_estimates(loaded, pair, passes, layers),
+        layers=_layer_estimates(inspector, loaded, pair, passes, layers),
         forward_equivalents=rounded(1 + 3 * passes.rows, 1),
     )
     return pair, rows, layer_rows, check, outside_rows
