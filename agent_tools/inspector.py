@@ -111,7 +111,10 @@ def check_indices(values: Sequence[int] | None, count: int, name: str, *, where:
     seen: set[int] = set()
     duplicates: set[int] = set()
     for value in items:
-        check_index(value, count, name, where=where)
+        if where:
+            check_index(value, count, name, where=where)
+        else:
+            check_index(value, count, name)
         (duplicates if value in seen else seen).add(value)
     if duplicates:
         raise InvalidInputError(
