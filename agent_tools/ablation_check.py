@@ -20,7 +20,8 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel
-from agent_tools.runner import HeadSetAblation
+from agent_tools.runner import HeadSetAblation, head_outputs
+from agent_tools.session import guarded
 
 HeadSet = tuple[tuple[int, int], ...]
 
@@ -106,13 +107,15 @@ def measure_head_sets(
     replacements: dict[AblationMethod, dict[int, Tensor]] = {}
     recordings = 0
     if "mean" in methods:
-        outputs = inspector.head_outputs(loaded, encoded.input_ids, layers)
+        with guarded(loaded):
+            outputs = head_outputs(loaded, encoded.input_ids, layers)
         replacements["mean"] = {layer: value.double().mean(0).to(value.dtype) for layer, value in outputs.items()}
         recordings += 1
     if "resample" in methods:
         if resample is None or resample.ids is None:
             raise ValueError("resample rows need a resample source")
-        replacements["resample"] = inspector.head_outputs(loaded, resample.ids, layers)
+        with guarded(loaded):
+            replacements["resample"] = head_outputs(loaded, resample.ids, layers)
         recordings += 1
     ids = encoded.input_ids
     logits = facts.is_language_model and not facts.is_encoder_decoder  # else the encoder's hidden states

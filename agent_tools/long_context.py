@@ -2,7 +2,7 @@
 checks that refuse what would not fit, before any pass.
 
 Each pass goes through the runner under the model's lock with the call's checkpoint (cancel, deadline) before every
-layer, as :class:`~agent_tools.inspector.Inspector`'s own passes do.
+layer (:func:`~agent_tools.session.guarded`), as :class:`~agent_tools.inspector.Inspector`'s own passes do.
 """
 
 from __future__ import annotations
@@ -13,21 +13,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agent_tools.capture import layer_checkpoints
 from agent_tools.errors import InvalidInputError, ResourceLimitError
-from agent_tools.inspector import Inspector, current_call
+from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import locked
 from agent_tools.runner.patching import ROW_ACTIVATION_FLOATS, rows_per_batch
 from agent_tools.runner.short_cache import RestrictedLosses, restricted_pass, unit_losses
+from agent_tools.session import guarded
 from agent_tools.settings import readable_size
 
 MAX_RESTRICTED_ROWS = 32  # rows of one masked pass at most (row 0 and up to 31 restricted KV heads)
-
-
-def _checkpoint():
-    context = current_call()
-    return None if context is None else context.check
 
 
 def check_short_cache(length: int, sink: int, window: int) -> int:
@@ -72,8 +66,7 @@ def short_cache_losses(
 ) -> RestrictedLosses:
     """Every unit (layer, query heads) restricted on its own: one masked pass per layer group."""
     rows = restricted_rows(inspector, loaded, int(input_ids.shape[-1]))
-    checkpoint = _checkpoint()
-    with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+    with guarded(loaded):
         return unit_losses(loaded, input_ids, units, sink=sink, window=window, max_rows=rows)
 
 
@@ -93,8 +86,7 @@ def all_restricted_losses(
     restrictions: dict[int, list[tuple[int, Sequence[int]]]] = {}
     for layer, heads in units:
         restrictions.setdefault(layer, []).append((row, tuple(heads)))
-    checkpoint = _checkpoint()
-    with locked(loaded, checkpoint), layer_checkpoints(loaded.model, checkpoint):
+    with guarded(loaded):
         return restricted_pass(
             loaded, input_ids, restrictions, rows=row + 1, sink=sink, window=window, scored_from=sink + window
         )

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from agent_tools.encoding import encode_ids
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.schemas import Token
 
 DEFAULT_PROBE_LENGTH = 32
 MIN_PROBE_LENGTH = 4
@@ -88,23 +88,6 @@ def probe_repeat_length(requested: int | None, *, name: str, limit: int, frame: 
         msg = f"probe_length {requested} makes a probe longer than {limit} tokens; use {MIN_PROBE_LENGTH}..{most}"
         raise ResourceLimitError(msg, field="probe_length")
     return requested
-
-
-def encode_ids(loaded: LoadedModel, ids: list[int]) -> Encoded:
-    """Token ids (no text behind them) as an :class:`Encoded` of one sequence, every token unmasked."""
-    special_ids = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
-    tokens = [
-        Token(position=i, text=str(loaded.tokenizer.decode([t])), token_id=t, special=t in special_ids)
-        for i, t in enumerate(ids)
-    ]
-    input_ids = torch.tensor([ids])  # (1, T)
-    return Encoded(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        tokens=tokens,
-        offsets=[(0, 0)] * len(ids),
-        text="",
-    )
 
 
 def build_probe(inspector: Inspector, loaded: LoadedModel, repeat_length: int | None, seed: int) -> Probe:

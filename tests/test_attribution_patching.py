@@ -25,7 +25,8 @@ from agent_tools.analysis.attribution_patching import (
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, register_model
-from agent_tools.runner.patching import HeadPatch
+from agent_tools.runner.attribution_patching import mlp_patched_logits
+from agent_tools.runner.patching import HeadPatch, recorded_run
 from agent_tools.segment_attribution import verified_segment_effects
 
 CLEAN, CORRUPTED = "the cat sat on the mat because it", "the dog sat on the mat because it"
@@ -87,7 +88,7 @@ def test_the_estimate_is_the_derivative_exact_patching_measures(family: str, tin
     clean, corrupted = inspector.encode(loaded, CLEAN), inspector.encode(loaded, CORRUPTED)
     answer, wrong = (loaded.tokenizer.convert_tokens_to_ids(w) for w in ("was", "tired"))
     passes = inspector.attribution_passes(loaded, clean, corrupted, _metric(answer, wrong), grad_drop=False)
-    recorded = inspector.recorded_run(loaded, corrupted).heads
+    recorded = recorded_run(loaded, corrupted.input_ids).heads
     facts = loaded.facts
     heads = [(layer, head) for layer in range(facts.num_layers) for head in range(facts.num_heads)]
     epsilon = 1e-2
@@ -130,7 +131,7 @@ def test_the_mlp_estimate_is_the_derivative_of_exact_mlp_patching(tiny_models, i
     epsilon, values = 1e-2, {}
     for sign in (1, -1):
         sources = {i: recorded[i] + sign * epsilon * (passes.clean_mlp[i] - recorded[i]) for i in recorded}
-        logits = inspector.mlp_patched_logits(loaded, corrupted, sources)
+        logits = mlp_patched_logits(loaded, corrupted.input_ids, sources)
         values[sign] = (logits[:, answer] - logits[:, wrong]).double()
     derivative = (values[1] - values[-1]) / (2 * epsilon)
     estimate = passes.mlp.sum(1)
@@ -231,7 +232,7 @@ def test_a_row_patching_heads_in_several_layers_equals_a_plain_forward(tiny_mode
 
     loaded = tiny_models["llama"]
     clean, corrupted = inspector.encode(loaded, CLEAN), inspector.encode(loaded, CORRUPTED)
-    sources = inspector.recorded_run(loaded, clean).heads
+    sources = recorded_run(loaded, clean.input_ids).heads
     sets = [((0, 1), (1, 2)), ((0, 0), (0, 3), (1, 0)), ((1, 1),)]
     patches = [HeadPatch(0, (1,), also=((1, 2),)), HeadPatch(0, (0, 3), also=((1, 0),)), HeadPatch(1, (1,))]
     batched = inspector.patched_outputs(loaded, corrupted, patches, sources=sources, prefix=2)

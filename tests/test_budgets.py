@@ -15,9 +15,10 @@ import torch
 from pydantic import BaseModel, Field, ValidationError
 
 from agent_tools.errors import AttentionToolError, InvalidInputError
-from agent_tools.inspector import HANDLE_AFTER_CHARS, Inspector, TextStore
+from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy, load_model
 from agent_tools.schemas import DETAILS, Finding, NextCall, Report
+from agent_tools.session import HANDLE_AFTER_CHARS, TextStore
 from agent_tools.surfaces import CONTENT_LIMIT, agent_input_model, clip_words, concise_text
 from agent_tools.surfaces.openai import openai_tools
 from agent_tools.tools import TOOLS

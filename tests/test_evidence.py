@@ -29,7 +29,7 @@ from agent_tools.analysis.attribution import (
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, register_model
-from agent_tools.runner.attribution import SegmentVariant
+from agent_tools.runner.attribution import SegmentVariant, direct_logits
 from agent_tools.runner.patching import HeadPatch, patched_outputs, recorded_run
 from agent_tools.tools import get_tool
 
@@ -164,7 +164,7 @@ def test_direct_logits_match_a_weight_reading_reference(tiny_models, inspector: 
     model, facts = loaded.model, loaded.facts
     heads = recorded_run(loaded, encoded.input_ids).heads
     token = 17
-    found = inspector.direct_logits(loaded, encoded, token)
+    found = direct_logits(loaded, encoded.input_ids, token)
     norm = model.model.norm  # type: ignore[union-attr]
     residual = _final_residual(model, encoded.input_ids)
     sigma = norm_scale(residual, centred=False, eps=norm.variance_epsilon)

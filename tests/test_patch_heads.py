@@ -12,6 +12,7 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.layout import output_projection
 from agent_tools.loading import LoadedModel, register_model
+from agent_tools.runner.patching import recorded_run
 from agent_tools.tools import get_tool
 from agent_tools.tools.patch_heads import PatchReport
 
@@ -59,7 +60,7 @@ def test_known_circuit_previous_token_and_induction_heads_restore_everything(cir
     assert top_set.baseline.model_dump() == {"mean": 0.0, "spread": 0.0, "draws": 8, "heads": 3}
     assert (top_set.size, top_set.top_token_corrupted, top_set.top_token_patched) == ("large", "moon", "dog")
     assert top_set.change == "flip" and top_set.p_new - top_set.p_old >= report.tie_margin
-    logits = inspector.recorded_run(circuit, inspector.encode(circuit, CLEAN)).output[-1]
+    logits = recorded_run(circuit, inspector.encode(circuit, CLEAN).input_ids).output[-1]
     assert report.gap_threshold == pytest.approx(0.25 * float(logits.double().std()), abs=1e-4)
     assert "restores +100.0% of it, toward 'dog' (large: one random head +0.0% ± 0.0%, 5 heads)" in report.summary
     assert "the top token flips: 'moon' → 'dog'" in report.summary
@@ -103,7 +104,7 @@ def test_batched_rows_equal_one_patched_forward_each(family: str, tiny_models, i
     was, tired = (tokenizer.convert_tokens_to_ids(w) for w in (ranked[-1], ranked[0]))
     report = get_tool("patch_heads")(inspector, arguments)
     assert {row.layer for row in report.heads} == {0, 1}  # rows joining at both layers
-    recorded = inspector.recorded_run(loaded, clean).heads
+    recorded = recorded_run(loaded, clean.input_ids).heads
     model, width = loaded.model, facts.head_dim
     for row in report.heads:  # one forward per head with a plain replacement hook
         projection = output_projection(model, row.layer, in_features=facts.num_heads * width)

@@ -31,16 +31,11 @@ from agent_tools.errors import (
     DeadlineExceededError,
     ResourceLimitError,
 )
-from agent_tools.inspector import (
-    DEFAULT_MEMORY_BUDGET,
-    CallContext,
-    Inspector,
-    call_scope,
-    check_indices,
-    readable_size,
-)
+from agent_tools.inspector import Inspector, check_indices
 from agent_tools.loading import LoadedModel
 from agent_tools.schemas import Report
+from agent_tools.session import CallContext, call_scope
+from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
 from agent_tools.surfaces.langchain import AttentionToolkit
 from agent_tools.surfaces.mcp_server import INVALID_UNICODE_ARGUMENT, answerable_line, build_server, serve_http
 from agent_tools.tools import TOOLS

@@ -25,7 +25,7 @@ def run_local(
     """Analyse every item in this process; each finished batch is committed before the next starts.
 
     Stops (raising :class:`~agent_tools.corpus.flow.TooManyErrors`) at the first bad row over the budget, after
-    committing the items analysed so far. Inside a call (:func:`agent_tools.inspector.call_scope`) it checks the
+    committing the items analysed so far. Inside a call (:func:`agent_tools.session.call_scope`) it checks the
     call's cancel flag and deadline between items.
     """
     call = current_call()

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 from agent_tools.prompt_trace.evidence import EvidenceRequest
 from agent_tools.prompt_trace.evidence import prepare as prepare_evidence
-from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers, check_traceable, measure, trace_pass
+from agent_tools.prompt_trace.measure import check_traceable
 from agent_tools.prompt_trace.models import (
     ANSWER_DESCRIPTION,
     ANSWER_STOP_DESCRIPTION,
-    ANSWER_STOPS,
-    CHECKS,
     CHECKS_DESCRIPTION,
     DEFAULT_ANSWER_STOP,
     DEFAULT_SINK_THRESHOLD,
@@ -37,12 +35,9 @@ from agent_tools.prompt_trace.models import (
     SEGMENT_RANK_LABEL,
     SINK_DESCRIPTION,
     TARGET_DESCRIPTION,
-    TARGETS,
     AnswerStop,
-    CausalEffect,
     Check,
     GeneratedToken,
-    GradientAttribution,
     NextCall,
     PromptTrace,
     SegmentShare,
@@ -52,13 +47,11 @@ from agent_tools.prompt_trace.models import (
     max_new_tokens_in_range,
     segment_rank,
 )
-from agent_tools.prompt_trace.report import TraceRun, build_report, next_token_table, trace
+from agent_tools.prompt_trace.report import TraceRun, trace
 
 __all__ = [
     "ANSWER_DESCRIPTION",
-    "ANSWER_STOPS",
     "ANSWER_STOP_DESCRIPTION",
-    "CHECKS",
     "CHECKS_DESCRIPTION",
     "DEFAULT_ANSWER_STOP",
     "DEFAULT_SINK_THRESHOLD",
@@ -69,30 +62,21 @@ __all__ = [
     "PROMPT_DESCRIPTION",
     "SEGMENT_RANK_LABEL",
     "SINK_DESCRIPTION",
-    "TARGETS",
     "TARGET_DESCRIPTION",
     "AnswerStop",
-    "CausalEffect",
     "Check",
     "EvidenceRequest",
     "GeneratedToken",
-    "GradientAttribution",
     "NextCall",
     "PromptTrace",
     "SegmentShare",
     "Target",
     "TokenProbability",
-    "TraceNumbers",
     "TraceRun",
-    "TracedPrompt",
     "answer_stop_form",
-    "build_report",
     "check_traceable",
     "max_new_tokens_in_range",
-    "measure",
-    "next_token_table",
     "prepare_evidence",
     "segment_rank",
     "trace",
-    "trace_pass",
 ]

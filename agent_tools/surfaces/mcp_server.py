@@ -20,7 +20,7 @@ types and structure of the report and drop what only a reader needs (titles, des
 The explanation templates are offered as MCP prompts, the full system prompt as the ``attention_explainer``
 prompt, and a short version of it (``prompts/mcp_instructions.md``) as the server's instructions.
 
-Reliability: a call runs in a worker thread under a :class:`~agent_tools.inspector.CallContext`. A client's
+Reliability: a call runs in a worker thread under a :class:`~agent_tools.session.CallContext`. A client's
 ``notifications/cancelled`` (or the operator's ``call_timeout``) stops the pass at its next checkpoint — between
 layers, query chunks and generation steps — which releases the model's lock; the server keeps serving. A call
 whose request carries a ``progressToken`` gets progress notifications while it runs. On stdio, every line gets

@@ -12,7 +12,9 @@ from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_trace import NextCall
 from agent_tools.runner import AblationEffect
+from agent_tools.runner.attribution import direct_logits
 from agent_tools.schemas import head_label
+from agent_tools.session import guarded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.ablate_heads.models import (
     AblateHeadsInput,
@@ -190,7 +192,8 @@ def _direct_logits(
     inspector: Inspector, loaded: LoadedModel, encoded: Encoded, token: int, heads: list[tuple[int, int]]
 ) -> DirectLogitAttribution:
     """Every head's direct logit attribution to ``token`` at the last position, as the report states it."""
-    found = inspector.direct_logits(loaded, encoded, token)
+    with guarded(loaded):
+        found = direct_logits(loaded, encoded.input_ids, token)
     grid = found.heads  # (L, H)
 
     def row(layer: int, head: int) -> HeadLogit:

@@ -29,9 +29,10 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_trace import NextCall
-from agent_tools.runner.attribution_patching import AttributionPasses
-from agent_tools.runner.patching import HeadPatch
+from agent_tools.runner.attribution_patching import AttributionPasses, mlp_patched_logits
+from agent_tools.runner.patching import HeadPatch, recorded_run
 from agent_tools.schemas import head_label, rounded
+from agent_tools.session import guarded
 from agent_tools.tools.patch_heads.models import (
     AUTO_ATTRIBUTION_ABOVE,
     AttributionCheck,
@@ -110,10 +111,11 @@ def _pair(
     return _Pair(clean, corrupted, first, answer, wrong, ld_clean, ld_corrupted, threshold, sources, logits[1])
 
 
-def _exact_pair(inspector: Inspector, loaded: LoadedModel, args: PatchHeadsInput, prompts: tuple) -> _Pair:
+def _exact_pair(loaded: LoadedModel, args: PatchHeadsInput, prompts: tuple) -> _Pair:
     """Run both prompts (recording the clean head outputs) and build the pair."""
-    recorded = inspector.recorded_run(loaded, prompts[0])
-    corrupted_logits = inspector.recorded_run(loaded, prompts[1]).output
+    with guarded(loaded):
+        recorded = recorded_run(loaded, prompts[0].input_ids)
+        corrupted_logits = recorded_run(loaded, prompts[1].input_ids).output
     return _pair(loaded, args, prompts, (recorded.output[-1], corrupted_logits[-1]), recorded.heads)
 
 
@@ -153,7 +155,7 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
     if method == "attribution":
         pair, head_rows, layer_rows, attribution, sample = _attribution(inspector, loaded, args, prompts, layers)
     else:
-        pair = _exact_pair(inspector, loaded, args, prompts)
+        pair = _exact_pair(loaded, args, prompts)
         every = [(layer, head) for layer in layers for head in range(loaded.facts.num_heads)]
         head_rows, layer_rows = _patch_heads_exactly(inspector, loaded, pair, every, layers)
         sample = head_rows
@@ -300,9 +302,9 @@ def _layer_estimates(
     chosen = sorted(mlp, key=lambda layer: -abs(mlp[layer]))[:MLPS_VERIFIED]
     exact: dict[int, float] = {}
     if chosen:
-        logits = inspector.mlp_patched_logits(
-            loaded, pair.corrupted, {layer: passes.clean_mlp[layer] for layer in chosen}
-        )
+        sources = {layer: passes.clean_mlp[layer] for layer in chosen}  # layer -> (T, C) clean MLP output
+        with guarded(loaded):
+            logits = mlp_patched_logits(loaded, pair.corrupted.input_ids, sources)
         fractions, _ = pair.restored(logits[:, None])
         exact = dict(zip(chosen, fractions.tolist(), strict=True))
     return [

@@ -49,8 +49,9 @@ from agent_tools.loading import LoadedModel
 from agent_tools.probes import Probe, build_probe
 from agent_tools.prompt_trace import NextCall
 from agent_tools.runner import model_output
-from agent_tools.runner.patching import HeadPatch
+from agent_tools.runner.patching import HeadPatch, recorded_run
 from agent_tools.schemas import head_label
+from agent_tools.session import guarded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.profile_heads.models import (
     HELD_OUT_TEXTS,
@@ -485,7 +486,8 @@ class _Evidence:
         """Each head mean-ablated alone (one row each of a batched forward) -> the change in the input's measure.
 
         Rows go in groups whose (R, T, V) outputs fit a quarter of the memory budget (one group on a probe)."""
-        recorded = self.inspector.recorded_run(self.loaded, encoded, keep_last=False)
+        with guarded(self.loaded):
+            recorded = recorded_run(self.loaded, encoded.input_ids, keep_last=False)
         used = {layer for layer, _ in heads}
         means = {  # layer -> (T, H, D): every head's mean output over the positions, at every position
             layer: outputs.mean(0, keepdim=True).expand_as(outputs)

@@ -9,25 +9,10 @@ from __future__ import annotations
 from agent_tools.prompt_segments import MAX_NAMED_SEGMENTS
 from agent_tools.prompt_trace import SEGMENT_RANK_LABEL, segment_rank
 from agent_tools.tools.registry import ToolSpec, Top
-from agent_tools.tools.trace_prompt_attention.models import (
-    DESCRIPTION,
-    GeneratedToken,
-    PromptTrace,
-    SegmentShare,
-    TokenProbability,
-    TracePromptInput,
-)
+from agent_tools.tools.trace_prompt_attention.models import DESCRIPTION, PromptTrace, TracePromptInput
 from agent_tools.tools.trace_prompt_attention.plan import trace_prompt_attention
 
-__all__ = [
-    "SPEC",
-    "GeneratedToken",
-    "PromptTrace",
-    "SegmentShare",
-    "TokenProbability",
-    "TracePromptInput",
-    "trace_prompt_attention",
-]
+__all__ = ["SPEC", "PromptTrace", "TracePromptInput", "trace_prompt_attention"]
 
 SPEC = ToolSpec(
     name="trace_prompt_attention",

@@ -21,18 +21,15 @@ from agent_tools.prompt_trace import (
     TARGET_DESCRIPTION,
     AnswerStop,
     Check,
-    GeneratedToken,
     PromptTrace,
-    SegmentShare,
     Target,
-    TokenProbability,
     answer_stop_form,
     max_new_tokens_in_range,
 )
 from agent_tools.schemas import ChatMessage, ModelInput
 from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack
 
-__all__ = ["GeneratedToken", "PromptTrace", "SegmentShare", "TokenProbability", "TracePromptInput"]
+__all__ = ["PromptTrace", "TracePromptInput"]
 
 DESCRIPTION = (
     "Which prompt parts (system, user turns, template, named spans) the answer reads (attention share) and "
