@@ -33,9 +33,6 @@ from agent_tools.runner.forward import locked
 from agent_tools.schemas import AttentionPath
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
 
-# Bytes of one layer's scores, logits and weights computed at once (query chunking): ~300 rows at 2k tokens.
-# Smaller blocks stay in cache and let causal chunks skip more keys (benchmarks/: 64 MB beat 256 MB by 8%).
-
 
 @dataclass
 class CallContext:
