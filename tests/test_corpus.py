@@ -292,7 +292,11 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
     data = write_jsonl(tmp_path / "d.jsonl", [{"text": TEXTS[0]}])
     out = str(tmp_path / "out")
-    assert "unknown task 'roles'; tasks: profile, trace, collapse" in _one_line_error(
+    from agent_tools.cli.corpus import TASK_NAMES
+    from agent_tools.corpus.tasks import TASKS
+
+    assert TASK_NAMES == TASKS  # the CLI's help names every task without importing torch
+    assert "unknown task 'roles'; tasks: profile, trace, collapse, kv_cache" in _one_line_error(
         capsys, ["corpus", "roles", str(data), "--out", out]
     )
     assert "does not exist" in _one_line_error(capsys, ["corpus", "profile", str(tmp_path / "none.jsonl")])

@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agent_tools.inspector import Inspector
 
-TASK_NAMES = ("profile", "trace", "collapse")  # checked by agent_tools.corpus.tasks (one line, exit 2)
+# agent_tools.corpus.tasks.TASKS without importing torch for --help (tests/test_corpus.py holds them equal); an
+# unknown task is refused there in one line, exit 2
+TASK_NAMES = ("profile", "trace", "collapse", "kv_cache", "retrieval", "position")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "corpus",
-        help="run profile / trace / collapse over a corpus (JSONL, Parquet, datasets folder); local or Ray",
+        help="run a task (profile, trace, collapse, kv_cache, retrieval, position) over a corpus; local or Ray",
         description="Run one task over every item of DATA and write a Parquet table, errors, a summary with "
         "bootstrap intervals and an HTML page. Rerun the same command to continue a stopped run.",
     )
