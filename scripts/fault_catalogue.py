@@ -484,10 +484,20 @@ async def _one_call(
     name, args = CALL_MIX[index % len(CALL_MIX)]
     if fresh and index % 2 == 1 and name != "show_attention":
         result = await client.call_tool(name, {**args, "text": f"{SHORT} Call {index} said {index * 7919 % 1000}."})
-        tally["fresh_text_ok" if not result.is_error else "fresh_text_error"] += 1
+        tally[_outcome(result) or "fresh_text_ok"] += 1
         return
-    same = _comparable(await client.call_tool(name, args)) == reference[index % len(CALL_MIX)]
-    tally["same_as_serial" if same else "different"] += 1
+    result = await client.call_tool(name, args)
+    same = _comparable(result) == reference[index % len(CALL_MIX)]
+    tally["same_as_serial" if same else _outcome(result) or "different"] += 1
+
+
+def _outcome(result: Any) -> str | None:
+    """None for an answer; "deadline_exceeded" for a call past the server's --call-timeout (its queue behind the
+    model's lock is part of the call); "tool_error" for any other error."""
+    if not result.is_error:
+        return None
+    text = " ".join(getattr(c, "text", "") for c in result.content)
+    return "deadline_exceeded" if "[deadline_exceeded]" in text else "tool_error"
 
 
 TALLY = (
