@@ -555,7 +555,10 @@ PLATEAU_GROWTH = 0.05  # RSS plateaus when its last third grows it by less than 
 SESSION_CALLS = 50  # a soak client opens a new session after this many calls (sessions come and go, as in use)
 
 
-def soak(work: Path, minutes: float, concurrency: int = 8, every: float = 10.0) -> Row:
+SAMPLE_EVERY_S = 10.0
+
+
+def soak(work: Path, minutes: float, concurrency: int = 8, every: float = SAMPLE_EVERY_S) -> Row:
     """``concurrency`` clients calling for ``minutes``; the server's RSS every ``every`` seconds; does it plateau?"""
     import itertools
 
@@ -617,6 +620,12 @@ def plateau(samples: list[tuple[float, int, float]]) -> Row:
             "last_third_growth": round(growth, 4), "plateaus": growth < PLATEAU_GROWTH}  # fmt: skip
 
 
+def _every_nth(samples: list[Any], rows: int) -> list[Any]:
+    """About ``rows`` of the samples, evenly spaced, the last one always included."""
+    shown = samples[:: max(1, -(-len(samples) // rows))]
+    return shown if shown[-1] is samples[-1] else [*shown, samples[-1]]
+
+
 def soak_table(row: Row, command: str) -> str:
     """The soak's result as Markdown: the machine, the RSS samples, the counts and the verdict with its rule."""
     load = os.getloadavg()
@@ -630,9 +639,11 @@ def soak_table(row: Row, command: str) -> str:
         f"a long diagnose_collapse cancelled at its first progress report, and opens a new session every "
         f"{SESSION_CALLS} calls.",
         "",
+        f"The server's RSS, sampled every {SAMPLE_EVERY_S:g} s ({len(row['samples'])} samples, about 16 shown):",
+        "",
         "| minute | calls done | server RSS (MiB) |",
         "|---:|---:|---:|",
-        *[f"| {m:.2f} | {calls} | {rss:.1f} |" for m, calls, rss in row["samples"]],
+        *[f"| {m:.2f} | {calls} | {rss:.1f} |" for m, calls, rss in _every_nth(row["samples"], 16)],
         "",
         "| count | value |",
         "|---|---:|",

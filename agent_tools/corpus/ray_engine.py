@@ -129,9 +129,10 @@ def _connect(options: RayOptions) -> bool:
         else:
             cpus = max(os.cpu_count() or 1, options.actors * options.actor_cpus)
             ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE, **quiet)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except Exception as exc:  # Ray raises a bare Exception when its node does not come up in time (a busy machine)
         where = f"the Ray cluster at {options.address!r}" if options.address else "a local Ray"
-        raise InvalidInputError(f"could not start or join {where}: {exc}", field="ray_address") from exc
+        msg = f"could not start or join {where}: {' '.join(str(exc).split())[:300]}; check Ray, then rerun"
+        raise ResourceLimitError(msg, field="ray_address") from exc
     return True
 
 
