@@ -488,7 +488,13 @@ async def _one_call(
         return
     result = await client.call_tool(name, args)
     same = _comparable(result) == reference[index % len(CALL_MIX)]
-    tally["same_as_serial" if same else _outcome(result) or "different"] += 1
+    kind = "same_as_serial" if same else _outcome(result) or "different"
+    tally[kind] += 1
+    if kind != "same_as_serial":
+        EXAMPLES.setdefault(kind, f"{name}: {_comparable(result)[:300]}")
+
+
+EXAMPLES: dict[str, str] = {}  # the first answer of each kind that is not the serial one (what the tally counts)
 
 
 def _outcome(result: Any) -> str | None:
@@ -584,8 +590,9 @@ def soak(work: Path, minutes: float, concurrency: int = 8, every: float = SAMPLE
                             if time.perf_counter() >= stop_at:
                                 break
                             await _one_call(client, next(indices), reference, tally, fresh=True)
-                except Exception:  # a dropped session or a transport error: what the soak is looking for
+                except Exception as exc:  # a dropped session or a transport error: what the soak is looking for
                     tally["failed"] += 1
+                    EXAMPLES.setdefault("failed", f"{type(exc).__name__}: {exc}"[:300])
 
         async def sample() -> None:
             while True:
@@ -606,7 +613,7 @@ def soak(work: Path, minutes: float, concurrency: int = 8, every: float = SAMPLE
         if alive:
             samples.append((round((time.perf_counter() - began) / 60, 2), calls_done(), rss_mib(process.pid)))
     return {"minutes": minutes, "concurrency": concurrency, **tally, "server_deaths": 0 if alive else 1,
-            "samples": samples, **plateau(samples)}  # fmt: skip
+            "examples": dict(EXAMPLES), "samples": samples, **plateau(samples)}  # fmt: skip
 
 
 def plateau(samples: list[tuple[float, int, float]]) -> Row:
@@ -648,6 +655,8 @@ def soak_table(row: Row, command: str) -> str:
         "| count | value |",
         "|---|---:|",
         *[f"| {name} | {row[name]} |" for name in (*TALLY, "server_deaths")],
+        "",
+        *[f"- first `{kind}`: `{example}`" for kind, example in row.get("examples", {}).items()],
         "",
     ]
     if row.get("plateaus") is not None:
