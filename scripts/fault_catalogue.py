@@ -552,6 +552,7 @@ def http_run(work: Path, calls: int, concurrency: int = 8) -> Row:
             "rss_mib_start": rss_start,
             "rss_mib_end": rss_mib(process.pid) if alive else None,
             "rss_mib_by_calls": samples[:: max(1, len(samples) // 12)],
+            "examples": dict(EXAMPLES),
             "seconds": round(time.perf_counter() - began, 1),
         }
 
