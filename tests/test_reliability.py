@@ -539,7 +539,6 @@ def test_scaling_experiment_stops_between_training_steps() -> None:
     assert len(checks) == 5  # the sixth check raised: no step ran after the cancel
 
 
-
 # --- memory that stays bounded over a long session ---------------------------------------------------------------
 def test_the_text_store_forgets_the_oldest_text_past_its_capacity() -> None:
     from agent_tools.inspector import TextStore
