@@ -468,8 +468,9 @@ async def _worker(url: str, jobs: list[int], reference: list[str], tally: dict[s
             index = jobs.pop()
             try:
                 await _one_call(client, index, reference, tally)
-            except Exception:  # a dropped session or a transport error: what this run is looking for
+            except Exception as exc:  # a dropped session or a transport error: what this run is looking for
                 tally["failed"] += 1
+                EXAMPLES.setdefault("failed", f"{type(exc).__name__}: {exc}"[:300])
 
 
 async def _one_call(
@@ -510,7 +511,8 @@ TALLY = (
     "same_as_serial",
     "different",
     "fresh_text_ok",
-    "fresh_text_error",
+    "tool_error",
+    "deadline_exceeded",
     "cancelled",
     "cancel_not_honoured",
     "failed",
