@@ -9,7 +9,18 @@ or HTTP (loopback only) — on the default model. The conversion-cache faults ru
 
 The closing figure is an HTTP run: ``--calls`` calls from 8 concurrent sessions, every 20th a long call that is
 cancelled as soon as it reports progress; it counts server deaths, compares every answer with the same call made
-serially, and reads the server's RSS before and after.
+serially, and reads the server's RSS before and after. ``--quick`` leaves out the cache faults and the 8,031-token
+call past the time limit and makes the HTTP run 40 calls (a few minutes: the check that the catalogue still runs).
+
+The soak (``--soak-minutes N``, 30 when no N is given; nothing else runs) keeps 8 HTTP clients busy for N minutes
+with the mixed calls, fresh texts (so caches keyed by text fill) and a cancelled long call every 20th, samples the
+server's RSS every 10 s, and says whether it plateaus: the last third of the run grows RSS by less than 5 %. It
+writes a Markdown table (``--table``, default benchmarks/results-soak.md). The 30-minute run is meant for a quiet
+machine:
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/fault_catalogue.py --soak-minutes 30
+
+Clients use the MCP 2.x SDK (``mcp.Client``); as the protocol says, a cancelled request gets no answer.
 """
 
 from __future__ import annotations
@@ -196,6 +207,7 @@ class Stdio:
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errlog, env=env or ENV, cwd=ROOT
         )
         self.next_id = 1000
+        self.stray: list[dict[str, Any]] = []
 
     def send(self, line: bytes | dict[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -213,8 +225,10 @@ class Stdio:
         return json.loads(line)
 
     def until(self, request_id: int, timeout: float = 300) -> dict[str, Any]:
+        """The answer to ``request_id``; answers to other ids on the way are kept in ``self.stray``."""
         while (message := self.receive(timeout)).get("id") != request_id or "method" in message:
-            pass
+            if "id" in message and "method" not in message:
+                self.stray.append(message)
         return message
 
     def request(self, method: str, params: dict[str, Any] | None = None, timeout: float = 300) -> dict[str, Any]:
@@ -256,8 +270,9 @@ MALFORMED: dict[str, bytes] = {
 }
 
 
-def stdio_faults(work: Path) -> dict[str, Any]:
-    """Malformed JSON-RPC, three cancellations, 100k layers, an 8,031-token call past --call-timeout 10."""
+def stdio_faults(work: Path, *, quick: bool = False) -> dict[str, Any]:
+    """Malformed JSON-RPC, three cancellations, 100k layers, an 8,031-token call past --call-timeout 10 (not
+    ``quick``)."""
     server = Stdio(
         "--call-timeout", "10", env={**ENV, "ATTENTION_EXPLAINER_CACHE": str(work / "cache")}, log=work / "stdio.log"
     )
@@ -273,18 +288,20 @@ def stdio_faults(work: Path) -> dict[str, Any]:
         server.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
         server.receive()  # the first progress notification: the work is under way
         server.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}})
-        cancelled = server.until(request_id)["error"]["message"]
         began = time.perf_counter()
+        server.stray.clear()
         after = server.request("tools/call", _call("show_attention", {"text": SHORT, "layer": 3, "head": 0}))
-        cancels.append({"answer": cancelled, "next_call_ok": not after["result"]["isError"],
+        answered = [m for m in server.stray if m.get("id") == request_id]  # MCP 2.x: none (the protocol's rule)
+        cancels.append({"cancelled_call_answered": bool(answered), "next_call_ok": not after["result"]["isError"],
                         "next_call_seconds": round(time.perf_counter() - began, 2)})  # fmt: skip
     rows["cancellations"] = cancels
     began = time.perf_counter()
     big = server.request("tools/call", _call("diagnose_collapse", {"text": SHORT, "layers": list(range(30)) * 3334}))
     rows["layers_100k_items"] = {"seconds": round(time.perf_counter() - began, 2), "text": _text(big)[:120]}
-    began = time.perf_counter()
-    slow = server.request("tools/call", _call("diagnose_collapse", {"text": VERY_LONG}))
-    rows["call_past_timeout"] = {"seconds": round(time.perf_counter() - began, 1), "text": _text(slow)[:120]}
+    if not quick:
+        began = time.perf_counter()
+        slow = server.request("tools/call", _call("diagnose_collapse", {"text": VERY_LONG}))
+        rows["call_past_timeout"] = {"seconds": round(time.perf_counter() - began, 1), "text": _text(slow)[:120]}
     began = time.perf_counter()
     after = server.request("tools/call", _call("show_attention", {"text": SHORT, "layer": 3, "head": 0}))
     rows["after_timeout"] = {"ok": not after["result"]["isError"], "seconds": round(time.perf_counter() - began, 2)}
@@ -338,11 +355,13 @@ def rss_mib(pid: int) -> float:
 
 
 @contextmanager
-def http_server(work: Path, *options: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def http_server(work: Path, *options: str, private_cache: bool = True) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """An HTTP server on a free loopback port; its conversion cache the run's private one, or (not
+    ``private_cache``: the soak, which damages nothing) the user's."""
     port = _free_port()
     log = (work / f"http-{port}.log").open("w")
     command = [*CLI, "--artifacts", str(work / "artifacts"), "mcp", "--transport", "streamable-http"]
-    env = {**ENV, "ATTENTION_EXPLAINER_CACHE": str(work / "cache")}
+    env = {**ENV, "ATTENTION_EXPLAINER_CACHE": str(work / "cache")} if private_cache else ENV
     process = subprocess.Popen([*command, "--port", str(port), *options], env=env, cwd=ROOT, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 180
@@ -399,73 +418,105 @@ CALL_MIX: list[tuple[str, dict[str, Any]]] = [
 
 
 def _comparable(result: Any) -> str:
-    data = result.model_dump(mode="json")
-    if isinstance(data.get("structuredContent"), dict):
-        data["structuredContent"].pop("seconds_per_token", None)
-    data.pop("meta", None)
-    content = [c for c in data.get("content", []) if "seconds_per_token" not in str(c)]
-    data["content"] = content if data.get("isError") else None  # JSON text repeats the structured content
-    return json.dumps(data, sort_keys=True)
+    """A call's answer without its timing: the structured content, or the error text."""
+    structured = dict(result.structured_content or {})
+    structured.pop("seconds_per_token", None)
+    text = [c.text for c in result.content if getattr(c, "text", None)] if result.is_error else None
+    return json.dumps({"error": result.is_error, "structured": structured, "text": text}, sort_keys=True)
 
 
 async def _serial_reference(url: str) -> list[str]:
     """Every call of the mix once, one after another (the reference), then one cancelled long call, so the RSS
     measured next already includes a long call's working set."""
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamablehttp_client
+    from mcp import Client
 
-    async with streamablehttp_client(url) as (read, write, _), ClientSession(read, write) as session:
-        await session.initialize()
-        reference = [_comparable(await session.call_tool(name, args)) for name, args in CALL_MIX]
-        await _cancelled_call(session)
+    async with Client(url, mode="legacy") as client:
+        reference = [_comparable(await client.call_tool(name, args)) for name, args in CALL_MIX]
+        await _cancelled_call(client)
         return reference
 
 
-async def _cancelled_call(session: Any) -> str:
-    """A long call, cancelled as soon as its first progress notification arrives; the error the client gets."""
+async def _cancelled_call(client: Any) -> str:
+    """A long call, cancelled as soon as its first progress notification arrives (cancelling the call's task
+    sends ``notifications/cancelled``): "cancelled", or "answered" when the answer came first."""
     import anyio
-    from mcp import types
-    from mcp.shared.exceptions import McpError
 
     started = anyio.Event()
+    outcome = "cancelled"  # stays so unless the call is answered: MCP 2.x sends no answer to a cancelled request
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         started.set()
 
-    async def cancel() -> None:
-        await started.wait()
-        params = types.CancelledNotificationParams(requestId=session._request_id - 1, reason="catalogue")
-        await session.send_notification(types.ClientNotification(types.CancelledNotification(params=params)))
+    async def long_call() -> None:
+        nonlocal outcome
+        await client.call_tool("diagnose_collapse", {"text": LONG}, progress_callback=on_progress)
+        outcome = "answered"
 
     async with anyio.create_task_group() as group:
-        group.start_soon(cancel)
-        try:
-            await session.call_tool("diagnose_collapse", {"text": LONG}, progress_callback=on_progress)
-            outcome = "answered"
-        except McpError as exc:
-            outcome = exc.error.message
+        group.start_soon(long_call)
+        with anyio.fail_after(600):
+            await started.wait()
         group.cancel_scope.cancel()
     return outcome
 
 
 async def _worker(url: str, jobs: list[int], reference: list[str], tally: dict[str, int]) -> None:
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamablehttp_client
+    from mcp import Client
 
-    async with streamablehttp_client(url) as (read, write, _), ClientSession(read, write) as session:
-        await session.initialize()
+    async with Client(url, mode="legacy") as client:
         while jobs:
             index = jobs.pop()
             try:
-                if index % 20 == 19:
-                    outcome = await _cancelled_call(session)
-                    tally["cancelled" if outcome == "Request cancelled" else "cancel_not_honoured"] += 1
-                    continue
-                name, args = CALL_MIX[index % len(CALL_MIX)]
-                same = _comparable(await session.call_tool(name, args)) == reference[index % len(CALL_MIX)]
-                tally["same_as_serial" if same else "different"] += 1
-            except Exception:  # a dropped session or a transport error: what this run is looking for
+                await _one_call(client, index, reference, tally)
+            except Exception as exc:  # a dropped session or a transport error: what this run is looking for
                 tally["failed"] += 1
+                EXAMPLES.setdefault("failed", f"{type(exc).__name__}: {exc}"[:300])
+
+
+async def _one_call(
+    client: Any, index: int, reference: list[str], tally: dict[str, int], *, fresh: bool = False
+) -> None:
+    """Call ``index`` of the run: every 20th a cancelled long call; with ``fresh`` every odd one a text never sent
+    before (its answer must not be an error); otherwise the mix's call, compared with the serial answer."""
+    if index % 20 == 19:
+        outcome = await _cancelled_call(client)
+        tally["cancelled" if outcome == "cancelled" else "cancel_not_honoured"] += 1
+        return
+    name, args = CALL_MIX[index % len(CALL_MIX)]
+    if fresh and index % 2 == 1 and name != "show_attention":
+        result = await client.call_tool(name, {**args, "text": f"{SHORT} Call {index} said {index * 7919 % 1000}."})
+        tally[_outcome(result) or "fresh_text_ok"] += 1
+        return
+    result = await client.call_tool(name, args)
+    same = _comparable(result) == reference[index % len(CALL_MIX)]
+    kind = "same_as_serial" if same else _outcome(result) or "different"
+    tally[kind] += 1
+    if kind != "same_as_serial":
+        EXAMPLES.setdefault(kind, f"{name}: {_comparable(result)[:300]}")
+
+
+EXAMPLES: dict[str, str] = {}  # the first answer of each kind that is not the serial one (what the tally counts)
+
+
+def _outcome(result: Any) -> str | None:
+    """None for an answer; "deadline_exceeded" for a call past the server's --call-timeout (its queue behind the
+    model's lock is part of the call); "tool_error" for any other error."""
+    if not result.is_error:
+        return None
+    text = " ".join(getattr(c, "text", "") for c in result.content)
+    return "deadline_exceeded" if "[deadline_exceeded]" in text else "tool_error"
+
+
+TALLY = (
+    "same_as_serial",
+    "different",
+    "fresh_text_ok",
+    "tool_error",
+    "deadline_exceeded",
+    "cancelled",
+    "cancel_not_honoured",
+    "failed",
+)
 
 
 def http_run(work: Path, calls: int, concurrency: int = 8) -> Row:
@@ -475,7 +526,7 @@ def http_run(work: Path, calls: int, concurrency: int = 8) -> Row:
     with http_server(work) as (url, process):
         reference = anyio.run(_serial_reference, url)
         rss_start = rss_mib(process.pid)
-        tally = dict.fromkeys(("same_as_serial", "different", "cancelled", "cancel_not_honoured", "failed"), 0)
+        tally = dict.fromkeys(TALLY, 0)
         jobs = list(range(calls))[::-1]
         samples: list[tuple[int, float]] = []  # (calls done, RSS MiB): does memory level off?
         began = time.perf_counter()
@@ -503,8 +554,123 @@ def http_run(work: Path, calls: int, concurrency: int = 8) -> Row:
             "rss_mib_start": rss_start,
             "rss_mib_end": rss_mib(process.pid) if alive else None,
             "rss_mib_by_calls": samples[:: max(1, len(samples) // 12)],
+            "examples": dict(EXAMPLES),
             "seconds": round(time.perf_counter() - began, 1),
         }
+
+
+# --- the soak -----------------------------------------------------------------------------------------------
+PLATEAU_GROWTH = 0.05  # RSS plateaus when its last third grows it by less than this
+SESSION_CALLS = 50  # a soak client opens a new session after this many calls (sessions come and go, as in use)
+
+
+SAMPLE_EVERY_S = 10.0
+
+
+def soak(work: Path, minutes: float, concurrency: int = 8, every: float = SAMPLE_EVERY_S) -> Row:
+    """``concurrency`` clients calling for ``minutes``; the server's RSS every ``every`` seconds; does it plateau?"""
+    import itertools
+
+    import anyio
+    from mcp import Client
+
+    with http_server(work, private_cache=False) as (url, process):
+        reference = anyio.run(_serial_reference, url)
+        tally = dict.fromkeys(TALLY, 0)
+        indices = itertools.count()
+        samples: list[tuple[float, int, float]] = []  # (minutes, calls done, RSS MiB)
+        began = time.perf_counter()
+        stop_at = began + minutes * 60
+
+        def calls_done() -> int:
+            return sum(tally.values())
+
+        async def client_loop() -> None:
+            while time.perf_counter() < stop_at:
+                try:
+                    async with Client(url, mode="legacy") as client:
+                        for _ in range(SESSION_CALLS):
+                            if time.perf_counter() >= stop_at:
+                                break
+                            await _one_call(client, next(indices), reference, tally, fresh=True)
+                except Exception as exc:  # a dropped session or a transport error: what the soak is looking for
+                    tally["failed"] += 1
+                    EXAMPLES.setdefault("failed", f"{type(exc).__name__}: {exc}"[:300])
+
+        async def sample() -> None:
+            while True:
+                samples.append((round((time.perf_counter() - began) / 60, 2), calls_done(), rss_mib(process.pid)))
+                print(f"   soak {samples[-1]}", file=sys.stderr, flush=True)
+                await anyio.sleep(every)
+
+        async def run_all() -> None:
+            async with anyio.create_task_group() as group:
+                group.start_soon(sample)
+                async with anyio.create_task_group() as clients:
+                    for _ in range(concurrency):
+                        clients.start_soon(client_loop)
+                group.cancel_scope.cancel()
+
+        anyio.run(run_all)
+        alive = process.poll() is None
+        if alive:
+            samples.append((round((time.perf_counter() - began) / 60, 2), calls_done(), rss_mib(process.pid)))
+    return {"minutes": minutes, "concurrency": concurrency, **tally, "server_deaths": 0 if alive else 1,
+            "examples": dict(EXAMPLES), "samples": samples, **plateau(samples)}  # fmt: skip
+
+
+def plateau(samples: list[tuple[float, int, float]]) -> Row:
+    """RSS at the start of the run's last third and at its end, the growth between, and whether it is < 5 %."""
+    if len(samples) < 3:
+        return {"plateaus": None}
+    end = samples[-1]
+    two_thirds = next(s for s in samples if s[0] >= end[0] * 2 / 3)
+    growth = (end[2] - two_thirds[2]) / two_thirds[2]
+    return {"rss_mib_first": samples[0][2], "rss_mib_two_thirds": two_thirds[2], "rss_mib_end": end[2],
+            "last_third_growth": round(growth, 4), "plateaus": growth < PLATEAU_GROWTH}  # fmt: skip
+
+
+def _every_nth(samples: list[Any], rows: int) -> list[Any]:
+    """About ``rows`` of the samples, evenly spaced, the last one always included."""
+    shown = samples[:: max(1, -(-len(samples) // rows))]
+    return shown if shown[-1] is samples[-1] else [*shown, samples[-1]]
+
+
+def soak_table(row: Row, command: str) -> str:
+    """The soak's result as Markdown: the machine, the RSS samples, the counts and the verdict with its rule."""
+    load = os.getloadavg()
+    lines = [
+        f"# Soak: {row['minutes']:g} minutes, {row['concurrency']} MCP HTTP clients",
+        "",
+        f"`{command}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores "
+        f"(load average at the end {load[0]:.1f}), the default model. Each client calls the mixed tools "
+        f"(show_attention, diagnose_collapse, ablate_heads, attention_rollout, explain_scaling, "
+        f"reconstruct_attention, an out-of-range layer), every other one on a text never sent before, every 20th "
+        f"a long diagnose_collapse cancelled at its first progress report, and opens a new session every "
+        f"{SESSION_CALLS} calls.",
+        "",
+        f"The server's RSS, sampled every {SAMPLE_EVERY_S:g} s ({len(row['samples'])} samples, about 16 shown):",
+        "",
+        "| minute | calls done | server RSS (MiB) |",
+        "|---:|---:|---:|",
+        *[f"| {m:.2f} | {calls} | {rss:.1f} |" for m, calls, rss in _every_nth(row["samples"], 16)],
+        "",
+        "| count | value |",
+        "|---|---:|",
+        *[f"| {name} | {row[name]} |" for name in (*TALLY, "server_deaths")],
+        "",
+        *[f"- first `{kind}`: `{example}`" for kind, example in row.get("examples", {}).items()],
+        "",
+    ]
+    if row.get("plateaus") is not None:
+        verdict = "plateaus" if row["plateaus"] else "does NOT plateau"
+        lines.append(
+            f"RSS {row['rss_mib_first']:.1f} MiB at the start, {row['rss_mib_two_thirds']:.1f} MiB at two thirds, "
+            f"{row['rss_mib_end']:.1f} MiB at the end: the last third grew it by "
+            f"{100 * row['last_third_growth']:.1f} %, "
+            f"so it **{verdict}** (rule: the last third grows RSS by less than {100 * PLATEAU_GROWTH:g} %)."
+        )
+    return "\n".join(lines) + "\n"
 
 
 # --- the run ------------------------------------------------------------------------------------------------
@@ -523,8 +689,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=300, help="calls in the 8-way HTTP run (default: %(default)s)")
     parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
     parser.add_argument("--skip-cache", action="store_true", help="leave out the cache faults (each rebuilds ~20 s)")
+    parser.add_argument("--quick", action="store_true", help="no cache faults, no 8,031-token call, 40 HTTP calls")
+    parser.add_argument("--soak-minutes", type=float, nargs="?", const=30.0, default=None,
+                        help="run only the soak, for N minutes (default N: 30)")  # fmt: skip
+    parser.add_argument("--table", default=str(ROOT / "benchmarks" / "results-soak.md"),
+                        help="where the soak writes its Markdown table (default: %(default)s)")  # fmt: skip
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
+    if args.soak_minutes is not None:
+        with tempfile.TemporaryDirectory(prefix="fault-soak-") as folder:
+            timed("soak", lambda: soak(Path(folder), args.soak_minutes), results)
+        print(json.dumps(results, indent=2))
+        if "samples" in results["soak"]:
+            command = f"scripts/fault_catalogue.py --soak-minutes {args.soak_minutes:g}"
+            Path(args.table).write_text(soak_table(results["soak"], command))
+        return 0
+    if args.quick:
+        args.skip_cache, args.calls = True, min(args.calls, 40)
     with tempfile.TemporaryDirectory(prefix="fault-catalogue-") as folder:
         work = Path(folder)
         if not args.skip_cache:
@@ -534,9 +715,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cli("describe", env={**ENV, "ATTENTION_EXPLAINER_CACHE": str(work / "cache")})
         timed("cli_faults", lambda: cli_faults(work), results)
-        timed("stdio_faults", lambda: stdio_faults(work), results)
+        timed("stdio_faults", lambda: stdio_faults(work, quick=args.quick), results)
         timed("bad_cache_server", lambda: bad_cache_server(work), results)
-        timed("idle_http_sessions", lambda: idle_sessions(work), results)
+        timed("idle_http_sessions", lambda: idle_sessions(work, 100 if args.quick else 500), results)
         timed("http_run", lambda: http_run(work, args.calls), results)
     text = json.dumps(results, indent=2)
     print(text)

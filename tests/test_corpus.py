@@ -3,18 +3,22 @@ Ray started here), a killed run resumed, bad rows and bad input, and the corpus_
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import logging
 import math
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import psutil
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -25,7 +29,7 @@ from agent_tools.cli import build_parser, main, session_from_args
 from agent_tools.corpus import run_corpus
 from agent_tools.corpus.aggregate import bootstrap_interval, summarise
 from agent_tools.corpus.flow import TooManyErrors
-from agent_tools.corpus.ray_engine import RayOptions
+from agent_tools.corpus.ray_engine import ActorsKeptDying, RayOptions
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy
@@ -227,6 +231,103 @@ def test_local_and_ray_engines_give_identical_tables(tmp_path: Path, session: In
     assert len(list((tmp_path / "ray" / "parts").glob("*.done.json"))) >= 2  # written as the batches came back
 
 
+def _local_table(data: Path, out: Path, session: Inspector) -> Any:
+    """The uninterrupted run, on one CPU thread as each Ray actor runs (the same kernels, the same sums)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run_corpus("profile", data, out=out, inspector=session, batch_size=1, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+
+
+class ActorKiller(threading.Thread):
+    """SIGKILLs this test's Ray actor processes (as an OOM killer would) once the run has committed a part: one
+    actor once, or (``every``) every actor, replacements too, until stopped. Only descendants of this process:
+    another session's Ray is not ours."""
+
+    def __init__(self, parts: Path, *, every: bool) -> None:
+        super().__init__(daemon=True)
+        self.parts, self.every = parts, every
+        self.killed: list[int] = []
+        self.stopped = threading.Event()
+
+    @staticmethod
+    def actors() -> list[psutil.Process]:
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if "CorpusActor" in " ".join(child.cmdline()):
+                    found.append(child)
+            except psutil.Error:
+                continue
+        return found
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.05):
+            if not list(self.parts.glob("*.done.json")):
+                continue
+            for actor in self.actors()[: None if self.every else 1]:
+                try:
+                    os.kill(actor.pid, signal.SIGKILL)
+                    self.killed.append(actor.pid)
+                except ProcessLookupError:
+                    continue
+            if self.killed and not self.every:
+                return
+
+
+@pytest.mark.slow
+def test_a_ray_actor_killed_mid_run_is_replaced_and_the_table_equals_an_uninterrupted_one(
+    tmp_path: Path, session: Inspector, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in TEXTS + TEXTS[::-1]])
+    whole = _local_table(data, tmp_path / "whole", session)
+    killer = ActorKiller(tmp_path / "ray" / "parts", every=False)
+    killer.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="agent_tools.corpus"):
+            result = run_corpus(
+                "profile", data, out=tmp_path / "ray", engine="ray", inspector=session, batch_size=1,
+                progress=False, ray_options=RayOptions(actors=2, max_restarts=3),
+            )  # fmt: skip
+    finally:
+        killer.stopped.set()
+    assert len(killer.killed) == 1
+    assert "a Ray actor died" in caplog.text and "restart 1 of at most 3" in caplog.text  # reported as it ran
+    assert "12 of 12 items done, 1 actor restarts" in caplog.text
+    assert result.complete and result.arrow.num_rows == 12 * 2 * 4 and result.arrow.equals(whole.arrow)
+    covered = [i for m in (tmp_path / "ray" / "parts").glob("*.done.json") for i in json.loads(m.read_text())["items"]]
+    assert sorted(covered) == list(range(12))  # the dead actor's item was retried once, not written twice
+
+
+@pytest.mark.slow
+def test_ray_actors_that_keep_dying_stop_the_run_with_a_clear_error_and_a_rerun_resumes(
+    tmp_path: Path, session: Inspector
+) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in TEXTS + TEXTS[::-1]])
+    killer = ActorKiller(tmp_path / "ray" / "parts", every=True)
+    killer.start()
+    faulthandler.dump_traceback_later(600, exit=True)  # a hang fails the suite with the stacks, not blocks it
+    try:
+        with pytest.raises(ActorsKeptDying, match=r"3 actor deaths, more than max_restarts 2 .*a rerun continues"):
+            run_corpus(
+                "profile", data, out=tmp_path / "ray", engine="ray", inspector=session, batch_size=1,
+                progress=False, ray_options=RayOptions(actors=2, max_restarts=2, max_task_retries=5),
+            )  # fmt: skip
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        killer.stopped.set()
+    out = tmp_path / "ray"
+    committed = len(list((out / "parts").glob("*.done.json")))
+    manifest = json.loads((out / "run.json").read_text())
+    assert 1 <= committed < 12 and manifest["complete"] is False
+    assert pq.read_table(out / "table.parquet").num_rows == committed * 2 * 4  # what came back was kept
+    resumed = _local_table(data, out, session)  # the rerun, here by the local engine (either engine resumes)
+    whole = _local_table(data, tmp_path / "whole", session)
+    assert resumed.complete and resumed.arrow.equals(whole.arrow)
+
+
 def _corpus_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "agent_tools.cli", "corpus", *args, "--no-progress"]
 
@@ -303,7 +404,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     (tmp_path / "d.csv").write_text("text\nhello\n")
     assert "unknown format" in _one_line_error(capsys, ["corpus", "profile", str(tmp_path / "d.csv")])
     monkeypatch.setattr("agent_tools.corpus.ray_engine.ray_available", lambda: False)
-    assert "--engine ray needs Ray Data" in _one_line_error(
+    assert "--engine ray needs Ray" in _one_line_error(
         capsys, ["corpus", "profile", str(data), "--engine", "ray", "--out", out]
     )
     assert not (tmp_path / "out").exists()  # refused before anything was written

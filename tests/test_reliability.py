@@ -29,6 +29,7 @@ from agent_tools.errors import (
     AttentionToolError,
     CallCancelledError,
     DeadlineExceededError,
+    InvalidInputError,
     ResourceLimitError,
 )
 from agent_tools.inspector import Inspector, check_indices
@@ -536,3 +537,67 @@ def test_scaling_experiment_stops_between_training_steps() -> None:
     with call_scope(context), pytest.raises(CallCancelledError, match="because the test cancelled it"):
         TOOLS["scaling_experiment"](Inspector(), {"steps": 3000, "batch": 8, "items": 4})
     assert len(checks) == 5  # the sixth check raised: no step ran after the cancel
+
+
+# --- memory that stays bounded over a long session ---------------------------------------------------------------
+def test_the_text_store_forgets_the_oldest_text_past_its_capacity() -> None:
+    from agent_tools.inspector import TextStore
+
+    store = TextStore(capacity=3)
+    handles = [store.handle(f"text number {i} " * 20) for i in range(5)]
+    store.handle("text number 2 " * 20)  # used again: now the most recent
+    known = []
+    for handle in handles:
+        try:
+            store.text(handle)
+            known.append(handle)
+        except InvalidInputError:
+            continue
+    assert known == [handles[2], handles[3], handles[4]] and len(store._texts) == 3
+
+
+HEAP_PROBE = """
+import gc, threading
+from agent_tools.surfaces import heap
+
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+bounded = heap.bound_arenas()
+kept = []
+
+def allocate():  # 64 MiB in 16 KiB blocks (below glibc's mmap threshold: they live in an arena); keep 1 in 16
+    blocks = [bytearray(16384) for _ in range(4096)]
+    kept.extend(blocks[::16])
+
+start = rss()
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+gc.collect()
+before = rss()
+heap.release()
+print(bounded, start, before, rss())
+"""
+
+
+def test_the_server_heap_hands_freed_pages_back() -> None:
+    """8 threads each allocate 64 MiB in 16 KiB blocks and keep one block in 16 (32 MiB in all): the freed blocks
+    are holes glibc's own trimming (at the top of a heap) cannot return, so they stay resident until
+    :func:`heap.release`; after it RSS is back within twice the kept 32 MiB of where it started."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from agent_tools.surfaces import heap
+
+    if heap._glibc() is None:
+        pytest.skip("not glibc: nothing to tune")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", HEAP_PROBE], capture_output=True, text=True, env=env, timeout=120)
+    bounded, start, before, after = (int(value) if value.isdigit() else value for value in done.stdout.split())
+    kept = 8 * 256 * 16384
+    assert bounded == "True" and before - start > 3 * kept  # the holes were resident before the release
+    assert after - start < 2 * kept

@@ -38,6 +38,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--actor-gpus", type=float, default=0.0, help="Ray: GPUs per actor, e.g. 0.25 (default: 0)")
     p.add_argument("--actor-cpus", type=int, default=1, help="Ray: CPU threads per actor (default: 1)")
     p.add_argument("--ray-address", default=None, help="Ray: join this cluster (default: start a local Ray)")
+    p.add_argument(
+        "--max-restarts", type=int, default=3, help="Ray: actor deaths the run survives, then it stops (default: 3)"
+    )
+    p.add_argument(
+        "--max-task-retries",
+        type=int,
+        default=2,
+        help="Ray: times one batch is retried after its actor died (default: 2)",
+    )
     p.add_argument("--batch-size", type=int, default=8, help="items per batch and per checkpoint (default: 8)")
     p.add_argument("--max-errors", type=int, default=None, help="stop after more than N bad rows (default: never)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: 1000)")
@@ -52,7 +61,12 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
     from agent_tools.loading import caller_shows_progress
 
     pool = RayOptions(
-        actors=args.actors, actor_gpus=args.actor_gpus, actor_cpus=args.actor_cpus, address=args.ray_address
+        actors=args.actors,
+        actor_gpus=args.actor_gpus,
+        actor_cpus=args.actor_cpus,
+        address=args.ray_address,
+        max_restarts=args.max_restarts,
+        max_task_retries=args.max_task_retries,
     )
     with caller_shows_progress():  # the run's own bar is on the terminal: a model load inside it draws none
         result = run_corpus(

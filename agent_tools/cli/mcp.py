@@ -206,8 +206,10 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
 
     import anyio
 
+    from agent_tools.surfaces import heap
     from agent_tools.surfaces.mcp_server import build_server, quiet_sdk_loggers, serve_http, serve_stdio
 
+    heap.bound_arenas()  # before the worker threads start: they share a few malloc arenas (see surfaces/heap.py)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     quiet_sdk_loggers()  # not one line per request or session; the SDK's warnings and errors still show
     session = session_inspector(args, inspector)

@@ -20,7 +20,7 @@ from agent_tools.corpus.aggregate import DEFAULT_RESAMPLES, DEFAULT_SEED, summar
 from agent_tools.corpus.flow import ErrorBudget, Progress, TooManyErrors
 from agent_tools.corpus.local import run_local
 from agent_tools.corpus.page import render_page
-from agent_tools.corpus.ray_engine import RayOptions, check_ray, run_ray
+from agent_tools.corpus.ray_engine import ActorsKeptDying, RayOptions, check_ray, run_ray
 from agent_tools.corpus.tasks import Task, TaskOptions, check_task, columns
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
@@ -61,6 +61,11 @@ def _check_numbers(*, batch_size: int, max_errors: int | None, resamples: int, r
         (resamples >= 1, f"--bootstrap must be at least 1 resample, got {resamples}"),
         (ray_options.actors >= 1, f"--actors must be at least 1, got {ray_options.actors}"),
         (ray_options.actor_gpus >= 0, f"--actor-gpus must be 0 or more, got {ray_options.actor_gpus}"),
+        (ray_options.max_restarts >= 0, f"--max-restarts must be 0 or more, got {ray_options.max_restarts}"),
+        (
+            ray_options.max_task_retries >= 0,
+            f"--max-task-retries must be 0 or more, got {ray_options.max_task_retries}",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -91,7 +96,8 @@ def run_corpus(
 
     ``inspector`` is the session (model policy, placement, token limit; a default one if omitted); with the Ray
     engine every actor rebuilds it. ``progress`` None shows a bar only on a terminal. Raises
-    :class:`~agent_tools.corpus.flow.TooManyErrors` (after writing what is done) past ``max_errors`` bad rows.
+    :class:`~agent_tools.corpus.flow.TooManyErrors` (after writing what is done) past ``max_errors`` bad rows, and
+    :class:`~agent_tools.corpus.ray_engine.ActorsKeptDying` when Ray actors died more often than the pool's bounds.
     """
     checked = check_task(task)
     if engine not in ENGINES:
@@ -125,7 +131,7 @@ def run_corpus(
                 else:
                     run_local(session, checked, pending, options, store, batch_size=batch_size, budget=budget,
                               progress=bar)  # fmt: skip
-        except TooManyErrors:
+        except (TooManyErrors, ActorsKeptDying):  # what came back is kept, and the run is marked incomplete
             finish(store, resamples=resamples, seed=seed, complete=False)
             raise
         return finish(store, resamples=resamples, seed=seed, complete=True)

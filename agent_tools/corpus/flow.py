@@ -99,6 +99,11 @@ class Progress:
         if self._bar is not None:
             self._bar.advance(self._task, count)
 
+    def describe(self, note: str) -> None:
+        """Add ``note`` to the bar's label (e.g. the Ray pool's restarts so far)."""
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"{self.label} ({note})")
+
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:

@@ -1,11 +1,21 @@
-"""The Ray engine: Ray Data ``map_batches`` over an actor pool, one model per actor, results streamed back.
+"""The Ray engine: a fixed pool of Ray actors, one model per actor, batches handed out and results committed as they
+come back, actor deaths survived up to a stated bound.
 
 The driver reads the data (skipping what a resumed run has done), cuts it into batches of similar length and
-hands them to a fixed pool of :class:`CorpusActor` (``ActorPoolStrategy(size=actors)``, ``num_gpus`` per actor).
-Each actor builds the session's inspector (same model policy, placement, limits) and loads the model once; it
-runs the very same per-item analysis as the local engine (:func:`agent_tools.corpus.tasks.analyse`), so both
-engines give identical tables. The driver writes each returned batch as one part of the run folder, so a Ray
-run is resumable too (by either engine).
+hands them to ``actors`` :class:`CorpusActor` (``num_gpus`` per actor). Each actor builds the session's inspector
+(same model policy, placement, limits) and loads the model once; it runs the very same per-item analysis as the
+local engine (:func:`agent_tools.corpus.tasks.analyse`), so both engines give identical tables. The driver writes
+each returned batch as one part of the run folder, so a Ray run is resumable too (by either engine).
+
+**Fail or finish, never hang.** The driver supervises the pool itself rather than leaving it to Ray: Ray Data's
+actor pool restarts a dead actor and retries its task without limit by default (``max_restarts=-1``,
+``max_task_retries=-1``), so a pool whose actors keep dying (an OOM killer, a preempted node) runs for ever and
+reports nothing. Here every actor is created with ``max_restarts=0`` and every call with ``max_task_retries=0``;
+when an actor dies the driver starts a replacement and hands the dead actor's batch to the pool again, at most
+``max_restarts`` times in the run and at most ``max_task_retries`` times per batch. Past either bound the run
+stops with :class:`ActorsKeptDying` naming the bound, after committing every batch that came back (a rerun
+continues from there). Each death, each replacement and the count of items done are logged
+(``agent_tools.corpus``) while it runs.
 
 ``address`` joins an existing cluster (``ray.init(address=...)``: the workers there need this package
 installed); otherwise a local Ray is started for the run and shut down after it.
@@ -15,22 +25,24 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import math
 import os
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent_tools.corpus.flow import ErrorBudget, Progress, batches_by_length
 from agent_tools.corpus.tasks import Task, TaskOptions, analyse
-from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector
+from agent_tools.errors import InvalidInputError, ResourceLimitError
+from agent_tools.inspector import Inspector, current_call
 from agent_tools.loading import ModelPolicy
 from agent_tools.placement import Placement
 from agent_tools.runs.items import CorpusItem, ItemOutcome
 from agent_tools.runs.store import RunStore
 
 LOCAL_OBJECT_STORE = 256 * 1024**2  # items and results are small: a local Ray needs little shared memory
+WAIT_S = 5.0  # the driver wakes at least this often: to check the call's cancel flag and log progress
+log = logging.getLogger("agent_tools.corpus")
 
 
 def ray_available() -> bool:
@@ -40,18 +52,25 @@ def ray_available() -> bool:
 def check_ray() -> None:
     """Refuse ``--engine ray`` in one line when Ray is not installed."""
     if not ray_available():
-        msg = "--engine ray needs Ray Data, which is not installed: pip install 'attention-explainer[corpus]'"
+        msg = "--engine ray needs Ray, which is not installed: pip install 'attention-explainer[corpus]'"
         raise InvalidInputError(msg, field="engine")
 
 
 @dataclass(frozen=True)
 class RayOptions:
-    """The actor pool: how many actors, GPUs (fractions allowed) and CPU threads each, and the cluster to join."""
+    """The actor pool: how many actors, GPUs (fractions allowed) and CPU threads each, the cluster to join, and
+    how many actor deaths the run survives (``max_restarts`` in the run, ``max_task_retries`` per batch)."""
 
     actors: int = 2
     actor_gpus: float = 0.0
     actor_cpus: int = 1
     address: str | None = None
+    max_restarts: int = 3
+    max_task_retries: int = 2
+
+
+class ActorsKeptDying(ResourceLimitError):
+    """The pool's actors died more often than the run's bound: the run stops (every returned batch is kept)."""
 
 
 @dataclass(frozen=True)
@@ -88,16 +107,13 @@ class CorpusActor:
         self.task, self.options = task, options
         self.inspector.model(options.model)  # load now, not on the first item
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
-        items = [CorpusItem.from_json(str(payload)) for payload in batch["payload"]]
-        outcomes = [analyse(self.inspector, self.task, item, self.options) for item in items]
-        return {"item": [o.index for o in outcomes], "outcome": [o.to_json() for o in outcomes]}
+    def pid(self) -> int:
+        """The actor's process id (for the driver's log: which process died)."""
+        return os.getpid()
 
-
-def _quiet_ray_data() -> None:
-    """Ray Data logs every execution at INFO (and warns that its bars are off): keep the run's output ours."""
-    for name in ("ray", "ray.data"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    def analyse(self, payloads: list[str]) -> list[str]:
+        items = [CorpusItem.from_json(payload) for payload in payloads]
+        return [analyse(self.inspector, self.task, item, self.options).to_json() for item in items]
 
 
 def _connect(options: RayOptions) -> bool:
@@ -113,28 +129,88 @@ def _connect(options: RayOptions) -> bool:
         else:
             cpus = max(os.cpu_count() or 1, options.actors * options.actor_cpus)
             ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE, **quiet)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except Exception as exc:  # Ray raises a bare Exception when its node does not come up in time (a busy machine)
         where = f"the Ray cluster at {options.address!r}" if options.address else "a local Ray"
-        raise InvalidInputError(f"could not start or join {where}: {exc}", field="ray_address") from exc
+        msg = f"could not start or join {where}: {' '.join(str(exc).split())[:300]}; check Ray, then rerun"
+        raise ResourceLimitError(msg, field="ray_address") from exc
     return True
 
 
-def _dataset(pending: list[dict[str, Any]], actor: dict[str, Any], options: RayOptions, batch_size: int) -> Any:
-    import ray.data
+@dataclass
+class Batch:
+    """Items handed to one actor call, and how many times an actor died running them."""
 
-    _quiet_ray_data()  # after the import: importing ray.data sets its loggers up
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False  # the run's own bar (on a terminal) counts the items
-    blocks = max(1, math.ceil(len(pending) / batch_size))
-    return ray.data.from_items(pending, override_num_blocks=blocks).map_batches(
-        CorpusActor,
-        fn_constructor_kwargs=actor,
-        batch_size=batch_size,
-        batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=options.actors),
-        num_cpus=options.actor_cpus,
-        num_gpus=options.actor_gpus or None,
-    )
+    payloads: list[str]
+    attempts: int = 0
+
+
+@dataclass
+class Pool:
+    """The actors, the batches waiting and in flight, and the deaths so far (the driver's bookkeeping)."""
+
+    options: RayOptions
+    actor_args: tuple[Any, ...]
+    queue: deque[Batch]
+    idle: list[Any] = field(default_factory=list)
+    flight: dict[Any, tuple[Any, Batch]] = field(default_factory=dict)  # result ref -> (actor, batch)
+    restarts: int = 0
+    done: int = 0
+    failure: str = ""  # set when a bound is crossed: no more work is handed out
+
+    def start(self) -> Any:
+        import ray
+
+        remote = ray.remote(CorpusActor).options(
+            num_cpus=self.options.actor_cpus,
+            num_gpus=self.options.actor_gpus or None,
+            max_restarts=0,  # the driver replaces dead actors itself, counting them (see the module's docstring)
+            max_task_retries=0,
+        )
+        return remote.remote(*self.actor_args)
+
+    def submit(self) -> None:
+        while self.idle and self.queue:
+            actor, batch = self.idle.pop(), self.queue.popleft()
+            self.flight[actor.analyse.remote(batch.payloads)] = (actor, batch)
+
+    def died(self, actor: Any, batch: Batch, error: Exception) -> None:
+        """Count the death; retry the batch on a replacement actor, or, past a bound, stop handing out work (the
+        batches still in flight are awaited and committed; then :meth:`check` raises)."""
+        import ray
+
+        ray.kill(actor, no_restart=True)
+        batch.attempts += 1
+        self.restarts += 1
+        options = self.options
+        cause = " ".join(str(error).split())[:300]
+        if self.failure:
+            return
+        if self.restarts > options.max_restarts or batch.attempts > options.max_task_retries:
+            bound = (
+                f"{self.restarts} actor deaths, more than max_restarts {options.max_restarts}"
+                if self.restarts > options.max_restarts
+                else f"a batch of {len(batch.payloads)} items lost its actor {batch.attempts} times, "
+                f"more than max_task_retries {options.max_task_retries}"
+            )
+            self.failure = f"Ray run stopped: {bound} (last: {cause})"
+            self.queue.clear()
+            return
+        log.warning(
+            "corpus: a Ray actor died (%s); restart %d of at most %d; its batch of %d items is retried (%d of %d)",
+            cause, self.restarts, options.max_restarts, len(batch.payloads), batch.attempts,
+            options.max_task_retries,
+        )  # fmt: skip
+        self.queue.appendleft(batch)
+        self.idle.append(self.start())
+
+    def check(self) -> None:
+        """Raise :class:`ActorsKeptDying` once a bound was crossed and the batches in flight are back."""
+        if self.failure and not self.flight:
+            msg = (
+                f"{self.failure}; {self.done} items of this run were committed and a rerun continues from them; "
+                "find what kills the actors (memory: fewer --actors or a smaller --batch-size) or raise --max-restarts"
+            )
+            raise ActorsKeptDying(msg, field="max_restarts")
 
 
 def run_ray(
@@ -149,27 +225,53 @@ def run_ray(
     progress: Progress,
     ray_options: RayOptions,
 ) -> None:
-    """Analyse every item on the actor pool; each batch that comes back is committed as it arrives."""
-    pending = [
-        {"item": item.index, "payload": item.to_json()}
-        for batch in batches_by_length(items, batch_size)
-        for item in batch
-    ]
-    if not pending:
+    """Analyse every item on the actor pool; each batch that comes back is committed as it arrives.
+
+    Raises :class:`ActorsKeptDying` past the pool's bounds and :class:`~agent_tools.corpus.flow.TooManyErrors`
+    past the error budget, in both cases after committing every batch that came back.
+    """
+    batches = deque(Batch([item.to_json() for item in batch]) for batch in batches_by_length(items, batch_size))
+    if not batches:
         return
     import ray
 
+    total = sum(len(batch.payloads) for batch in batches)
     started = _connect(ray_options)
-    actor = {"session": ActorSession.of(inspector, ray_options.actor_cpus), "task": task, "options": options}
+    actor_args = (ActorSession.of(inspector, ray_options.actor_cpus), task, options)
+    pool = Pool(ray_options, actor_args, batches)
+    call = current_call()
     try:
-        for batch in _dataset(pending, actor, ray_options, batch_size).iter_batches(
-            batch_size=None, batch_format="numpy"
-        ):
-            outcomes = [ItemOutcome.from_json(str(payload)) for payload in batch["outcome"]]
+        pool.idle = [pool.start() for _ in range(min(ray_options.actors, len(batches)))]
+        pool.submit()
+        while pool.flight:
+            ready, _ = ray.wait(list(pool.flight), num_returns=1, timeout=WAIT_S)
+            if call is not None:
+                call.check()
+            if not ready:
+                log.info("corpus: %d of %d items done, %d actor restarts", pool.done, total, pool.restarts)
+                continue
+            actor, batch = pool.flight.pop(ready[0])
+            try:
+                payloads = ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:  # the actor's process died (killed, OOM, lost node)
+                pool.died(actor, batch, exc)
+                progress.describe(f"{pool.restarts} actor restarts")
+                pool.submit()
+                pool.check()
+                continue
+            outcomes = [ItemOutcome.from_json(payload) for payload in payloads]
             store.write_part(outcomes)
+            pool.done += len(outcomes)
             progress.advance(len(outcomes))
+            log.info("corpus: %d of %d items done, %d actor restarts", pool.done, total, pool.restarts)
             budget.note(outcomes)
             budget.check()
+            pool.idle.append(actor)
+            pool.submit()
+            pool.check()
     finally:
         if started:
             ray.shutdown()
+        else:  # a cluster we joined keeps running: our actors go
+            for actor in [*pool.idle, *(actor for actor, _ in pool.flight.values())]:
+                ray.kill(actor, no_restart=True)

@@ -69,7 +69,7 @@ from agent_tools.prompts import (
     system_prompt,
     topic_file,
 )
-from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
+from agent_tools.surfaces import agent_input_model, concise_text, error_text, heap, select_tools
 from agent_tools.surfaces.portable import portable_schema
 from agent_tools.tools.registry import ToolSpec
 
@@ -533,6 +533,8 @@ def _call_in_scope(spec: ToolSpec, inspector: Inspector, arguments: dict[str, An
         except CallCancelledError as exc:
             logger.info("%s stopped after %.1f s (%s)", spec.name, context.elapsed, exc.kind)
             raise
+        finally:
+            heap.release()  # the call's freed pages go back: RSS follows the calls in flight, not their peak
 
 
 def progress_token(params: Mapping[str, Any] | None) -> str | int | None:
