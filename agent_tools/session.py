@@ -53,6 +53,9 @@ class CallContext:
     progress: Callable[[float], None] | None = None
     progress_every: float = 2.0
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    # the last input each model ran in this call: a report's attention-path gap is measured on the call's own text,
+    # never on another client's call that ran in between (the session's inspector is shared)
+    inputs: dict[str, tuple[Any, Any, Any]] = field(default_factory=dict, repr=False)
     _reported: float | None = field(default=None, repr=False)
 
     @property
@@ -144,7 +147,8 @@ class Session:
         # data files (or corpus output folders) the operator allows tools to read; an agent only names one
         self.allowed_data: tuple[Path, ...] = tuple(Path(p).expanduser().resolve() for p in allowed_data)
         self.texts = TextStore()  # long texts the reports' next calls name by handle, for this session
-        # the last input each model ran (reports state the path gap on it) and the gaps measured, per model + text
+        # the last input each model ran outside a call scope (inside one, the call keeps its own: CallContext.inputs;
+        # reports state the path gap on it) and the gaps measured, per model + text
         self._last_input: dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
         self._path_gaps: dict[tuple[str, str], paths.PathGap] = {}
 
@@ -170,7 +174,8 @@ class Session:
             return None
         default = paths.default_implementation(loaded)
         path = AttentionPath(explained=paths.EXPLAINED_PATH, model_default=default)
-        last = self._last_input.get(name)
+        context = current_call()
+        last = (context.inputs if context is not None else self._last_input).get(name)
         if default == paths.EXPLAINED_PATH or last is None:
             return path
         input_ids, mask, decoder = last
@@ -191,7 +196,8 @@ class Session:
     def _ran(
         self, loaded: LoadedModel, input_ids: torch.Tensor, mask: torch.Tensor | None, decoder: torch.Tensor | None
     ) -> None:
-        self._last_input[loaded.name] = (input_ids, mask, decoder)
+        context = current_call()
+        (context.inputs if context is not None else self._last_input)[loaded.name] = (input_ids, mask, decoder)
 
     # --- budgets -------------------------------------------------------------------------------------
     def check_budget(

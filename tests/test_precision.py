@@ -447,3 +447,26 @@ def test_reports_state_the_path_they_explain_and_its_gap_to_the_default(bf16_and
         assert path.top1_agreement == 1.0
     else:
         assert path.max_output_difference is not None and path.max_output_difference > 0  # bf16: sdpa rounds apart
+
+
+def test_the_path_gap_is_measured_on_the_calls_own_text_when_calls_interleave(bf16_and_fp32) -> None:
+    """One inspector serves many clients: a call's report states the gap on its own text, never on the text of a
+    call that ran the model in between (each call keeps its own last input)."""
+    from agent_tools.session import CallContext, call_scope
+
+    name = bf16_and_fp32["bf16"]
+    loaded = load_model(name)
+    loaded.model.config._attn_implementation = "sdpa"
+    inspector = Inspector()
+    short, long = "the cat sat", TEXT
+    show = get_tool("show_attention")
+    first, second = CallContext(), CallContext()
+    with call_scope(first):
+        show(inspector, {"model": name, "text": short, "layer": 1, "head": 0})
+    with call_scope(second):  # another client's call runs the model on a longer text meanwhile
+        report_long = show(inspector, {"model": name, "text": long, "layer": 1, "head": 0})
+    with call_scope(first):  # the first call's report is finished after the other call ran
+        path = inspector.attention_path(name)
+    n_short = tiny_tokenizer()(short, return_tensors="pt")["input_ids"].shape[1]
+    assert report_long.attention_path is not None and report_long.attention_path.tokens > n_short
+    assert path is not None and path.tokens == n_short
