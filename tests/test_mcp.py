@@ -34,14 +34,8 @@ from agent_tools.inspector import Inspector
 from agent_tools.loading import BUNDLED_MODELS, ModelPolicy
 from agent_tools.prompts import TOPICS
 from agent_tools.surfaces import agent_input_model, concise_text
-from agent_tools.surfaces.mcp_server import (
-    OUTPUT_SCHEMA_BUDGET,
-    build_server,
-    compact_schema,
-    input_schema,
-    output_schema,
-)
-from agent_tools.surfaces.portable import portable_schema
+from agent_tools.surfaces.mcp_server import OUTPUT_SCHEMA_BUDGET, build_server, input_schema, output_schema
+from agent_tools.surfaces.portable import compact_schema, portable_schema
 from agent_tools.tools import TOOLS, get_tool
 
 pytestmark = pytest.mark.real_model

@@ -70,7 +70,7 @@ from agent_tools.prompts import (
     topic_file,
 )
 from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
-from agent_tools.surfaces.portable import portable_schema
+from agent_tools.surfaces.portable import compact_schema, portable_schema
 from agent_tools.tools.registry import ToolSpec
 
 logger = logging.getLogger(__name__)
@@ -107,77 +107,7 @@ CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
 
 
 # --- schemas ---------------------------------------------------------------------------------------------------
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "dependentSchemas"})
-_SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
-_SCHEMA_VALUES = frozenset({"items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else"})
 _READER_ONLY = frozenset({"title", "description", "default", "examples"})
-
-
-def _ref_counts(node: Any, counts: dict[str, int]) -> dict[str, int]:
-    if isinstance(node, dict):
-        if isinstance(node.get("$ref"), str):
-            name = node["$ref"].rsplit("/", 1)[-1]
-            counts[name] = counts.get(name, 0) + 1
-        for value in node.values():
-            _ref_counts(value, counts)
-    elif isinstance(node, list):
-        for value in node:
-            _ref_counts(value, counts)
-    return counts
-
-
-def compact_schema(
-    schema: dict[str, Any], *, drop: frozenset[str] = frozenset({"title"}), shared_defs: bool = False
-) -> dict[str, Any]:
-    """``schema`` with its local ``$ref`` s inlined and the keywords in ``drop`` removed (annotations such as
-    titles and descriptions: the same instances stay valid).
-
-    Keywords are recognised by position (``properties`` holds names, not keywords), so a report field called
-    ``description`` stays. ``shared_defs`` keeps a definition used more than once under
-    ``$defs`` (one copy, referenced) instead of repeating it. A recursive definition is always kept as a
-    reference. Nullable fields stay ``anyOf`` branches of one ``type`` each (a ``type`` list is less portable:
-    the MCP Inspector flags it, Gemini's dialect rejects it).
-    """
-    definitions: dict[str, Any] = schema.get("$defs", {})
-    counts = _ref_counts(schema, {})
-    shared = {name for name, count in counts.items() if count > 1} if shared_defs else set()
-
-    def walk(node: Any, expanding: frozenset[str]) -> Any:
-        if not isinstance(node, dict):
-            return node
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/$defs/"):
-            name = ref.rsplit("/", 1)[-1]
-            rest = {k: v for k, v in node.items() if k != "$ref"}
-            if name in shared or name in expanding:
-                shared.add(name)
-                return {"$ref": ref, **keywords(rest, expanding)}
-            return walk({**definitions[name], **rest}, expanding | {name})
-        return keywords(node, expanding)
-
-    def keywords(node: dict[str, Any], expanding: frozenset[str]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            if key in drop or key == "$defs":
-                continue
-            if key in _SCHEMA_MAPS and isinstance(value, dict):
-                out[key] = {name: walk(sub, expanding) for name, sub in value.items()}
-            elif key in _SCHEMA_LISTS and isinstance(value, list):
-                out[key] = [walk(sub, expanding) for sub in value]
-            elif key in _SCHEMA_VALUES and isinstance(value, dict):
-                out[key] = walk(value, expanding)
-            else:
-                out[key] = value
-        return out
-
-    result: dict[str, Any] = walk(schema, frozenset())
-    kept: dict[str, Any] = {}
-    while pending := sorted(shared - set(kept)):  # a kept definition may reference further shared ones
-        for name in pending:
-            kept[name] = walk(definitions[name], frozenset({name}))
-    if kept:
-        result["$defs"] = kept
-    return result
 
 
 def input_schema(spec: ToolSpec, inspector: Inspector) -> dict[str, Any]:
