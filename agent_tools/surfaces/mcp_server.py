@@ -102,9 +102,9 @@ DEFAULT_MAX_SESSIONS = 64  # HTTP sessions open at once; the SDK's 10,000 idle s
 DEFAULT_SESSION_IDLE_SECONDS = 600.0  # an HTTP session with no request for this long is closed (SDK: 30 min)
 MAX_LINE_BYTES = 16 << 20  # one stdio message; a longer line is refused and skipped
 MAX_JSON_DEPTH = 64  # nesting of one message; MCP messages need about 8
-# Bytes of one tool's advertised output schema: 14 tools (18.5 KB: every top-level field typed, row structure
-# where it fits) keep ``tools/list`` near 32 KB with their inputs (issue 28).
-OUTPUT_SCHEMA_BUDGET = 1000
+# Bytes of one tool's advertised output schema: 18 tools (about 10 KB: the core fields, then the other top-level
+# fields typed while they fit) keep ``tools/list`` under 32 KB with their inputs and descriptions (issue 28).
+OUTPUT_SCHEMA_BUDGET = 550
 # What every tool's advertised output schema keeps typed, whatever its budget: what an agent reads first.
 CORE_REPORT_FIELDS = frozenset({"model", "summary", "findings", "next_calls", "omitted"})
 # The SDK's loggers that say something per request or per session at INFO; the server keeps their warnings.
@@ -127,12 +127,17 @@ def output_schema(spec: ToolSpec, *, budget: int = OUTPUT_SCHEMA_BUDGET) -> dict
     The full schema is 2 to 20 KB a tool (types, bounds, descriptions of every nested row), which an agent pays
     for on every turn; the SDK's client validates ``structuredContent`` against what is advertised, so the
     advertised schema must stay true. It is a looser schema, never a wrong one: every top-level field of the
-    report with its type, bounds, enum and ``required``; the fields of its rows (a list of per-head records,
-    a nested object) with their types; deeper values typed as an object or a list. Titles, descriptions and
-    defaults go (the descriptions repeat the input's, or explain numbers the summary explains). When that is
-    over ``budget`` bytes, the largest fields lose their row structure first, until it fits.
+    report with its type, bounds and enum; the fields of its rows (a list of per-head records, a nested object)
+    with their types; deeper values typed as an object or a list. Titles, descriptions, defaults and ``required``
+    go (the descriptions repeat the input's, or explain numbers the summary explains; the reports' fields are
+    always present, and ``required`` repeated every name: 3 KB of the 18 tools' 18 KB), and a value that may be
+    null is one ``type`` list (``["number", "null"]``, 17 bytes less than its ``anyOf``). When that is over
+    ``budget`` bytes, the largest fields lose their row structure first, then the largest non-scalar fields
+    leave, then the last scalars, until it fits; the core fields (model, summary, findings, next calls, omitted)
+    always stay.
     """
-    full = compact_schema(spec.output_model.model_json_schema(mode="serialization"), drop=_READER_ONLY)
+    declared = spec.output_model.model_json_schema(mode="serialization")
+    full = _type_lists(compact_schema(declared, drop=_READER_ONLY | {"required"}))
     fields: dict[str, Any] = full.get("properties", {})
     shaped = {name: _with_row_types(sub) for name, sub in fields.items()}
     schema = {**full, "properties": shaped}
@@ -151,15 +156,45 @@ def output_schema(spec: ToolSpec, *, budget: int = OUTPUT_SCHEMA_BUDGET) -> dict
             break
         schema.pop("additionalProperties", None)
         del shaped[max(droppable, key=lambda name: (_json_size(shaped[name]), name))]
+    # Still over (a report of many numbers): its last scalars leave too, those that may be null first; the core
+    # fields (model, summary, findings, next calls) always stay.
+    while _json_size(schema) > budget:
+        scalars = [name for name in shaped if name not in CORE_REPORT_FIELDS]
+        if not scalars:
+            break
+        schema.pop("additionalProperties", None)
+        order = {name: index for index, name in enumerate(scalars)}
+        del shaped[max(scalars, key=lambda name: ("null" in json.dumps(shaped[name]), order[name]))]
     return schema
+
+
+def _type_lists(node: Any) -> Any:
+    """Every ``anyOf`` of bare types (``{"type": "number"}``, ``{"type": "null"}``) as one ``type`` list."""
+    if isinstance(node, list):
+        return [_type_lists(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _type_lists(value) for key, value in node.items()}
+    branches = out.get("anyOf")
+    if isinstance(branches, list) and all(isinstance(b, dict) and set(b) == {"type"} for b in branches):
+        kinds = [b["type"] for b in branches]
+        if all(isinstance(k, str) for k in kinds) and len(set(kinds)) == len(kinds):
+            del out["anyOf"]
+            out["type"] = kinds
+    return out
 
 
 def _is_scalar(node: dict[str, Any]) -> bool:
     """A number, string, boolean or null (or a union of them): cheap to keep typed, and what agents compare."""
-    kinds = [node] + [part for key in ("anyOf", "oneOf") for part in node.get(key, [])]
-    return all(
-        kind.get("type") in ("integer", "number", "string", "boolean", "null") or "enum" in kind for kind in kinds
-    )
+    kinds = [part for key in ("anyOf", "oneOf") for part in node.get(key, [])] or [node]
+    scalar = {"integer", "number", "string", "boolean", "null"}
+
+    def simple(kind: dict[str, Any]) -> bool:
+        declared = kind.get("type")
+        types = declared if isinstance(declared, list) else [declared]
+        return "enum" in kind or all(t in scalar for t in types)
+
+    return all(simple(kind) for kind in kinds)
 
 
 def _json_size(value: Any) -> int:
@@ -216,9 +251,8 @@ def declared_tool(name: str, policy: ModelPolicy) -> types.Tool:
 
 
 def _tool(name: str, description: str, inputs: dict[str, Any], outputs: dict[str, Any]) -> types.Tool:
-    return types.Tool(
+    return types.Tool(  # no title: clients show the name (18 titles were 540 bytes of tools/list)
         name=name,
-        title=name.replace("_", " ").capitalize(),
         description=description,
         input_schema=inputs,
         output_schema=outputs,
