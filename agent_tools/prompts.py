@@ -4,8 +4,9 @@ The texts live in the repository's top-level ``prompts/`` folder, which is insta
 ``agent_tools.prompt_files`` (one copy; see ``setup.py``). Each file is Markdown with a small front matter
 (``description: ...``) and is a LangChain f-string template. Two conventions keep them from going stale:
 
-- ``{tool_catalogue}`` in the system prompt is filled from :data:`agent_tools.tools.TOOLS` at load time
-  (name, description, arguments), so the list always matches the declared tools;
+- ``{tool_catalogue}`` in the system prompt is filled from the tools' declarations at load time (name,
+  description, arguments; :mod:`agent_tools.tool_declarations`, checked against :data:`agent_tools.tools.TOOLS`
+  by a test), so the list always matches the declared tools, and reading it imports no tool (nor torch);
 - ``[[tool_name]]`` marks a tool mention: it renders as `` `tool_name` `` when the tool is served, and the
   whole line is dropped when it is not (a toolkit serving a subset, or a tool not written yet).
 
@@ -24,14 +25,14 @@ from functools import cache
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import Literal, get_args
-
-from langchain_core.messages import SystemMessage
-from langchain_core.prompts import BasePromptTemplate, ChatPromptTemplate, PromptTemplate
+from typing import TYPE_CHECKING, Literal, get_args
 
 from agent_tools.errors import InvalidInputError
 from agent_tools.settings import DEFAULT_MODEL
-from agent_tools.tools import PREFERRED_ORDER, TOOLS
+from agent_tools.tool_declarations import preferred_order, served_names, tool_declarations
+
+if TYPE_CHECKING:  # LangChain loads when a template is built: the MCP server's first answers do without it
+    from langchain_core.prompts import BasePromptTemplate, ChatPromptTemplate
 
 Topic = Literal["collapse", "scaling", "head_roles", "projections", "prompt_debugging"]
 TOPICS: tuple[Topic, ...] = get_args(Topic)
@@ -80,11 +81,12 @@ def read_prompt_file(name: str) -> PromptFile:
 
 def _served(tools: Iterable[str] | None) -> list[str]:
     if tools is None:
-        return list(TOOLS)
+        return served_names()
     names = list(tools)
-    unknown = [n for n in names if n not in TOOLS]
+    declared = tool_declarations()
+    unknown = [n for n in names if n not in declared]
     if unknown:
-        raise InvalidInputError(f"unknown tool(s) {unknown}; tools: {', '.join(TOOLS)}", field="tools")
+        raise InvalidInputError(f"unknown tool(s) {unknown}; tools: {', '.join(declared)}", field="tools")
     return names
 
 
@@ -107,25 +109,25 @@ def mentioned_tools(text: str) -> list[str]:
 
 def planned_tool_names() -> tuple[str, ...]:
     """Tools the prompts may mention: the declared ones plus the planned ones not written yet."""
-    return tuple(dict.fromkeys((*PREFERRED_ORDER, *TOOLS)))
+    return tuple(dict.fromkeys((*preferred_order(), *tool_declarations())))
 
 
 def tool_catalogue(tools: Iterable[str] | None = None) -> str:
     """One Markdown bullet per served tool: name, description, arguments (required ones marked)."""
     lines = []
+    declared = tool_declarations()
     for name in _served(tools):
-        spec = TOOLS[name]
-        arguments = [
-            f"{field}{' (required)' if info.is_required() else ''}"
-            for field, info in spec.input_model.model_fields.items()
-        ]
-        lines.append(f"- `{name}`: {spec.description} Arguments: {', '.join(arguments) or 'none'}.")
+        entry = declared[name]
+        arguments = [f"{field}{' (required)' if required else ''}" for field, required in entry["arguments"]]
+        lines.append(f"- `{name}`: {entry['description']} Arguments: {', '.join(arguments) or 'none'}.")
     return "\n".join(lines)
 
 
 def system_prompt_template(*, tools: Iterable[str] | None = None) -> BasePromptTemplate:
     """The system prompt as a LangChain template with the tool list filled in; ``default_model`` stays a variable
     (with the bundled default as its value unless you pass another)."""
+    from langchain_core.prompts import PromptTemplate
+
     served = _served(tools)
     text = render_tool_mentions(read_prompt_file(SYSTEM_PROMPT_FILE).template, served)
     return PromptTemplate.from_template(text).partial(
@@ -148,6 +150,9 @@ def explanation_template(
     topic: Topic, *, tools: Iterable[str] | None = None, default_model: str | None = None
 ) -> ChatPromptTemplate:
     """A chat template for one topic: the system prompt, then the topic's request (variables such as ``text``)."""
+    from langchain_core.messages import SystemMessage
+    from langchain_core.prompts import ChatPromptTemplate
+
     served = _served(tools)
     human = render_tool_mentions(topic_file(topic).template, served)
     system = SystemMessage(content=system_prompt(tools=served, default_model=default_model))

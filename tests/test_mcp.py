@@ -34,14 +34,8 @@ from agent_tools.inspector import Inspector
 from agent_tools.loading import BUNDLED_MODELS, ModelPolicy
 from agent_tools.prompts import TOPICS
 from agent_tools.surfaces import agent_input_model, concise_text
-from agent_tools.surfaces.mcp_server import (
-    OUTPUT_SCHEMA_BUDGET,
-    build_server,
-    compact_schema,
-    input_schema,
-    output_schema,
-)
-from agent_tools.surfaces.portable import portable_schema
+from agent_tools.surfaces.mcp_server import OUTPUT_SCHEMA_BUDGET, build_server, input_schema, output_schema
+from agent_tools.surfaces.portable import compact_schema, portable_schema
 from agent_tools.tools import TOOLS, get_tool
 
 pytestmark = pytest.mark.real_model
@@ -50,8 +44,8 @@ SHOW = get_tool("show_attention")
 LONG_CALLS = ("profile_heads", "ablate_heads", "patch_heads", "compare_prompts", "trace_prompt_attention")
 GENERATE = "trace_prompt_attention with target='generate'"
 LONG_TEXT = "the cat sat on the mat . " * 400  # ~2,800 tokens: diagnose_collapse runs for many seconds
-TOOLS_LIST_BUDGET = 40_500  # met today with 18 tools: 39.9 KB (issue 28's target: 32 KB; see tests/test_budgets.py)
-OUTPUT_SCHEMAS_BUDGET = 19 * 1024  # all 14 output schemas: every top-level field typed (18.5 KB)
+TOOLS_LIST_BUDGET = 32_000  # issue 28's target, met with 18 tools (31.1 KB; see tests/test_budgets.py)
+OUTPUT_SCHEMAS_BUDGET = 10 * 1024  # all 18 output schemas: the core fields, the others typed while they fit (9.6 KB)
 INSTRUCTIONS_BUDGET = 3 * 1024
 
 
@@ -202,9 +196,8 @@ def test_input_and_output_schemas(transcript, name) -> None:
     assert tool.output_schema == output_schema(spec) and tool.output_schema["type"] == "object"
     jsonschema.Draft202012Validator.check_schema(tool.output_schema)
     assert {"model", "summary", "findings"} <= set(tool.output_schema["properties"])
-    assert set(tool.output_schema["required"]) == set(
-        spec.output_model.model_json_schema(mode="serialization").get("required", [])
-    )
+    assert "required" not in tool.output_schema  # looser, never wrong: every field a report has is declared
+    assert set(tool.output_schema["properties"]) <= set(spec.output_model.model_fields)
 
 
 def test_compact_schema_inlines_and_keeps_fields_named_like_keywords() -> None:

@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def session_from_args(args: argparse.Namespace) -> Inspector:
-    """The inspector the global options describe: artifact folder, token limit, memory budget, placement."""
+def memory_budget_from_args(args: argparse.Namespace) -> int:
+    """The memory budget in bytes the global options give, after checking them (standard library only)."""
     if args.token_limit is not None and args.token_limit < 1:
         raise InvalidInputError(f"--token-limit must be at least 1, got {args.token_limit}", field="token_limit")
     budget = DEFAULT_MEMORY_BUDGET
@@ -74,6 +74,12 @@ def session_from_args(args: argparse.Namespace) -> Inspector:
         if args.memory_budget < 1:
             raise InvalidInputError(f"--memory-budget must be at least 1 MiB, got {args.memory_budget}")
         budget = args.memory_budget * 1024**2
+    return budget
+
+
+def session_from_args(args: argparse.Namespace) -> Inspector:
+    """The inspector the global options describe: artifact folder, token limit, memory budget, placement."""
+    budget = memory_budget_from_args(args)
     from agent_tools.inspector import Inspector
 
     return Inspector(

@@ -23,6 +23,7 @@ import io
 import logging
 import os
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,7 +98,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--no-preload", action="store_true", help="load the default model on first use, not at start-up")
     add_server_limits(p)
     add_placement_options(p, suppress=True)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, early=serve)
 
 
 def add_server_limits(p: argparse.ArgumentParser) -> None:
@@ -202,31 +203,61 @@ def check_server_limits(args: argparse.Namespace) -> float | None:
 
 
 def run(args: argparse.Namespace, inspector: Inspector) -> int:
-    call_timeout = check_server_limits(args)  # before the SDK and torch load: a bad option answers at once
+    """Serve through ``inspector``'s session (its limits and placement; the policy and folder from ``args``)."""
+    return _serve(args, lambda: session_inspector(args, inspector))
 
-    import anyio
 
-    from agent_tools.surfaces import heap
-    from agent_tools.surfaces.mcp_server import build_server, quiet_sdk_loggers, serve_http, serve_stdio
+def serve(args: argparse.Namespace) -> int:
+    """The ``mcp`` command, before any session exists: the server answers ``initialize`` and ``tools/list`` at
+    once, while the inspector (torch, transformers, the tools) is built in the background."""
+    from agent_tools.cli import memory_budget_from_args, session_from_args
 
-    heap.bound_arenas()  # before the worker threads start: they share a few malloc arenas (see surfaces/heap.py)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    quiet_sdk_loggers()  # not one line per request or session; the SDK's warnings and errors still show
-    session = session_inspector(args, inspector)
+    memory_budget_from_args(args)  # a bad global option is refused here, at once (exit 2)
+    return _serve(args, lambda: session_inspector(args, session_from_args(args)))
+
+
+def cli_server(args: argparse.Namespace, make_session: Callable[[], Inspector]) -> Any:
+    """The server the ``mcp`` options describe (no torch yet: ``make_session`` runs in the background)."""
+    call_timeout = check_server_limits(args)  # before the SDK loads: a bad option answers at once
+
+    from agent_tools.cli import memory_budget_from_args
+    from agent_tools.policy import ModelPolicy
+    from agent_tools.surfaces.mcp_server import build_server
+
+    policy = ModelPolicy.bundled_only(default=args.model, extra=tuple(args.allow_model))
     tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None
     server = build_server(
-        session, tools=tools, text_content=args.text_content, preload=not args.no_preload, call_timeout=call_timeout
+        make_inspector=make_session,
+        policy=policy,
+        tools=tools,
+        text_content=args.text_content,
+        preload=not args.no_preload,
+        call_timeout=call_timeout,
     )
-    allowed = ", ".join(sorted(session.policy.allowed or ()))
-    limit = session.token_limit or "the model's own"
+    allowed = ", ".join(sorted(policy.allowed or ()))
+    artifacts = artifact_folder(args)
+    limit = args.token_limit or "the model's own"
     print(
-        f"attention-explainer MCP server ({args.transport}): default model {session.policy.default}; "
-        f"allowed models: {allowed}; artifacts: {session.artifact_dir or 'disabled'}; "
-        f"token limit: {limit}; memory budget: {readable_size(session.memory_budget)}; "
+        f"attention-explainer MCP server ({args.transport}): default model {policy.default}; "
+        f"allowed models: {allowed}; artifacts: {artifacts or 'disabled'}; "
+        f"token limit: {limit}; memory budget: {readable_size(memory_budget_from_args(args))}; "
         f"call timeout: {f'{call_timeout:g} s' if call_timeout else 'none'}",
         file=sys.stderr,
         flush=True,
     )
+    return server
+
+
+def _serve(args: argparse.Namespace, make_session: Callable[[], Inspector]) -> int:
+    import anyio
+
+    from agent_tools.surfaces import heap
+    from agent_tools.surfaces.mcp_server import quiet_sdk_loggers, serve_http, serve_stdio
+
+    heap.bound_arenas()  # before the worker threads start: they share a few malloc arenas (see surfaces/heap.py)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_sdk_loggers()  # not one line per request or session; the SDK's warnings and errors still show
+    server = cli_server(args, make_session)
     if args.transport == "stdio":
         stdout = _protocol_stdout()
         try:

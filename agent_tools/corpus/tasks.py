@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import UnionType
-from typing import Any, Literal, Union, cast, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, cast, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -257,6 +257,8 @@ def _scalar_type(annotation: Any) -> ColumnType | None:
     if len(args) != 1:
         return None
     kind = args[0]
+    if get_origin(kind) is Annotated:  # a rounded number (schemas.Rounded) is a float column
+        kind = get_args(kind)[0]
     if get_origin(kind) is Literal:
         return "str"
     names: dict[Any, ColumnType] = {bool: "bool", int: "int", float: "float", str: "str"}

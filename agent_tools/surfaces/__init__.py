@@ -15,16 +15,17 @@ import re
 from collections.abc import Iterable
 from copy import copy
 from functools import cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, create_model
 from pydantic.json_schema import SkipJsonSchema
 
 from agent_tools.errors import AttentionToolError, InvalidInputError
-from agent_tools.loading import BUNDLED_MODELS, ModelPolicy
+from agent_tools.policy import BUNDLED_MODELS, ModelPolicy
 from agent_tools.schemas import SEVERITIES, NextCall, Report
-from agent_tools.tools import TOOLS
-from agent_tools.tools.registry import ToolSpec
+
+if TYPE_CHECKING:  # the tools import torch: this package's import stays light (the MCP server starts without it)
+    from agent_tools.tools.registry import ToolSpec
 
 KEY_NUMBERS_LIMIT = 500  # characters of "key numbers" appended to the summary
 CONTENT_LIMIT = 2000  # UTF-8 bytes of the concise text an LLM reads per call (the 2 KB budget)
@@ -34,6 +35,8 @@ SINGLE_STACK = frozenset(BUNDLED_MODELS)  # a decoder and an encoder: 'attention
 
 def select_tools(names: Iterable[str] | None = None) -> list[ToolSpec]:
     """The declared tools, or the named subset (in declaration order); unknown or repeated names are refused."""
+    from agent_tools.tools import TOOLS
+
     if names is None:
         return list(TOOLS.values())
     chosen = list(names)

@@ -42,7 +42,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import cache, partial
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import anyio
 import anyio.from_thread
@@ -59,7 +59,7 @@ from pydantic import ValidationError
 from agent_tools import __version__
 from agent_tools.errors import AttentionToolError, CallCancelledError, DeadlineExceededError, InvalidInputError
 from agent_tools.files import os_error_message
-from agent_tools.inspector import CallContext, Inspector, call_scope, check_list_lengths, check_unicode
+from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import (
     TOPICS,
     Topic,
@@ -69,9 +69,14 @@ from agent_tools.prompts import (
     system_prompt,
     topic_file,
 )
-from agent_tools.surfaces import agent_input_model, concise_text, error_text, heap, select_tools
-from agent_tools.surfaces.portable import portable_schema
-from agent_tools.tools.registry import ToolSpec
+from agent_tools.surfaces import agent_input_model, concise_text, error_text, heap
+from agent_tools.surfaces.declarations import agent_schema
+from agent_tools.surfaces.portable import compact_schema, portable_schema
+from agent_tools.tool_declarations import served_names, tool_declarations
+
+if TYPE_CHECKING:  # the inspector and the tools import torch: they load in the background (see Backend)
+    from agent_tools.inspector import CallContext, Inspector
+    from agent_tools.tools.registry import ToolSpec
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +102,9 @@ DEFAULT_MAX_SESSIONS = 64  # HTTP sessions open at once; the SDK's 10,000 idle s
 DEFAULT_SESSION_IDLE_SECONDS = 600.0  # an HTTP session with no request for this long is closed (SDK: 30 min)
 MAX_LINE_BYTES = 16 << 20  # one stdio message; a longer line is refused and skipped
 MAX_JSON_DEPTH = 64  # nesting of one message; MCP messages need about 8
-# Bytes of one tool's advertised output schema: 14 tools (18.5 KB: every top-level field typed, row structure
-# where it fits) keep ``tools/list`` near 32 KB with their inputs (issue 28).
-OUTPUT_SCHEMA_BUDGET = 1000
+# Bytes of one tool's advertised output schema: 18 tools (about 10 KB: the core fields, then the other top-level
+# fields typed while they fit) keep ``tools/list`` under 32 KB with their inputs and descriptions (issue 28).
+OUTPUT_SCHEMA_BUDGET = 550
 # What every tool's advertised output schema keeps typed, whatever its budget: what an agent reads first.
 CORE_REPORT_FIELDS = frozenset({"model", "summary", "findings", "next_calls", "omitted"})
 # The SDK's loggers that say something per request or per session at INFO; the server keeps their warnings.
@@ -107,77 +112,7 @@ CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
 
 
 # --- schemas ---------------------------------------------------------------------------------------------------
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "dependentSchemas"})
-_SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
-_SCHEMA_VALUES = frozenset({"items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else"})
 _READER_ONLY = frozenset({"title", "description", "default", "examples"})
-
-
-def _ref_counts(node: Any, counts: dict[str, int]) -> dict[str, int]:
-    if isinstance(node, dict):
-        if isinstance(node.get("$ref"), str):
-            name = node["$ref"].rsplit("/", 1)[-1]
-            counts[name] = counts.get(name, 0) + 1
-        for value in node.values():
-            _ref_counts(value, counts)
-    elif isinstance(node, list):
-        for value in node:
-            _ref_counts(value, counts)
-    return counts
-
-
-def compact_schema(
-    schema: dict[str, Any], *, drop: frozenset[str] = frozenset({"title"}), shared_defs: bool = False
-) -> dict[str, Any]:
-    """``schema`` with its local ``$ref`` s inlined and the keywords in ``drop`` removed (annotations such as
-    titles and descriptions: the same instances stay valid).
-
-    Keywords are recognised by position (``properties`` holds names, not keywords), so a report field called
-    ``description`` stays. ``shared_defs`` keeps a definition used more than once under
-    ``$defs`` (one copy, referenced) instead of repeating it. A recursive definition is always kept as a
-    reference. Nullable fields stay ``anyOf`` branches of one ``type`` each (a ``type`` list is less portable:
-    the MCP Inspector flags it, Gemini's dialect rejects it).
-    """
-    definitions: dict[str, Any] = schema.get("$defs", {})
-    counts = _ref_counts(schema, {})
-    shared = {name for name, count in counts.items() if count > 1} if shared_defs else set()
-
-    def walk(node: Any, expanding: frozenset[str]) -> Any:
-        if not isinstance(node, dict):
-            return node
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/$defs/"):
-            name = ref.rsplit("/", 1)[-1]
-            rest = {k: v for k, v in node.items() if k != "$ref"}
-            if name in shared or name in expanding:
-                shared.add(name)
-                return {"$ref": ref, **keywords(rest, expanding)}
-            return walk({**definitions[name], **rest}, expanding | {name})
-        return keywords(node, expanding)
-
-    def keywords(node: dict[str, Any], expanding: frozenset[str]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            if key in drop or key == "$defs":
-                continue
-            if key in _SCHEMA_MAPS and isinstance(value, dict):
-                out[key] = {name: walk(sub, expanding) for name, sub in value.items()}
-            elif key in _SCHEMA_LISTS and isinstance(value, list):
-                out[key] = [walk(sub, expanding) for sub in value]
-            elif key in _SCHEMA_VALUES and isinstance(value, dict):
-                out[key] = walk(value, expanding)
-            else:
-                out[key] = value
-        return out
-
-    result: dict[str, Any] = walk(schema, frozenset())
-    kept: dict[str, Any] = {}
-    while pending := sorted(shared - set(kept)):  # a kept definition may reference further shared ones
-        for name in pending:
-            kept[name] = walk(definitions[name], frozenset({name}))
-    if kept:
-        result["$defs"] = kept
-    return result
 
 
 def input_schema(spec: ToolSpec, inspector: Inspector) -> dict[str, Any]:
@@ -192,12 +127,17 @@ def output_schema(spec: ToolSpec, *, budget: int = OUTPUT_SCHEMA_BUDGET) -> dict
     The full schema is 2 to 20 KB a tool (types, bounds, descriptions of every nested row), which an agent pays
     for on every turn; the SDK's client validates ``structuredContent`` against what is advertised, so the
     advertised schema must stay true. It is a looser schema, never a wrong one: every top-level field of the
-    report with its type, bounds, enum and ``required``; the fields of its rows (a list of per-head records,
-    a nested object) with their types; deeper values typed as an object or a list. Titles, descriptions and
-    defaults go (the descriptions repeat the input's, or explain numbers the summary explains). When that is
-    over ``budget`` bytes, the largest fields lose their row structure first, until it fits.
+    report with its type, bounds and enum; the fields of its rows (a list of per-head records, a nested object)
+    with their types; deeper values typed as an object or a list. Titles, descriptions, defaults and ``required``
+    go (the descriptions repeat the input's, or explain numbers the summary explains; the reports' fields are
+    always present, and ``required`` repeated every name: 3 KB of the 18 tools' 18 KB), and a value that may be
+    null is one ``type`` list (``["number", "null"]``, 17 bytes less than its ``anyOf``). When that is over
+    ``budget`` bytes, the largest fields lose their row structure first, then the largest non-scalar fields
+    leave, then the last scalars, until it fits; the core fields (model, summary, findings, next calls, omitted)
+    always stay.
     """
-    full = compact_schema(spec.output_model.model_json_schema(mode="serialization"), drop=_READER_ONLY)
+    declared = spec.output_model.model_json_schema(mode="serialization")
+    full = _type_lists(compact_schema(declared, drop=_READER_ONLY | {"required"}))
     fields: dict[str, Any] = full.get("properties", {})
     shaped = {name: _with_row_types(sub) for name, sub in fields.items()}
     schema = {**full, "properties": shaped}
@@ -216,15 +156,45 @@ def output_schema(spec: ToolSpec, *, budget: int = OUTPUT_SCHEMA_BUDGET) -> dict
             break
         schema.pop("additionalProperties", None)
         del shaped[max(droppable, key=lambda name: (_json_size(shaped[name]), name))]
+    # Still over (a report of many numbers): its last scalars leave too, those that may be null first; the core
+    # fields (model, summary, findings, next calls) always stay.
+    while _json_size(schema) > budget:
+        scalars = [name for name in shaped if name not in CORE_REPORT_FIELDS]
+        if not scalars:
+            break
+        schema.pop("additionalProperties", None)
+        order = {name: index for index, name in enumerate(scalars)}
+        del shaped[max(scalars, key=lambda name: ("null" in json.dumps(shaped[name]), order[name]))]
     return schema
+
+
+def _type_lists(node: Any) -> Any:
+    """Every ``anyOf`` of bare types (``{"type": "number"}``, ``{"type": "null"}``) as one ``type`` list."""
+    if isinstance(node, list):
+        return [_type_lists(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _type_lists(value) for key, value in node.items()}
+    branches = out.get("anyOf")
+    if isinstance(branches, list) and all(isinstance(b, dict) and set(b) == {"type"} for b in branches):
+        kinds = [b["type"] for b in branches]
+        if all(isinstance(k, str) for k in kinds) and len(set(kinds)) == len(kinds):
+            del out["anyOf"]
+            out["type"] = kinds
+    return out
 
 
 def _is_scalar(node: dict[str, Any]) -> bool:
     """A number, string, boolean or null (or a union of them): cheap to keep typed, and what agents compare."""
-    kinds = [node] + [part for key in ("anyOf", "oneOf") for part in node.get(key, [])]
-    return all(
-        kind.get("type") in ("integer", "number", "string", "boolean", "null") or "enum" in kind for kind in kinds
-    )
+    kinds = [part for key in ("anyOf", "oneOf") for part in node.get(key, [])] or [node]
+    scalar = {"integer", "number", "string", "boolean", "null"}
+
+    def simple(kind: dict[str, Any]) -> bool:
+        declared = kind.get("type")
+        types = declared if isinstance(declared, list) else [declared]
+        return "enum" in kind or all(t in scalar for t in types)
+
+    return all(simple(kind) for kind in kinds)
 
 
 def _json_size(value: Any) -> int:
@@ -269,13 +239,23 @@ def _with_row_types(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def mcp_tool(spec: ToolSpec, inspector: Inspector) -> types.Tool:
-    """The MCP declaration of one tool: input schema (``model`` narrowed to the allow-list) and output schema."""
-    return types.Tool(
-        name=spec.name,
-        title=spec.name.replace("_", " ").capitalize(),
-        description=spec.description,
-        input_schema=input_schema(spec, inspector),
-        output_schema=output_schema(spec),
+    """The MCP declaration of one tool from its live spec (the server lists :func:`declared_tool`, its twin)."""
+    return _tool(spec.name, spec.description, input_schema(spec, inspector), output_schema(spec))
+
+
+def declared_tool(name: str, policy: ModelPolicy) -> types.Tool:
+    """The MCP declaration of one tool from its declaration data (:mod:`agent_tools.tool_declarations`), without
+    importing it: input schema (``model`` narrowed to the allow-list) and output schema."""
+    entry = tool_declarations()[name]
+    return _tool(name, entry["description"], agent_schema(entry, policy), entry["output_schema"])
+
+
+def _tool(name: str, description: str, inputs: dict[str, Any], outputs: dict[str, Any]) -> types.Tool:
+    return types.Tool(  # no title: clients show the name (18 titles were 540 bytes of tools/list)
+        name=name,
+        description=description,
+        input_schema=inputs,
+        output_schema=outputs,
         annotations=types.ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=False),
     )
 
@@ -326,22 +306,32 @@ def _prompt_definitions(tool_names: list[str]) -> dict[str, types.Prompt]:
 
 
 def build_server(
-    inspector: Inspector,
+    inspector: Inspector | None = None,
     *,
+    make_inspector: Callable[[], Inspector] | None = None,
+    policy: ModelPolicy | None = None,
     tools: Iterable[str] | None = None,
     text_content: TextContentMode = DEFAULT_TEXT_CONTENT,
     preload: bool = True,
     call_timeout: float | None = None,
 ) -> Server[dict[str, Any]]:
-    """An MCP server serving the declared tools (or the named subset) through ``inspector``.
+    """An MCP server serving the declared tools (or the named subset) through one inspector.
+
+    Building it imports neither torch nor a tool: ``tools/list`` and the prompts come from the tools' declaration
+    data (:mod:`agent_tools.tool_declarations`), and the tools, the inspector and the default model load in a
+    background thread (:class:`Backend`) that the server's lifespan starts (``preload``) or the first tool call
+    does. A call that arrives before they are ready waits for them.
 
     Args:
         inspector: the session: its policy is the allow-list of models, its folder the only place files go.
+            Or ``make_inspector`` and ``policy``: a function building it in the background (it imports torch)
+            and the allow-list it will have, which ``tools/list`` states before it exists.
         tools: names of the tools to serve; all declared tools when omitted.
         text_content: what the text content holds beside the structured content: the concise text (the
             default, at most about 2 KB), the JSON of the report, or both (for clients that ignore structured
             content and want every number as text).
-        preload: load the session's default model in the lifespan, before the first request is answered.
+        preload: start importing the tools and loading the session's default model when the server starts (not
+            at the first call).
         call_timeout: seconds a tool call may run; past it the call is stopped and answered with a
             ``deadline_exceeded`` tool error (None: no limit; the ``mcp`` command defaults to 120 s).
     """
@@ -349,16 +339,20 @@ def build_server(
         raise InvalidInputError(f"text_content must be one of {TEXT_CONTENT_MODES}, got {text_content!r}")
     if call_timeout is not None and not call_timeout > 0:
         raise InvalidInputError(f"call_timeout must be a positive number of seconds, got {call_timeout!r}")
-    specs = {spec.name: spec for spec in select_tools(tools)}
-    names = list(specs)
-    default_model = inspector.policy.default
-    tool_handlers = _tool_handlers(inspector, specs, text_content, call_timeout)
-    prompt_handlers = _prompt_handlers(names, system_prompt(tools=names, default_model=default_model))
+    if inspector is not None:
+        given = inspector
+        policy, make_inspector = inspector.policy, lambda: given
+    if make_inspector is None or policy is None:
+        raise TypeError("build_server needs an inspector, or make_inspector and its policy")
+    names = served_names(tools)
+    backend = Backend(make_inspector, names, preload=preload)
+    tool_handlers = _tool_handlers(backend, policy, text_content, call_timeout)
+    prompt_handlers = _prompt_handlers(names, policy.default)
     return Server(
         SERVER_NAME,
         version=__version__,
-        instructions=server_instructions(names, default_model),
-        lifespan=_lifespan(inspector, preload=preload),
+        instructions=server_instructions(names, policy.default),
+        lifespan=_lifespan(backend),
         on_list_tools=tool_handlers[0],
         on_call_tool=tool_handlers[1],
         on_list_prompts=prompt_handlers[0],
@@ -366,46 +360,76 @@ def build_server(
     )
 
 
-def _lifespan(
-    inspector: Inspector, *, preload: bool
-) -> Callable[[Server[dict[str, Any]]], AbstractAsyncContextManager[dict[str, Any]]]:
-    """The server's lifespan: start loading the default model (when ``preload``) in the background.
+def _lifespan(backend: Backend) -> Callable[[Server[dict[str, Any]]], AbstractAsyncContextManager[dict[str, Any]]]:
+    """The server's lifespan: start the backend (when it preloads) in the background.
 
-    The server answers ``initialize``, ``tools/list`` and ``prompts/*`` at once while the model loads (clients
-    give up on ``initialize`` after 10 to 60 s; a load under load took 30 s); a tool call that arrives first
-    waits for the load (:func:`_wait_for_model`), with progress notifications when it asked for them.
+    The server answers ``initialize``, ``tools/list`` and ``prompts/*`` at once while the tools import and the
+    model loads (clients give up on ``initialize`` after 10 to 60 s; a load under load took 30 s); a tool call
+    that arrives first waits for them (:meth:`Backend.wait`), with progress notifications when it asked for them.
     """
 
     @asynccontextmanager
     async def lifespan(_server: Server[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        loading = ModelLoading(inspector) if preload else None
-        if loading is not None:
-            loading.start()
-        yield {"inspector": inspector, MODEL_LOADING: loading}
+        if backend.preload:
+            backend.start()
+        yield {BACKEND: backend}
 
     return lifespan
 
 
-MODEL_LOADING = "model_loading"  # the lifespan context's key for the background load (None: no preload)
+BACKEND = "backend"  # the lifespan context's key for the server's backend
 
 
-class ModelLoading:
-    """The default model loading in a daemon thread (a server closed meanwhile does not wait for it)."""
+class Backend:
+    """The server's tools and inspector, imported and built in a daemon thread (torch and transformers take
+    seconds to import; a server closed meanwhile does not wait), then the default model when ``preload``.
 
-    def __init__(self, inspector: Inspector) -> None:
-        self.inspector = inspector
-        self.done = threading.Event()
+    ``start`` is idempotent: the lifespan calls it when the server preloads, the first tool call otherwise. A
+    session that cannot be built (a placement the machine refuses) is logged in one line; each call then answers
+    with that error. A default model that does not load does not end the server either: each call that needs it
+    gets the same message as its error.
+    """
+
+    def __init__(self, make_inspector: Callable[[], Inspector], names: list[str], *, preload: bool) -> None:
+        self.make_inspector = make_inspector
+        self.names = names
+        self.preload = preload
+        self.ready = threading.Event()  # set when the tools and the inspector exist (or failed) and the load ended
         self.started = 0.0
+        self.inspector: Inspector | None = None
+        self.specs: dict[str, ToolSpec] = {}
+        self.error: AttentionToolError | None = None
+        self._start_lock = threading.Lock()
 
     def start(self) -> None:
-        import time
+        with self._start_lock:
+            if self.started:
+                return
+            self.started = time.monotonic()
+        threading.Thread(target=self._prepare, name="import-tools-and-load-model", daemon=True).start()
 
-        self.started = time.monotonic()
-        threading.Thread(target=self._load, name="load-default-model", daemon=True).start()
-
-    def _load(self) -> None:
+    def _prepare(self) -> None:
         try:
-            loaded = self.inspector.model(None)
+            inspector = self.make_inspector()
+            from agent_tools.tools import TOOLS
+
+            self.specs = {name: TOOLS[name] for name in self.names}
+            self.inspector = inspector
+            logger.info("tools ready in %.1f s", time.monotonic() - self.started)
+            if self.preload:
+                self._load_default(inspector)
+        except AttentionToolError as exc:  # the session cannot be built here: every call says why
+            logger.error("the tools cannot serve: %s", " ".join(exc.message.splitlines()))
+            self.error = exc
+        except Exception:  # a bug: logged; each call then reports an internal error
+            logger.exception("preparing the tools failed")
+        finally:
+            self.ready.set()
+
+    @staticmethod
+    def _load_default(inspector: Inspector) -> None:
+        try:
+            loaded = inspector.model(None)
         except AttentionToolError as exc:
             # A model that cannot load (a cache that cannot be rebuilt, a missing package) must not end the
             # server: say it in one line; each call that needs the model then gets the same message as its error.
@@ -414,55 +438,53 @@ class ModelLoading:
             logger.exception("loading the default model failed")
         else:
             logger.info("loaded %s in %.1f s", loaded.name, loaded.load_seconds)
-        finally:
-            self.done.set()
 
-
-async def _wait_for_model(ctx: RequestContext) -> None:
-    """Before a call runs: wait for the default model's background load, sending a progress notification every
-    ``PROGRESS_EVERY_SECONDS`` to a request that asked for them (``_meta.progressToken``)."""
-    import time
-
-    context = getattr(ctx, "lifespan_context", None)
-    loading = context.get(MODEL_LOADING) if isinstance(context, Mapping) else None
-    if not isinstance(loading, ModelLoading) or loading.done.is_set():
-        return
-    token = progress_token(ctx.params)
-    while not await anyio.to_thread.run_sync(loading.done.wait, PROGRESS_EVERY_SECONDS, abandon_on_cancel=True):
-        if token is None:
-            continue
-        waited = time.monotonic() - loading.started
-        message = f"loading the model ({waited:.0f} s); the call starts when it is loaded"
-        try:
-            await ctx.session.report_progress(round(waited, 2), None, message)
-        except Exception:  # the client went away: progress is best effort
-            logger.debug("progress notification not sent", exc_info=True)
+    async def wait(self, ctx: RequestContext) -> None:
+        """Before a call runs: start the backend if nobody has, and wait for it, sending a progress notification
+        every ``PROGRESS_EVERY_SECONDS`` to a request that asked for them (``_meta.progressToken``)."""
+        self.start()
+        token = progress_token(ctx.params)
+        while not await anyio.to_thread.run_sync(self.ready.wait, PROGRESS_EVERY_SECONDS, abandon_on_cancel=True):
+            if token is None:
+                continue
+            waited = time.monotonic() - self.started
+            message = f"loading the tools and the model ({waited:.0f} s); the call starts when they are ready"
+            try:
+                await ctx.session.report_progress(round(waited, 2), None, message)
+            except Exception:  # the client went away: progress is best effort
+                logger.debug("progress notification not sent", exc_info=True)
 
 
 RequestContext = ServerRequestContext[dict[str, Any], Any]
 
 
 def _tool_handlers(
-    inspector: Inspector,
-    specs: dict[str, ToolSpec],
-    text_content: TextContentMode,
-    call_timeout: float | None = None,
+    backend: Backend, policy: ModelPolicy, text_content: TextContentMode, call_timeout: float | None = None
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``tools/list`` and ``tools/call``: each tool runs in a worker thread; expected failures are tool errors."""
-    listing = types.ListToolsResult(tools=[mcp_tool(spec, inspector) for spec in specs.values()])
+    listing = types.ListToolsResult(tools=[declared_tool(name, policy) for name in backend.names])
 
     async def list_tools(_ctx: RequestContext, _params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return listing
 
     async def call_tool(ctx: RequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
         name, arguments = params.name, params.arguments or {}
-        spec = specs.get(name)
-        if spec is None:
-            return _error_result(f"Error [invalid_input]: unknown tool {name!r}; tools: {', '.join(specs)}")
-        problem = _invalid_unicode_problem(arguments) or _list_length_problem(arguments)
+        if name not in backend.names:
+            return _error_result(f"Error [invalid_input]: unknown tool {name!r}; tools: {', '.join(backend.names)}")
+        problem = _invalid_unicode_problem(arguments)
         if problem is not None:
             return _error_result(error_text(name, problem))
-        await _wait_for_model(ctx)  # the default model may still be loading in the background
+        await backend.wait(ctx)  # the tools and the default model may still be loading in the background
+        if backend.inspector is None:
+            if backend.error is not None:
+                return _error_result(error_text(name, backend.error))
+            return _error_result(f"Internal error in {name}: the tools could not be imported; see the server's log")
+        from agent_tools.inspector import CallContext
+
+        inspector, spec = backend.inspector, backend.specs[name]
+        problem = _list_length_problem(arguments)
+        if problem is not None:
+            return _error_result(error_text(name, problem))
         context = CallContext(timeout=call_timeout, progress_every=PROGRESS_EVERY_SECONDS)
         context.progress = _progress_reporter(ctx, context)
         try:
@@ -527,6 +549,8 @@ def stop_running_calls(reason: str) -> int:
 
 def _call_in_scope(spec: ToolSpec, inspector: Inspector, arguments: dict[str, Any], context: CallContext) -> Any:
     """The worker thread's part: the tool under ``context`` (its passes check it); a stop is logged in one line."""
+    from agent_tools.inspector import call_scope
+
     with call_scope(context):
         try:
             return spec(inspector, arguments)
@@ -581,6 +605,8 @@ def stopped_text(tool: str, error: CallCancelledError) -> str:
 
 
 def _list_length_problem(arguments: Any) -> InvalidInputError | None:
+    from agent_tools.inspector import check_list_lengths
+
     try:
         check_list_lengths(arguments)
     except InvalidInputError as exc:
@@ -588,22 +614,29 @@ def _list_length_problem(arguments: Any) -> InvalidInputError | None:
     return None
 
 
-def _prompt_handlers(tool_names: list[str], system_text: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _prompt_handlers(tool_names: list[str], default_model: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``prompts/list`` and ``prompts/get``: the system prompt and one explanation template per topic,
-    mentioning only the tools served."""
-    prompts = _prompt_definitions(tool_names)
+    mentioning only the tools served. Built at the first prompts request (LangChain's templates take a moment
+    to import: ``initialize`` does not wait for them)."""
     topics: dict[str, Topic] = {f"explain_{topic}": topic for topic in TOPICS}
-    listing = types.ListPromptsResult(prompts=list(prompts.values()))
+
+    @cache
+    def prompts() -> dict[str, types.Prompt]:
+        return _prompt_definitions(tool_names)
+
+    @cache
+    def system_text() -> str:
+        return system_prompt(tools=tool_names, default_model=default_model)
 
     async def list_prompts(_ctx: RequestContext, _params: types.PaginatedRequestParams | None) -> Any:
-        return listing
+        return types.ListPromptsResult(prompts=list(prompts().values()))
 
     async def get_prompt(_ctx: RequestContext, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         name = params.name
-        if name not in prompts:
-            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {name!r}; prompts: {', '.join(prompts)}")
+        if name not in prompts():
+            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {name!r}; prompts: {', '.join(prompts())}")
         if name == SYSTEM_PROMPT_NAME:
-            text = system_text
+            text = system_text()
         else:
             template = explanation_template(topics[name], tools=tool_names)
             values = params.arguments or {}
@@ -612,7 +645,7 @@ def _prompt_handlers(tool_names: list[str], system_text: str) -> tuple[Callable[
                 raise MCPError(types.INVALID_PARAMS, f"prompt {name!r} needs the arguments {missing}")
             text = template.format_messages(**values)[-1].text  # the topic's request, after the system prompt
         return types.GetPromptResult(
-            description=prompts[name].description,
+            description=prompts()[name].description,
             messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))],
         )
 
@@ -641,6 +674,10 @@ def _invalid_unicode_problem(arguments: Any) -> InvalidInputError | None:
 def _first_invalid_unicode(value: Any, path: str) -> InvalidInputError | None:
     """The error for the first string (or key) inside ``value`` that cannot be UTF-8 encoded, or None."""
     if isinstance(value, str):
+        if not _LONE_SURROGATE.search(value):
+            return None
+        from agent_tools.inspector import check_unicode  # only for a string that holds a lone surrogate
+
         try:
             check_unicode(value, field=path)
         except InvalidInputError as exc:

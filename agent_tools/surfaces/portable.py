@@ -85,30 +85,90 @@ def portable_schema(model: type[BaseModel], flavour: Flavour) -> dict[str, Any]:
     raise ValueError(f"unknown schema flavour {flavour!r}; flavours: {', '.join(FLAVOURS)}")
 
 
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "dependentSchemas"})
+_SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
+_SCHEMA_VALUES = frozenset({"items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else"})
+
+
+def _ref_counts(node: Any, counts: dict[str, int]) -> dict[str, int]:
+    if isinstance(node, dict):
+        if isinstance(node.get("$ref"), str):
+            name = node["$ref"].rsplit("/", 1)[-1]
+            counts[name] = counts.get(name, 0) + 1
+        for value in node.values():
+            _ref_counts(value, counts)
+    elif isinstance(node, list):
+        for value in node:
+            _ref_counts(value, counts)
+    return counts
+
+
+def compact_schema(
+    schema: dict[str, Any],
+    *,
+    drop: frozenset[str] = frozenset({"title"}),
+    shared_defs: bool = False,
+    recursive: Literal["keep", "raise"] = "keep",
+) -> dict[str, Any]:
+    """``schema`` with its local ``$ref`` s inlined and the keywords in ``drop`` removed (annotations such as
+    titles and descriptions: the same instances stay valid).
+
+    Keywords are recognised by position (``properties`` holds names, not keywords), so a report field called
+    ``description`` stays. ``shared_defs`` keeps a definition used more than once under
+    ``$defs`` (one copy, referenced) instead of repeating it. A recursive definition is kept as a reference, or
+    with ``recursive="raise"`` refused with a ``ValueError`` naming the cycle (it has no ``$ref``-free form). The
+    one ``$ref`` inliner of the project: every flavour here and the MCP output schemas use it. Nullable fields
+    stay ``anyOf`` branches of one ``type`` each (a ``type`` list is less portable: the MCP Inspector flags it,
+    Gemini's dialect rejects it).
+    """
+    definitions: dict[str, Any] = schema.get("$defs", {})
+    counts = _ref_counts(schema, {})
+    shared = {name for name, count in counts.items() if count > 1} if shared_defs else set()
+
+    def walk(node: Any, expanding: tuple[str, ...]) -> Any:
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            name = ref.rsplit("/", 1)[-1]
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            if name in expanding and recursive == "raise":
+                raise ValueError(f"{' -> '.join((*expanding, name))}: a recursive schema has no $ref-free form")
+            if name in shared or name in expanding:
+                shared.add(name)
+                return {"$ref": ref, **keywords(rest, expanding)}
+            return walk({**definitions[name], **rest}, (*expanding, name))
+        return keywords(node, expanding)
+
+    def keywords(node: dict[str, Any], expanding: tuple[str, ...]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in drop or key == "$defs":
+                continue
+            if key in _SCHEMA_MAPS and isinstance(value, dict):
+                out[key] = {name: walk(sub, expanding) for name, sub in value.items()}
+            elif key in _SCHEMA_LISTS and isinstance(value, list):
+                out[key] = [walk(sub, expanding) for sub in value]
+            elif key in _SCHEMA_VALUES and isinstance(value, dict):
+                out[key] = walk(value, expanding)
+            else:
+                out[key] = value
+        return out
+
+    result: dict[str, Any] = walk(schema, ())
+    kept: dict[str, Any] = {}
+    while pending := sorted(shared - set(kept)):  # a kept definition may reference further shared ones
+        for name in pending:
+            kept[name] = walk(definitions[name], (name,))
+    if kept:
+        result["$defs"] = kept
+    return result
+
+
 def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
     """A JSON schema with local ``#/$defs/...`` references replaced by their definitions and titles removed
     (a property *named* ``title`` stays). A recursive definition cannot be inlined and raises ``ValueError``."""
-    definitions = schema.get("$defs", {})
-
-    def resolve(node: Any, seen: tuple[str, ...]) -> Any:
-        if isinstance(node, dict):
-            if "$ref" in node:
-                name = node["$ref"].rsplit("/", 1)[-1]
-                if name in seen:
-                    raise ValueError(f"{' -> '.join((*seen, name))}: a recursive schema has no $ref-free form")
-                merged = {**definitions[name], **{k: v for k, v in node.items() if k != "$ref"}}
-                return resolve(merged, (*seen, name))
-            return {
-                k: resolve(v, seen)
-                for k, v in node.items()
-                if k != "$defs" and not (k == "title" and isinstance(v, str))
-            }
-        if isinstance(node, list):
-            return [resolve(item, seen) for item in node]
-        return node
-
-    resolved: dict[str, Any] = resolve(schema, ())
-    return resolved
+    return compact_schema(schema, recursive="raise")
 
 
 def accepts_null(schema: Mapping[str, Any]) -> bool:
