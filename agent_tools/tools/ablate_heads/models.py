@@ -13,8 +13,7 @@ from agent_tools.analysis.ablation import BASELINE_DRAWS, TIE_MARGIN
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import check_index
 from agent_tools.intervene import AblationMethod
-from agent_tools.prompt_trace import NextCall
-from agent_tools.schemas import Report, Rounded, Rounded6, TextInput, head_label
+from agent_tools.schemas import NextCall, Report, Rounded, Rounded6, TextInput, head_label
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (

@@ -10,10 +10,9 @@ from agent_tools.analysis.metrics import kl_divergence, next_token_losses
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.prompt_trace import NextCall
 from agent_tools.runner import AblationEffect
 from agent_tools.runner.attribution import direct_logits
-from agent_tools.schemas import head_label
+from agent_tools.schemas import NextCall, head_label
 from agent_tools.session import guarded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.ablate_heads.models import (

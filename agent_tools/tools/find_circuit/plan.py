@@ -25,10 +25,10 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.files import write_atomic
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.prompt_trace import NextCall
 from agent_tools.runner.edge_attribution import EMBEDDINGS, EdgePasses, Receiver
 from agent_tools.runner.edge_patching import EdgePatchingUnsupported
 from agent_tools.runner.patching import HeadPatch
+from agent_tools.schemas import NextCall
 from agent_tools.tools.find_circuit.models import (
     CircuitEdge,
     CircuitNode,

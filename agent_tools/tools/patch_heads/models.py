@@ -6,8 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
-from agent_tools.prompt_trace import NextCall
-from agent_tools.schemas import ModelInput, Report, Rounded
+from agent_tools.schemas import ModelInput, NextCall, Report, Rounded
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (

@@ -28,10 +28,9 @@ from agent_tools.clean_corrupted import answer_ids, encode_pair
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.prompt_trace import NextCall
 from agent_tools.runner.attribution_patching import AttributionPasses, mlp_patched_logits
 from agent_tools.runner.patching import HeadPatch, recorded_run
-from agent_tools.schemas import head_label, rounded
+from agent_tools.schemas import NextCall, head_label, rounded
 from agent_tools.session import guarded
 from agent_tools.tools.patch_heads.models import (
     AUTO_ATTRIBUTION_ABOVE,

@@ -19,8 +19,7 @@ from agent_tools.analysis.heads import (
     RoleVerdict,
 )
 from agent_tools.probes import DEFAULT_PROBE_LENGTH
-from agent_tools.prompt_trace import NextCall
-from agent_tools.schemas import ModelInput, Report, Rounded, Rounded6, ToolInput
+from agent_tools.schemas import ModelInput, NextCall, Report, Rounded, Rounded6, ToolInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (

@@ -47,10 +47,9 @@ from agent_tools.families import ModelFacts
 from agent_tools.inspector import Encoded, Inspector, PassPlan
 from agent_tools.loading import LoadedModel
 from agent_tools.probes import Probe, build_probe
-from agent_tools.prompt_trace import NextCall
 from agent_tools.runner import model_output
 from agent_tools.runner.patching import HeadPatch, recorded_run
-from agent_tools.schemas import head_label
+from agent_tools.schemas import NextCall, head_label
 from agent_tools.session import guarded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.profile_heads.models import (
