@@ -188,11 +188,18 @@ def _mps_available() -> bool:
     return bool(backend is not None and backend.is_available())
 
 
-def _check_device(device: str) -> None:
+def check_device_form(device: str) -> re.Match[str]:
+    """The device's form without importing torch (auto, cpu, cuda, cuda:N, mps), else the one-line error; whether
+    this machine has it is :func:`_check_device`'s business."""
     match = _DEVICE.match(device)
     if match is None or (match.group(2) is not None and match.group(1) != "cuda"):
         msg = f"unknown device {device!r}; valid: {DEVICE_FORMS}"
         raise InvalidInputError(msg, field="device")
+    return match
+
+
+def _check_device(device: str) -> None:
+    match = check_device_form(device)
     if device not in devices_here():
         kind = match.group(1)
         lacks = "CUDA" if kind == "cuda" and match.group(2) is None else kind.upper()

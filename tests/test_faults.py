@@ -371,6 +371,9 @@ def test_a_cancelled_call_stops_and_the_server_answers_the_next(stdio_server: Ra
         request_id = 100 + attempt
         stdio_server.send(_call("diagnose_collapse", {"text": LONG_TEXT}, request_id, progress=f"p{request_id}"))
         progress = stdio_server.receive()  # sent as the pass starts: the work is under way
+        while "total" not in progress["params"]:  # the tools and the model still loading (no total yet)
+            assert "loading the tools and the model" in progress["params"]["message"]
+            progress = stdio_server.receive()
         assert progress["method"] == "notifications/progress" and progress["params"]["total"] == CALL_TIMEOUT
         stdio_server.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}})
         answer = stdio_server.request("tools/call", SHOW)  # the model's lock is free: the next call runs
@@ -737,11 +740,11 @@ def test_an_artifact_the_disk_refuses_is_a_tool_error_over_mcp(
 
     from agent_tools import files
     from agent_tools.inspector import Inspector
-    from agent_tools.surfaces.mcp_server import _tool_handlers
-    from agent_tools.tools import TOOLS
+    from agent_tools.surfaces.mcp_server import Backend, _tool_handlers
 
     inspector = Inspector(artifact_dir=tmp_path / "artifacts")
-    _, call_tool = _tool_handlers(inspector, {"show_attention": TOOLS["show_attention"]}, "summary")
+    backend = Backend(lambda: inspector, ["show_attention"], preload=False)
+    _, call_tool = _tool_handlers(backend, inspector.policy, "summary")
     monkeypatch.setattr(files.os, "replace", _raises(code, text))
     arguments = {"text": "the cat sat on the mat", "layer": 0, "head": 0, "png": True, "model": "tiny-llama"}
     params = types.CallToolRequestParams(name="show_attention", arguments=arguments)

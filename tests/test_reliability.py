@@ -541,7 +541,7 @@ def test_scaling_experiment_stops_between_training_steps() -> None:
 
 # --- memory that stays bounded over a long session ---------------------------------------------------------------
 def test_the_text_store_forgets_the_oldest_text_past_its_capacity() -> None:
-    from agent_tools.inspector import TextStore
+    from agent_tools.session import TextStore
 
     store = TextStore(capacity=3)
     handles = [store.handle(f"text number {i} " * 20) for i in range(5)]

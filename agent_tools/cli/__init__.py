@@ -22,18 +22,16 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agent_tools.cli import analyze, call, corpus, describe, mcp, show, tools
-from agent_tools.cli.placement_options import add_placement_options, placement_from_args
-from agent_tools.errors import AttentionToolError, InvalidInputError
-from agent_tools.settings import DEFAULT_MEMORY_BUDGET, default_artifact_dir
+from agent_tools.cli.placement_options import add_placement_options
+from agent_tools.cli.session_args import memory_budget_from_args as memory_budget_from_args
+from agent_tools.cli.session_args import session_from_args as session_from_args
+from agent_tools.errors import AttentionToolError
 
-if TYPE_CHECKING:  # torch and transformers load only when a command runs: --help and usage errors stay fast
-    from agent_tools.inspector import Inspector
-
+# torch and transformers load only when a command runs: --help and usage errors stay fast
 __all__ = ["build_parser", "main", "session_from_args"]
 
 SUBCOMMANDS = (describe, show, call, tools, analyze, corpus, mcp)  # the order ``--help`` lists them in
@@ -63,32 +61,6 @@ def build_parser() -> argparse.ArgumentParser:
     for command in SUBCOMMANDS:
         command.register(subparsers)
     return parser
-
-
-def memory_budget_from_args(args: argparse.Namespace) -> int:
-    """The memory budget in bytes the global options give, after checking them (standard library only)."""
-    if args.token_limit is not None and args.token_limit < 1:
-        raise InvalidInputError(f"--token-limit must be at least 1, got {args.token_limit}", field="token_limit")
-    budget = DEFAULT_MEMORY_BUDGET
-    if args.memory_budget is not None:
-        if args.memory_budget < 1:
-            raise InvalidInputError(f"--memory-budget must be at least 1 MiB, got {args.memory_budget}")
-        budget = args.memory_budget * 1024**2
-    return budget
-
-
-def session_from_args(args: argparse.Namespace) -> Inspector:
-    """The inspector the global options describe: artifact folder, token limit, memory budget, placement."""
-    budget = memory_budget_from_args(args)
-    from agent_tools.inspector import Inspector
-
-    return Inspector(
-        artifact_dir=args.artifacts or default_artifact_dir(),
-        token_limit=args.token_limit,
-        memory_budget=budget,
-        placement=placement_from_args(args),
-        allowed_data=args.allow_data,
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

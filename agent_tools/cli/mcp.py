@@ -210,7 +210,7 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
 def serve(args: argparse.Namespace) -> int:
     """The ``mcp`` command, before any session exists: the server answers ``initialize`` and ``tools/list`` at
     once, while the inspector (torch, transformers, the tools) is built in the background."""
-    from agent_tools.cli import memory_budget_from_args, session_from_args
+    from agent_tools.cli.session_args import memory_budget_from_args, session_from_args
 
     memory_budget_from_args(args)  # a bad global option is refused here, at once (exit 2)
     return _serve(args, lambda: session_inspector(args, session_from_args(args)))
@@ -220,9 +220,13 @@ def cli_server(args: argparse.Namespace, make_session: Callable[[], Inspector]) 
     """The server the ``mcp`` options describe (no torch yet: ``make_session`` runs in the background)."""
     call_timeout = check_server_limits(args)  # before the SDK loads: a bad option answers at once
 
-    from agent_tools.cli import memory_budget_from_args
+    from agent_tools.cli.session_args import memory_budget_from_args
+    from agent_tools.placement import check_device_form
     from agent_tools.policy import ModelPolicy
     from agent_tools.surfaces.mcp_server import build_server
+
+    if getattr(args, "device", None):  # a device no machine has is refused at once (exit 2); one this machine
+        check_device_form(args.device)  # lacks is found when the session is built (that needs torch)
 
     policy = ModelPolicy.bundled_only(default=args.model, extra=tuple(args.allow_model))
     tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None

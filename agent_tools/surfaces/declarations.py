@@ -16,16 +16,128 @@ import json
 import sys
 from copy import deepcopy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_tools.policy import ModelPolicy
 from agent_tools.surfaces import SINGLE_STACK, model_field_description
+from agent_tools.surfaces.portable import compact_schema
 from agent_tools.tool_declarations import DECLARATIONS_FILE
+
+if TYPE_CHECKING:
+    from agent_tools.tools.registry import ToolSpec
+
+# Bytes of one tool's advertised output schema: 18 tools (about 10 KB: the core fields, then the other top-level
+# fields typed while they fit) keep ``tools/list`` under 32 KB with their inputs and descriptions (issue 28).
+OUTPUT_SCHEMA_BUDGET = 550
+# What every tool's advertised output schema keeps typed, whatever its budget: what an agent reads first.
+CORE_REPORT_FIELDS = frozenset({"model", "summary", "findings", "next_calls", "omitted"})
+_READER_ONLY = frozenset({"title", "description", "default", "examples"})
+
+
+def output_schema(spec: ToolSpec, *, budget: int = OUTPUT_SCHEMA_BUDGET) -> dict[str, Any]:
+    """The JSON schema of the tool's structured content (its report, serialised), sized for ``tools/list``.
+
+    The full schema is 2 to 20 KB a tool (types, bounds, descriptions of every nested row), which an agent pays
+    for on every turn; the SDK's client validates ``structuredContent`` against what is advertised, so the
+    advertised schema must stay true. It is a looser schema, never a wrong one: every top-level field of the
+    report with its type, bounds and enum; the fields of its rows (a list of per-head records, a nested object)
+    with their types; deeper values typed as an object or a list. Titles, descriptions, defaults and ``required``
+    go (the descriptions repeat the input's, or explain numbers the summary explains; the reports' fields are
+    always present, and ``required`` repeated every name: 3 KB of the 18 tools' 18 KB). A value that may be null
+    keeps its ``anyOf`` (a ``type`` list is shorter, but clients that map schemas onto a single-``type`` dialect
+    reject it: the MCP Inspector warns, tests/test_mcp_inspector.py). When that is over
+    ``budget`` bytes, the largest fields lose their row structure first, then the largest non-scalar fields
+    leave, then the last scalars, until it fits; the core fields (model, summary, findings, next calls, omitted)
+    always stay.
+    """
+    declared = spec.output_model.model_json_schema(mode="serialization")
+    full = compact_schema(declared, drop=_READER_ONLY | {"required"})
+    fields: dict[str, Any] = full.get("properties", {})
+    shaped = {name: _with_row_types(sub) for name, sub in fields.items()}
+    schema = {**full, "properties": shaped}
+    coarse = {name: _value_type(sub) for name, sub in fields.items()}
+    while _json_size(schema) > budget:
+        candidates = [name for name in shaped if shaped[name] != coarse[name]]
+        if not candidates:
+            break
+        largest = max(candidates, key=lambda name: _json_size(shaped[name]))
+        shaped[largest] = coarse[largest]
+    # Still over: the largest fields an agent reads least leave ``properties`` (still listed in ``required``, and
+    # allowed because the schema then drops ``additionalProperties: false``): a looser schema, never a wrong one.
+    while _json_size(schema) > budget:
+        droppable = [name for name in shaped if name not in CORE_REPORT_FIELDS and not _is_scalar(shaped[name])]
+        if not droppable:
+            break
+        schema.pop("additionalProperties", None)
+        del shaped[max(droppable, key=lambda name: (_json_size(shaped[name]), name))]
+    # Still over (a report of many numbers): its last scalars leave too, those that may be null first; the core
+    # fields (model, summary, findings, next calls) always stay.
+    while _json_size(schema) > budget:
+        scalars = [name for name in shaped if name not in CORE_REPORT_FIELDS]
+        if not scalars:
+            break
+        schema.pop("additionalProperties", None)
+        order = {name: index for index, name in enumerate(scalars)}
+        del shaped[max(scalars, key=lambda name: ("null" in json.dumps(shaped[name]), order[name]))]
+    return schema
+
+
+def _is_scalar(node: dict[str, Any]) -> bool:
+    """A number, string, boolean or null (or a union of them): cheap to keep typed, and what agents compare."""
+    kinds = [part for key in ("anyOf", "oneOf") for part in node.get(key, [])] or [node]
+    scalar = {"integer", "number", "string", "boolean", "null"}
+
+    def simple(kind: dict[str, Any]) -> bool:
+        declared = kind.get("type")
+        types = declared if isinstance(declared, list) else [declared]
+        return "enum" in kind or all(t in scalar for t in types)
+
+    return all(simple(kind) for kind in kinds)
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _type_only(node: dict[str, Any]) -> dict[str, Any]:
+    """What a value is, and nothing about what it holds: ``{"type": ...}``, an enum, or a union of those."""
+    if "anyOf" in node:
+        branches: list[dict[str, Any]] = []
+        for branch in map(_type_only, node["anyOf"]):
+            if branch not in branches:
+                branches.append(branch)
+        return {"anyOf": branches} if len(branches) > 1 else branches[0]
+    if "enum" in node or "const" in node:
+        return {k: v for k, v in node.items() if k in ("type", "enum", "const")}
+    return {"type": node["type"]} if "type" in node else {}
+
+
+def _value_type(node: dict[str, Any]) -> dict[str, Any]:
+    """A value's type, and for a list its items' type: a row's field, or a field past the budget."""
+    if "anyOf" in node:
+        return {"anyOf": [_value_type(branch) for branch in node["anyOf"]]}
+    typed = _type_only(node)
+    if node.get("type") == "array" and isinstance(node.get("items"), dict):
+        typed["items"] = _type_only(node["items"])
+    return typed
+
+
+def _with_row_types(node: dict[str, Any]) -> dict[str, Any]:
+    """A top-level field: scalars as declared; a list's rows and a nested object with their fields' types."""
+    if "anyOf" in node:
+        return {**node, "anyOf": [_with_row_types(branch) for branch in node["anyOf"]]}
+    if isinstance(node.get("items"), dict):
+        return {**node, "items": _with_row_types(node["items"])}
+    if isinstance(node.get("properties"), dict):
+        kept = {k: v for k, v in node.items() if k not in ("properties", "required", "additionalProperties")}
+        return {**kept, "properties": {name: _value_type(sub) for name, sub in node["properties"].items()}}
+    if isinstance(node.get("additionalProperties"), dict):
+        return {**node, "additionalProperties": _value_type(node["additionalProperties"])}
+    return node
 
 
 def build_declarations() -> dict[str, Any]:
     """Every declared tool's data, from the live registry (imports the tools: torch, transformers)."""
-    from agent_tools.surfaces.mcp_server import output_schema
     from agent_tools.surfaces.portable import portable_schema
     from agent_tools.tools import PREFERRED_ORDER, TOOLS
 

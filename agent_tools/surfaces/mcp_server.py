@@ -70,8 +70,9 @@ from agent_tools.prompts import (
     topic_file,
 )
 from agent_tools.surfaces import agent_input_model, concise_text, error_text, heap
-from agent_tools.surfaces.declarations import agent_schema
-from agent_tools.surfaces.portable import compact_schema, portable_schema
+from agent_tools.surfaces.declarations import OUTPUT_SCHEMA_BUDGET as OUTPUT_SCHEMA_BUDGET
+from agent_tools.surfaces.declarations import agent_schema, output_schema
+from agent_tools.surfaces.portable import portable_schema
 from agent_tools.tool_declarations import served_names, tool_declarations
 
 if TYPE_CHECKING:  # the inspector and the tools import torch: they load in the background (see Backend)
@@ -102,140 +103,15 @@ DEFAULT_MAX_SESSIONS = 64  # HTTP sessions open at once; the SDK's 10,000 idle s
 DEFAULT_SESSION_IDLE_SECONDS = 600.0  # an HTTP session with no request for this long is closed (SDK: 30 min)
 MAX_LINE_BYTES = 16 << 20  # one stdio message; a longer line is refused and skipped
 MAX_JSON_DEPTH = 64  # nesting of one message; MCP messages need about 8
-# Bytes of one tool's advertised output schema: 18 tools (about 10 KB: the core fields, then the other top-level
-# fields typed while they fit) keep ``tools/list`` under 32 KB with their inputs and descriptions (issue 28).
-OUTPUT_SCHEMA_BUDGET = 550
-# What every tool's advertised output schema keeps typed, whatever its budget: what an agent reads first.
-CORE_REPORT_FIELDS = frozenset({"model", "summary", "findings", "next_calls", "omitted"})
 # The SDK's loggers that say something per request or per session at INFO; the server keeps their warnings.
 CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
 
 
 # --- schemas ---------------------------------------------------------------------------------------------------
-_READER_ONLY = frozenset({"title", "description", "default", "examples"})
-
-
 def input_schema(spec: ToolSpec, inspector: Inspector) -> dict[str, Any]:
     """The JSON schema of the tool's arguments as this session's agent sees them (``model`` narrowed to the
     allow-list), in the ``mcp`` flavour: every ``$ref`` inlined (some clients cannot resolve references)."""
     return portable_schema(agent_input_model(spec, inspector.policy), "mcp")
-
-
-def output_schema(spec: ToolSpec, *, budget: int = OUTPUT_SCHEMA_BUDGET) -> dict[str, Any]:
-    """The JSON schema of the tool's structured content (its report, serialised), sized for ``tools/list``.
-
-    The full schema is 2 to 20 KB a tool (types, bounds, descriptions of every nested row), which an agent pays
-    for on every turn; the SDK's client validates ``structuredContent`` against what is advertised, so the
-    advertised schema must stay true. It is a looser schema, never a wrong one: every top-level field of the
-    report with its type, bounds and enum; the fields of its rows (a list of per-head records, a nested object)
-    with their types; deeper values typed as an object or a list. Titles, descriptions, defaults and ``required``
-    go (the descriptions repeat the input's, or explain numbers the summary explains; the reports' fields are
-    always present, and ``required`` repeated every name: 3 KB of the 18 tools' 18 KB), and a value that may be
-    null is one ``type`` list (``["number", "null"]``, 17 bytes less than its ``anyOf``). When that is over
-    ``budget`` bytes, the largest fields lose their row structure first, then the largest non-scalar fields
-    leave, then the last scalars, until it fits; the core fields (model, summary, findings, next calls, omitted)
-    always stay.
-    """
-    declared = spec.output_model.model_json_schema(mode="serialization")
-    full = _type_lists(compact_schema(declared, drop=_READER_ONLY | {"required"}))
-    fields: dict[str, Any] = full.get("properties", {})
-    shaped = {name: _with_row_types(sub) for name, sub in fields.items()}
-    schema = {**full, "properties": shaped}
-    coarse = {name: _value_type(sub) for name, sub in fields.items()}
-    while _json_size(schema) > budget:
-        candidates = [name for name in shaped if shaped[name] != coarse[name]]
-        if not candidates:
-            break
-        largest = max(candidates, key=lambda name: _json_size(shaped[name]))
-        shaped[largest] = coarse[largest]
-    # Still over: the largest fields an agent reads least leave ``properties`` (still listed in ``required``, and
-    # allowed because the schema then drops ``additionalProperties: false``): a looser schema, never a wrong one.
-    while _json_size(schema) > budget:
-        droppable = [name for name in shaped if name not in CORE_REPORT_FIELDS and not _is_scalar(shaped[name])]
-        if not droppable:
-            break
-        schema.pop("additionalProperties", None)
-        del shaped[max(droppable, key=lambda name: (_json_size(shaped[name]), name))]
-    # Still over (a report of many numbers): its last scalars leave too, those that may be null first; the core
-    # fields (model, summary, findings, next calls) always stay.
-    while _json_size(schema) > budget:
-        scalars = [name for name in shaped if name not in CORE_REPORT_FIELDS]
-        if not scalars:
-            break
-        schema.pop("additionalProperties", None)
-        order = {name: index for index, name in enumerate(scalars)}
-        del shaped[max(scalars, key=lambda name: ("null" in json.dumps(shaped[name]), order[name]))]
-    return schema
-
-
-def _type_lists(node: Any) -> Any:
-    """Every ``anyOf`` of bare types (``{"type": "number"}``, ``{"type": "null"}``) as one ``type`` list."""
-    if isinstance(node, list):
-        return [_type_lists(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {key: _type_lists(value) for key, value in node.items()}
-    branches = out.get("anyOf")
-    if isinstance(branches, list) and all(isinstance(b, dict) and set(b) == {"type"} for b in branches):
-        kinds = [b["type"] for b in branches]
-        if all(isinstance(k, str) for k in kinds) and len(set(kinds)) == len(kinds):
-            del out["anyOf"]
-            out["type"] = kinds
-    return out
-
-
-def _is_scalar(node: dict[str, Any]) -> bool:
-    """A number, string, boolean or null (or a union of them): cheap to keep typed, and what agents compare."""
-    kinds = [part for key in ("anyOf", "oneOf") for part in node.get(key, [])] or [node]
-    scalar = {"integer", "number", "string", "boolean", "null"}
-
-    def simple(kind: dict[str, Any]) -> bool:
-        declared = kind.get("type")
-        types = declared if isinstance(declared, list) else [declared]
-        return "enum" in kind or all(t in scalar for t in types)
-
-    return all(simple(kind) for kind in kinds)
-
-
-def _json_size(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
-
-
-def _type_only(node: dict[str, Any]) -> dict[str, Any]:
-    """What a value is, and nothing about what it holds: ``{"type": ...}``, an enum, or a union of those."""
-    if "anyOf" in node:
-        branches: list[dict[str, Any]] = []
-        for branch in map(_type_only, node["anyOf"]):
-            if branch not in branches:
-                branches.append(branch)
-        return {"anyOf": branches} if len(branches) > 1 else branches[0]
-    if "enum" in node or "const" in node:
-        return {k: v for k, v in node.items() if k in ("type", "enum", "const")}
-    return {"type": node["type"]} if "type" in node else {}
-
-
-def _value_type(node: dict[str, Any]) -> dict[str, Any]:
-    """A value's type, and for a list its items' type: a row's field, or a field past the budget."""
-    if "anyOf" in node:
-        return {"anyOf": [_value_type(branch) for branch in node["anyOf"]]}
-    typed = _type_only(node)
-    if node.get("type") == "array" and isinstance(node.get("items"), dict):
-        typed["items"] = _type_only(node["items"])
-    return typed
-
-
-def _with_row_types(node: dict[str, Any]) -> dict[str, Any]:
-    """A top-level field: scalars as declared; a list's rows and a nested object with their fields' types."""
-    if "anyOf" in node:
-        return {**node, "anyOf": [_with_row_types(branch) for branch in node["anyOf"]]}
-    if isinstance(node.get("items"), dict):
-        return {**node, "items": _with_row_types(node["items"])}
-    if isinstance(node.get("properties"), dict):
-        kept = {k: v for k, v in node.items() if k not in ("properties", "required", "additionalProperties")}
-        return {**kept, "properties": {name: _value_type(sub) for name, sub in node["properties"].items()}}
-    if isinstance(node.get("additionalProperties"), dict):
-        return {**node, "additionalProperties": _value_type(node["additionalProperties"])}
-    return node
 
 
 def mcp_tool(spec: ToolSpec, inspector: Inspector) -> types.Tool:
