@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field, create_model
 from pydantic.json_schema import SkipJsonSchema
 
-from agent_tools.errors import AttentionToolError, InvalidInputError
+from agent_tools.errors import AttentionToolError
 from agent_tools.policy import BUNDLED_MODELS, ModelPolicy
 from agent_tools.schemas import SEVERITIES, NextCall, Report
+from agent_tools.tool_declarations import served_names
 
 if TYPE_CHECKING:  # the tools import torch: this package's import stays light (the MCP server starts without it)
     from agent_tools.tools.registry import ToolSpec
@@ -34,22 +35,11 @@ SINGLE_STACK = frozenset(BUNDLED_MODELS)  # a decoder and an encoder: 'attention
 
 
 def select_tools(names: Iterable[str] | None = None) -> list[ToolSpec]:
-    """The declared tools, or the named subset (in declaration order); unknown or repeated names are refused."""
+    """The declared tools, or the named subset (in declaration order); unknown or repeated names are refused
+    (:func:`agent_tools.tool_declarations.served_names`: the declarations equal the registry, a test holds)."""
     from agent_tools.tools import TOOLS
 
-    if names is None:
-        return list(TOOLS.values())
-    chosen = list(names)
-    unknown = [n for n in chosen if n not in TOOLS]
-    if unknown:
-        msg = f"unknown tool(s) {', '.join(map(repr, unknown))}; tools: {', '.join(TOOLS)}"
-        raise InvalidInputError(msg, field="tools")
-    if not chosen:
-        raise InvalidInputError(f"the tool selection is empty; choose from: {', '.join(TOOLS)}", field="tools")
-    if len(set(chosen)) != len(chosen):
-        duplicates = sorted({n for n in chosen if chosen.count(n) > 1})
-        raise InvalidInputError(f"the tool selection lists {duplicates} twice", field="tools")
-    return [spec for name, spec in TOOLS.items() if name in chosen]
+    return [TOOLS[name] for name in served_names(names)]
 
 
 def model_field_description(policy: ModelPolicy) -> str:
