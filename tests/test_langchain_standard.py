@@ -14,45 +14,13 @@ import pytest
 from langchain_core.tools import BaseTool
 from langchain_tests.integration_tests import ToolsIntegrationTests
 from langchain_tests.unit_tests import ToolsUnitTests
+from tiny_calls import TINY, tiny_arguments
 
 from agent_tools.loading import LoadedModel
 from agent_tools.surfaces.langchain import AttentionToolkit
 from agent_tools.tools import TOOLS
 
-TINY = "tiny-llama"
-TINY_TEXT = "the cat sat on the mat because it was tired . the dog sat on the mat"
 DEFAULT_TOOLS = {tool.name: tool for tool in AttentionToolkit().get_tools()}
-
-
-def on_tiny(name: str, facts: Any) -> dict[str, Any]:
-    """The tool's example on the tiny model: its texts swapped for plain text, indices clipped into its range."""
-    arguments: dict[str, Any] = dict(TOOLS[name].example)
-    if "model" in TOOLS[name].input_model.model_fields:
-        arguments["model"] = TINY
-    last_layer, last_head = facts.num_layers - 1, facts.num_heads - 1
-    for key, value in list(arguments.items()):
-        if key in {"text", "prompt", "prompt_a", "prompt_b"}:  # the tiny tokenizer has no chat template
-            arguments[key] = TINY_TEXT if key != "prompt_b" else TINY_TEXT.replace("dog", "cat")
-        elif key == "layer":
-            arguments[key] = min(value, last_layer)
-        elif key == "head":
-            arguments[key] = min(value, last_head)
-        elif key == "layers":
-            arguments[key] = sorted({min(v, last_layer) for v in value})
-        elif key == "heads":
-            arguments[key] = [f"{last_layer}.{last_head}"]
-        elif key in {"sink", "window"}:  # a short cache the tiny text outlasts
-            arguments[key] = 1 if key == "sink" else 4
-        elif key == "context_length":
-            arguments[key] = min(int(value), facts.max_positions or int(value))
-        elif key == "lengths":
-            arguments[key] = [min(int(v), 48) for v in value]
-        elif key == "max_new_tokens":
-            arguments[key] = min(int(value), 3)
-    if name == "position_sensitivity":  # movable pieces of the tiny text
-        pieces = [{"name": "first", "text": "the cat sat"}, {"name": "second", "text": "the dog sat"}]
-        arguments.update(segments=pieces, move="second", answer="mat")
-    return arguments
 
 
 class PerTool:
@@ -105,7 +73,7 @@ class TestAttentionToolsIntegration(PerTool, ToolsIntegrationTests):
     def _on_tiny_model(self, _each_tool: None, tiny_models: dict[str, LoadedModel], tmp_path) -> None:
         toolkit = AttentionToolkit(model=TINY, allowed_models=[TINY], artifact_dir=tmp_path)
         self.tools = {tool.name: tool for tool in toolkit.get_tools()}
-        self.examples = {self.name: on_tiny(self.name, tiny_models["llama"].facts)}
+        self.examples = {self.name: tiny_arguments(self.name, tiny_models["llama"])}
 
 
 @pytest.fixture()

@@ -20,6 +20,7 @@ import torch
 from families import build_family
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_calls import TINY, TINY_TEXT, tiny_arguments
 
 from agent_tools import cli
 from agent_tools.capture import _ACTIVE, CAPTURE_IMPLEMENTATION, _configs
@@ -41,9 +42,6 @@ from agent_tools.surfaces.langchain import AttentionToolkit
 from agent_tools.surfaces.mcp_server import INVALID_UNICODE_ARGUMENT, answerable_line, build_server, serve_http
 from agent_tools.tools import TOOLS
 
-TINY = "tiny-llama"
-TINY_TEXT = "the cat sat on the mat because it was tired . the dog sat on the mat"
-
 
 def state_hash(model: torch.nn.Module) -> str:
     """sha256 over every state-dict entry's name, dtype, shape and bytes (buffers included)."""
@@ -57,49 +55,6 @@ def state_hash(model: torch.nn.Module) -> str:
 def hook_counts(model: torch.nn.Module) -> list[tuple[int, int]]:
     """Forward and pre-forward hooks per module (transformers adds its own output recorders once, lazily)."""
     return [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()]
-
-
-def tiny_arguments(name: str, loaded: LoadedModel) -> dict[str, Any]:
-    """The tool's example, moved onto the tiny model (indices clipped into its range, text swapped)."""
-    arguments: dict[str, Any] = dict(TOOLS[name].example)
-    if "model" in TOOLS[name].input_model.model_fields:
-        arguments["model"] = TINY
-    facts = loaded.facts
-    for key, value in list(arguments.items()):
-        if key in {"text", "prompt", "prompt_a", "prompt_b"}:  # plain text: the tiny tokenizer has no chat template
-            arguments[key] = TINY_TEXT if key != "prompt_b" else TINY_TEXT.replace("dog", "cat")
-        elif key == "layer":
-            arguments[key] = min(int(value), facts.num_layers - 1)
-        elif key == "head":
-            arguments[key] = min(int(value), facts.num_heads - 1)
-        elif key == "layers" and isinstance(value, list):
-            arguments[key] = sorted({min(int(v), facts.num_layers - 1) for v in value})
-        elif key == "heads" and isinstance(value, list):
-            arguments[key] = [_clip_head(v, facts) for v in value][:1]
-        elif key == "max_new_tokens":
-            arguments[key] = min(int(value), 3)
-        elif key in {"sink", "window"}:  # a short cache the tiny text outlasts
-            arguments[key] = 1 if key == "sink" else 4
-        elif key == "context_length":
-            arguments[key] = min(int(value), facts.max_positions or int(value))
-        elif key == "lengths":
-            arguments[key] = [min(int(v), 48) for v in value]
-    if name == "position_sensitivity":  # movable pieces of the tiny text
-        pieces = [{"name": "first", "text": "the cat sat"}, {"name": "second", "text": "the dog sat"}]
-        arguments.update(segments=pieces, move="second", answer="mat")
-    return arguments
-
-
-def _clip_head(value: Any, facts: Any) -> Any:
-    if isinstance(value, str) and "." in value:
-        layer, head = value.split(".")
-        return f"{min(int(layer), facts.num_layers - 1)}.{min(int(head), facts.num_heads - 1)}"
-    if isinstance(value, dict):
-        return {
-            "layer": min(int(value["layer"]), facts.num_layers - 1),
-            "head": min(int(value["head"]), facts.num_heads - 1),
-        }
-    return value
 
 
 VALID_RANGE_WORDS = ("..", "give", "use", "one of", "must", "at most", "at least", "only", "tools:", "try", "accepts")
