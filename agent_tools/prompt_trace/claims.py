@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from agent_tools.prompt_trace.evidence import MEASURE_NAMES, Evidence, Verdict, direction
 from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers
 from agent_tools.prompt_trace.models import AGREEMENT_RHO, NEGLIGIBLE_NATS, ViewLead
-from agent_tools.schemas import Finding, rounded
+from agent_tools.schemas import Finding
 
 FILLER_SHOWN = 5
 SUPPORTERS_SHOWN = 2
@@ -214,7 +214,7 @@ def evidence_findings(
             Finding(
                 kind=direction(delta),
                 severity="high" if i == verdict.moves_most else "medium",
-                value=rounded(delta),
+                value=delta,
                 detail=f"{token!r} {effect_words(_name(traced, i), delta)}; whole answer Δ Σ log p "
                 f"{evidence.causal[i].answer_removed:+.2f} removed, {evidence.causal[i].answer_neutral:+.2f} "
                 "replaced by neutral tokens",
@@ -229,7 +229,7 @@ def evidence_findings(
         findings.append(
             Finding(
                 kind="gap" if segment.kind != "inserted" else "template_inserted",
-                value=rounded(delta),
+                value=delta,
                 detail=f"{segment.name!r} ({what}, reported apart): {token!r} {effect_words(segment.name, delta)}",
             )
         )
@@ -237,7 +237,7 @@ def evidence_findings(
         findings.append(
             Finding(
                 kind="filler",
-                value=rounded(sum(numbers.views["filler"])),
+                value=sum(numbers.views["filler"]),
                 detail=filler_clause(traced, numbers).strip(),
             )
         )
@@ -247,7 +247,7 @@ def evidence_findings(
                 Finding(
                     kind="rank_agreement",
                     severity="low",
-                    value=rounded(rho),
+                    value=rho,
                     detail=f"{MEASURE_NAMES[a]} vs {MEASURE_NAMES[b]}: Spearman ρ = {rho:.2f} over "
                     f"{len(verdict.segments)} named segments" + ("; same first" if same else "; different first"),
                 )
@@ -263,19 +263,19 @@ def view_leads(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, 
             view="share",
             measures=VIEW_MEANINGS["share"],
             leader=_name(traced, numbers.lead.best),
-            value=rounded(views["named"][numbers.lead.best]),
+            value=views["named"][numbers.lead.best],
         ),
         ViewLead(
             view="last_layer",
             measures=VIEW_MEANINGS["last_layer"],
             leader=_name(traced, numbers.last_lead.best),
-            value=rounded(views["last"][numbers.last_lead.best]),
+            value=views["last"][numbers.last_lead.best],
         ),
         ViewLead(
             view="rollout",
             measures=VIEW_MEANINGS["rollout"],
             leader=_name(traced, numbers.rollout_lead.best),
-            value=rounded(views["rollout_free"][numbers.rollout_lead.best]),
+            value=views["rollout_free"][numbers.rollout_lead.best],
         ),
     ]
     rows += _measure_lead(traced, verdict, "value")
@@ -285,7 +285,7 @@ def view_leads(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, 
                 view="causal",
                 measures=VIEW_MEANINGS["causal"],
                 leader=_name(traced, verdict.moves_most),
-                value=rounded(evidence.causal[verdict.moves_most].on_token(verdict.deciding)),
+                value=evidence.causal[verdict.moves_most].on_token(verdict.deciding),
             )
         )
     rows += _measure_lead(traced, verdict, "gradient")
@@ -303,6 +303,6 @@ def _measure_lead(traced: TracedPrompt, verdict: Verdict, view: str) -> list[Vie
             view=view,
             measures=VIEW_MEANINGS[view],
             leader=_name(traced, verdict.segments[best]),
-            value=rounded(values[best]),
+            value=values[best],
         )
     ]

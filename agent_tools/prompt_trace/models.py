@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from agent_tools.inspector import MAX_NEW_TOKENS
-from agent_tools.schemas import KeyWeight, NextCall, Report
+from agent_tools.schemas import Finding, KeyWeight, NextCall, Report, Rounded, Rounded6, rounded
 from agent_tools.segment_attribution import CausalAttribution
 from agent_tools.stack_input import StackReport
 
@@ -82,8 +82,8 @@ def max_new_tokens_in_range(value: object) -> object:
 class TokenShare(BaseModel):
     position: int
     token: str
-    share: float = Field(description="share of the answer's attention on this token (mean over layers and heads)")
-    value_share: float | None = Field(default=None, description="its share of ‖α·v·W_O‖ (what it writes)")
+    share: Rounded = Field(description="share of the answer's attention on this token (mean over layers and heads)")
+    value_share: Rounded | None = Field(default=None, description="its share of ‖α·v·W_O‖ (what it writes)")
     filler: bool = Field(default=False, description="a filler / secondary-sink token (read like a sink, writes little)")
 
 
@@ -91,44 +91,44 @@ class CausalEffect(BaseModel):
     """Δ log p(answer) when the segment is removed (nats): negative = the answer depends on it, positive = the
     segment works against the answer. The neutral replacement (same length, positions kept) is a second ablation."""
 
-    removed: float = Field(
+    removed: Rounded = Field(
         description="Δ log p of the deciding token when the segment is removed (the number rankings and summary use)"
     )
     direction: Direction = Field(
         description=f"depends_on (removed < -{NEGLIGIBLE_NATS}), works_against (> +{NEGLIGIBLE_NATS}), else negligible"
     )
-    per_token_removed: list[float] = Field(
+    per_token_removed: list[Rounded] = Field(
         default_factory=list, description="Δ log p of each answer token when removed (answer_evidence.tokens order)"
     )
-    first_token_removed: float = Field(description="Δ log p(first answer token), segment removed")
-    first_token_neutral: float = Field(description="Δ log p(first answer token), segment replaced by neutral tokens")
-    answer_removed: float = Field(description="Δ Σ log p(answer tokens), teacher-forced, segment removed")
-    answer_neutral: float = Field(description="Δ Σ log p(answer tokens), segment replaced by neutral tokens")
+    first_token_removed: Rounded = Field(description="Δ log p(first answer token), segment removed")
+    first_token_neutral: Rounded = Field(description="Δ log p(first answer token), segment replaced by neutral tokens")
+    answer_removed: Rounded = Field(description="Δ Σ log p(answer tokens), teacher-forced, segment removed")
+    answer_neutral: Rounded = Field(description="Δ Σ log p(answer tokens), segment replaced by neutral tokens")
     top_token_changed_removed: bool = Field(description="the most likely first answer token differs when removed")
     top_token_changed_neutral: bool
 
 
 class GradientAttribution(BaseModel):
-    integrated_gradients: float = Field(
+    integrated_gradients: Rounded = Field(
         description="Σ over the segment's tokens of integrated gradients of log p(answer) w.r.t. the input "
         "embeddings, from the neutral-token baseline (nats; the segments' sum ≈ log p(input) − log p(baseline))"
     )
-    gradient_x_input: float = Field(description="Σ over the segment's tokens of gradient · embedding")
+    gradient_x_input: Rounded = Field(description="Σ over the segment's tokens of gradient · embedding")
 
 
 class FillerToken(BaseModel):
     position: int
     token: str
     segment: str
-    received_ratio: float = Field(description="what later queries give it (mean) / what uniform attention would")
-    relative_value_norm: float = Field(description="its ‖v·W_O‖ / the text's median token's (mean over layers)")
-    share: float = Field(description="share of the answer's attention it takes")
+    received_ratio: Rounded = Field(description="what later queries give it (mean) / what uniform attention would")
+    relative_value_norm: Rounded = Field(description="its ‖v·W_O‖ / the text's median token's (mean over layers)")
+    share: Rounded = Field(description="share of the answer's attention it takes")
 
 
 class RankAgreement(BaseModel):
     measure_a: str
     measure_b: str
-    spearman: float | None = Field(description="rank correlation over the named segments (1 same order, −1 reversed)")
+    spearman: Rounded | None = Field(description="rank correlation over the named segments (1 same order, −1 reversed)")
     same_top: bool = Field(description="both measures put the same named segment first")
 
 
@@ -136,15 +136,15 @@ class ViewLead(BaseModel):
     view: str
     measures: str = Field(description="what this view measures")
     leader: str | None = Field(description="the content segment it puts first")
-    value: float | None
+    value: Rounded | None
 
 
 class AnswerToken(BaseModel):
     step: int = Field(description="0 = first answer token")
     token: str
-    logprob: float = Field(description="log p of the token after the clean prompt and the answer before it")
+    logprob: Rounded = Field(description="log p of the token after the clean prompt and the answer before it")
     moved_most_by: str | None = Field(description="the named segment whose removal moves this token's log p most")
-    removed: float | None = Field(description="Δ log p of this token when that segment is removed")
+    removed: Rounded | None = Field(description="Δ log p of this token when that segment is removed")
 
 
 class AnswerEvidence(BaseModel):
@@ -153,14 +153,14 @@ class AnswerEvidence(BaseModel):
     tokens: list[str] = Field(description="the exact tokens measured")
     source: Literal["model", "given"] = Field(description="the model's own answer, or the one given as 'answer'")
     covers: str = Field(description="what the measured answer is, in words (target 'last': one token)")
-    logprob: float = Field(description="Σ log p of its tokens after the clean prompt, teacher-forced")
-    first_token_logprob: float
+    logprob: Rounded = Field(description="Σ log p of its tokens after the clean prompt, teacher-forced")
+    first_token_logprob: Rounded
     per_token: list[AnswerToken] = Field(default_factory=list, description="each measured token and what moves it")
 
 
 class SegmentEffect(BaseModel):
     segment: str
-    removed: float = Field(description="Δ log p when the segment is removed (negative: the answer depends on it)")
+    removed: Rounded = Field(description="Δ log p when the segment is removed (negative: the answer depends on it)")
     direction: Direction
 
 
@@ -169,17 +169,17 @@ class DecidingToken(BaseModel):
 
     step: int
     token: str
-    logprob: float
+    logprob: Rounded
     effects: list[SegmentEffect] = Field(description="every named segment's removal effect on it, largest |Δ| first")
 
 
 class GradientRun(BaseModel):
     steps: int
     baseline: str = Field(description="what the integration starts from")
-    value: float = Field(description="log p(answer) at the input")
-    baseline_value: float = Field(description="log p(answer) at the baseline")
-    delta: float = Field(description="convergence delta: Σ attributions − (value − baseline_value)")
-    relative_delta: float = Field(description="|delta| / |value − baseline_value|: raise ig_steps when large")
+    value: Rounded = Field(description="log p(answer) at the input")
+    baseline_value: Rounded = Field(description="log p(answer) at the baseline")
+    delta: Rounded6 = Field(description="convergence delta: Σ attributions − (value − baseline_value)")
+    relative_delta: Rounded = Field(description="|delta| / |value − baseline_value|: raise ig_steps when large")
 
 
 class SegmentShare(BaseModel):
@@ -197,36 +197,36 @@ class SegmentShare(BaseModel):
     token_count: int
     positions: list[int] = Field(description="token positions in the segment (generated: keys written by the model)")
     text: str = Field(description="the segment's text, shortened")
-    share: float = Field(
+    share: Rounded = Field(
         description="share of attention the target reads here, mean over all layers and heads "
         "(target 'generate': also averaged over the generated tokens)"
     )
-    share_without_sink: float | None = Field(description="share once the sink is set aside (renormalised)")
-    share_per_token: float = Field(description="share / token_count: how densely the segment is read")
-    last_layer_share: float = Field(description="share in the last layer alone (mean over its heads)")
-    rollout_share: float | None = Field(
+    share_without_sink: Rounded | None = Field(description="share once the sink is set aside (renormalised)")
+    share_per_token: Rounded = Field(description="share / token_count: how densely the segment is read")
+    last_layer_share: Rounded = Field(description="share in the last layer alone (mean over its heads)")
+    rollout_share: Rounded | None = Field(
         description="share by attention rollout at the last prompt position (None for generated tokens)"
     )
-    rollout_share_without_sink: float | None = Field(
+    rollout_share_without_sink: Rounded | None = Field(
         description="rollout share renormalised without the sink (in a causal model rollout drains into position 0)"
     )
     top_tokens: list[KeyWeight] = Field(
         description="most-read content tokens inside the segment (mean over layers, heads); filler only when the "
         "segment holds nothing else"
     )
-    uniform_share: float | None = Field(
+    uniform_share: Rounded | None = Field(
         default=None, description="the share uniform attention over the prompt would give it: token_count / tokens"
     )
-    content_share: float | None = Field(
+    content_share: Rounded | None = Field(
         default=None, description="share with the sink and the filler set aside (renormalised over every segment)"
     )
-    named_share: float | None = Field(
+    named_share: Rounded | None = Field(
         default=None,
         description="share of the attention on the named segments (sink, filler, template, gaps set aside): what "
         "'read most' ranks and the summary prints",
     )
-    filler_share: float | None = Field(default=None, description="part of share that falls on its filler tokens")
-    value_share: float | None = Field(
+    filler_share: Rounded | None = Field(default=None, description="part of share that falls on its filler tokens")
+    value_share: Rounded | None = Field(
         default=None, description="value-weighted share ‖α·v·W_O‖ (mean over layers and heads): what it writes"
     )
     token_shares: list[TokenShare] = Field(
@@ -239,7 +239,7 @@ class SegmentShare(BaseModel):
 class TokenProbability(BaseModel):
     token: str
     token_id: int
-    probability: float
+    probability: Rounded
 
 
 class GeneratedToken(BaseModel):
@@ -248,8 +248,8 @@ class GeneratedToken(BaseModel):
     token: str
     token_id: int
     read_most: str = Field(description="prompt content segment this token's attention read most")
-    read_most_share: float
-    shares: dict[str, float] = Field(description="share per segment, mean over layers and heads")
+    read_most_share: Rounded
+    shares: dict[str, Rounded] = Field(description="share per segment, mean over layers and heads")
     top_key: KeyWeight = Field(description="the single non-sink token read most (mean over layers and heads)")
 
 
@@ -264,7 +264,7 @@ class PromptTrace(Report, StackReport):
     sink_threshold: float
     read_most: str = Field(description="the named segment read most (by named_share)")
     runner_up: str | None
-    margin: float = Field(description="read_most minus runner_up, in named_share")
+    margin: Rounded = Field(description="read_most minus runner_up, in named_share")
     next_tokens: list[TokenProbability] | None = Field(
         default=None, description="the model's top next tokens at the last prompt position"
     )
@@ -274,7 +274,7 @@ class PromptTrace(Report, StackReport):
     stopped: Literal["eos", "max_new_tokens", "line", "sentence"] | None = Field(
         default=None, description="why generation ended: end of turn, the cap, a line break, a sentence end"
     )
-    seconds_per_token: float | None = Field(default=None, description="wall time per KV-cache step, with capture")
+    seconds_per_token: Rounded | None = Field(default=None, description="wall time per KV-cache step, with capture")
     checks: list[Check] = Field(default_factory=list, description="the evidence checks that ran")
     answer_evidence: AnswerEvidence | None = Field(default=None, description="the answer the checks measured")
     neutral_token: str | None = Field(default=None, description="the token segments were replaced with")
@@ -307,6 +307,12 @@ class PromptTrace(Report, StackReport):
         default=None, description="more than 4 segments: how attribution chose the segments ablated exactly"
     )
     next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")
+
+    @field_validator("findings")
+    @classmethod
+    def _round_findings(cls, findings: list[Finding]) -> list[Finding]:
+        """A finding's value rounds here, at the report boundary, as a ``Rounded`` field does."""
+        return [f if f.value is None else f.model_copy(update={"value": rounded(f.value)}) for f in findings]
 
 
 SEGMENT_RANK_LABEL = "segments you named first, then |Δ log p removed| where the causal check ran, then share"

@@ -14,7 +14,7 @@ from agent_tools.prompt_trace.answer import STOP_WORDS
 from agent_tools.prompt_trace.claims import reading_sentence
 from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers
 from agent_tools.prompt_trace.models import GeneratedToken, TokenProbability
-from agent_tools.schemas import Finding, rounded
+from agent_tools.schemas import Finding
 
 PEAKS_SHOWN = 3
 
@@ -88,7 +88,7 @@ def _read_most(traced: TracedPrompt, numbers: TraceNumbers) -> Finding:
     return Finding(
         kind="read_most",
         severity="low",
-        value=rounded(named[best]),
+        value=named[best],
         detail=f"{reader} reads {_best(traced, numbers)!r} most among the named segments: {named[best]:.1%} of the "
         f"attention on them (mean over {numbers.num_layers} layers × {numbers.num_heads} heads; uniform would give "
         f"{numbers.views['named_uniform'][best]:.1%})",
@@ -100,7 +100,7 @@ def _runner_up(traced: TracedPrompt, numbers: TraceNumbers, runner_up: int) -> F
     return Finding(
         kind="runner_up",
         severity="low",
-        value=rounded(named[runner_up]),
+        value=named[runner_up],
         detail=f"next is {traced.prompt.names[runner_up]!r} with {named[runner_up]:.1%} of the attention on the "
         f"named segments, {numbers.lead.margin * 100:.1f} points less",
     )
@@ -114,7 +114,7 @@ def _sink(traced: TracedPrompt, numbers: TraceNumbers, sink: int) -> Finding:
         kind="sink",
         position=positions[0],
         token=tokens[positions[0]].text,
-        value=rounded(share[sink]),
+        value=share[sink],
         detail=f"the sink ({listed}) takes {share[sink]:.1%} of the attention; it is kept apart",
     )
 
@@ -125,7 +125,7 @@ def _top_head(traced: TracedPrompt, numbers: TraceNumbers) -> Finding:
         kind="top_head",
         layer=layer,
         head=head,
-        value=rounded(value),
+        value=value,
         detail=f"L{layer}H{head} reads {_best(traced, numbers)!r} hardest: {value:.1%} of its attention",
     )
 
@@ -135,7 +135,7 @@ def _last_layer(traced: TracedPrompt, numbers: TraceNumbers) -> Finding:
     return Finding(
         kind="last_layer",
         layer=numbers.num_layers - 1,
-        value=rounded(value),
+        value=value,
         detail=f"in the last layer alone {traced.prompt.names[numbers.last_lead.best]!r} leads with {value:.1%}",
     )
 
@@ -146,7 +146,7 @@ def _rollout(traced: TracedPrompt, numbers: TraceNumbers) -> Finding:
     return Finding(
         kind="rollout",
         position=answer,
-        value=rounded(value),
+        value=value,
         detail=f"by rollout at position {answer}, {traced.prompt.names[best]!r} leads with {value:.1%} once the sink "
         f"is set aside (raw {numbers.views['rollout'][best]:.2%})",
     )
@@ -163,7 +163,7 @@ def _template(traced: TracedPrompt, numbers: TraceNumbers, template: int) -> Fin
     share = numbers.views["share"][template]
     return Finding(
         kind="template",
-        value=rounded(share),
+        value=share,
         detail=f"the chat template's own tokens take {share:.1%}, more than {_best(traced, numbers)!r}",
     )
 
@@ -201,9 +201,7 @@ def peak_findings(traced: TracedPrompt, numbers: TraceNumbers, generated: list[G
             f"{names[index]!r} is read most while writing {generated[step].token!r} (step {step}): {value:.1%}, "
             f"{ratio:.1f}× its mean {float(mean[index]):.1%}"
         )
-        rows.append(
-            (ratio, Finding(kind="peak", position=generated[step].position, value=rounded(value), detail=detail))
-        )
+        rows.append((ratio, Finding(kind="peak", position=generated[step].position, value=value, detail=detail)))
     rows.sort(key=lambda row: -row[0])
     return [finding for _, finding in rows[:PEAKS_SHOWN]]
 

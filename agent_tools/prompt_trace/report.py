@@ -51,7 +51,7 @@ from agent_tools.prompt_trace.models import (
 )
 from agent_tools.prompt_trace.narrative import Answer, narrate
 from agent_tools.prompt_trace.next_calls import trace_next_calls
-from agent_tools.schemas import ChatMessage, KeyWeight, rounded
+from agent_tools.schemas import ChatMessage, KeyWeight
 from agent_tools.segment_attribution import causal_attribution
 from agent_tools.stack_input import on_stack
 
@@ -248,12 +248,12 @@ def build_report(
         read_most=names[lead.best],
         answer_stop=None,
         runner_up=names[lead.runner_up] if lead.runner_up is not None else None,
-        margin=rounded(lead.margin),
+        margin=lead.margin,
         next_tokens=next_token_table(loaded, logits) if logits is not None else None,
         generated_text=answer.text,
         generated=generated,
         stopped=generation.stopped if generation is not None else None,
-        seconds_per_token=rounded(s) if generation is not None and (s := generation.seconds_per_token) else None,
+        seconds_per_token=s if generation is not None and (s := generation.seconds_per_token) else None,
         **_evidence_fields(traced, numbers, evidence, checked, measured),
     )
 
@@ -287,11 +287,11 @@ def _deciding_token(
     return DecidingToken(
         step=step,
         token=measured.tokens[step],
-        logprob=rounded(float(evidence.clean[step])),
+        logprob=float(evidence.clean[step]),
         effects=[
             SegmentEffect(
                 segment=names[i],
-                removed=rounded(evidence.causal[i].on_token(step)),
+                removed=evidence.causal[i].on_token(step),
                 direction=direction(evidence.causal[i].on_token(step)),
             )
             for i in ranked
@@ -314,7 +314,7 @@ def _evidence_fields(
         "works_against_most": names[against[0]] if against else None,
         "moves_most": names[checked.moves_most] if checked.moves_most is not None else None,
         "agreement": [
-            RankAgreement(measure_a=a, measure_b=b, spearman=rounded(rho) if rho is not None else None, same_top=same)
+            RankAgreement(measure_a=a, measure_b=b, spearman=rho, same_top=same)
             for a, b, rho, same in checked.agreement
         ],
         "measures_agree": checked.agree,
@@ -340,9 +340,9 @@ def _answer_evidence(
             AnswerToken(
                 step=step,
                 token=token,
-                logprob=rounded(float(evidence.clean[step])),
+                logprob=float(evidence.clean[step]),
                 moved_most_by=names[mover] if mover is not None else None,
-                removed=rounded(evidence.causal[mover].on_token(step)) if mover is not None else None,
+                removed=evidence.causal[mover].on_token(step) if mover is not None else None,
             )
         )
     return AnswerEvidence(
@@ -351,8 +351,8 @@ def _answer_evidence(
         tokens=measured.tokens,
         source="given" if evidence.source == "given" else "model",
         covers=measured.covers,
-        logprob=rounded(float(evidence.clean.sum())),
-        first_token_logprob=rounded(float(evidence.clean[0])),
+        logprob=float(evidence.clean.sum()),
+        first_token_logprob=float(evidence.clean[0]),
         per_token=per_token,
     )
 
@@ -365,10 +365,10 @@ def _gradient_run(evidence: Evidence) -> GradientRun | None:
     return GradientRun(
         steps=run.steps,
         baseline="every content token replaced by the neutral token",
-        value=rounded(run.value),
-        baseline_value=rounded(run.baseline_value),
-        delta=rounded(run.delta, 6),
-        relative_delta=rounded(abs(run.delta) / abs(change) if change != 0 else 0.0),
+        value=run.value,
+        baseline_value=run.baseline_value,
+        delta=run.delta,
+        relative_delta=abs(run.delta) / abs(change) if change != 0 else 0.0,
     )
 
 
@@ -381,9 +381,9 @@ def _filler_rows(traced: TracedPrompt, numbers: TraceNumbers) -> list[FillerToke
             position=p,
             token=tokens[p].text,
             segment=names[traced.prompt.token_segment[p]],
-            received_ratio=rounded(float(numbers.filler_ratio[p])),
-            relative_value_norm=rounded(float(numbers.relative_norms[p])),
-            share=rounded(float(numbers.token_weights[p])),
+            received_ratio=float(numbers.filler_ratio[p]),
+            relative_value_norm=float(numbers.relative_norms[p]),
+            share=float(numbers.token_weights[p]),
         )
         for p in numbers.filler
     ]
@@ -394,7 +394,7 @@ def next_token_table(loaded: LoadedModel, logits: Tensor, count: int = NEXT_TOKE
     probabilities = torch.softmax(logits.double(), -1)
     values, indices = probabilities.topk(count)
     return [
-        TokenProbability(token=_decode(loaded, [int(i)]), token_id=int(i), probability=rounded(v))
+        TokenProbability(token=_decode(loaded, [int(i)]), token_id=int(i), probability=v)
         for v, i in zip(values.tolist(), indices.tolist(), strict=True)
     ]
 
@@ -434,7 +434,7 @@ def _top_tokens(
     filler = set(numbers.filler) if numbers.exclude_filler else set()
     content = [p for p in readable if p not in filler] or readable
     top = top_positions(token_weights, content, top_k)
-    return [KeyWeight(position=p, token=_token_text(loaded, traced, p), weight=rounded(w)) for p, w in top]
+    return [KeyWeight(position=p, token=_token_text(loaded, traced, p), weight=w) for p, w in top]
 
 
 def _token_shares(
@@ -448,8 +448,8 @@ def _token_shares(
         TokenShare(
             position=p,
             token=_token_text(loaded, traced, p),
-            share=rounded(w),
-            value_share=rounded(float(values[p])) if values is not None and p < values.shape[0] else None,
+            share=w,
+            value_share=float(values[p]) if values is not None and p < values.shape[0] else None,
             filler=p in filler,
         )
         for p, w in top_positions(weights, readable, TOKEN_SHARES_SHOWN)
@@ -462,21 +462,21 @@ def _checks_of(evidence: Evidence, index: int, deciding: int | None) -> dict[str
     causal = evidence.causal.get(index)
     if causal is not None:
         fields["causal"] = CausalEffect(
-            removed=rounded(causal.on_token(deciding)),
+            removed=causal.on_token(deciding),
             direction=direction(causal.on_token(deciding)),
-            per_token_removed=[rounded(d) for d in causal.per_token_removed],
-            first_token_removed=rounded(causal.first_removed),
-            first_token_neutral=rounded(causal.first_neutral),
-            answer_removed=rounded(causal.answer_removed),
-            answer_neutral=rounded(causal.answer_neutral),
+            per_token_removed=list(causal.per_token_removed),
+            first_token_removed=causal.first_removed,
+            first_token_neutral=causal.first_neutral,
+            answer_removed=causal.answer_removed,
+            answer_neutral=causal.answer_neutral,
             top_token_changed_removed=causal.top_changed_removed,
             top_token_changed_neutral=causal.top_changed_neutral,
         )
     gradient = evidence.gradient
     if gradient is not None and index in gradient.integrated:
         fields["gradient"] = GradientAttribution(
-            integrated_gradients=rounded(gradient.integrated[index]),
-            gradient_x_input=rounded(gradient.times_input[index]),
+            integrated_gradients=gradient.integrated[index],
+            gradient_x_input=gradient.times_input[index],
         )
     return fields
 
@@ -505,22 +505,22 @@ def _segment_row(
         name=segment.name,
         kind=segment.kind,
         tier=numbers.tiers[index] if numbers.tiers else "other",
-        named_share=rounded(views["named"][index]) if ranked and "named" in views else None,
+        named_share=views["named"][index] if ranked and "named" in views else None,
         message=segment.message,
         token_count=len(positions),
         positions=positions,
         text=_short(text),
-        share=rounded(share),
-        share_without_sink=None if index == sink else rounded(views["free"][index]),
-        share_per_token=rounded(share / len(positions)) if positions else 0.0,
-        last_layer_share=rounded(views["last"][index]),
-        rollout_share=None if no_rollout else rounded(views["rollout"][index]),
-        rollout_share_without_sink=None if no_rollout or index == sink else rounded(views["rollout_free"][index]),
+        share=share,
+        share_without_sink=None if index == sink else views["free"][index],
+        share_per_token=share / len(positions) if positions else 0.0,
+        last_layer_share=views["last"][index],
+        rollout_share=None if no_rollout else views["rollout"][index],
+        rollout_share_without_sink=None if no_rollout or index == sink else views["rollout_free"][index],
         top_tokens=_top_tokens(loaded, traced, numbers, positions, top_k),
-        uniform_share=rounded(views["uniform"][index]),
-        content_share=None if index == sink else rounded(views["content"][index]),
-        filler_share=rounded(views["filler"][index]),
-        value_share=rounded(value[index]) if value is not None else None,
+        uniform_share=views["uniform"][index],
+        content_share=None if index == sink else views["content"][index],
+        filler_share=views["filler"][index],
+        value_share=value[index] if value is not None else None,
         token_shares=_token_shares(loaded, traced, numbers, positions),
         **_checks_of(evidence, index, deciding),
     )
@@ -540,9 +540,9 @@ def _generated_rows(loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNum
                 token=_decode(loaded, [token_id]),
                 token_id=token_id,
                 read_most=names[step_lead.best],
-                read_most_share=rounded(float(step_shares[step_lead.best])),
-                shares={n: rounded(v) for n, v in zip(names, step_shares.tolist(), strict=True)},
-                top_key=KeyWeight(position=key, token=_token_text(loaded, traced, key), weight=rounded(key_weight)),
+                read_most_share=float(step_shares[step_lead.best]),
+                shares=dict(zip(names, step_shares.tolist(), strict=True)),
+                top_key=KeyWeight(position=key, token=_token_text(loaded, traced, key), weight=key_weight),
             )
         )
     return rows
