@@ -262,15 +262,6 @@ def find_attention_modules(model: nn.Module, stack: str | None = None) -> list[n
     return stacks[name]
 
 
-def stack_index(model: nn.Module) -> dict[int, tuple[str, int]]:
-    """``id(module) -> (stack, layer)`` for every attention module of the model."""
-    return {
-        id(module): (stack, layer)
-        for stack, modules in attention_stacks(model).items()
-        for layer, module in enumerate(modules)
-    }
-
-
 def _first(config: object, *names: str) -> object | None:
     for name in names:
         value = getattr(config, name, None)

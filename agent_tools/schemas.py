@@ -257,10 +257,6 @@ def register_notebook_renderer(fmt: NotebookFormat, render: Callable[[Report], s
     NOTEBOOK_RENDERERS[fmt] = render
 
 
-def jsonable(report: BaseModel) -> dict[str, Any]:
-    return report.model_dump(mode="json")
-
-
 MODEL_FIELD_DESCRIPTION = (
     "model to inspect: a bundled alias (smollm2-135m-instruct, minilm-l6), a local folder or .gguf file, "
     "or a hub id; omitted = the session's default"

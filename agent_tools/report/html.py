@@ -215,10 +215,3 @@ def render_html(report: HtmlReport) -> str:
     template = files("agent_tools.report").joinpath("template.html").read_text(encoding="utf-8")
     title = report.model.replace("<", "&lt;").replace(">", "&gt;")
     return template.replace("__TITLE__", title).replace("__DATA__", payload)
-
-
-def write_html(report: HtmlReport, path: str | Path) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(report), encoding="utf-8")
-    return out

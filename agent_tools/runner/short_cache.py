@@ -179,9 +179,3 @@ def unit_losses(
         top=torch.cat(top_out),
         passes=passes,
     )
-
-
-def plain_losses(loaded: LoadedModel, input_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """(T−1,) next-token losses and top tokens of the unrestricted model (the baseline a benchmark times)."""
-    losses, top = restricted_pass(loaded, input_ids, {}, rows=1, sink=0, window=1)
-    return losses[0], top[0]
