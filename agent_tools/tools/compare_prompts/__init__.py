@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from agent_tools.prompt_segments import MAX_NAMED_SEGMENTS
-from agent_tools.prompt_trace import SEGMENT_RANK_LABEL, segment_rank
+from agent_tools.prompt_trace.models import SEGMENT_RANK_LABEL, segment_rank
 from agent_tools.tools.compare_prompts.models import (
     DESCRIPTION,
     ComparePromptsInput,

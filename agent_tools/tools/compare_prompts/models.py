@@ -6,7 +6,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from agent_tools.inspector import MAX_NEW_TOKENS
 from agent_tools.prompt_segments import SegmentSpec
-from agent_tools.prompt_trace import (
+from agent_tools.prompt_trace.models import (
     ANSWER_DESCRIPTION,
     ANSWER_STOP_DESCRIPTION,
     CHECKS_DESCRIPTION,

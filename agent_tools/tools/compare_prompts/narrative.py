@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_tools.prompt_trace import PromptTrace, TokenProbability
+from agent_tools.prompt_trace.models import PromptTrace, TokenProbability
 from agent_tools.schemas import Finding, rounded
 from agent_tools.tools.compare_prompts.models import SegmentComparison
 

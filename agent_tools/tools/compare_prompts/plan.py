@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from agent_tools.analysis.metrics import kl_divergence
 from agent_tools.analysis.segments import share_changes
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import SegmentSpec, segment_prompt
-from agent_tools.prompt_trace import (
-    EvidenceRequest,
-    NextCall,
-    PromptTrace,
-    TokenProbability,
-    TraceRun,
-    check_traceable,
-    prepare_evidence,
-    trace,
-)
+from agent_tools.prompt_trace.evidence import EvidenceRequest
+from agent_tools.prompt_trace.evidence import prepare as prepare_evidence
+from agent_tools.prompt_trace.measure import check_traceable
+from agent_tools.prompt_trace.models import NextCall, PromptTrace, TokenProbability
+from agent_tools.prompt_trace.report import TraceRun, trace
 from agent_tools.schemas import ChatMessage
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.compare_prompts.models import ComparePromptsInput, PromptComparison, SegmentComparison
 from agent_tools.tools.compare_prompts.narrative import Comparison, narrate
 
-COMPARED_COLUMNS = ("share_without_sink", "last_layer_share", "rollout_share_without_sink", "value_share")
+COMPARED = {  # SegmentComparison's column -> the trace's field, one column per variant (_a, _b)
+    "share_without_sink": "share_without_sink",
+    "last_layer": "last_layer_share",
+    "rollout_without_sink": "rollout_share_without_sink",
+    "token_count": "token_count",
+    "removed": "removed",
+    "value_share": "value_share",
+}
 
 
 def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptComparison:
@@ -159,39 +163,24 @@ def compare(run_a: TraceRun, run_b: TraceRun, *, generated: bool) -> Comparison:
     )
 
 
-def _by_name(report: PromptTrace, field: str) -> dict[str, float | None]:
+def _by_name(report: PromptTrace, field: str) -> dict[str, Any]:
+    if field == "removed":
+        return {s.name: s.causal.removed for s in report.segments if s.causal}
     return {s.name: getattr(s, field) for s in report.segments}
 
 
 def segment_rows(a: PromptTrace, b: PromptTrace) -> list[SegmentComparison]:
     """Every segment of either trace, matched by name, largest |share change| first."""
     kinds = {s.name: s.kind for s in [*b.segments, *a.segments]}
-    counts_a = {s.name: s.token_count for s in a.segments}
-    counts_b = {s.name: s.token_count for s in b.segments}
-    columns = {f: (_by_name(a, f), _by_name(b, f)) for f in COMPARED_COLUMNS}
-    effects = (
-        {s.name: s.causal.removed for s in a.segments if s.causal},
-        {s.name: s.causal.removed for s in b.segments if s.causal},
-    )
+    columns = {
+        f"{column}_{side}": _by_name(trace_report, field)
+        for column, field in COMPARED.items()
+        for side, trace_report in (("a", a), ("b", b))
+    }
     return [
-        SegmentComparison(
-            name=name,
-            kind=kinds[name],
-            share_a=share_a,
-            share_b=share_b,
-            change=change,
-            share_without_sink_a=columns["share_without_sink"][0].get(name),
-            share_without_sink_b=columns["share_without_sink"][1].get(name),
-            last_layer_a=columns["last_layer_share"][0].get(name),
-            last_layer_b=columns["last_layer_share"][1].get(name),
-            rollout_without_sink_a=columns["rollout_share_without_sink"][0].get(name),
-            rollout_without_sink_b=columns["rollout_share_without_sink"][1].get(name),
-            token_count_a=counts_a.get(name, 0),
-            token_count_b=counts_b.get(name, 0),
-            removed_a=effects[0].get(name),
-            removed_b=effects[1].get(name),
-            value_share_a=columns["value_share"][0].get(name),
-            value_share_b=columns["value_share"][1].get(name),
+        SegmentComparison.model_validate(
+            {"name": name, "kind": kinds[name], "share_a": share_a, "share_b": share_b, "change": change}
+            | {column: values.get(name, 0 if "count" in column else None) for column, values in columns.items()}
         )
         for name, share_a, share_b, change in share_changes(_by_name(a, "share"), _by_name(b, "share"))
     ]

@@ -6,7 +6,9 @@ Not a :class:`~agent_tools.inspector.PassPlan`: target 'generate' runs greedy ge
 from __future__ import annotations
 
 from agent_tools.inspector import Inspector
-from agent_tools.prompt_trace import EvidenceRequest, PromptTrace, trace
+from agent_tools.prompt_trace.evidence import EvidenceRequest
+from agent_tools.prompt_trace.models import PromptTrace
+from agent_tools.prompt_trace.report import trace
 from agent_tools.tools.trace_prompt_attention.models import TracePromptInput
 
 
