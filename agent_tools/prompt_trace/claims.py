@@ -257,26 +257,16 @@ def evidence_findings(
 
 def view_leads(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict) -> list[ViewLead]:
     """Every view, what it measures, and the segment it puts first."""
-    views = numbers.views
+    leads = [("share", "named", numbers.lead), ("last_layer", "last", numbers.last_lead)]
+    leads.append(("rollout", "rollout_free", numbers.rollout_lead))
     rows = [
         ViewLead(
-            view="share",
-            measures=VIEW_MEANINGS["share"],
-            leader=_name(traced, numbers.lead.best),
-            value=views["named"][numbers.lead.best],
-        ),
-        ViewLead(
-            view="last_layer",
-            measures=VIEW_MEANINGS["last_layer"],
-            leader=_name(traced, numbers.last_lead.best),
-            value=views["last"][numbers.last_lead.best],
-        ),
-        ViewLead(
-            view="rollout",
-            measures=VIEW_MEANINGS["rollout"],
-            leader=_name(traced, numbers.rollout_lead.best),
-            value=views["rollout_free"][numbers.rollout_lead.best],
-        ),
+            view=view,
+            measures=VIEW_MEANINGS[view],
+            leader=_name(traced, lead.best),
+            value=numbers.views[key][lead.best],
+        )
+        for view, key, lead in leads
     ]
     rows += _measure_lead(traced, verdict, "value")
     if verdict.moves_most is not None:
