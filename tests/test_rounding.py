@@ -6,7 +6,8 @@ import math
 
 from pydantic import BaseModel
 
-from agent_tools.schemas import Rounded, Rounded2, Rounded6
+from agent_tools.prompt_trace.models import GradientRun, PromptTrace
+from agent_tools.schemas import Finding, Rounded, Rounded2, Rounded6
 
 
 class _Row(BaseModel):
@@ -29,3 +30,30 @@ def test_fields_round_when_the_row_is_built() -> None:
 def test_non_finite_values_are_kept_and_none_stays_none() -> None:
     row = _Row(share=math.nan, angle=math.inf, scale=-math.inf)
     assert math.isnan(row.share) and row.angle == math.inf and row.scale == -math.inf and row.maybe is None
+
+
+def test_the_prompt_trace_rounds_its_rows_and_findings_when_built() -> None:
+    """The trace's report takes full-precision numbers; its fields and its findings' values round once, here."""
+    trace = PromptTrace(
+        model="m",
+        summary="s",
+        findings=[Finding(kind="read_most", value=2 / 3, detail="d"), Finding(kind="note", detail="no value")],
+        target="last",
+        prompt_format="text",
+        rendered_prompt="a b",
+        num_tokens=2,
+        answer_position=1,
+        segments=[],
+        sink_positions=[0],
+        sink_threshold=0.123456,
+        read_most="text",
+        runner_up=None,
+        margin=1 / 3,
+        gradient_run=GradientRun(
+            steps=4, baseline="b", value=-1.23456789, baseline_value=-2.0, delta=0.00012345678, relative_delta=0.000049
+        ),
+    )
+    assert [f.value for f in trace.findings] == [0.6667, None]
+    assert trace.margin == 0.3333 and trace.sink_threshold == 0.123456  # an argument echoed, not a measure
+    run = trace.gradient_run
+    assert run is not None and (run.value, run.delta, run.relative_delta) == (-1.2346, 0.000123, 0.0)
