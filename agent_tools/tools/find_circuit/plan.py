@@ -28,6 +28,7 @@ from agent_tools.loading import LoadedModel
 from agent_tools.runner.edge_attribution import EMBEDDINGS, EdgePasses, Receiver
 from agent_tools.runner.edge_patching import EdgePatchingUnsupported
 from agent_tools.runner.patching import HeadPatch
+from agent_tools.runner.readout import last_position
 from agent_tools.schemas import NextCall
 from agent_tools.tools.find_circuit.models import (
     CircuitEdge,
@@ -126,8 +127,10 @@ def _faithfulness(
     rows = [p for p in patches if p is not None]
     values: list[float] = []
     if rows:
-        outputs = inspector.patched_outputs(loaded, clean, rows, sources=passes.corrupted_heads, prefix=first)
-        differences = (outputs[:, -1, answer] - outputs[:, -1, wrong]).double()
+        chosen = inspector.patched_outputs(
+            loaded, clean, rows, readout=last_position((answer, wrong)), sources=passes.corrupted_heads, prefix=first
+        )[0].cpu()  # (R, 2): each row's answer and wrong logits at the last position
+        differences = (chosen[:, 0] - chosen[:, 1]).double()
         values = restored_fraction(differences, ld_clean, ld_corrupted).tolist()
     found = iter(values)
     return [1.0 if p is None else next(found) for p in patches]
