@@ -557,12 +557,16 @@ class Inspector(Session):
         passes: edge_patching.EdgePasses,
         sets: Sequence[Sequence[tuple[int, int]]],
         nodes: Sequence[set[int]],
-    ) -> torch.Tensor:
-        """(R, V) last-position logits of the clean prompt with only each set's edges clean (exact edge patching,
-        :mod:`agent_tools.runner.edge_patching`); rows batched within the memory budget."""
+        *,
+        readout: Readout,
+    ) -> tuple[torch.Tensor, ...]:
+        """What ``readout`` keeps of the clean prompt's last-position logits with only each set's edges clean (exact
+        edge patching, :mod:`agent_tools.runner.edge_patching`); rows batched within the memory budget."""
         rows = min(patching.rows_per_batch(loaded, clean.length, self.memory_budget), patching.BATCH_ROWS)
         with guarded(loaded):
-            return edge_patching.edge_patched_logits(loaded, clean.input_ids, passes, sets, nodes, max_rows=rows)
+            return edge_patching.edge_patched_logits(
+                loaded, clean.input_ids, passes, sets, nodes, readout=readout, max_rows=rows
+            )
 
     def embedding_attribution(
         self, loaded: LoadedModel, ids: list[int], answer: list[int], variants: Sequence[Sequence[int]]

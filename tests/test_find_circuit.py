@@ -168,7 +168,8 @@ def test_exact_edge_patching_matches_the_runs_it_must_reproduce(tiny_models, ins
     among = [(s, r) for s, r in every if inside(s, r)]
     node_senders = {0} | {1 + layer * facts.num_heads + head for layer, head in kept}
     everything = set(range(len(passes.senders)))
-    logits = inspector.edge_patched_logits(loaded, clean, passes, [every, [], among], [everything, set(), node_senders])
+    sets, nodes = [every, [], among], [everything, set(), node_senders]
+    logits = inspector.edge_patched_logits(loaded, clean, passes, sets, nodes, readout=_whole)[0][:, -1]  # (3, V)
     assert torch.allclose(logits[0], passes.clean_logits, atol=1e-5)
     assert torch.allclose(logits[1], passes.corrupted_logits, atol=1e-5)
     # node-level reference (K/V receivers shared by a kept and a corrupted head read clean only for the kept head)

@@ -158,10 +158,12 @@ def _edge_faithfulness(
     answer, wrong, ld_clean, ld_corrupted = metric
     nodes = [_node_senders(loaded, passes, edges) for edges in sets]
     try:
-        logits = inspector.edge_patched_logits(loaded, clean, passes, sets, nodes)
+        chosen = inspector.edge_patched_logits(
+            loaded, clean, passes, sets, nodes, readout=last_position((answer, wrong))
+        )
     except EdgePatchingUnsupported as error:
         return None, str(error)
-    differences = (logits[:, answer] - logits[:, wrong]).double()
+    differences = (chosen[0][:, 0] - chosen[0][:, 1]).cpu().double()  # (R,): one copy
     values = restored_fraction(differences, ld_clean, ld_corrupted).tolist()
     if abs(values[-1]) > EMPTY_TOLERANCE:
         why = (
