@@ -26,6 +26,7 @@ from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel
 from agent_tools.runner import attribution as evidence
 from agent_tools.runner import attribution_patching, edge_attribution, edge_patching, patching, replay
+from agent_tools.runner.readout import Readout
 from agent_tools.session import CallContext as CallContext
 from agent_tools.session import Session, call_checkpoint, guarded
 from agent_tools.session import call_scope as call_scope
@@ -479,16 +480,21 @@ class Inspector(Session):
         encoded: Encoded,
         patches: Sequence[patching.HeadPatch],
         *,
+        readout: Readout,
         sources: dict[int, torch.Tensor] | None = None,
         keep_last: bool = True,
         prefix: int = 0,
-    ) -> torch.Tensor:
-        """(R, K, V) outputs of R patched variants of one input, batched (see :mod:`agent_tools.runner.patching`)."""
-        rows = min(patching.rows_per_batch(loaded, encoded.length, self.memory_budget), patching.BATCH_ROWS)
+    ) -> tuple[torch.Tensor, ...]:
+        """What ``readout`` keeps of R patched variants of one input, batched so each batch's activations and output
+        fit the budget (see :mod:`agent_tools.runner.patching`, :mod:`agent_tools.runner.readout`)."""
+        positions = 1 if keep_last else encoded.length
+        budget_rows = patching.rows_per_batch(loaded, encoded.length, self.memory_budget, output_positions=positions)
+        rows = min(budget_rows, patching.BATCH_ROWS)
         with guarded(loaded):
             return patching.patched_outputs(
-                loaded, encoded.input_ids, patches, sources=sources, keep_last=keep_last, max_rows=rows, prefix=prefix
-            )
+                loaded, encoded.input_ids, patches, readout=readout, sources=sources, keep_last=keep_last,
+                max_rows=rows, prefix=prefix,
+            )  # fmt: skip
 
     def attribution_passes(
         self,
@@ -551,12 +557,16 @@ class Inspector(Session):
         passes: edge_patching.EdgePasses,
         sets: Sequence[Sequence[tuple[int, int]]],
         nodes: Sequence[set[int]],
-    ) -> torch.Tensor:
-        """(R, V) last-position logits of the clean prompt with only each set's edges clean (exact edge patching,
-        :mod:`agent_tools.runner.edge_patching`); rows batched within the memory budget."""
+        *,
+        readout: Readout,
+    ) -> tuple[torch.Tensor, ...]:
+        """What ``readout`` keeps of the clean prompt's last-position logits with only each set's edges clean (exact
+        edge patching, :mod:`agent_tools.runner.edge_patching`); rows batched within the memory budget."""
         rows = min(patching.rows_per_batch(loaded, clean.length, self.memory_budget), patching.BATCH_ROWS)
         with guarded(loaded):
-            return edge_patching.edge_patched_logits(loaded, clean.input_ids, passes, sets, nodes, max_rows=rows)
+            return edge_patching.edge_patched_logits(
+                loaded, clean.input_ids, passes, sets, nodes, readout=readout, max_rows=rows
+            )
 
     def embedding_attribution(
         self, loaded: LoadedModel, ids: list[int], answer: list[int], variants: Sequence[Sequence[int]]

@@ -449,7 +449,8 @@ class MemoryEstimate:
     """What a load and one pass hold, from the config alone (bytes).
 
     ``weights``: the loaded parameters and buffers. ``load_copy``: the checkpoint's own tensors, mapped in its
-    saved precision while each is converted or copied into the model (0 for a quantized load).
+    saved precision while each is converted into the model's (0 for a quantized load, and for a load in the
+    precision the file was saved in: the model's tensors are then the mapped file's own pages, no second copy).
     ``working_set``: one forward over ``tokens`` tokens — hidden states and projections of one layer, the MLP's
     intermediate, one block of attention scores/weights, the KV cache, and the float32 next-token logits.
     The load copy is released before a pass runs, so the peak is ``weights + max(load_copy, working_set)``.
@@ -476,10 +477,14 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """:class:`MemoryEstimate` of loading ``config``'s model in ``dtype`` and running one pass over ``tokens``."""
     weights = estimate_load_bytes(config, dtype, causal=causal, quantization=quantization, folder=folder)
-    saved = checkpoint_dtype(config) or dtype
-    # the file's tensors, mapped in its saved precision while they are converted or copied into the model
-    # (measured: a bfloat16 checkpoint loaded in float32 peaks at weights + the file; in bfloat16 above that)
-    load_copy = 0 if quantization else weights * _itemsize(saved) // _itemsize(dtype)
+    saved = checkpoint_dtype(config)
+    # the file's tensors, mapped in its saved precision while they are converted into the model's: measured, a
+    # bfloat16 checkpoint loaded in float32 peaks at weights + the file; loaded in bfloat16 the model's tensors are
+    # the mapped pages themselves (resident memory +0.01 GiB after from_pretrained, the pages fault in during the
+    # first pass), so there is no copy (benchmarks/results-memory.md). A config that does not say how the file was
+    # saved is counted as a conversion.
+    in_place = saved == dtype and (folder is None or _safetensors_files(Path(folder)) is not None)  # pickles: copied
+    load_copy = 0 if quantization or in_place else weights * _itemsize(saved or dtype) // _itemsize(dtype)
     limit = _config_int(config, "max_position_embeddings", "n_positions", "max_seq_len") or CHECK_TOKENS
     length = tokens if tokens is not None else min(CHECK_TOKENS, limit)
     return MemoryEstimate(weights, load_copy, pass_bytes(config, dtype, length), length)

@@ -1,7 +1,8 @@
 """Real-model honesty checks that need timing or peak memory (issue 30), each in a fresh process.
 
   memory   the pre-load estimate (weights + checkpoint copy while converting, or + one pass's working set) against
-           the measured peak resident memory of loading a bfloat16 checkpoint and running one forward
+           the measured peak resident memory (VmHWM of the child process, not ru_maxrss: see peak_bytes) of loading
+           a bfloat16 checkpoint and running one forward; then the working set of a second forward alone
   subset   the cost of capturing one late layer (every layer before it runs the eager math) against the plain
            sdpa forward and capturing every layer
   dtype    float32 against bfloat16 forward time on this CPU (what ``auto`` should pick)
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -29,15 +29,29 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def rss_bytes() -> int:
+def _status_bytes(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     return 0
 
 
+def rss_bytes() -> int:
+    return _status_bytes("VmRSS")
+
+
+def reset_peak() -> None:
+    """Start VmHWM again from the current resident memory (Linux ≥ 4.0: ``5`` to /proc/self/clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def peak_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's own peak resident memory: VmHWM, the high-water mark of its address space.
+
+    Not ``ru_maxrss``: Linux carries the parent's high-water mark into a child across fork and exec
+    (``setmax_mm_hiwater_rss`` in exec_mmap), so a child started by a parent that had built a model reports the
+    parent's peak whenever its own is lower (this made bfloat16 read 1.25× its estimate here, 0.8× by hand)."""
+    return _status_bytes("VmHWM")
 
 
 def memory_child(folder: str, dtype_name: str, tokens: int) -> dict:
@@ -49,6 +63,7 @@ def memory_child(folder: str, dtype_name: str, tokens: int) -> dict:
     dtype = getattr(torch, dtype_name)
     config = AutoConfig.from_pretrained(folder)
     estimate = estimate_memory(config, dtype, causal=True, folder=folder, tokens=tokens)
+    reset_peak()
     baseline = rss_bytes()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     after_load = peak_bytes() - baseline
@@ -56,6 +71,10 @@ def memory_child(folder: str, dtype_name: str, tokens: int) -> dict:
     with torch.inference_mode():
         model(input_ids=ids).logits.float()
     measured = peak_bytes() - baseline
+    reset_peak()  # the second pass alone: its rise over the resident weights is the working set
+    before_pass = rss_bytes()
+    with torch.inference_mode():
+        model(input_ids=ids).logits.float()
     return {
         "dtype": dtype_name,
         "estimate_peak": estimate.peak,
@@ -64,6 +83,8 @@ def memory_child(folder: str, dtype_name: str, tokens: int) -> dict:
         "working_set": estimate.working_set,
         "measured_load_peak": after_load,
         "measured_peak": measured,
+        "measured_weights": before_pass - baseline,
+        "measured_working_set": peak_bytes() - before_pass,
     }
 
 
@@ -79,10 +100,10 @@ def run_memory(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         tf.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(scratch)  # a bfloat16 checkpoint
         print(
-            "| load dtype | estimate (peak) | measured peak | ratio | weights | load copy | working set "
-            "| measured load peak |"
+            "| load dtype | estimate (peak) | measured peak | measured / estimate | weights est. / meas. "
+            "| load peak est. / meas. | working set est. / meas. |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|")
         for dtype in ("float32", "bfloat16"):
             out = subprocess.run(
                 [sys.executable, __file__, "--child", "memory", scratch, dtype, str(args.tokens)],
@@ -91,10 +112,11 @@ def run_memory(args: argparse.Namespace) -> None:
             row = json.loads(out.stdout.strip().splitlines()[-1])
             gib = 2**30
             print(
-                f"| {dtype} | {row['estimate_peak'] / gib:.2f} GiB | {row['measured_peak'] / gib:.2f} GiB | "
-                f"{row['measured_peak'] / row['estimate_peak']:.2f} | {row['weights'] / gib:.2f} | "
-                f"{row['load_copy'] / gib:.2f} | {row['working_set'] / gib:.2f} | "
-                f"{row['measured_load_peak'] / gib:.2f} |"
+                f"| {dtype} | {row['estimate_peak'] / gib:.3f} GiB | {row['measured_peak'] / gib:.3f} GiB | "
+                f"{row['measured_peak'] / row['estimate_peak']:.2f} | "
+                f"{row['weights'] / gib:.3f} / {row['measured_weights'] / gib:.3f} | "
+                f"{(row['weights'] + row['load_copy']) / gib:.3f} / {row['measured_load_peak'] / gib:.3f} | "
+                f"{row['working_set'] / gib:.3f} / {row['measured_working_set'] / gib:.3f} |"
             )
 
 

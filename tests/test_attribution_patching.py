@@ -41,6 +41,11 @@ def test_head_estimates_are_the_difference_times_the_gradient_summed_over_dims()
     assert head_estimates(clean, corrupted, gradient).tolist() == [[2.0, -2.0]]
 
 
+def _whole(output: torch.Tensor) -> tuple[torch.Tensor]:
+    """A readout that keeps every row's whole output (tiny models only: the tests compare full logits)."""
+    return (output.float(),)
+
+
 def test_grad_drop_score_is_the_mean_absolute_dropped_estimate_over_l_minus_one() -> None:
     dropped = torch.tensor([[1.0, -2.0], [-3.0, 0.0], [2.0, 4.0]])  # (L=3, components=2)
     assert grad_drop_scores(dropped).tolist() == [3.0, 3.0]  # (1 + 3 + 2) / 2, (2 + 0 + 4) / 2
@@ -99,7 +104,7 @@ def test_the_estimate_is_the_derivative_exact_patching_measures(family: str, tin
             for layer in recorded
         }
         patches = [HeadPatch(layer, (head,)) for layer, head in heads]
-        outputs = inspector.patched_outputs(loaded, corrupted, patches, sources=sources)
+        outputs = inspector.patched_outputs(loaded, corrupted, patches, readout=_whole, sources=sources)[0]
         values[sign] = (outputs[:, -1, answer] - outputs[:, -1, wrong]).double()
     derivative = (values[1] - values[-1]) / (2 * epsilon)
     estimate = passes.heads.sum(1).reshape(-1)
@@ -235,7 +240,7 @@ def test_a_row_patching_heads_in_several_layers_equals_a_plain_forward(tiny_mode
     sources = recorded_run(loaded, clean.input_ids).heads
     sets = [((0, 1), (1, 2)), ((0, 0), (0, 3), (1, 0)), ((1, 1),)]
     patches = [HeadPatch(0, (1,), also=((1, 2),)), HeadPatch(0, (0, 3), also=((1, 0),)), HeadPatch(1, (1,))]
-    batched = inspector.patched_outputs(loaded, corrupted, patches, sources=sources, prefix=2)
+    batched = inspector.patched_outputs(loaded, corrupted, patches, readout=_whole, sources=sources, prefix=2)[0]
     facts, width = loaded.facts, loaded.facts.head_dim
     for row, chosen in enumerate(sets):
         handles = []
@@ -354,7 +359,8 @@ def test_saturated_softmax_hides_the_upstream_head_from_plain_attribution_and_at
     assert fixed.saturated == {1: [0]}
     assert (fixed.heads.sum(1) / gap).flatten().tolist() == pytest.approx([1.0, 0.0, 1.0, 0.0], abs=1e-3)
     sources = fixed.clean_heads
-    outputs = inspector.patched_outputs(loaded, corrupted, [HeadPatch(0, (0,)), HeadPatch(1, (0,))], sources=sources)
+    patches = [HeadPatch(0, (0,)), HeadPatch(1, (0,))]
+    outputs = inspector.patched_outputs(loaded, corrupted, patches, readout=_whole, sources=sources)[0]
     exact = ((outputs[:, -1, red] - outputs[:, -1, blue]).double() - ld[1]) / gap
     assert exact.tolist() == pytest.approx([1.0, 1.0], abs=1e-3)
 

@@ -320,3 +320,35 @@ def test_host_synchronisations_are_per_layer_not_per_chunk(monkeypatch: pytest.M
     layers = model.config.num_hidden_layers
     assert counts[4] <= counts[40] + layers, counts  # at most one more copy per layer, whatever the chunk count
     assert counts[4] <= 2 * layers, counts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_which_uncaptured_layers_run_sdpa(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pins capture.SDPA_AFTER_DTYPES: no layer before the last captured one runs sdpa (its rounding would reach
+    the captured map); the layers after it do in float32 (output within 2e-5 of the eager pass's) and not in
+    bfloat16, where the output stays the eager pass's bit for bit (sdpa there moved it 0.21 and changed top-1
+    tokens)."""
+    import agent_tools.capture as capture
+
+    model = _deep_llama(dtype)
+    ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(2))
+    reference = eager_reference(model, input_ids=ids)
+    ran_sdpa: list[int] = []
+    original = capture.sdpa_attention_forward
+
+    def counted(module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        ran_sdpa.append(module.layer_idx)
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(capture, "sdpa_attention_forward", counted)
+    keep = KeepAll()
+    with torch.inference_mode(), capture_attention(model, [keep], layers=[8], query_chunk=16):
+        logits = model(input_ids=ids).logits
+    if dtype == torch.float32:
+        assert ran_sdpa == list(range(9, 16))
+        assert (keep.weights(8) - reference.attentions[8]).abs().max().item() <= ATOL
+        assert (logits - reference.logits).abs().max().item() <= 2e-5
+    else:
+        assert ran_sdpa == []
+        assert torch.equal(keep.weights(8), reference.attentions[8])
+        assert torch.equal(logits, reference.logits)

@@ -55,6 +55,11 @@ def test_ranks_and_spearman_by_hand() -> None:
     assert rows[2][2] == pytest.approx(1.0) and rows[0][2] == pytest.approx(0.5)
 
 
+def _whole(output: torch.Tensor) -> tuple[torch.Tensor]:
+    """A readout that keeps every row's whole output (tiny models only: the tests compare full logits)."""
+    return (output.float(),)
+
+
 def test_logprobs_changes_and_restored_fraction_by_hand() -> None:
     logits = torch.zeros(2, 2, 4)
     logits[1, 0, 2] = math.log(3.0)  # row 1, first answer position: p(token 2) = 3 / 6
@@ -148,13 +153,15 @@ def test_batched_patches_equal_single_patched_forwards(family: str, tiny_models,
     corrupted = inspector.encode(loaded, "the cat sat on the dog because it")  # differs from position 6 on
     source = recorded_run(loaded, clean.input_ids).heads
     patches = [HeadPatch(1, (2,)), HeadPatch(0, (0, 3)), HeadPatch(1, (1,), (7,)), HeadPatch(0, (1,), (6, 8))]
-    batched = inspector.patched_outputs(loaded, corrupted, patches, sources=source, prefix=6)
+    batched = inspector.patched_outputs(loaded, corrupted, patches, readout=_whole, sources=source, prefix=6)[0]
     for row, patch in enumerate(patches):
-        single = patched_outputs(loaded, corrupted.input_ids, [patch], sources=source)  # one row, no prefix
+        single = patched_outputs(loaded, corrupted.input_ids, [patch], readout=_whole, sources=source)[
+            0
+        ]  # one row, no prefix
         assert torch.allclose(batched[row], single[0], atol=1e-4)
     # zero ablation through the same rows equals ablate's heads_ablated
     ablated = inspector.ablate(loaded, corrupted.input_ids, None, [(1, 2)])
-    zeroed = inspector.patched_outputs(loaded, corrupted, [HeadPatch(1, (2,))], keep_last=False)
+    zeroed = inspector.patched_outputs(loaded, corrupted, [HeadPatch(1, (2,))], readout=_whole, keep_last=False)[0]
     assert torch.allclose(zeroed[0], ablated.ablated[0], atol=1e-4)
 
 

@@ -15,6 +15,11 @@ from agent_tools.tools import get_tool
 CLEAN, CORRUPTED = "cat dog sun moon cat", "sun dog cat moon cat"
 
 
+def _whole(output: torch.Tensor) -> tuple[torch.Tensor]:
+    """A readout that keeps every row's whole output (tiny models only: the tests compare full logits)."""
+    return (output.float(),)
+
+
 def test_pure_pieces() -> None:
     assert interpolation_points(5).tolist() == pytest.approx([0.1, 0.3, 0.5, 0.7, 0.9])
     deltas = torch.tensor([[[1.0, 2.0]], [[0.0, -1.0]]])  # (S=2, T=1, C=2)
@@ -163,7 +168,8 @@ def test_exact_edge_patching_matches_the_runs_it_must_reproduce(tiny_models, ins
     among = [(s, r) for s, r in every if inside(s, r)]
     node_senders = {0} | {1 + layer * facts.num_heads + head for layer, head in kept}
     everything = set(range(len(passes.senders)))
-    logits = inspector.edge_patched_logits(loaded, clean, passes, [every, [], among], [everything, set(), node_senders])
+    sets, nodes = [every, [], among], [everything, set(), node_senders]
+    logits = inspector.edge_patched_logits(loaded, clean, passes, sets, nodes, readout=_whole)[0][:, -1]  # (3, V)
     assert torch.allclose(logits[0], passes.clean_logits, atol=1e-5)
     assert torch.allclose(logits[1], passes.corrupted_logits, atol=1e-5)
     # node-level reference (K/V receivers shared by a kept and a corrupted head read clean only for the kept head)
@@ -175,7 +181,9 @@ def test_exact_edge_patching_matches_the_runs_it_must_reproduce(tiny_models, ins
             tuple(h for layer, h in rest if layer == rest[0][0]),
             also=tuple(x for x in rest if x[0] != rest[0][0]),
         )
-        node = inspector.patched_outputs(loaded, clean, [patch], sources=passes.corrupted_heads)[0, -1]
+        node = inspector.patched_outputs(loaded, clean, [patch], readout=_whole, sources=passes.corrupted_heads)[0][
+            0, -1
+        ]
         assert torch.allclose(logits[2], node, atol=1e-5)
     assert not torch.allclose(logits[2], passes.clean_logits, atol=1e-3)
 

@@ -8,11 +8,13 @@ import pytest
 import torch
 from crafted import INDUCTION_HEAD, PREVIOUS_HEAD, circuit_tokenizer, induction_circuit
 
+from agent_tools.analysis.metrics import next_token_losses
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.layout import output_projection
 from agent_tools.loading import LoadedModel, register_model
-from agent_tools.runner.patching import recorded_run
+from agent_tools.runner.patching import HeadPatch, patched_outputs, recorded_run
+from agent_tools.runner.readout import PositionLosses, last_position
 from agent_tools.tools import get_tool
 from agent_tools.tools.patch_heads import PatchReport
 
@@ -190,3 +192,45 @@ def test_attribution_recalls_exact_patching_top_heads_on_the_default_model(smol,
 def test_an_encoder_is_refused(tiny_models, inspector: Inspector) -> None:
     with pytest.raises(InvalidInputError, match=r"has no next-token head; patch_heads needs a language model"):
         get_tool("patch_heads")(inspector, {"model": "tiny-bert", "clean": "the cat", "corrupted": "the dog"})
+
+
+def test_patched_rows_keep_only_what_the_metric_reads(tiny_models, inspector: Inspector) -> None:
+    """A patched row keeps two logits, the log-sum-exp and the top token at the last position (or per-position
+    losses), equal to what the whole (R, K, V) output gave to 1e-6; the output head sees one position of at most
+    a batch's rows, and no tensor kept has a vocabulary axis."""
+    loaded = tiny_models["llama"]
+    facts = loaded.facts
+    clean = inspector.encode(loaded, "the cat sat on the mat because it")
+    corrupted = inspector.encode(loaded, "the cat sat on the dog because it")
+    sources = recorded_run(loaded, clean.input_ids).heads
+    patches = [HeadPatch(layer, (head,)) for layer in range(facts.num_layers) for head in range(facts.num_heads)]
+    rows, vocabulary = len(patches), loaded.model.get_output_embeddings().weight.shape[0]
+
+    def whole(output: torch.Tensor) -> tuple[torch.Tensor]:  # what every row kept before: (K, V) float32
+        return (output.float(),)
+
+    before = patched_outputs(loaded, corrupted.input_ids, patches, readout=whole, sources=sources)[0]
+    assert before.shape == (rows, 1, vocabulary)
+    shapes: list[tuple[int, ...]] = []
+    head = loaded.model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
+    try:
+        kept = patched_outputs(
+            loaded, corrupted.input_ids, patches, readout=last_position((5, 9)), sources=sources, max_rows=3
+        )
+    finally:
+        handle.remove()
+    chosen, normaliser, top_logit, top = kept
+    assert [tuple(t.shape) for t in kept] == [(rows, 2), (rows,), (rows,), (rows,)]
+    assert len(shapes) == -(-rows // 3) and all(s[0] <= 4 and s[1] == 1 for s in shapes)  # ≤ 3 rows + row 0
+    last = before[:, -1]  # (R, V)
+    torch.testing.assert_close(chosen, last[:, [5, 9]], atol=1e-6, rtol=0)
+    torch.testing.assert_close(normaliser, torch.logsumexp(last.double(), -1).float(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(top_logit, last.amax(-1), atol=1e-6, rtol=0)  # batches of 3 rows vs 64: 3e-8
+    assert top.tolist() == last.argmax(-1).tolist()
+    # every position's next-token loss (profile_heads' mean-ablation evidence): (R, T−1), not (R, T, V)
+    ids = corrupted.input_ids
+    full = patched_outputs(loaded, ids, patches, readout=whole, sources=sources, keep_last=False)[0]
+    (losses,) = patched_outputs(loaded, ids, patches, readout=PositionLosses(ids), sources=sources, keep_last=False)
+    assert losses.shape == (rows, ids.shape[-1] - 1)
+    torch.testing.assert_close(losses.double(), next_token_losses(full, ids.expand(rows, -1)), atol=1e-6, rtol=0)

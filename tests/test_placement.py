@@ -368,18 +368,23 @@ def test_pass_bytes_hand_computed() -> None:
     assert pl.pass_bytes(config, torch.float32, 5) == 3400
 
 
-def test_estimate_counts_the_upcast_copy_and_the_pass() -> None:
-    """A bfloat16 checkpoint loaded in float32 holds the file's tensors while converting (half the float32 weights),
-    and in its own dtype while copying. The peak is the weights plus the larger of that copy and one pass."""
+def test_estimate_counts_the_upcast_copy_and_the_pass(tmp_path: Path) -> None:
+    """A bfloat16 checkpoint loaded in float32 holds the file's tensors while converting (half the float32 weights);
+    in its own dtype the model's tensors are the mapped file's pages (no copy), unless the file is a pickle or the
+    config does not say how it was saved. The peak is the weights plus the larger of the copy and one pass."""
     config = tf.LlamaConfig(**LLAMA_32_1B)
     upcast = pl.estimate_memory(config, torch.float32)
     own = pl.estimate_memory(config, torch.bfloat16)
     buffers = 1024  # the rotary inverse frequencies stay float32 in both
     assert abs(upcast.weights - 2 * own.weights) <= buffers and abs(upcast.load_copy - own.weights) <= buffers
-    assert own.load_copy == own.weights  # in its own dtype the file is still mapped while it is copied
+    assert own.load_copy == 0 and own.peak == own.weights + own.working_set
     assert upcast.tokens == pl.CHECK_TOKENS and upcast.working_set == pl.pass_bytes(config, torch.float32, 2048)
     assert upcast.peak == upcast.weights + max(upcast.load_copy, upcast.working_set)
-    assert own.peak == own.weights + max(own.load_copy, own.working_set)
+    unsaid = tf.LlamaConfig(**{k: v for k, v in LLAMA_32_1B.items() if k != "dtype"})
+    unsaid.dtype = None
+    assert pl.estimate_memory(unsaid, torch.bfloat16).load_copy == own.weights  # counted as a conversion
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")  # a pickle is read into memory, then copied
+    assert pl.estimate_memory(config, torch.bfloat16, folder=tmp_path).load_copy == own.weights
 
 
 def test_check_fits_counts_the_peak_not_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -102,7 +102,12 @@ def top_token_change(before: Tensor, after: Tensor, *, margin: float = TIE_MARGI
     one by at least ``margin`` in probability after the intervention) or ``tie`` (it leads by less)."""
     old, new = int(before.argmax()), int(after.argmax())
     probabilities = torch.softmax(after.double(), dim=-1)
-    p_old, p_new = float(probabilities[old]), float(probabilities[new])
+    return top_token_read(old, new, float(probabilities[old]), float(probabilities[new]), margin=margin)
+
+
+def top_token_read(old: int, new: int, p_old: float, p_new: float, *, margin: float = TIE_MARGIN) -> TopTokenChange:
+    """:func:`top_token_change` from what a row kept (:mod:`agent_tools.runner.readout`): the top token before
+    (``old``) and after (``new``) and, after the intervention, the probabilities of both."""
     if old == new:
         kind: TokenChange = "unchanged"
     else:

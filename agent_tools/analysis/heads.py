@@ -547,6 +547,12 @@ def copy_losses_per_row(logits: Tensor, input_ids: Tensor, *, start: int, repeat
     """(B, T, V) logits, (1 or B, T) ids -> (B,) first- and (B,) second-copy mean losses (:func:`copy_losses`)."""
     ids = input_ids.to(logits.device).expand(logits.shape[0], -1)  # (B, T)
     losses = next_token_losses(logits, ids)  # (B, T-1): entry t-1 is the loss of token t
+    return copy_losses_from(losses, start=start, repeat_length=repeat_length)
+
+
+def copy_losses_from(losses: Tensor, *, start: int, repeat_length: int) -> tuple[Tensor, Tensor]:
+    """(B, T−1) next-token losses (entry t−1: the loss of token t) -> (B,) first- and (B,) second-copy means
+    (:func:`copy_losses`' targets)."""
     n = repeat_length
 
     def mean_loss(first_target: int) -> Tensor:

@@ -236,12 +236,13 @@ def js_divergence(p: Tensor, q: Tensor) -> Tensor:
     return (0.5 * _kl_sum(p64, m) + 0.5 * _kl_sum(q64, m)).clamp(0.0, math.log(2))
 
 
-def next_token_losses(logits: Tensor, input_ids: Tensor) -> Tensor:
+def next_token_losses(logits: Tensor, input_ids: Tensor, *, dtype: torch.dtype = torch.float64) -> Tensor:
     """(B, T, V) logits, (B, T) ids -> (B, T−1): ``−ln softmax(logits[t−1])[x_t]``, each next token's loss in nats.
 
-    Entry ``t − 1`` is the cross-entropy of token ``t`` given the logits at the position before it (float64).
+    Entry ``t − 1`` is the cross-entropy of token ``t`` given the logits at the position before it (in ``dtype``:
+    float64 by default; float32 where the logits stay on an accelerator).
     """
-    log_probs = torch.log_softmax(logits[:, :-1].double(), dim=-1)  # (B, T-1, V)
+    log_probs = torch.log_softmax(logits[:, :-1].to(dtype), dim=-1)  # (B, T-1, V)
     return -log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 

@@ -31,6 +31,7 @@ from agent_tools.layout import output_projection, output_weight, qkv_reads, slic
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.edge_attribution import EMBEDDINGS, EdgePasses
 from agent_tools.runner.forward import on_device
+from agent_tools.runner.readout import Readout, stacked
 
 Edge = tuple[int, int]  # (sender index, receiver index) in an EdgePasses' lists
 
@@ -311,13 +312,15 @@ def edge_patched_logits(
     sets: Sequence[Sequence[Edge]],
     nodes: Sequence[set[int]],
     *,
+    readout: Readout,
     max_rows: int,
-) -> Tensor:
-    """(1, T) clean ids and R edge sets -> (R, V) float32 last-position logits, each row with only its edges
-    clean (batches of at most ``max_rows`` rows). Raises :class:`EdgePatchingUnsupported` before any patched run
-    when a block's normalisations cannot be found."""
+) -> tuple[Tensor, ...]:
+    """(1, T) clean ids and R edge sets -> what ``readout`` keeps of each row's (1, V) last-position logits
+    (:mod:`agent_tools.runner.readout`), each row with only its edges clean (batches of at most ``max_rows`` rows).
+    Raises :class:`EdgePatchingUnsupported` before any patched run when a block's normalisations cannot be
+    found."""
     ids = on_device(loaded, clean_ids)
-    results = []
+    results: list[tuple[Tensor, ...]] = []
     with loaded.lock:
         norms = reading_norms(loaded, ids)
         with torch.inference_mode():
@@ -325,5 +328,5 @@ def edge_patched_logits(
                 chunk, chunk_nodes = sets[start : start + max_rows], nodes[start : start + max_rows]
                 with edges_patched(loaded, passes, norms, chunk, chunk_nodes):
                     out = loaded.model(input_ids=ids.expand(len(chunk), -1), use_cache=False, logits_to_keep=1)
-                results.append(out.logits[:, -1].float().cpu())
-    return torch.cat(results)
+                results.append(readout(out.logits))  # only what the metric reads outlives the batch
+    return stacked(results)

@@ -29,6 +29,7 @@ from agent_tools.intervene import (
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import encoder_of, model_output, on_device
 from agent_tools.runner.generation import _cache_argument, _returned_cache
+from agent_tools.runner.readout import Readout, stacked
 
 BATCH_ROWS = 64  # patched rows per forward at most (see the module docstring for why)
 ROW_ACTIVATION_FLOATS = 24  # floats held per row, position and model width while a patched batch runs (estimate)
@@ -58,9 +59,10 @@ class HeadPatch:
 
 @dataclass(frozen=True)
 class RecordedRun:
-    """One clean forward: its output at the kept positions and every head's output before W_O."""
+    """One clean forward: its output at the kept positions (or what a readout keeps of it) and every head's output
+    before W_O."""
 
-    output: Tensor  # (K, V) logits (or (K, C) hidden states) at the kept positions
+    output: Tensor  # (K, V) logits (or (K, C) hidden states) at the kept positions; with a readout its first tensor
     heads: dict[int, Tensor]  # layer -> (T, H, D)
 
 
@@ -76,15 +78,19 @@ def _forward(loaded: LoadedModel, ids: Tensor, extra: dict[str, object]) -> obje
     return loaded.model(input_ids=ids, **extra)
 
 
-def recorded_run(loaded: LoadedModel, input_ids: Tensor, *, keep_last: bool = True) -> RecordedRun:
-    """A forward of (1, T) ids recording every layer's head outputs; the output at the last position (or all)."""
+def recorded_run(
+    loaded: LoadedModel, input_ids: Tensor, *, keep_last: bool = True, readout: Readout | None = None
+) -> RecordedRun:
+    """A forward of (1, T) ids recording every layer's head outputs; the output at the last position (or all), or
+    with ``readout`` (:mod:`agent_tools.runner.readout`) only the first tensor it keeps (e.g. (T−1,) losses)."""
     facts = loaded.facts
     ids = on_device(loaded, input_ids)
     layers = list(range(facts.num_layers))
     with loaded.lock, torch.inference_mode():
         with recorded_head_inputs(loaded.model, layers, num_heads=facts.num_heads, head_dim=facts.head_dim) as heads:
             output, _ = model_output(_forward(loaded, ids, {"use_cache": False, **_keep(loaded, keep_last)}))
-        return RecordedRun(output=output[0].float().clone(), heads=dict(heads))
+        kept = readout(output)[0][0] if readout is not None else output[0].float().clone()
+        return RecordedRun(output=kept, heads=dict(heads))
 
 
 def set_masks(
@@ -143,9 +149,13 @@ def _output_head(loaded: LoadedModel) -> torch.nn.Module | None:
     return head if isinstance(head, torch.nn.Module) else None
 
 
-def rows_per_batch(loaded: LoadedModel, length: int, budget: int) -> int:
-    """How many patched rows of ``length`` tokens one forward may carry within ``budget`` bytes of activations."""
-    per_row = length * loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS * 4
+def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int = 1) -> int:
+    """How many patched rows of ``length`` tokens one forward may carry within ``budget`` bytes of activations and
+    of the batch's own output (``output_positions`` vocabulary rows per row, float32, while its readout runs)."""
+    head = _output_head(loaded)
+    weight = getattr(head, "weight", None)
+    vocabulary = int(weight.shape[0]) if isinstance(weight, Tensor) else 0
+    per_row = (length * loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS + output_positions * vocabulary) * 4
     return max(1, budget // max(per_row, 1))
 
 
@@ -154,13 +164,17 @@ def patched_outputs(
     input_ids: Tensor,
     patches: Sequence[HeadPatch],
     *,
+    readout: Readout,
     sources: dict[int, Tensor] | None = None,
     keep_last: bool = True,
     max_rows: int = BATCH_ROWS,
     prefix: int = 0,
-) -> Tensor:
-    """(1, T) ids and R patches -> (R, K, V) logits (K = 1 at the last position with ``keep_last``, else T).
+) -> tuple[Tensor, ...]:
+    """(1, T) ids and R patches -> what ``readout`` keeps of each row's output, each tensor with R rows in the
+    order given (the output: (B, K, V) logits, K = 1 at the last position with ``keep_last``, else T).
 
+    ``readout`` (:mod:`agent_tools.runner.readout`) runs on every batch's output on its device; only what it
+    returns outlives the batch, so no (rows, positions, vocabulary) block is ever kept.
     ``sources``: layer -> (T, H, D) head outputs to copy in (another run's, :func:`recorded_run`); None zeroes the
     patched heads (zero ablation). Rows are sorted by layer and sent in batches of at most ``max_rows``.
     ``prefix``: the first tokens where the source run's head outputs equal this run's (two prompts that differ
@@ -170,7 +184,7 @@ def patched_outputs(
     ids = on_device(loaded, input_ids)
     length = int(ids.shape[-1])
     order = sorted(range(len(patches)), key=lambda i: patches[i].layer)
-    results: dict[int, Tensor] = {}
+    parts: list[tuple[Tensor, ...]] = []
     start = 0
     with loaded.lock, torch.inference_mode():
         cached = _prefix_cache(loaded, ids, min(prefix, length - 1)) if keep_last else None
@@ -193,6 +207,11 @@ def patched_outputs(
             )
             with patching, contiguous_input(_output_head(loaded)):
                 output, _ = model_output(_forward(loaded, ids[:, skip:], extra))  # row 0: unpatched
-            for row, index in enumerate(group, start=1):
-                results[index] = output[row].float().clone()
-    return torch.stack([results[i] for i in range(len(patches))])  # (R, K, V)
+            parts.append(tuple(kept[1:] for kept in readout(output)))  # this batch's rows, in ``group`` order
+            del output
+    if not parts:
+        return ()
+    sorted_rows = stacked(parts)  # rows in ``order``
+    restore = torch.empty(len(order), dtype=torch.long)
+    restore[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+    return tuple(kept[restore.to(kept.device)] for kept in sorted_rows)  # rows in the order given

@@ -28,6 +28,7 @@ from agent_tools.loading import LoadedModel
 from agent_tools.runner.edge_attribution import EMBEDDINGS, EdgePasses, Receiver
 from agent_tools.runner.edge_patching import EdgePatchingUnsupported
 from agent_tools.runner.patching import HeadPatch
+from agent_tools.runner.readout import last_position
 from agent_tools.schemas import NextCall
 from agent_tools.tools.find_circuit.models import (
     CircuitEdge,
@@ -126,8 +127,10 @@ def _faithfulness(
     rows = [p for p in patches if p is not None]
     values: list[float] = []
     if rows:
-        outputs = inspector.patched_outputs(loaded, clean, rows, sources=passes.corrupted_heads, prefix=first)
-        differences = (outputs[:, -1, answer] - outputs[:, -1, wrong]).double()
+        chosen = inspector.patched_outputs(
+            loaded, clean, rows, readout=last_position((answer, wrong)), sources=passes.corrupted_heads, prefix=first
+        )[0].cpu()  # (R, 2): each row's answer and wrong logits at the last position
+        differences = (chosen[:, 0] - chosen[:, 1]).double()
         values = restored_fraction(differences, ld_clean, ld_corrupted).tolist()
     found = iter(values)
     return [1.0 if p is None else next(found) for p in patches]
@@ -155,10 +158,12 @@ def _edge_faithfulness(
     answer, wrong, ld_clean, ld_corrupted = metric
     nodes = [_node_senders(loaded, passes, edges) for edges in sets]
     try:
-        logits = inspector.edge_patched_logits(loaded, clean, passes, sets, nodes)
+        chosen = inspector.edge_patched_logits(
+            loaded, clean, passes, sets, nodes, readout=last_position((answer, wrong))
+        )
     except EdgePatchingUnsupported as error:
         return None, str(error)
-    differences = (logits[:, answer] - logits[:, wrong]).double()
+    differences = (chosen[0][:, 0] - chosen[0][:, 1]).cpu().double()  # (R,): one copy
     values = restored_fraction(differences, ld_clean, ld_corrupted).tolist()
     if abs(values[-1]) > EMPTY_TOLERANCE:
         why = (

@@ -20,7 +20,7 @@ from agent_tools.analysis.attribution_patching import (
     baseline,
     effect_size,
     minimum_gap,
-    top_token_change,
+    top_token_read,
     verify,
 )
 from agent_tools.analysis.attribution_patching import Baseline as SizeBaseline
@@ -30,6 +30,7 @@ from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.attribution_patching import AttributionPasses, mlp_patched_logits
 from agent_tools.runner.patching import HeadPatch, recorded_run
+from agent_tools.runner.readout import LastPosition, last_position
 from agent_tools.schemas import NextCall, head_label, rounded
 from agent_tools.session import guarded
 from agent_tools.tools.patch_heads.models import (
@@ -58,9 +59,9 @@ def _answer_ids(loaded: LoadedModel, args: PatchHeadsInput, clean: torch.Tensor,
     return answer_ids(loaded, args.answer, args.wrong, clean, corrupted)
 
 
-def _differences(outputs: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:
-    """(R, 1, V) last-position logits -> (R,) logit(answer) − logit(wrong)."""
-    return (outputs[:, -1, answer] - outputs[:, -1, wrong]).double()
+def _differences(chosen: torch.Tensor) -> torch.Tensor:
+    """(R, k) last-position logits of (answer, wrong, ...) -> (R,) logit(answer) − logit(wrong)."""
+    return (chosen[:, 0] - chosen[:, 1]).double()
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,15 @@ class _Pair:
     corrupted_logits: torch.Tensor  # (V,) the corrupted run's next-token logits
     estimates: torch.Tensor | None = None  # attribution: (L, T, H) estimated restored fraction per position
 
-    def restored(self, outputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(R, 1, V) patched logits -> (R,) restored fractions, (R,) logit differences."""
-        differences = _differences(outputs, self.answer, self.wrong)
+    @property
+    def readout(self) -> LastPosition:
+        """What a patched row keeps: the answer's, the wrong token's and the corrupted run's top token's logits,
+        the log-sum-exp and the top token at the last position (:mod:`agent_tools.runner.readout`)."""
+        return last_position((self.answer, self.wrong, int(self.corrupted_logits.argmax())))
+
+    def restored(self, read: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """What :attr:`readout` kept of R patched rows -> (R,) restored fractions, (R,) logit differences."""
+        differences = _differences(read[0].cpu())  # one copy; float64 only on the CPU
         return restored_fraction(differences, self.ld_clean, self.ld_corrupted), differences
 
 
@@ -236,7 +243,9 @@ def _patch_heads_exactly(
     single = [HeadPatch(layer, (head,)) for layer, head in heads]
     whole = [HeadPatch(layer, tuple(range(loaded.facts.num_heads))) for layer in layers]
     patches = single + whole
-    outputs = inspector.patched_outputs(loaded, pair.corrupted, patches, sources=pair.sources, prefix=pair.first)
+    outputs = inspector.patched_outputs(
+        loaded, pair.corrupted, patches, readout=pair.readout, sources=pair.sources, prefix=pair.first
+    )
     fractions, differences = (values.tolist() for values in pair.restored(outputs))
     head_rows = [
         HeadPatchResult(layer=p.layer, head=p.heads[0], restored=f, logit_difference=d)
@@ -269,11 +278,16 @@ def _top_set(
     generator = random.Random(SEED)
     draws = [generator.sample(pool, len(chosen)) for _ in range(SET_DRAWS)]
     patches = [_head_set(chosen)] + [_head_set(draw) for draw in draws]
-    outputs = inspector.patched_outputs(loaded, pair.corrupted, patches, sources=pair.sources, prefix=pair.first)
+    outputs = inspector.patched_outputs(
+        loaded, pair.corrupted, patches, readout=pair.readout, sources=pair.sources, prefix=pair.first
+    )
     fractions, _ = pair.restored(outputs)
     values = fractions.tolist()
     reference = _baseline(values[1:], len(chosen))
-    change = top_token_change(pair.corrupted_logits, outputs[0, -1])
+    chosen_logits, normaliser, top_logit, top_token = (t[0] for t in outputs)  # the top set's row is row 0
+    logits = torch.stack([chosen_logits[2], top_logit]).cpu().double()  # the corrupted run's top token, the new top
+    p_before, p_after = (logits - float(normaliser)).exp().tolist()
+    change = top_token_read(int(pair.corrupted_logits.argmax()), int(top_token), p_before, p_after)
     decode = loaded.tokenizer.decode
     return SetPatch(
         heads=[head_label(layer, head) for layer, head in chosen],
@@ -304,7 +318,7 @@ def _layer_estimates(
         sources = {layer: passes.clean_mlp[layer] for layer in chosen}  # layer -> (T, C) clean MLP output
         with guarded(loaded):
             logits = mlp_patched_logits(loaded, pair.corrupted.input_ids, sources)
-        fractions, _ = pair.restored(logits[:, None])
+        fractions, _ = pair.restored(pair.readout(logits[:, None]))
         exact = dict(zip(chosen, fractions.tolist(), strict=True))
     return [
         LayerEstimate(
@@ -388,7 +402,9 @@ def _positions(inspector: Inspector, loaded: LoadedModel, pair: _Pair, top: list
     corrupted, first = pair.corrupted, pair.first
     span = range(first, corrupted.length)
     patches = [HeadPatch(r.layer, (r.head,), (p,)) for r in top for p in span]
-    outputs = inspector.patched_outputs(loaded, corrupted, patches, sources=pair.sources, prefix=first)
+    outputs = inspector.patched_outputs(
+        loaded, corrupted, patches, readout=pair.readout, sources=pair.sources, prefix=first
+    )
     fractions = pair.restored(outputs)[0].reshape(len(top), len(span)).tolist()  # one copy for every row
     estimates = (
         pair.estimates[[r.layer for r in top], :, [r.head for r in top]].tolist()  # (top, T): one copy

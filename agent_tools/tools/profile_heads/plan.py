@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agent_tools.analysis.ablation import effect_size
+from agent_tools.analysis.ablation import cosine_change
 from agent_tools.analysis.heads import (
     DEFAULT_THRESHOLDS,
     HEAD_ROLES,
@@ -30,11 +30,11 @@ from agent_tools.analysis.heads import (
     SequenceLayout,
     classify_head,
     copy_losses,
-    copy_losses_per_row,
+    copy_losses_from,
     role_verdict,
     top_heads,
 )
-from agent_tools.analysis.metrics import Baseline, exceeds_baseline, next_token_losses, random_baseline
+from agent_tools.analysis.metrics import Baseline, exceeds_baseline, random_baseline
 from agent_tools.consumers.roles import (
     PatternScoreConsumer,
     RoleScoreConsumer,
@@ -49,6 +49,7 @@ from agent_tools.loading import LoadedModel
 from agent_tools.probes import Probe, build_probe
 from agent_tools.runner import model_output
 from agent_tools.runner.patching import HeadPatch, recorded_run
+from agent_tools.runner.readout import PositionLosses, pooled_hidden
 from agent_tools.schemas import NextCall, head_label
 from agent_tools.session import guarded
 from agent_tools.stack_input import on_stack
@@ -484,42 +485,38 @@ class _Evidence:
     def _effects(self, on: MeasuredOn, encoded: Encoded, heads: list[Head]) -> tuple[list[float], EvidenceMetric]:
         """Each head mean-ablated alone (one row each of a batched forward) -> the change in the input's measure.
 
-        Rows go in groups whose (R, T, V) outputs fit a quarter of the memory budget (one group on a probe)."""
+        A row keeps only what the measure reads (every position's next-token loss, or a model without a next-token
+        head its pooled final hidden state): no row's (T, V) logits outlive its batch."""
+        readout = PositionLosses(encoded.input_ids) if self.measured.language_model else pooled_hidden
         with guarded(self.loaded):
-            recorded = recorded_run(self.loaded, encoded.input_ids, keep_last=False)
+            recorded = recorded_run(self.loaded, encoded.input_ids, keep_last=False, readout=readout)
         used = {layer for layer, _ in heads}
         means = {  # layer -> (T, H, D): every head's mean output over the positions, at every position
             layer: outputs.mean(0, keepdim=True).expand_as(outputs)
             for layer, outputs in recorded.heads.items()
             if layer in used
         }
-        clean = recorded.output[None]  # (1, T, V) logits, or (1, T, C) hidden states
-        per_row = 4 * clean.shape[1] * clean.shape[2]  # bytes of one row's float32 output
-        group = max(1, self.inspector.memory_budget // 4 // per_row)
-        metric, measure = self._measure_for(on, encoded, clean)
-        effects: list[float] = []
-        for first in range(0, len(heads), group):
-            patches = [HeadPatch(layer, (head,)) for layer, head in heads[first : first + group]]
-            outputs = self.inspector.patched_outputs(self.loaded, encoded, patches, sources=means, keep_last=False)
-            effects += [measure(outputs[row : row + 1]) for row in range(len(patches))]
-        return effects, metric
+        metric, measure = self._measure_for(on, recorded.output[None].cpu())
+        patches = [HeadPatch(layer, (head,)) for layer, head in heads]
+        (kept,) = self.inspector.patched_outputs(
+            self.loaded, encoded, patches, readout=readout, sources=means, keep_last=False
+        )
+        return measure(kept.cpu()).tolist(), metric  # one copy for every row
 
     def _measure_for(
-        self, on: MeasuredOn, encoded: Encoded, clean: torch.Tensor
-    ) -> tuple[EvidenceMetric, Callable[[torch.Tensor], float]]:
-        """The metric of an input and a function of one ablated (1, T, V) output giving its change from clean."""
+        self, on: MeasuredOn, clean: torch.Tensor
+    ) -> tuple[EvidenceMetric, Callable[[torch.Tensor], torch.Tensor]]:
+        """The metric of an input and a function of what R ablated rows kept ((R, T−1) next-token losses, or (R, C)
+        pooled hidden states; on the CPU) giving each row's change from ``clean`` (the same of the clean run)."""
         if not self.measured.language_model:
-            return "pooled_cosine_change", lambda out: effect_size(clean.to(out.device), out, language_model=False)
-        ids, probe = encoded.input_ids, self.measured.probe
+            return "pooled_cosine_change", lambda kept: cosine_change(clean, kept)
+        probe = self.measured.probe
         if on == "probe" and probe is not None:
             where = {"start": probe.start, "repeat_length": probe.repeat_length}
-            before = float(copy_losses_per_row(clean, ids, **where)[1][0])
-            return "second_copy_loss_change", lambda out: float(copy_losses_per_row(out, ids, **where)[1][0]) - before
-        text_before = float(next_token_losses(clean, ids.to(clean.device)).mean())
-        return (
-            "next_token_loss_change",
-            lambda out: float(next_token_losses(out, ids.to(out.device)).mean()) - text_before,
-        )
+            before = copy_losses_from(clean.double(), **where)[1]
+            return "second_copy_loss_change", lambda kept: copy_losses_from(kept.double(), **where)[1] - before
+        text_before = clean.double().mean(-1)
+        return "next_token_loss_change", lambda kept: kept.double().mean(-1) - text_before
 
 
 def draw_random_heads(num_layers: int, num_heads: int, *, exclude: Sequence[Head], count: int, seed: int) -> list[Head]:
