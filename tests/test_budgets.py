@@ -10,6 +10,7 @@ import json
 import re
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 from pydantic import BaseModel, Field, ValidationError
@@ -21,6 +22,7 @@ from agent_tools.schemas import DETAILS, Finding, NextCall, Report
 from agent_tools.session import HANDLE_AFTER_CHARS, TextStore
 from agent_tools.surfaces import CONTENT_LIMIT, agent_input_model, clip_words, concise_text
 from agent_tools.surfaces.openai import openai_tools
+from agent_tools.surfaces.portable import portable_schema
 from agent_tools.tools import TOOLS
 from agent_tools.tools.registry import Top, trim
 
@@ -276,6 +278,8 @@ def test_advanced_arguments_are_accepted_but_not_advertised() -> None:
         assert "attention" not in properties  # the bundled models have one attention stack
     trace = TOOLS["trace_prompt_attention"]
     assert trace.parse({"prompt": "hi", "ig_steps": 8}).ig_steps == 8
+    advertised = portable_schema(agent_input_model(trace, policy), "mcp")
+    jsonschema.validate({"prompt": "hi", "ig_steps": 8}, advertised)  # the schema does not refuse what it hides
     with pytest.raises(ValidationError, match="max_new_tokens"):  # still validated as declared
         agent_input_model(trace, policy).model_validate({"prompt": "hi", "max_new_tokens": 10_000})
 

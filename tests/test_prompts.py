@@ -29,6 +29,9 @@ from agent_tools.prompts import (
     system_prompt_template,
     tool_catalogue,
 )
+from agent_tools.policy import ModelPolicy
+from agent_tools.surfaces.declarations import agent_schema
+from agent_tools.tool_declarations import tool_declarations
 from agent_tools.tools import TOOLS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +63,30 @@ def test_mentions_name_only_planned_tools() -> None:
         mentioned = mentioned_tools(read_prompt_file(name).template)
         assert set(mentioned) <= set(planned_tool_names()), name
 
+
+def shared_arguments_block() -> str:
+    text = read_prompt_file("mcp_instructions.md").template
+    block = text[text.index("Arguments the tools share") :]
+    return block[: block.index("\n\n")]
+
+
+def test_the_shared_arguments_are_said_once_for_every_surface() -> None:
+    """Issue 28: what the arguments every tool repeats mean (forms, ranges, defaults) is said once, in the MCP
+    instructions and in the same words in the system prompt the LangChain and OpenAI surfaces use, so their schemas
+    carry the types alone. Every argument that two or more tools show without a description is explained there."""
+    block = shared_arguments_block()
+    assert block in read_prompt_file(SYSTEM_PROMPT_FILE).template
+    assert block.replace("{default_model}", "smollm2-135m-instruct") in system_prompt()
+    assert '"layer": 18, "head": 6' in block and "0-based" in block and '"18.6"' in block and "[18]" in block
+    undescribed: dict[str, int] = {}
+    for entry in tool_declarations().values():
+        for name, schema in agent_schema(entry, ModelPolicy.bundled_only()).get("properties", {}).items():
+            if "description" not in schema:
+                undescribed[name] = undescribed.get(name, 0) + 1
+    shared = sorted(name for name, count in undescribed.items() if count > 1)
+    assert {"detail", "model", "text", "layer", "head", "layers", "prompt"} <= set(shared)
+    for name in [*shared, "heads", "segments", "answer", "attention", "prompt_a", "prompt_b"]:
+        assert f"`{name}`" in block, name
 
 def test_system_prompt_lists_every_declared_tool() -> None:
     text = system_prompt()
