@@ -144,6 +144,7 @@ def build_declarations() -> dict[str, Any]:
     tools = {
         name: {
             "description": spec.description,
+            "example": spec.example,
             "arguments": [[field, info.is_required()] for field, info in spec.input_model.model_fields.items()],
             "advanced": list(spec.advanced),
             "input_schema": portable_schema(spec.input_model, "mcp"),
