@@ -296,6 +296,7 @@ def test_the_catalogue_is_the_declarations_and_imports_no_torch(tmp_path) -> Non
     assert "attention-explainer call show_attention --json ARGS" in done.stdout
     assert not list(tmp_path.iterdir())  # nothing built or cached
 
+
 def test_known_facts_are_the_bundled_models_own(smol, minilm) -> None:
     from agent_tools.cli import catalogue
 

@@ -14,6 +14,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 
 from agent_tools.errors import InvalidInputError
+from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import (
     SYSTEM_PROMPT_FILE,
     TOPICS,
@@ -29,7 +30,6 @@ from agent_tools.prompts import (
     system_prompt_template,
     tool_catalogue,
 )
-from agent_tools.policy import ModelPolicy
 from agent_tools.surfaces.declarations import agent_schema
 from agent_tools.tool_declarations import tool_declarations
 from agent_tools.tools import TOOLS
@@ -87,6 +87,7 @@ def test_the_shared_arguments_are_said_once_for_every_surface() -> None:
     assert {"detail", "model", "text", "layer", "head", "layers", "prompt"} <= set(shared)
     for name in [*shared, "heads", "segments", "answer", "attention", "prompt_a", "prompt_b"]:
         assert f"`{name}`" in block, name
+
 
 def test_system_prompt_lists_every_declared_tool() -> None:
     text = system_prompt()

@@ -81,9 +81,7 @@ class AblateHeadsInput(TextInput, StackInput):
         default="mean",
         description="mean: output → its mean over positions; resample: → its output on resample_text; zero: → 0",
     )
-    resample_text: str | None = Field(
-        default=None, min_length=1, description="omitted = the text shuffled"
-    )
+    resample_text: str | None = Field(default=None, min_length=1, description="omitted = the text shuffled")
     baseline_draws: int = Field(
         default=BASELINE_DRAWS, ge=2, le=64, description="random sets of as many heads ablated for comparison"
     )

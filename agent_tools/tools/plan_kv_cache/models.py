@@ -20,21 +20,15 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 class PlanKvCacheInput(TextInput):
     sink: int = Field(default=4, description="first tokens every head keeps")
     window: int = Field(default=64, description="last tokens a short-cache head keeps")
-    loss_budget: float = Field(
-        default=0.02, description="allowed rise of the mean loss, nats, over the plan"
-    )
+    loss_budget: float = Field(default=0.02, description="allowed rise of the mean loss, nats, over the plan")
     tolerance: float | None = Field(
         default=None,
         description="a group joins when its verified loss change is within this of the prediction, nats; "
         "omitted = loss_budget / 2",
     )
-    context_length: int | None = Field(
-        default=None, description="for the memory saving; omitted = the model's limit"
-    )
+    context_length: int | None = Field(default=None, description="for the memory saving; omitted = the model's limit")
     precision: Precision = Field(default="bfloat16", description="of the KV cache")
-    layers: list[int] | None = Field(
-        default=None, description="layers allowed a short cache"
-    )
+    layers: list[int] | None = Field(default=None, description="layers allowed a short cache")
 
 
 class KvHeadEffect(BaseModel):
