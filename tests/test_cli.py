@@ -294,6 +294,7 @@ def test_the_catalogue_is_the_declarations_and_imports_no_torch(tmp_path) -> Non
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith("0 []"), done.stdout  # answered, nothing heavy imported
     assert "attention-explainer call show_attention --json ARGS" in done.stdout
+    assert '0-based integers given apart ("layer": 18, "head":' in done.stdout  # the shared arguments' meaning
     assert not list(tmp_path.iterdir())  # nothing built or cached
 
 

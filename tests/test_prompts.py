@@ -26,6 +26,7 @@ from agent_tools.prompts import (
     prompt_folder,
     read_prompt_file,
     render_tool_mentions,
+    shared_arguments,
     system_prompt,
     system_prompt_template,
     tool_catalogue,
@@ -64,19 +65,15 @@ def test_mentions_name_only_planned_tools() -> None:
         assert set(mentioned) <= set(planned_tool_names()), name
 
 
-def shared_arguments_block() -> str:
-    text = read_prompt_file("mcp_instructions.md").template
-    block = text[text.index("Arguments the tools share") :]
-    return block[: block.index("\n\n")]
-
-
 def test_the_shared_arguments_are_said_once_for_every_surface() -> None:
     """Issue 28: what the arguments every tool repeats mean (forms, ranges, defaults) is said once, in the MCP
     instructions and in the same words in the system prompt the LangChain and OpenAI surfaces use, so their schemas
     carry the types alone. Every argument that two or more tools show without a description is explained there."""
-    block = shared_arguments_block()
+    lines = shared_arguments(default_model="{default_model}")
+    block = "\n".join(lines)
+    assert block in read_prompt_file("mcp_instructions.md").template
     assert block in read_prompt_file(SYSTEM_PROMPT_FILE).template
-    assert block.replace("{default_model}", "smollm2-135m-instruct") in system_prompt()
+    assert "\n".join(shared_arguments(default_model="minilm-l6")) in system_prompt(default_model="minilm-l6")
     assert '"layer": 18, "head": 6' in block and "0-based" in block and '"18.6"' in block and "[18]" in block
     undescribed: dict[str, int] = {}
     for entry in tool_declarations().values():

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_tools.errors import InvalidInputError
+from agent_tools.prompts import shared_arguments
 from agent_tools.settings import DEFAULT_MODEL, cache_dir
 from agent_tools.tool_declarations import tool_declarations
 from agent_tools.usage import HEAD_PAIR, INTEGER, long_text_advice, shown, type_fix
@@ -108,7 +109,8 @@ def tool_help(name: str, entry: dict[str, Any], *, width: int = 100) -> str:
     lines = [f"attention-explainer call {name} --json ARGS", ""]
     lines += textwrap.wrap(entry["description"], width)
     lines += ["", "arguments (a JSON object; ARGS may also be @file.json or - for stdin):"]
-    for row in arguments_table(entry["schema"]):
+    rows = arguments_table(entry["schema"])
+    for row in rows:
         if row["required"]:
             given = "required"
         else:
@@ -118,6 +120,10 @@ def tool_help(name: str, entry: dict[str, Any], *, width: int = 100) -> str:
             facts.append(row["range"])
         lines.append(f"  {row['name']}: " + ", ".join(facts))
         lines += textwrap.wrap(row["description"], width, initial_indent="      ", subsequent_indent="      ")
+    shared = [line for line in shared_arguments() if any(f"`{row['name']}`" in line for row in rows)]
+    if shared:  # what the arguments every tool repeats mean, said once (the prompts' "Arguments")
+        lines += ["", "shared arguments:"]
+        lines += [wrapped for line in shared for wrapped in textwrap.wrap(line, width, subsequent_indent="    ")]
     example = json.dumps(entry["example"], ensure_ascii=False)
     lines += ["", "example:", f"  attention-explainer call {name} --json '{example}'"]
     return "\n".join(lines)
