@@ -58,15 +58,12 @@ _PLACEHOLDER = "\ue000{}\ue001"  # private-use characters: never produced by a t
 class SegmentSpec(ToolInput):
     """A span of the prompt the caller names: a substring (``text``) or a character span (``start``/``end``)."""
 
-    name: str = Field(min_length=1, max_length=40, description="its name in the report")
-    text: str | None = Field(default=None, description="a verbatim substring")
-    start: int | None = Field(default=None, description="first character")
-    end: int | None = Field(default=None, description="one past the last")
-    message: int | None = Field(
-        default=None,
-        description="index of the message it lies in; omitted = anywhere",
-    )
-    occurrence: int = Field(default=1, ge=1, le=100, description="which occurrence of text")
+    name: str = Field(min_length=1, max_length=40)
+    text: str | None = None
+    start: int | None = None
+    end: int | None = None
+    message: int | None = None
+    occurrence: int = Field(default=1, ge=1, le=100)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ TOPICS: tuple[Topic, ...] = get_args(Topic)
 
 PROMPT_PACKAGE = "agent_tools.prompt_files"
 SYSTEM_PROMPT_FILE = "system.md"
+INSTRUCTIONS_FILE = "mcp_instructions.md"  # the MCP server's instructions
 TOOL_MARKER = re.compile(r"\[\[([a-z][a-z0-9_]*)\]\]")
 
 
@@ -77,6 +78,18 @@ def read_prompt_file(name: str) -> PromptFile:
             if sep:
                 meta[key.strip()] = value.strip()
     return PromptFile(name=name, description=meta.get("description", ""), template=text.strip() + "\n")
+
+
+SHARED_ARGUMENTS_HEADING = "Arguments the tools share"
+
+
+def shared_arguments(*, default_model: str = DEFAULT_MODEL) -> list[str]:
+    """The "Arguments" block of the MCP instructions (the system prompt has the same lines; a test holds): what the
+    arguments every tool repeats mean, said once so that their schemas carry types alone. One line per bullet;
+    ``call TOOL --help`` shows the lines naming the tool's arguments."""
+    text = read_prompt_file(INSTRUCTIONS_FILE).template
+    block = text[text.index(SHARED_ARGUMENTS_HEADING) :].split("\n\n", 1)[0]
+    return [line.replace("{default_model}", default_model) for line in block.splitlines()[1:]]
 
 
 def _served(tools: Iterable[str] | None) -> list[str]:

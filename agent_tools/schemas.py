@@ -100,6 +100,12 @@ class ToolInput(BaseModel):
         schema = omittable(super().model_json_schema(*args, **kwargs))
         for definition in schema.get("$defs", {}).values():  # a nested model's docstring: its property says it
             definition.pop("description", None)
+        schema.pop("description", None)  # the class docstring: the tool's own description says what it takes
+        if set(cls.model_fields) - set(schema.get("properties", {})):
+            # Arguments accepted but left out of the schema (a tool's advanced ones, see agent_input_model): a
+            # closed schema would refuse calls the tool takes, so it stays open; unknown names are still refused
+            # by validation, which names the valid ones.
+            schema.pop("additionalProperties", None)
         return schema
 
     @field_validator("*", mode="before")
@@ -261,7 +267,6 @@ MODEL_FIELD_DESCRIPTION = (
     "model to inspect: a bundled alias (smollm2-135m-instruct, minilm-l6), a local folder or .gguf file, "
     "or a hub id; omitted = the session's default"
 )
-TEXT_FIELD_DESCRIPTION = "the text to run"
 
 
 Detail = Literal["summary", "full"]
@@ -269,13 +274,19 @@ DETAILS: tuple[str, ...] = get_args(Detail)
 DETAIL_DESCRIPTION = "full: all table rows"
 
 
+def _said_in_the_prompts(schema: dict[str, Any]) -> None:
+    """A shared argument's schema without its default: the prompts say it once for every tool."""
+    schema.pop("default", None)
+
+
 class DetailInput(ToolInput):
     """Base of every tool's arguments: ``detail``, how much of the report to return (one definition for all).
 
-    Its schema is the enum and the default alone (every tool has it, and a report cut by "summary" says in its
-    text that ``detail='full'`` returns every row): 38 bytes less in each of the tools' declarations."""
+    Its schema is the enum alone (every tool has it): what the values mean and that "summary" is the default are
+    said once, in the prompts' "Arguments" (``prompts/mcp_instructions.md``, ``prompts/system.md``), and a report
+    cut by "summary" says in its text that ``detail='full'`` returns every row."""
 
-    detail: Detail = Field(default="summary")
+    detail: Detail = Field(default="summary", json_schema_extra=_said_in_the_prompts)
 
 
 class ModelInput(DetailInput):
@@ -283,7 +294,7 @@ class ModelInput(DetailInput):
 
 
 class TextInput(ModelInput):
-    text: str = Field(description=TEXT_FIELD_DESCRIPTION)
+    text: str  # what a text is, said once in the prompts (prompts/mcp_instructions.md "Arguments")
 
 
 class KeyWeight(BaseModel):

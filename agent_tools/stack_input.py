@@ -17,15 +17,10 @@ from agent_tools.schemas import ToolInput
 AttentionStack = Literal["self", "encoder", "decoder", "cross"]
 ATTENTION_STACKS: tuple[str, ...] = get_args(AttentionStack)
 
-ATTENTION_DESCRIPTION = (
-    "which attention to look at: 'self' (a decoder-only or encoder-only model's one stack); for an "
-    "encoder–decoder model 'encoder', 'decoder' (self-attention over the model's own greedy answer) or 'cross' "
-    "(the answer's tokens reading the input); omitted = 'self', or 'encoder' for an encoder–decoder"
-)
-TRACE_ATTENTION_DESCRIPTION = (
-    "which attention to trace: 'self' (a single-stack model), or 'cross' for an encoder–decoder (the generated "
-    "tokens reading the input: which part of the input the output read); omitted = the model's one choice"
-)
+# What the stacks are is said once in the prompts (prompts/mcp_instructions.md "Arguments"); the schema (shown only
+# for a model with more than one stack) names the default.
+ATTENTION_DESCRIPTION = "omitted = self, or encoder for an encoder–decoder"
+TRACE_ATTENTION_DESCRIPTION = "self, or cross for an encoder–decoder (what its output read); omitted = the one there is"
 
 
 class StackInput(ToolInput):

@@ -1,10 +1,11 @@
 """Every tool's declaration as data, read without importing a tool (standard library only).
 
 ``tool_declarations.json`` beside this module holds, per tool in the registry's order: the description, the
-input schema (the ``mcp`` flavour of its input model: ``$ref``-free), the advanced arguments, the argument names
-(required or not) and the output schema ``tools/list`` advertises. The tools themselves import torch and
-transformers (seconds), so whatever must answer before them — the MCP server's ``initialize``, ``tools/list`` and
-prompts, the system prompt's tool catalogue — reads this file instead. It is generated from the live registry
+example, the input schema (the ``mcp`` flavour of its input model: ``$ref``-free), the advanced arguments, the
+argument names (required or not) and the output schema ``tools/list`` advertises. The tools themselves import
+torch and transformers (seconds), so whatever must answer before them — the MCP server's ``initialize``,
+``tools/list`` and prompts, the system prompt's tool catalogue, ``call``'s ``--help`` and checks before the model
+loads (:mod:`agent_tools.cli.catalogue`) — reads this file instead. It is generated from the live registry
 (``python -m agent_tools.surfaces.declarations``), and ``tests/test_mcp_startup.py`` checks it equals what the
 registry declares, so it cannot drift.
 """
@@ -28,7 +29,8 @@ def _data() -> dict[str, Any]:
 
 
 def tool_declarations() -> dict[str, dict[str, Any]]:
-    """name -> declaration (``description``, ``input_schema``, ``advanced``, ``arguments``, ``output_schema``)."""
+    """name -> declaration (``description``, ``example``, ``input_schema``, ``advanced``, ``arguments``,
+    ``output_schema``)."""
     tools: dict[str, dict[str, Any]] = _data()["tools"]
     return tools
 

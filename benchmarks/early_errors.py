@@ -2,8 +2,8 @@
 
 Each case is a mistake an agent makes: a head written as "18,6", a layer past the model's, a list given as a
 string, a choice not allowed, an unknown argument or tool, a text longer than the model reads. Every case runs as
-a fresh process (as an agent's shell call does), after one call has built the argument catalogue; the wall time
-of the whole process is measured, and the process says whether torch was imported.
+a fresh process (as an agent's shell call does; the checks read the tools' declaration data, nothing is built
+first); the wall time of the whole process is measured, and the process says whether torch was imported.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/early_errors.py            # a Markdown table, median of 3 runs
     OMP_WAIT_POLICY=PASSIVE python benchmarks/early_errors.py --runs 5
@@ -54,9 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
-    subprocess.run(  # builds the catalogue once (imports the tools), as the first call after an install does
-        [sys.executable, "-m", "agent_tools.cli", "call", "show_attention", "--help"], capture_output=True, cwd=ROOT
-    )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"usage errors of `call`, fresh process each, median of {args.runs}; load average {load:.1f} on "
           f"{os.cpu_count()} CPUs\n")  # fmt: skip

@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     listed = mcp_tools_list()
     openai_list = size(openai_tools())
     print("| what | bytes | budget |\n|---|---:|---:|")
-    print(f"| descriptions + input schemas (14 tools) | {declared['total']:,} | {DECLARATIONS_BUDGET:,} |")
+    tools = len(declared) - 1  # "total" is not a tool
+    print(f"| descriptions + input schemas ({tools} tools) | {declared['total']:,} | {DECLARATIONS_BUDGET:,} |")
     print(f"| OpenAI-style `tools` list | {openai_list:,} | |")
     if isinstance(listed, str):
         print(f"| MCP `tools/list` | {listed} | {TOOLS_LIST_BUDGET:,} |")

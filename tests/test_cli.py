@@ -247,11 +247,7 @@ EARLY_CASES = [
 ]
 
 
-def test_usage_errors_answer_before_torch_and_name_the_fix(tmp_path, monkeypatch) -> None:
-    from agent_tools.cli import catalogue
-
-    monkeypatch.setenv("ATTENTION_EXPLAINER_CACHE", str(tmp_path))
-    catalogue.save_catalogue(catalogue.build_catalogue())  # what the first `call` writes (the tools are imported here)
+def test_usage_errors_answer_before_torch_and_name_the_fix(tmp_path) -> None:
     probe = (
         "import json, sys, agent_tools.cli as cli\n"
         "for tool, arguments in json.loads(sys.stdin.read()):\n"
@@ -270,6 +266,36 @@ def test_usage_errors_answer_before_torch_and_name_the_fix(tmp_path, monkeypatch
         message, code = lines[2 * index], lines[2 * index + 1]
         assert code == "2" and message.startswith("error: "), message
         assert all(fragment in message for fragment in fragments), message
+
+
+def test_the_catalogue_is_the_declarations_and_imports_no_torch(tmp_path) -> None:
+    """``call``'s ``--help`` and checks read the tools' declaration data (equal to the registry,
+    tests/test_mcp_startup.py): a fresh process with an empty cache folder answers without importing torch."""
+    from agent_tools.cli import catalogue
+    from agent_tools.surfaces.portable import portable_schema
+    from agent_tools.tools import TOOLS
+
+    tools = catalogue.catalogue()["tools"]
+    assert list(tools) == list(TOOLS)
+    for name, spec in TOOLS.items():
+        example = json.loads(json.dumps(spec.example))
+        assert tools[name] == {
+            "description": spec.description,
+            "example": example,
+            "schema": portable_schema(spec.input_model, "mcp"),
+        }
+    probe = (
+        "import sys, agent_tools.cli as cli\n"
+        "code = cli.main(['call', 'show_attention', '--help'])\n"
+        "print(code, sorted(m for m in ('torch', 'transformers', 'agent_tools.tools') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "ATTENTION_EXPLAINER_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith("0 []"), done.stdout  # answered, nothing heavy imported
+    assert "attention-explainer call show_attention --json ARGS" in done.stdout
+    assert '0-based integers given apart ("layer": 18, "head":' in done.stdout  # the shared arguments' meaning
+    assert not list(tmp_path.iterdir())  # nothing built or cached
 
 
 def test_known_facts_are_the_bundled_models_own(smol, minilm) -> None:

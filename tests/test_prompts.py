@@ -14,6 +14,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 
 from agent_tools.errors import InvalidInputError
+from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import (
     SYSTEM_PROMPT_FILE,
     TOPICS,
@@ -25,10 +26,13 @@ from agent_tools.prompts import (
     prompt_folder,
     read_prompt_file,
     render_tool_mentions,
+    shared_arguments,
     system_prompt,
     system_prompt_template,
     tool_catalogue,
 )
+from agent_tools.surfaces.declarations import agent_schema
+from agent_tools.tool_declarations import tool_declarations
 from agent_tools.tools import TOOLS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +63,27 @@ def test_mentions_name_only_planned_tools() -> None:
     for name in prompt_file_names():
         mentioned = mentioned_tools(read_prompt_file(name).template)
         assert set(mentioned) <= set(planned_tool_names()), name
+
+
+def test_the_shared_arguments_are_said_once_for_every_surface() -> None:
+    """Issue 28: what the arguments every tool repeats mean (forms, ranges, defaults) is said once, in the MCP
+    instructions and in the same words in the system prompt the LangChain and OpenAI surfaces use, so their schemas
+    carry the types alone. Every argument that two or more tools show without a description is explained there."""
+    lines = shared_arguments(default_model="{default_model}")
+    block = "\n".join(lines)
+    assert block in read_prompt_file("mcp_instructions.md").template
+    assert block in read_prompt_file(SYSTEM_PROMPT_FILE).template
+    assert "\n".join(shared_arguments(default_model="minilm-l6")) in system_prompt(default_model="minilm-l6")
+    assert '"layer": 18, "head": 6' in block and "0-based" in block and '"18.6"' in block and "[18]" in block
+    undescribed: dict[str, int] = {}
+    for entry in tool_declarations().values():
+        for name, schema in agent_schema(entry, ModelPolicy.bundled_only()).get("properties", {}).items():
+            if "description" not in schema:
+                undescribed[name] = undescribed.get(name, 0) + 1
+    shared = sorted(name for name, count in undescribed.items() if count > 1)
+    assert {"detail", "model", "text", "layer", "head", "layers", "prompt"} <= set(shared)
+    for name in [*shared, "heads", "segments", "answer", "attention", "prompt_a", "prompt_b"]:
+        assert f"`{name}`" in block, name
 
 
 def test_system_prompt_lists_every_declared_tool() -> None:

@@ -78,15 +78,14 @@ def _arguments(args: argparse.Namespace) -> Any:
 
 
 def early(args: argparse.Namespace) -> int | None:
-    """Before the session exists (no torch yet): ``--help``, and the checks the cached catalogue allows.
+    """Before the session exists (no torch yet): ``--help``, and the checks the catalogue allows.
 
     Returns an exit code when the command is answered here, None to go on to :func:`run`.
     """
     from agent_tools.cli import catalogue
 
     if args.help or args.tool is None:
-        tools = catalogue.catalogue(build=True)
-        assert tools is not None
+        tools = catalogue.catalogue()
         if args.tool is None and not args.help:
             names = ", ".join(tools["tools"])
             msg = f"call needs a tool name: attention-explainer call TOOL --json ARGS; tools: {names}"
@@ -98,12 +97,11 @@ def early(args: argparse.Namespace) -> int | None:
             raise catalogue.unknown_tool(args.tool, tools["tools"])
         print(catalogue.tool_help(args.tool, tools["tools"][args.tool]))
         return 0
-    known = catalogue.catalogue(build=False)
-    if known is not None:
-        if args.tool not in known["tools"]:
-            raise catalogue.unknown_tool(args.tool, known["tools"])
-        limit = getattr(args, "token_limit", None)
-        catalogue.check_arguments(args.tool, _arguments(args), known["tools"][args.tool], token_limit=limit)
+    known = catalogue.catalogue()
+    if args.tool not in known["tools"]:
+        raise catalogue.unknown_tool(args.tool, known["tools"])
+    limit = getattr(args, "token_limit", None)
+    catalogue.check_arguments(args.tool, _arguments(args), known["tools"][args.tool], token_limit=limit)
     return None
 
 
@@ -117,7 +115,6 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
     if args.tool not in TOOLS:
         raise catalogue.unknown_tool(args.tool, dict(TOOLS))
     spec = get_tool(args.tool)
-    catalogue.catalogue(build=True)  # the next call's checks need no torch
     arguments = _arguments(args)
     check_list_lengths(arguments)  # 100,000-item lists are refused at once, as on the MCP server
     inspector.texts.folder = cache_dir() / TEXTS_FOLDER  # handles outlive this process: the next call reads them

@@ -1,10 +1,10 @@
-"""The tools' arguments without torch: a cached catalogue for ``call TOOL --help`` and checks before loading.
+"""The tools' arguments without torch: the catalogue ``call TOOL --help`` and the checks before loading read.
 
 Importing the tools imports torch and transformers (about 5 s on a 2-core machine), so ``call`` would spend
-that long before it could say that ``layr`` is not an argument. The catalogue holds what the command line needs
-to answer first — each tool's description, example and input schema (the ``mcp`` flavour: ``$ref``-free) — as
-JSON in the cache folder, keyed on the package's source files (their paths, sizes and modification times), so
-an edited tool is read again. The first ``call`` after a change builds it (it imports the tools anyway).
+that long before it could say that ``layr`` is not an argument. What the command line needs to answer first —
+each tool's description, example and input schema (the ``mcp`` flavour: ``$ref``-free) — is in the tools'
+declaration data (:mod:`agent_tools.tool_declarations`, generated from the registry and checked equal to it by
+``tests/test_mcp_startup.py``), which the MCP server reads for ``tools/list`` too: nothing to build or cache.
 
 Standard library only at import time.
 """
@@ -12,89 +12,27 @@ Standard library only at import time.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import math
 import os
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from agent_tools.errors import InvalidInputError
+from agent_tools.prompts import shared_arguments
 from agent_tools.settings import DEFAULT_MODEL, cache_dir
+from agent_tools.tool_declarations import tool_declarations
 from agent_tools.usage import HEAD_PAIR, INTEGER, long_text_advice, shown, type_fix
 
-PACKAGE = Path(__file__).resolve().parent.parent
-FORMAT = 1
 
-
-def source_key() -> str:
-    """A digest of every source file of the package (path, size, mtime) and the Python version."""
-    digest = hashlib.sha256(f"{FORMAT}|{sys.version_info[:2]}|{PACKAGE}".encode())
-    for path in sorted(PACKAGE.rglob("*.py")):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(PACKAGE)}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:20]
-
-
-def _package_tag() -> str:
-    """Which checkout this is: catalogues of other checkouts (other worktrees, venvs) sharing the cache folder
-    are theirs to keep (deleting them made every second ``call`` import torch to rebuild its own)."""
-    return hashlib.sha256(str(PACKAGE).encode()).hexdigest()[:8]
-
-
-def catalogue_path(key: str | None = None) -> Path:
-    return cache_dir() / f"tool-catalogue-{_package_tag()}-{key or source_key()}.json"
-
-
-def load_catalogue() -> dict[str, Any] | None:
-    """The catalogue of this very source, or None (not built yet, or unreadable)."""
-    try:
-        data = json.loads(catalogue_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("tools"), dict) else None
-
-
-def build_catalogue() -> dict[str, Any]:
-    """Every declared tool's description, example and input schema (imports the tools: torch, transformers)."""
-    from agent_tools.surfaces.portable import portable_schema
-    from agent_tools.tools import TOOLS
-
+def catalogue() -> dict[str, Any]:
+    """Every declared tool's description, example and input schema (the declaration data: no tool imported)."""
     tools = {
-        name: {
-            "description": spec.description,
-            "example": spec.example,
-            "schema": portable_schema(spec.input_model, "mcp"),
-        }
-        for name, spec in TOOLS.items()
+        name: {"description": entry["description"], "example": entry["example"], "schema": entry["input_schema"]}
+        for name, entry in tool_declarations().items()
     }
-    return {"format": FORMAT, "tools": tools}
-
-
-def save_catalogue(data: dict[str, Any]) -> None:
-    """Write the catalogue atomically; a cache folder that cannot be written only costs speed next time."""
-    path = catalogue_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-        os.replace(partial, path)
-        for old in path.parent.glob(f"tool-catalogue-{_package_tag()}-*.json"):
-            if old != path:
-                old.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-def catalogue(*, build: bool) -> dict[str, Any] | None:
-    """The current catalogue; built (and saved) when missing if ``build``, else None."""
-    data = load_catalogue()
-    if data is None and build:
-        data = build_catalogue()
-        save_catalogue(data)
-    return data
+    return {"tools": tools}
 
 
 # --- reading a schema -------------------------------------------------------------------------------------------
@@ -171,7 +109,8 @@ def tool_help(name: str, entry: dict[str, Any], *, width: int = 100) -> str:
     lines = [f"attention-explainer call {name} --json ARGS", ""]
     lines += textwrap.wrap(entry["description"], width)
     lines += ["", "arguments (a JSON object; ARGS may also be @file.json or - for stdin):"]
-    for row in arguments_table(entry["schema"]):
+    rows = arguments_table(entry["schema"])
+    for row in rows:
         if row["required"]:
             given = "required"
         else:
@@ -181,6 +120,10 @@ def tool_help(name: str, entry: dict[str, Any], *, width: int = 100) -> str:
             facts.append(row["range"])
         lines.append(f"  {row['name']}: " + ", ".join(facts))
         lines += textwrap.wrap(row["description"], width, initial_indent="      ", subsequent_indent="      ")
+    shared = [line for line in shared_arguments() if any(f"`{row['name']}`" in line for row in rows)]
+    if shared:  # what the arguments every tool repeats mean, said once (the prompts' "Arguments")
+        lines += ["", "shared arguments:"]
+        lines += [wrapped for line in shared for wrapped in textwrap.wrap(line, width, subsequent_indent="    ")]
     example = json.dumps(entry["example"], ensure_ascii=False)
     lines += ["", "example:", f"  attention-explainer call {name} --json '{example}'"]
     return "\n".join(lines)

@@ -26,11 +26,8 @@ CHECKS: tuple[str, ...] = get_args(Check)
 DEFAULT_CHECKS: tuple[Check, ...] = ("causal", "value")
 MAX_IG_STEPS = 256
 
-PROMPT_DESCRIPTION = "text, or chat messages [{role, content}] (rendered with the model's chat template)"
-TARGET_DESCRIPTION = "last: the next token only (the checks cover that one token); generate: the answer per answer_stop"
-ANSWER_STOP_DESCRIPTION = (
-    "generate ends at: line (turn end or first line break), eos, sentence, tokens (max_new_tokens)"
-)
+TARGET_DESCRIPTION = "last: the next token; generate: an answer (answer_stop)"
+ANSWER_STOP_DESCRIPTION = "line: turn end or first line break; tokens: max_new_tokens"
 SINK_DESCRIPTION = (
     "a token read by at least 4 later queries that receives, on average over them and all layers and heads, at "
     "least this share of their attention (and 2× what uniform attention would give it) joins position 0 in the "
@@ -39,10 +36,10 @@ SINK_DESCRIPTION = (
 
 
 CHECKS_DESCRIPTION = (
-    "evidence per segment: causal (Δ log p(answer) when removed), value (‖α·v·W_O‖ share), gradient (an "
-    "approximation of removal, slow); omitted = causal, value"
+    "causal: Δ log p(answer) with the segment removed; value: ‖α·v·W_O‖ share; gradient: approximates removal, "
+    "slow; omitted = causal, value"
 )
-ANSWER_DESCRIPTION = "the answer the checks measure (mind a leading space); omitted = the model's own"
+ANSWER_DESCRIPTION = "omitted = the model's own"
 NEUTRAL_DESCRIPTION = (
     "the single token that replaces a segment's tokens in the neutral replacement and the gradient baseline; "
     "omitted = a space, else '.', else the tokenizer's unknown or padding token"

@@ -144,6 +144,7 @@ def build_declarations() -> dict[str, Any]:
     tools = {
         name: {
             "description": spec.description,
+            "example": spec.example,
             "arguments": [[field, info.is_required()] for field, info in spec.input_model.model_fields.items()],
             "advanced": list(spec.advanced),
             "input_schema": portable_schema(spec.input_model, "mcp"),
@@ -173,15 +174,18 @@ def agent_schema(entry: dict[str, Any], policy: ModelPolicy) -> dict[str, Any]:
     """A tool's input schema as the session's agent sees it (see the module docstring); a new dict each call."""
     schema = deepcopy(entry["input_schema"])
     properties: dict[str, Any] = schema.get("properties", {})
-    for name in hidden_arguments(entry, policy):
+    hidden = hidden_arguments(entry, policy)
+    for name in hidden:
         del properties[name]
-    if "model" in properties:
+    if hidden:  # open: the schema must not refuse the arguments it leaves out (ToolInput.model_json_schema)
+        schema.pop("additionalProperties", None)
+    if "model" in properties:  # the choices without "type" (portable.untyped_choices)
         if policy.allowed is None:
             properties["model"] = {"description": model_field_description(policy), "type": "string"}
         elif len(policy.allowed) == 1:  # as pydantic writes a one-value Literal
-            properties["model"] = {"const": next(iter(policy.allowed)), "type": "string"}
+            properties["model"] = {"const": next(iter(policy.allowed))}
         else:
-            properties["model"] = {"enum": sorted(policy.allowed), "type": "string"}
+            properties["model"] = {"enum": sorted(policy.allowed)}
     return schema
 
 

@@ -17,9 +17,8 @@ from agent_tools.schemas import NextCall, Report, Rounded, Rounded6, TextInput, 
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Remove heads (mean-ablation by default) and measure what changes vs as many random heads: next-token KL, "
-    "loss, top token (encoders: embedding shift), and each head's direct logit attribution. Use to test whether "
-    "named heads matter."
+    "Remove heads (mean-ablation) and measure next-token KL, loss and top token vs as many random heads, with "
+    "direct logit attribution. Use to test if heads matter."
 )
 
 _HEAD_STRING = re.compile(r"^\s*[Ll]?\s*(-?\d+)\s*(?:\.|:|[Hh]|\.[Hh])\s*(-?\d+|\*)\s*$")
@@ -30,14 +29,14 @@ class HeadRef(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    layer: int = Field(description="layer index, 0-based")
-    head: int = Field(description="0-based")
+    layer: int
+    head: int
 
 
 HEAD_FORMS = (
     '"18.8" (layer 18 head 8; "L18H8" works too, "18.*" = every head of layer 18), [18, 8] or {"layer": 18, "head": 8}'
 )
-HEADS_DESCRIPTION = f"heads to remove, each {HEAD_FORMS}; each at most once"
+HEADS_DESCRIPTION = 'each "18.8" (layer 18, head 8), "18.*", [18, 8] or {"layer": 18, "head": 8}'
 HeadPair = Annotated[list[int], Field(min_length=2, max_length=2)]
 
 
@@ -80,14 +79,9 @@ class AblateHeadsInput(TextInput, StackInput):
     heads: HeadsArgument = Field(min_length=1, description=HEADS_DESCRIPTION)
     method: AblationMethod = Field(
         default="mean",
-        description=(
-            "mean: output set to its mean over positions; resample: taken from resample_text (or the text shuffled) "
-            "at each position; zero: set to 0 (out-of-distribution)"
-        ),
+        description="mean: output → its mean over positions; resample: → its output on resample_text; zero: → 0",
     )
-    resample_text: str | None = Field(
-        default=None, min_length=1, description="method resample: the text whose head outputs are copied in"
-    )
+    resample_text: str | None = Field(default=None, min_length=1, description="omitted = the text shuffled")
     baseline_draws: int = Field(
         default=BASELINE_DRAWS, ge=2, le=64, description="random sets of as many heads ablated for comparison"
     )
@@ -96,7 +90,7 @@ class AblateHeadsInput(TextInput, StackInput):
     target_token: str | None = Field(
         default=None,
         min_length=1,
-        description="token whose logit the attribution explains (mind a leading space); omitted = the top one",
+        description="the token the logit attribution explains; omitted = the top one",
     )
 
 

@@ -8,17 +8,17 @@ from agent_tools.schemas import Report, Rounded6, TextInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Attention rollout for one token: how much of it flows from each source token through all layers, beside "
-    "raw last-layer attention. Use for token-level attribution; mind sink dominance."
+    "Attention rollout: how much of one token flows from each source token through all layers, beside raw "
+    "attention. Use for token attribution; mind sinks."
 )
 
 
 class AttentionRolloutInput(TextInput, StackInput):
     position: int | None = Field(
         default=None,
-        description="target token (-1 = last); omitted = last (decoders) or first ([CLS], encoders)",
+        description="the token explained (-1 = last); omitted = last, or first on encoders",
     )
-    up_to_layer: int | None = Field(default=None, description="last layer rolled through; omitted = all")
+    up_to_layer: int | None = Field(default=None, description="omitted = the last")
     residual: float = Field(
         default=0.5,
         ge=0.0,

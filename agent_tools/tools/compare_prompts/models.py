@@ -16,7 +16,6 @@ from agent_tools.prompt_trace.models import (
     IG_STEPS_DESCRIPTION,
     MAX_IG_STEPS,
     NEUTRAL_DESCRIPTION,
-    PROMPT_DESCRIPTION,
     SINK_DESCRIPTION,
     TARGET_DESCRIPTION,
     AnswerStop,
@@ -32,14 +31,14 @@ from agent_tools.schemas import ChatMessage, ModelInput, Report, Rounded
 from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack, StackReport
 
 DESCRIPTION = (
-    "Compare two prompt variants: each segment's attention share and causal effect side by side, the largest "
-    "shifts, and how the next token (KL) or generated text changed. Use to see what a prompt edit did."
+    "Two prompt variants side by side: each segment's attention share and causal effect, the largest shifts, the "
+    "output change. Use to see what a prompt edit did."
 )
 
 
 class ComparePromptsInput(ModelInput):
-    prompt_a: str | list[ChatMessage] = Field(description=PROMPT_DESCRIPTION)
-    prompt_b: str | list[ChatMessage] = Field(description="the other variant")
+    prompt_a: str | list[ChatMessage]
+    prompt_b: str | list[ChatMessage]
     segments_a: list[SegmentSpec] | None = Field(default=None, description="named segments of prompt_a")
     segments_b: list[SegmentSpec] | None = Field(default=None, description="the same names compare")
     target: Target = Field(default="last", description=TARGET_DESCRIPTION)
@@ -47,7 +46,7 @@ class ComparePromptsInput(ModelInput):
         default=16,
         ge=1,
         le=MAX_NEW_TOKENS,
-        description=f"at most this many answer tokens (1..{MAX_NEW_TOKENS})",
+        description="answer tokens at most",
     )
     answer_stop: AnswerStop = Field(default=DEFAULT_ANSWER_STOP, description=ANSWER_STOP_DESCRIPTION)
     sink_threshold: float = Field(default=DEFAULT_SINK_THRESHOLD, gt=0, le=1, description=SINK_DESCRIPTION)

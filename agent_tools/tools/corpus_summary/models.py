@@ -9,8 +9,8 @@ from pydantic import BaseModel, Field
 from agent_tools.schemas import DetailInput, Report
 
 DESCRIPTION = (
-    "Summarise data the operator allowed: a corpus run's stable and variable heads or segment read-most rates "
-    "with confidence intervals, or what a data file holds. Omit data to list what is allowed."
+    "A corpus run's stable and variable heads or segment rates with confidence intervals, or what an allowed data "
+    "file holds. Omit data to list them."
 )
 SummaryKind = Literal["list", "run", "data"]
 
@@ -19,7 +19,7 @@ class CorpusSummaryInput(DetailInput):
     data: str | None = Field(
         default=None,
         max_length=300,
-        description="an allowed data file or run folder name; omitted = list them",
+        description="an allowed data file or run folder; omitted = list them",
     )
     top_k: int = Field(default=5, ge=1, le=50, description="rows listed per group")
 

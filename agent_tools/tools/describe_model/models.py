@@ -7,8 +7,8 @@ from pydantic import BaseModel, Field
 from agent_tools.schemas import ModelInput, Report, Rounded, Rounded6
 
 DESCRIPTION = (
-    "Call first: the model's attention layout (family, layers, heads, KV heads, head_dim, score scale vs "
-    "1/sqrt(d_k), positions, mask), which gives the valid layer and head ranges."
+    "Call first: the model's layers, heads, KV heads, head_dim, score scale vs 1/sqrt(d_k), positions and mask "
+    "(the valid layer and head ranges)."
 )
 
 

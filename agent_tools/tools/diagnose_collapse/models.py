@@ -19,25 +19,24 @@ from agent_tools.schemas import Report, Rounded, Rounded6, TextInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Find heads that collapse (max weight near 1) on a text, onto which token, and what removing each does vs "
-    "random heads: no-op sink, constant-output, load-bearing or harmful. Use when attention looks stuck or to find "
-    "sinks."
+    "Heads that collapse (max weight near 1), onto which token, and what removing each does vs random heads "
+    "(sink, load-bearing, harmful). Use when attention looks stuck."
 )
 
 
 class DiagnoseCollapseInput(TextInput, StackInput):
-    layers: list[int] | None = Field(default=None, description="omitted = all")
-    heads: list[int] | None = Field(default=None, description="omitted = all")
+    layers: list[int] | None = None
+    heads: list[int] | None = None
     threshold: float = Field(
         default=SATURATION, gt=0.0, le=1.0, description="a row is saturated when its max weight is at or above this"
     )
-    top_k: int = Field(default=10, ge=1, le=2000, description="heads listed, most collapsed first")
+    top_k: int = Field(default=10, ge=1, le=2000, description="heads listed")
     png: bool = Field(default=False, description="write a layer × head PNG (artifact)")
-    causal_check: bool = Field(default=True, description="ablate each collapsed head vs random heads (extra passes)")
+    causal_check: bool = Field(default=True, description="ablate each collapsed head vs random heads")
     resample_text: str | None = Field(
         default=None,
         min_length=1,
-        description="text (as many tokens or more) resample-ablation copies from; omitted = the text shuffled",
+        description="what resample-ablation copies from, as long or longer; omitted = the text shuffled",
     )
     max_checked: int = Field(
         default=MAX_CHECKED_HEADS, ge=1, le=32, description="collapsed heads checked at most, most collapsed first"

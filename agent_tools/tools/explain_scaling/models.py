@@ -13,8 +13,8 @@ from agent_tools.schemas import Report, Rounded, Rounded6, TextInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "What the 1/sqrt(d_k) scale does in one layer: measured vs predicted Var(q·k), and the softmax's entropy, "
-    "saturation and gradient with and without it. Use for 'why divide by sqrt(d_k)?'."
+    "What 1/sqrt(d_k) does in one layer: Var(q·k) measured vs predicted; softmax entropy, saturation and gradient "
+    "with and without it. Use for 'why sqrt(d_k)?'."
 )
 DEFAULT_TEMPERATURES = (0.25, 0.5, 2.0, 4.0)
 NULL_TEMPERATURE = "Input should be a finite number > 0 (NaN and ±infinity have no JSON form: they arrive as null)"
@@ -31,7 +31,7 @@ Temperature = Annotated[float, Field(gt=0.0, allow_inf_nan=False), BeforeValidat
 
 
 class ExplainScalingInput(TextInput, StackInput):
-    layer: int = Field(description="0-based")
+    layer: int
     head: int | None = Field(default=None, description="omitted = every head")
     temperatures: list[Temperature] | None = Field(
         default=None,

@@ -25,9 +25,7 @@ class FindCircuitInput(ModelInput):
         default=DEFAULT_STEPS, ge=1, le=16, description="interpolation steps of the integrated gradients"
     )
     max_edges: int = Field(default=40, ge=1, le=60, description="most edges in the returned graph")
-    png: bool = Field(
-        default=False, description="write the circuit graph as a PNG and a standalone HTML page (SVG; artifacts)"
-    )
+    png: bool = Field(default=False, description="write the graph as PNG and HTML (artifacts)")
 
 
 class CircuitNode(BaseModel):

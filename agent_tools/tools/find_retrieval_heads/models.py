@@ -8,22 +8,22 @@ from agent_tools.long_context import DEFAULT_ANSWER, DEFAULT_NEEDLE, DEFAULT_QUE
 from agent_tools.schemas import ModelInput, NextCall, Report, Rounded
 
 DESCRIPTION = (
-    "Which heads fetch from far back? Needle-in-a-haystack prompts at several depths and lengths; each head's "
-    "retrieval score (Wu et al.), the top heads ablated vs random heads. Use for long-context retrieval."
+    "Heads that fetch from far back: needle-in-a-haystack at several depths and lengths, a retrieval score per "
+    "head, the top ablated vs random. Use for long context."
 )
 
 
 class FindRetrievalHeadsInput(ModelInput):
-    text: str | None = Field(default=None, description="haystack text (repeated to fill); omitted = a built-in one")
-    needle: str = Field(default=DEFAULT_NEEDLE, description="the sentence hidden in the haystack")
-    answer: str = Field(default=DEFAULT_ANSWER, description="the part of the needle the model must copy back")
-    question: str = Field(default=DEFAULT_QUESTION, description="asked after the haystack; the answer follows it")
+    text: str | None = Field(default=None, description="the haystack, repeated to fill; omitted = a built-in one")
+    needle: str = Field(default=DEFAULT_NEEDLE, description="the sentence hidden")
+    answer: str = Field(default=DEFAULT_ANSWER, description="the part of the needle to copy back")
+    question: str = Field(default=DEFAULT_QUESTION, description="asked after the haystack")
     depths: list[float] = Field(
-        default=[0.1, 0.3, 0.5, 0.7, 0.9], min_length=1, max_length=11, description="needle depths, 0 (start)..1 (end)"
+        default=[0.1, 0.3, 0.5, 0.7, 0.9], min_length=1, max_length=11, description="0 = start, 1 = end"
     )
-    lengths: list[int] = Field(default=[256, 512], min_length=1, max_length=4, description="context lengths, tokens")
-    top_k: int = Field(default=5, ge=1, le=50, description="top heads ablated together in the causal check")
-    random_draws: int = Field(default=3, ge=1, le=20, description="random head sets of the same size (baseline)")
+    lengths: list[int] = Field(default=[256, 512], min_length=1, max_length=4, description="tokens")
+    top_k: int = Field(default=5, ge=1, le=50, description="top heads ablated together")
+    random_draws: int = Field(default=3, ge=1, le=20, description="random sets of as many heads")
     seed: int = Field(default=0, description="seed of the random head draws")
 
 

@@ -13,14 +13,14 @@ EFFECTIVE_RANK_DEFINITION = (
 )
 
 DESCRIPTION = (
-    "One head's W_Q, W_K, W_V, W_O: spectra, effective ranks, what queries look for vs what keys offer, heads "
-    "sharing its KV head, and the map without projections. Use to see what the projections add."
+    "One head's W_Q, W_K, W_V, W_O: spectra, ranks, what queries seek vs keys offer, the map without projections. "
+    "Use to see what projections add."
 )
 
 
 class InspectProjectionsInput(TextInput, StackInput):
-    layer: int = Field(description="0-based")
-    head: int = Field(description="0-based")
+    layer: int
+    head: int
     png: bool = Field(default=False, description="write the no-projection map as a PNG (artifact)")
 
 

@@ -10,20 +10,20 @@ from agent_tools.schemas import ModelInput, NextCall, Report, Rounded
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Activation patching clean → corrupted prompt (same token length): how much of the answer's logit difference "
-    "each head and layer restores, against random heads. Use to find the heads that carry an answer."
+    "Activation patching clean → corrupted (same token length): the share of the logit difference each head "
+    "restores, vs random heads. Use to find heads carrying an answer."
 )
 PatchMethod = Literal["exact", "attribution", "auto"]
 PATCH_METHODS: tuple[PatchMethod, ...] = get_args(PatchMethod)
 AUTO_ATTRIBUTION_ABOVE = 16_384  # auto: attribution when heads × positions after the first difference exceed this
 METHOD_DESCRIPTION = (
-    "exact: patch every head; attribution: rank heads by gradients, patch the top ones exactly; auto: attribution "
-    f"above {AUTO_ATTRIBUTION_ABOVE:,} heads × positions"
+    f"exact: every head; attribution: gradients rank, the top patched; auto: attribution past "
+    f"{AUTO_ATTRIBUTION_ABOVE:,} heads × positions"
 )
-CLEAN_DESCRIPTION = "the prompt whose answer to explain, e.g. '… John gave a drink to'"
-CORRUPTED_DESCRIPTION = "the same prompt, one fact changed, same token length, e.g. '… Mary gave a drink to'"
-ANSWER_DESCRIPTION = "the clean answer, one token (mind a leading space); omitted = the top next token"
-WRONG_DESCRIPTION = "the corrupted prompt's answer, one token; omitted = its top next token"
+CLEAN_DESCRIPTION = "e.g. '… John gave a drink to'"
+CORRUPTED_DESCRIPTION = "one fact changed, same token length: '… Mary gave a drink to'"
+ANSWER_DESCRIPTION = "the clean answer, one token; omitted = the top one"
+WRONG_DESCRIPTION = "the corrupted answer, one token; omitted = its top one"
 
 
 class PatchHeadsInput(ModelInput, StackInput):
@@ -31,7 +31,7 @@ class PatchHeadsInput(ModelInput, StackInput):
     corrupted: str = Field(description=CORRUPTED_DESCRIPTION)
     answer: str | None = Field(default=None, min_length=1, description=ANSWER_DESCRIPTION)
     wrong: str | None = Field(default=None, min_length=1, description=WRONG_DESCRIPTION)
-    layers: list[int] | None = Field(default=None, description="omitted = all")
+    layers: list[int] | None = None
     top_k: int = Field(default=3, ge=1, le=20, description="heads listed first, and patched position by position")
     per_position: bool = Field(default=True, description="patch the top_k heads one position at a time as well")
     method: PatchMethod = Field(default="auto", description=METHOD_DESCRIPTION)

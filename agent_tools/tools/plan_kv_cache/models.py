@@ -9,8 +9,8 @@ from pydantic import BaseModel, Field
 from agent_tools.schemas import NextCall, Report, Rounded, Rounded6, TextInput
 
 DESCRIPTION = (
-    "Which KV heads could keep only the first `sink` + last `window` tokens? Loss change per head by exact masking, "
-    "a greedy plan under a loss budget built in verified groups. Use to plan a short KV cache."
+    "Which KV heads can keep only the first `sink` + last `window` tokens: loss change per head, a verified plan "
+    "under a loss budget. Use to plan a short KV cache."
 )
 
 Precision = Literal["float32", "bfloat16", "float16", "fp8", "int8"]
@@ -18,23 +18,17 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 class PlanKvCacheInput(TextInput):
-    sink: int = Field(default=4, description="first tokens every head keeps (attention sinks)")
-    window: int = Field(default=64, description="most recent tokens a short-cache head keeps (itself included)")
-    loss_budget: float = Field(
-        default=0.02, description="allowed rise of the mean next-token loss, nats, summed over planned heads"
-    )
+    sink: int = Field(default=4, description="first tokens every head keeps")
+    window: int = Field(default=64, description="last tokens a short-cache head keeps")
+    loss_budget: float = Field(default=0.02, description="allowed rise of the mean loss, nats, over the plan")
     tolerance: float | None = Field(
         default=None,
-        description="a group joins the plan only when its verified loss change is within this of the prediction, "
-        "nats; omitted = half the loss budget (at least 0.0001)",
+        description="a group joins when its verified loss change is within this of the prediction, nats; "
+        "omitted = loss_budget / 2",
     )
-    context_length: int | None = Field(
-        default=None, description="tokens the memory saving is stated for; omitted = the model's limit"
-    )
-    precision: Precision = Field(default="bfloat16", description="KV cache number format for the memory saving")
-    layers: list[int] | None = Field(
-        default=None, description="layers whose heads may get the short cache; omitted = all (the others keep it full)"
-    )
+    context_length: int | None = Field(default=None, description="for the memory saving; omitted = the model's limit")
+    precision: Precision = Field(default="bfloat16", description="of the KV cache")
+    layers: list[int] | None = Field(default=None, description="layers allowed a short cache")
 
 
 class KvHeadEffect(BaseModel):

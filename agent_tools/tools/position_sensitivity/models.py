@@ -5,25 +5,20 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from agent_tools.prompt_segments import SegmentSpec
-from agent_tools.prompt_trace.models import PROMPT_DESCRIPTION
 from agent_tools.schemas import ChatMessage, ModelInput, NextCall, Report, Rounded
 
 DESCRIPTION = (
-    "Does the answer depend on where evidence sits? Moves one named segment through positions: answer log p and its "
-    "attention share per position. Use to find lost-in-the-middle effects."
+    "Moves one named segment through positions: the answer's log p and the segment's attention share at each. Use "
+    "to find lost-in-the-middle effects."
 )
 
 
 class PositionSensitivityInput(ModelInput):
-    prompt: str | list[ChatMessage] = Field(description=PROMPT_DESCRIPTION)
-    segments: list[SegmentSpec] = Field(
-        min_length=2, max_length=16, description="the movable pieces (documents), each a verbatim substring (text)"
-    )
-    move: str = Field(description="name of the segment to move among the others")
-    answer: str | None = Field(
-        default=None, description="answer whose log-probability is measured; omitted = top token"
-    )
-    positions: int = Field(default=5, ge=2, le=16, description="positions tried, spread from first to last")
+    prompt: str | list[ChatMessage]
+    segments: list[SegmentSpec] = Field(min_length=2, max_length=16, description="the movable pieces (documents)")
+    move: str = Field(description="the segment to move")
+    answer: str | None = Field(default=None, description="omitted = the top token")
+    positions: int = Field(default=5, ge=2, le=16, description="positions tried")
 
 
 class PositionResult(BaseModel):

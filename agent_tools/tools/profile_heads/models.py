@@ -23,9 +23,8 @@ from agent_tools.schemas import ModelInput, NextCall, Report, Rounded, Rounded6,
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "The role of every head (previous_token, induction, first_token, self, local, ...) over several texts or "
-    "probes (mean ± spread), top heads per role with a mean-ablation check vs random heads; named patterns too. "
-    "Use to find heads of a kind."
+    "Every head's role (previous_token, induction, first_token, local, …) over several texts, top heads per role "
+    "checked by ablation vs random heads. Use to find heads of a kind."
 )
 SAMPLE_TEXT = (
     "The cat sat on the mat because it was tired, and the dog watched it from the door. "
@@ -68,10 +67,10 @@ class RoleThresholds(ToolInput):
 class ProfileHeadsInput(ModelInput, StackInput):
     text: str | None = Field(
         default=None,
-        description="text for the text roles; omitted = a sample (induction uses random-token probes)",
+        description="omitted = a sample (induction uses random-token probes)",
     )
-    layers: list[int] | None = Field(default=None, description="omitted = all")
-    roles: list[HeadRole] | None = Field(default=None, description="omitted = all")
+    layers: list[int] | None = None
+    roles: list[HeadRole] | None = None
     seed: int = Field(default=0, ge=0, description="seed of the first probe's random tokens (same seed, same probe)")
     seeds: int = Field(
         default=3,
@@ -96,7 +95,7 @@ class ProfileHeadsInput(ModelInput, StackInput):
     )
     patterns: list[PatternName] | None = Field(
         default=None,
-        description="named query×key patterns scored for every head like a role, on the same texts",
+        description="query×key patterns scored like roles",
     )
     top_k: int = Field(default=3, ge=1, le=20, description="top heads listed per role")
     thresholds: RoleThresholds | None = Field(

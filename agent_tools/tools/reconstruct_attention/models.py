@@ -11,14 +11,14 @@ from agent_tools.stack_input import StackInput, StackReport
 PARITY_TOLERANCE = 1e-5  # stage 5 must equal the model's weights to this (the contract)
 
 DESCRIPTION = (
-    "Rebuild one head's map step by step (x·xᵀ, ÷sqrt(d_k), W_Q/W_K, positions, mask + softmax = the model's) "
-    "with each step's effect. Use to see which ingredient makes a head attend as it does."
+    "One head's map rebuilt step by step (x·xᵀ, ÷sqrt(d_k), W_Q/W_K, positions, mask, softmax). Use to see which "
+    "step makes it attend as it does."
 )
 
 
 class ReconstructAttentionInput(TextInput, StackInput):
-    layer: int = Field(description="0-based")
-    head: int = Field(description="0-based")
+    layer: int
+    head: int
     mask_every_stage: bool = Field(
         default=False,
         description="mask stages 1–4 too (default: only stage 5, as in the recipe)",

@@ -11,8 +11,8 @@ from agent_tools.analysis.metrics import SATURATION
 from agent_tools.schemas import DetailInput, Report, Rounded
 
 DESCRIPTION = (
-    "Train a tiny attention head (CPU, seconds) with and without 1/sqrt(d_k) at a small and a large d_k: loss, "
-    "accuracy, gradient and saturation curves. Use to show why unscaled attention trains badly; no model needed."
+    "Trains a tiny attention head (CPU, seconds) with and without 1/sqrt(d_k) at small and large d_k: loss, "
+    "gradient curves. Use to show why scaling matters; no model."
 )
 VANISHED = 1e-6  # a W_q gradient norm below this counts as vanished
 CURVE_POINTS = 30  # logged points per run when log_every is omitted

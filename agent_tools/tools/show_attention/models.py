@@ -8,14 +8,14 @@ from agent_tools.schemas import KeyWeight, Report, Rounded, Rounded6, TextInput,
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "What one head reads on a text: each query's top keys and weights, entropies, the most-read token. Use to "
-    "look at a head another tool named."
+    "What one head reads on a text: each query's top keys and weights, entropy, the most-read token. Use to look "
+    "at a named head."
 )
 
 
 class ShowAttentionInput(TextInput, StackInput):
-    layer: int = Field(description="0-based")
-    head: int = Field(description="0-based")
+    layer: int
+    head: int
     top_k: int = Field(default=3, ge=1, le=20, description="keys listed per query")
     include_map: bool = Field(default=False, description="add the full T×T weight map")
     png: bool = Field(default=False, description="write a PNG heatmap (artifact)")

@@ -16,7 +16,6 @@ from agent_tools.prompt_trace.models import (
     IG_STEPS_DESCRIPTION,
     MAX_IG_STEPS,
     NEUTRAL_DESCRIPTION,
-    PROMPT_DESCRIPTION,
     SINK_DESCRIPTION,
     TARGET_DESCRIPTION,
     AnswerStop,
@@ -32,21 +31,21 @@ from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack
 __all__ = ["PromptTrace", "TracePromptInput"]
 
 DESCRIPTION = (
-    "Which prompt parts (system, user turns, template, named spans) the answer reads (attention share) and "
-    "depends on (removal, value-weighted share, optional gradients). Use for prompt engineering and RAG."
+    "Which prompt parts (system, turns, template, named spans) the answer reads and depends on (removal, value "
+    "share). Use for prompt engineering and RAG."
 )
-SEGMENTS_DESCRIPTION = "spans to name: a substring (text) or characters (start, end), optionally in one message"
+SEGMENTS_DESCRIPTION = "spans to name"
 
 
 class TracePromptInput(ModelInput):
-    prompt: str | list[ChatMessage] = Field(description=PROMPT_DESCRIPTION)
+    prompt: str | list[ChatMessage]
     segments: list[SegmentSpec] | None = Field(default=None, description=SEGMENTS_DESCRIPTION)
     target: Target = Field(default="last", description=TARGET_DESCRIPTION)
     max_new_tokens: int = Field(
         default=16,
         ge=1,
         le=MAX_NEW_TOKENS,
-        description=f"at most this many answer tokens (1..{MAX_NEW_TOKENS})",
+        description="answer tokens at most",
     )
     answer_stop: AnswerStop = Field(default=DEFAULT_ANSWER_STOP, description=ANSWER_STOP_DESCRIPTION)
     top_k: int = Field(default=3, ge=1, le=10, description="most-read tokens listed per segment")
