@@ -38,8 +38,8 @@ from agent_tools.settings import ARTIFACTS_ENV, DEFAULT_MODEL, cache_dir, readab
 DEFAULT_CALL_TIMEOUT = 120.0
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_IDLE = 600.0
-# A stdio server whose client closed stdin stops its calls at their next checkpoint, and ends this long after
-# even if one has not reached it (a client that is gone cannot be answered).
+# A stdio server whose client closed stdin stops its calls at their next checkpoint, answers every request it read,
+# and ends this long after the answers' grace (mcp_server.STOP_GRACE_SECONDS) even if a call has not reached one.
 STDIN_CLOSED_EXIT_SECONDS = 1.5
 
 if TYPE_CHECKING:
@@ -210,7 +210,8 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     """The ``mcp`` command, before any session exists: the server answers ``initialize`` and ``tools/list`` at
-    once, while the inspector (torch, transformers, the tools) is built in the background."""
+    once (over stdio before the MCP SDK is imported: :mod:`agent_tools.mcp_front`), while the inspector (torch,
+    transformers, the tools) is built in the background."""
     from agent_tools.cli.session_args import memory_budget_from_args, session_from_args
 
     memory_budget_from_args(args)  # a bad global option is refused here, at once (exit 2)
@@ -262,6 +263,10 @@ def _start_front(args: argparse.Namespace) -> tuple[StdioFront, int]:
     from agent_tools.tool_declarations import served_names
 
     check_server_limits(args)
+    if getattr(args, "device", None):  # a device no machine has: refused before the front answers anything
+        from agent_tools.placement import check_device_form
+
+        check_device_form(args.device)
     policy = ModelPolicy.bundled_only(default=args.model, extra=tuple(args.allow_model))
     names = served_names([t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None)
     protocol_fd = _protocol_fd()

@@ -8,7 +8,9 @@ built (by the ``attention-explainer mcp`` options): which models may be loaded (
 clients as an enum), the artifact folder and the token limit. Nothing an agent sends can widen them. The
 default model starts loading in the server's lifespan, in the background: ``initialize`` and ``tools/list`` are
 answered at once, and a tool call that arrives before the model is loaded waits for it (over HTTP: the load
-starts when the server starts, once for every session).
+starts when the server starts, once for every session). Over stdio the ``mcp`` command answers even before this
+module (the SDK) is imported: :mod:`agent_tools.mcp_front` answers ``initialize``, ``ping`` and ``tools/list``
+as this server would, then hands the session to it (:func:`serve_stdio`'s ``stdin`` and ``drop_answer_to``).
 
 Results: ``structuredContent`` is the tool's report (``output_model.model_dump(mode="json")``, valid against the
 advertised ``outputSchema``); the text content is the concise text an LLM reads (``--text-content json|both``
