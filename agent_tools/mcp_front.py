@@ -25,6 +25,7 @@ Also here because the front needs them and must not import the SDK: the server's
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import logging
@@ -51,6 +52,7 @@ TOOL_ANNOTATIONS: dict[str, bool] = {"destructiveHint": False, "idempotentHint":
 CAPABILITIES: dict[str, Any] = {"prompts": {"listChanged": False}, "tools": {"listChanged": False}}
 MAX_LINE_BYTES = 16 << 20  # one stdio message; a longer line is refused and skipped
 MAX_JSON_DEPTH = 64  # nesting of one message; MCP messages need about 8
+MAX_HELD_BYTES = 4 * MAX_LINE_BYTES  # the front reads no further while it holds this much for the SDK server
 # The id under which the client's ``initialize`` is replayed to the SDK server (which must not answer it twice).
 REPLAYED_ID = "attention-explainer/stdio-front/initialize"
 # The fields the SDK's 2025-11-25 wire model of a tool's input and output schema declares, in its order: it
@@ -233,9 +235,11 @@ def needs_answer(raw: bytes) -> bool:
 
 
 class HandedOff:
-    """The SDK server's stdin after the handoff: the held lines, then stdin's (``readline`` as a binary file's)."""
+    """The SDK server's stdin after the handoff: the held lines, then stdin's (``readline`` as a binary file's;
+    ``b""`` at the end)."""
 
-    def __init__(self, lines: queue.Queue[bytes]) -> None:
+    def __init__(self, held: list[bytes], lines: queue.Queue[bytes]) -> None:
+        self._held = collections.deque(held)
         self._lines = lines
         self._ended = False
 
@@ -243,7 +247,7 @@ class HandedOff:
         del size  # the front reads stdin in chunks of the SDK side's size
         if self._ended:
             return b""
-        line = self._lines.get()
+        line = self._held.popleft() if self._held else self._lines.get()
         self._ended = not line
         return line
 
@@ -273,8 +277,12 @@ class StdioFront:
         self.output, self.on_done = output, on_done
         self.answered: list[str] = []  # the methods answered here, in order (for the log and the tests)
         self._lock = threading.Lock()
-        self._feed: queue.Queue[bytes] = queue.Queue()
+        # After the handoff, stdin's lines for the SDK server: a few at a time, so a client sending faster than
+        # the server reads waits, as it would with the SDK's own reader.
+        self._feed: queue.Queue[bytes] = queue.Queue(maxsize=8)
         self._held: list[bytes] = []  # for the SDK server, in order, until the handoff; _REPLAY: the initialize
+        self._held_bytes = 0
+        self._resumed = threading.Event()  # set at the handoff (the reader waits for it when it holds too much)
         self._initialize: dict[str, Any] | None = None  # the params of the client's initialize answered here
         self._answering = True
         self._handed_off = self._finished = False
@@ -291,14 +299,14 @@ class StdioFront:
             if self._finished:
                 return None
             self._handed_off = True
-            for line in self._held:
-                self._feed.put(self._replayed_initialize() if line is _REPLAY else line)
-            self._held.clear()
+            held = [self._replayed_initialize() if line is _REPLAY else line for line in self._held]
             if self.stdin_ended.is_set():
-                self._feed.put(b"")
+                held.append(b"")
+            self._held.clear()
+            self._resumed.set()
         if self.answered:
             logger.info("answered %s before the MCP SDK loaded", ", ".join(self.answered))
-        return HandedOff(self._feed)
+        return HandedOff(held, self._feed)
 
     def _replayed_initialize(self) -> bytes:
         message = {"jsonrpc": "2.0", "id": REPLAYED_ID, "method": "initialize", "params": self._initialize}
@@ -312,25 +320,28 @@ class StdioFront:
             except (OSError, ValueError):  # stdin broken or closed under us: the client is gone as well
                 raw = b""
             with self._lock:
-                if not raw:
+                forward = self._handed_off
+                if not forward and not raw:
                     self.stdin_ended.set()
-                    if self._handed_off:
-                        self._feed.put(b"")
-                        return
                     self._finished = not any(line is not _REPLAY and needs_answer(line) for line in self._held)
                     break
-                if self._handed_off:
-                    self._feed.put(raw)
-                    continue
-                answer = None
-                if skipping or len(raw) > MAX_LINE_BYTES:
-                    skipping = not raw.endswith(b"\n")
-                else:
-                    answer = self._answer(raw)
-                if answer is None:
-                    self._held.append(raw)
-                elif not self._write(answer):
-                    self._answering = False
+                if not forward:
+                    answer = None
+                    if skipping or len(raw) > MAX_LINE_BYTES:
+                        skipping = not raw.endswith(b"\n")
+                    else:
+                        answer = self._answer(raw)
+                    if answer is None:
+                        self._held.append(raw)
+                        self._held_bytes += len(raw)
+                    elif not self._write(answer):
+                        self._answering = False
+            if forward:
+                self._feed.put(raw)  # outside the lock: it waits while the SDK side is behind
+                if not raw:
+                    return
+            elif self._held_bytes > MAX_HELD_BYTES:
+                self._resumed.wait()  # the SDK server reads the rest
         if self._finished:
             self.on_done()
 

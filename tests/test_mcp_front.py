@@ -355,3 +355,23 @@ def test_requests_read_before_stdin_closed_are_answered_through_the_sdk(tmp_path
     stopped = answers[5]["result"]
     assert stopped["isError"] and stopped["content"][0]["text"].startswith("Error [cancelled]"), stopped
     assert "the client closed the connection" in stopped["content"][0]["text"]
+
+
+def test_the_front_stops_reading_when_it_holds_too_much(monkeypatch) -> None:
+    """Past ``MAX_HELD_BYTES`` held for the SDK server, the front reads no further until the handoff (a client
+    sending faster than the SDK loads waits, as it would with the SDK's reader); nothing is lost or reordered."""
+    import agent_tools.mcp_front as front_module
+
+    monkeypatch.setattr(front_module, "MAX_HELD_BYTES", 1)
+    read_fd, write_fd = os.pipe()
+    front = StdioFront(["describe_model"], POLICIES["bundled"], server_version="0", output=write_fd, on_done=print)
+    prompts = [_request(i, "prompts/list") for i in range(2, 7)]
+    front.start(io.BytesIO(_lines([_initialize(1), *prompts])))
+    with os.fdopen(read_fd, "rb") as answers:
+        assert json.loads(answers.readline())["id"] == 1
+        assert not front.stdin_ended.wait(0.5)  # it holds the first prompts/list and waits
+        stdin = front.handoff()
+        assert stdin is not None
+        lines = [json.loads(line) for line in iter(stdin.readline, b"")]
+        os.close(write_fd)
+    assert lines == [{**_initialize(1), "id": REPLAYED_ID}, *prompts]

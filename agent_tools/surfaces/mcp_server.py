@@ -799,10 +799,12 @@ class _Unanswered:
             self.ids[request_id] = left
 
     async def settled(self, limit: float) -> None:
-        """Wait until every request sent has its answer (at most ``limit`` seconds: the calls were stopped)."""
+        """Wait until every request sent has its answer (at most ``limit`` seconds), stopping the calls meanwhile:
+        those that had not started when stdin ended too (the SDK dispatches the last lines after it ended)."""
         with anyio.move_on_after(limit):
             while self.ids:
-                await anyio.sleep(0.01)
+                stop_running_calls("the client closed the connection")
+                await anyio.sleep(0.02)
 
 
 async def _route_lines(
