@@ -13,13 +13,16 @@ registry declares, so it cannot drift.
 from __future__ import annotations
 
 import json
+from copy import deepcopy
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from agent_tools.errors import InvalidInputError
+from agent_tools.policy import BUNDLED_MODELS, ModelPolicy
 
 DECLARATIONS_FILE = Path(__file__).with_name("tool_declarations.json")
+SINGLE_STACK = frozenset(BUNDLED_MODELS)  # a decoder and an encoder: 'attention' has one value there, "self"
 
 
 @cache
@@ -60,3 +63,41 @@ def served_names(names: Any = None) -> list[str]:
         duplicates = sorted({n for n in chosen if chosen.count(n) > 1})
         raise InvalidInputError(f"the tool selection lists {duplicates} twice", field="tools")
     return [name for name in declared if name in chosen]
+
+
+def model_field_description(policy: ModelPolicy) -> str:
+    if policy.allowed is None:
+        return f"a bundled alias, local folder, .gguf file or hub id; omitted = {policy.default}"
+    return ""  # the allowed models are the schema's enum; omitted = the session's default
+
+
+def hidden_arguments(entry: dict[str, Any], policy: ModelPolicy) -> list[str]:
+    """The arguments a session accepts but leaves out of the schema: the advanced ones, and ``attention`` when
+    every allowed model has one attention stack."""
+    properties = entry["input_schema"].get("properties", {})
+    hidden = [name for name in entry["advanced"] if name in properties]
+    if "attention" in properties and policy.allowed is not None and policy.allowed <= SINGLE_STACK:
+        hidden.append("attention")
+    return hidden
+
+
+def agent_schema(entry: dict[str, Any], policy: ModelPolicy) -> dict[str, Any]:
+    """A tool's input schema as the session's agent sees it: the declared schema with ``model`` narrowed to the
+    allow-list and the unadvertised arguments left out — the JSON form of
+    :func:`agent_tools.surfaces.agent_input_model` (a test checks both agree for every tool); a new dict each call.
+    Standard library only: the MCP server's stdio front lists the tools with it before the SDK is imported."""
+    schema = deepcopy(entry["input_schema"])
+    properties: dict[str, Any] = schema.get("properties", {})
+    hidden = hidden_arguments(entry, policy)
+    for name in hidden:
+        del properties[name]
+    if hidden:  # open: the schema must not refuse the arguments it leaves out (ToolInput.model_json_schema)
+        schema.pop("additionalProperties", None)
+    if "model" in properties:  # the choices without "type" (portable.untyped_choices)
+        if policy.allowed is None:
+            properties["model"] = {"description": model_field_description(policy), "type": "string"}
+        elif len(policy.allowed) == 1:  # as pydantic writes a one-value Literal
+            properties["model"] = {"const": next(iter(policy.allowed))}
+        else:
+            properties["model"] = {"enum": sorted(policy.allowed)}
+    return schema

@@ -4,15 +4,20 @@ Starts ``python -m agent_tools.cli mcp`` and, at once (before it could have load
 ``initialize``, ``notifications/initialized``, ``tools/list`` and a ``tools/call`` of ``show_attention``'s example
 with a progress token, then times each answer from the moment the process was started:
 
-  initialize    start -> the initialize result (issue 28's target: under 1 s)
+  initialize    start -> the initialize result (issue 28's target: under 1 s; the stdio front answers it)
   tools/list    start -> the tools/list result
-  first result  start -> the first call's result (it waits for the model's background load)
+  first result  start -> the first call's result (it waits for the SDK, torch, the tools and the model)
   progress      notifications/progress received while the first call waited or ran
 
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/mcp_startup.py             # one start, a Markdown table
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/mcp_startup.py --runs 3    # the median of three starts
+Then the CPU time (user + system, which the load does not inflate) of short sessions: a client that sends
+``initialize``, ``notifications/initialized`` and ``tools/list`` and closes stdin (the front answers both and the
+process ends without importing the MCP SDK), beside ``python -c pass`` and an SDK import for scale.
 
-A machine under load (other processes on few cores) makes every number larger: say the load with the figures.
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/mcp_startup.py             # one start, Markdown tables
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/mcp_startup.py --runs 3    # the median of three starts
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/mcp_startup.py --no-call   # the short sessions only (seconds)
+
+A machine under load (other processes on few cores) makes every wall-clock number larger: say the load with them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -31,6 +37,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+SDK_IMPORT = "import mcp.server.lowlevel"
 EXAMPLE = {"text": "The cat sat on the mat because it was tired.", "layer": 3, "head": 0}
 
 
@@ -49,18 +56,22 @@ def messages() -> list[dict[str, Any]]:
     ]
 
 
-def one_start(timeout: float) -> dict[str, float]:
-    """Seconds from the process start to each answer, and the progress notifications received."""
+def one_start(timeout: float, *, call: bool = True) -> dict[str, float]:
+    """Seconds from the process start to each answer, and the progress notifications received. Without ``call``:
+    the handshake and ``tools/list`` only, stdin closed at once, and the process's CPU seconds once it ends."""
+    sent = messages() if call else messages()[:3]
     with tempfile.TemporaryDirectory() as folder:
         command = [sys.executable, "-m", "agent_tools.cli", "--artifacts", folder, "mcp"]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         process = subprocess.Popen(
             command, env=ENV, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
         assert process.stdin is not None and process.stdout is not None
-        for message in messages():
-            process.stdin.write((json.dumps(message) + "\n").encode())
+        process.stdin.write(b"".join((json.dumps(message) + "\n").encode() for message in sent))
         process.stdin.flush()
+        if not call:
+            process.stdin.close()
         times: dict[str, float] = {"progress": 0}
         names = {1: "initialize", 2: "tools/list", 3: "first result"}
         timer = threading.Timer(timeout, process.kill)
@@ -73,31 +84,62 @@ def one_start(timeout: float) -> dict[str, float]:
                 elif reply.get("id") in names:
                     assert "error" not in reply, reply
                     times[names[reply["id"]]] = time.perf_counter() - started
-                    if reply["id"] == 2:
-                        times["tools/list bytes"] = len(json.dumps(reply["result"], separators=(",", ":")))
                 if "first result" in times:
                     break
         finally:
             timer.cancel()
-            process.stdin.close()
-            process.terminate()
+            if call:
+                process.stdin.close()
+                process.terminate()
             process.wait(timeout=30)
+        if not call:
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child's own: one child at a time
+            times["cpu"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            times["end"] = time.perf_counter() - started
     return times
+
+
+def cpu_seconds(command: list[str]) -> float:
+    """CPU seconds (user + system) of ``command`` run to its end."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(command, env=ENV, cwd=ROOT, capture_output=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _median(runs: list[dict[str, float]], name: str) -> str:
+    values = [r[name] for r in runs if name in r]
+    return f"{statistics.median(values):.2f}" if values else "no answer"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=1, help="starts with a first call (median)")
+    parser.add_argument("--short-runs", type=int, default=5, help="short sessions of each kind (median)")
+    parser.add_argument("--no-call", action="store_true", help="skip the starts with a first call (minutes)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one start may take in all")
     args = parser.parse_args(argv)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    runs = [one_start(args.timeout) for _ in range(args.runs)]
-    print(f"MCP stdio start-up, {args.runs} run(s), load average {load:.1f} on {os.cpu_count()} CPUs (median)\n")
+    print(f"MCP stdio start-up, load average {load:.1f} on {os.cpu_count()} CPUs at the start (medians)\n")
+    if not args.no_call:
+        runs = [one_start(args.timeout) for _ in range(args.runs)]
+        print(f"{args.runs} start(s) with a first call (`show_attention`'s example, the default model preloading):\n")
+        print("| from start to | seconds |\n|---|---:|")
+        for name in ("initialize", "tools/list", "first result"):
+            print(f"| {name} | {_median(runs, name)} |")
+        print(f"| progress notifications before the first result | {_median(runs, 'progress')} |\n")
+    short = [one_start(args.timeout, call=False) for _ in range(args.short_runs)]
+    print(f"{args.short_runs} short session(s): `initialize` and `tools/list`, then stdin closed:\n")
     print("| from start to | seconds |\n|---|---:|")
-    for name in ("initialize", "tools/list", "first result"):
-        values = [r[name] for r in runs if name in r]
-        print(f"| {name} | {statistics.median(values):.2f} |" if values else f"| {name} | no answer |")
-    print(f"| progress notifications before the first result | {statistics.median(r['progress'] for r in runs):g} |")
+    for name in ("initialize", "tools/list"):
+        print(f"| {name} | {_median(short, name)} |")
+    print(f"| the process's end | {_median(short, 'end')} |\n")
+    print("CPU time (user + sys), which the load does not inflate:\n")
+    print("| process | CPU s |\n|---|---:|")
+    print(f"| `mcp`, the short session above | {_median(short, 'cpu')} |")
+    for label, command in (("`python -c pass`", "pass"), ("`python -c 'import mcp.server.lowlevel'`", SDK_IMPORT)):
+        seconds = statistics.median(cpu_seconds([sys.executable, "-c", command]) for _ in range(args.short_runs))
+        print(f"| {label} | {seconds:.2f} |")
     return 0
 
 

@@ -38,12 +38,13 @@ from agent_tools.settings import ARTIFACTS_ENV, DEFAULT_MODEL, cache_dir, readab
 DEFAULT_CALL_TIMEOUT = 120.0
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_IDLE = 600.0
-# A stdio server whose client closed stdin stops its calls at their next checkpoint, and ends this long after
-# even if one has not reached it (a client that is gone cannot be answered).
+# A stdio server whose client closed stdin stops its calls at their next checkpoint, answers every request it read,
+# and ends this long after the answers' grace (mcp_server.STOP_GRACE_SECONDS) even if a call has not reached one.
 STDIN_CLOSED_EXIT_SECONDS = 1.5
 
 if TYPE_CHECKING:
     from agent_tools.inspector import Inspector
+    from agent_tools.mcp_front import StdioFront
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -154,15 +155,14 @@ def session_inspector(args: argparse.Namespace, base: Inspector) -> Inspector:
     )
 
 
-def _protocol_stdout() -> Any:
-    """Keep fd 1 for the protocol only: anything else that prints (Python or native code) goes to stderr."""
-    import anyio
-
+def _protocol_fd() -> int:
+    """Keep fd 1 for the protocol only: anything else that prints (Python or native code) goes to stderr. Returns
+    the protocol's own descriptor (a duplicate of the original fd 1)."""
     protocol_fd = os.dup(sys.stdout.fileno())
     sys.stdout.flush()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
-    return anyio.wrap_file(io.TextIOWrapper(os.fdopen(protocol_fd, "wb"), encoding="utf-8"))
+    return protocol_fd
 
 
 def _ended(code: int, why: str = "") -> None:
@@ -173,9 +173,10 @@ def _ended(code: int, why: str = "") -> None:
     and finalising a process that imported torch and transformers spent 4+ s collecting garbage after the client
     had closed stdin. Everything the server owes is written by then: its answers are flushed as they are sent.
     """
-    from agent_tools.surfaces.mcp_server import stop_running_calls
-
-    stop_running_calls("the server was interrupted" if code else "the server ended")
+    server = sys.modules.get("agent_tools.surfaces.mcp_server")  # not imported when the stdio front answered all
+    stop_running_calls = getattr(server, "stop_running_calls", None)
+    if stop_running_calls is not None:
+        stop_running_calls("the server was interrupted" if code else "the server ended")
     if why:
         print(f"attention-explainer MCP server: {why}", file=sys.stderr)
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
@@ -209,7 +210,8 @@ def run(args: argparse.Namespace, inspector: Inspector) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     """The ``mcp`` command, before any session exists: the server answers ``initialize`` and ``tools/list`` at
-    once, while the inspector (torch, transformers, the tools) is built in the background."""
+    once (over stdio before the MCP SDK is imported: :mod:`agent_tools.mcp_front`), while the inspector (torch,
+    transformers, the tools) is built in the background."""
     from agent_tools.cli.session_args import memory_budget_from_args, session_from_args
 
     memory_budget_from_args(args)  # a bad global option is refused here, at once (exit 2)
@@ -252,31 +254,82 @@ def cli_server(args: argparse.Namespace, make_session: Callable[[], Inspector]) 
     return server
 
 
+def _start_front(args: argparse.Namespace) -> tuple[StdioFront, int]:
+    """The stdio front (:mod:`agent_tools.mcp_front`): reading stdin now, answering ``initialize`` and
+    ``tools/list`` while the SDK is imported. Options it can refuse without the SDK are refused first (exit 2)."""
+    from agent_tools import __version__
+    from agent_tools.mcp_front import StdioFront
+    from agent_tools.policy import ModelPolicy
+    from agent_tools.tool_declarations import served_names
+
+    check_server_limits(args)
+    if getattr(args, "device", None):  # a device no machine has: refused before the front answers anything
+        from agent_tools.placement import check_device_form
+
+        check_device_form(args.device)
+    policy = ModelPolicy.bundled_only(default=args.model, extra=tuple(args.allow_model))
+    names = served_names([t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None)
+    protocol_fd = _protocol_fd()
+    front = StdioFront(names, policy, server_version=__version__, output=protocol_fd, on_done=partial(_ended, 0))
+    front.start(sys.stdin.buffer)
+    return front, protocol_fd
+
+
 def _serve(args: argparse.Namespace, make_session: Callable[[], Inspector]) -> int:
-    import anyio
-
-    from agent_tools.surfaces import heap
-    from agent_tools.surfaces.mcp_server import quiet_sdk_loggers, serve_http, serve_stdio
-
-    heap.bound_arenas()  # before the worker threads start: they share a few malloc arenas (see surfaces/heap.py)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    quiet_sdk_loggers()  # not one line per request or session; the SDK's warnings and errors still show
-    server = cli_server(args, make_session)
     if args.transport == "stdio":
-        stdout = _protocol_stdout()
         try:
-            anyio.run(partial(serve_stdio, server, stdout=stdout, exit_after_close=STDIN_CLOSED_EXIT_SECONDS))
+            _serve_stdio(args, make_session)
         except KeyboardInterrupt:
             _ended(130, "interrupted")
         _ended(0)
-    else:
-        serve = partial(
-            serve_http,
-            server,
-            host=args.host,
-            port=args.port,
-            max_sessions=args.max_sessions,
-            session_idle=args.session_idle,
-        )
-        anyio.run(serve)
+    import anyio
+
+    from agent_tools.surfaces.mcp_server import serve_http
+
+    server = _sdk_server(args, make_session)
+    serve = partial(
+        serve_http,
+        server,
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        session_idle=args.session_idle,
+    )
+    anyio.run(serve)
     return 0
+
+
+def _sdk_server(args: argparse.Namespace, make_session: Callable[[], Inspector]) -> Any:
+    """Import the SDK and build the server the options describe."""
+    from agent_tools.surfaces import heap
+    from agent_tools.surfaces.mcp_server import quiet_sdk_loggers
+
+    heap.bound_arenas()  # before the tools' worker threads start: they share a few malloc arenas (surfaces/heap.py)
+    quiet_sdk_loggers()  # not one line per request or session; the SDK's warnings and errors still show
+    return cli_server(args, make_session)
+
+
+def _serve_stdio(args: argparse.Namespace, make_session: Callable[[], Inspector]) -> None:
+    """Serve stdio: the front answers at once while the SDK is imported and the server built, then hands over."""
+    front, protocol_fd = _start_front(args)
+    server = _sdk_server(args, make_session)
+
+    import anyio
+
+    from agent_tools.mcp_front import REPLAYED_ID
+    from agent_tools.surfaces.mcp_server import serve_stdio
+
+    stdin = front.handoff()
+    if stdin is None:  # the client closed stdin and the front answered everything it asked
+        return
+    stdout = anyio.wrap_file(io.TextIOWrapper(os.fdopen(protocol_fd, "wb"), encoding="utf-8"))
+    serve = partial(
+        serve_stdio,
+        server,
+        stdin=stdin,
+        stdout=stdout,
+        exit_after_close=STDIN_CLOSED_EXIT_SECONDS,
+        drop_answer_to=REPLAYED_ID,
+    )
+    anyio.run(serve)

@@ -21,8 +21,10 @@ from pydantic import BaseModel, Field, create_model
 from pydantic.json_schema import SkipJsonSchema
 
 from agent_tools.errors import AttentionToolError
-from agent_tools.policy import BUNDLED_MODELS, ModelPolicy
+from agent_tools.policy import ModelPolicy
 from agent_tools.schemas import SEVERITIES, NextCall, Report
+from agent_tools.tool_declarations import SINGLE_STACK as SINGLE_STACK
+from agent_tools.tool_declarations import model_field_description as model_field_description
 from agent_tools.tool_declarations import served_names
 
 if TYPE_CHECKING:  # the tools import torch: this package's import stays light (the MCP server starts without it)
@@ -31,7 +33,6 @@ if TYPE_CHECKING:  # the tools import torch: this package's import stays light (
 KEY_NUMBERS_LIMIT = 500  # characters of "key numbers" appended to the summary
 CONTENT_LIMIT = 2000  # UTF-8 bytes of the concise text an LLM reads per call (the 2 KB budget)
 ARGUMENT_TEXT_LIMIT = 160  # characters of one string argument shown in a "next:" line
-SINGLE_STACK = frozenset(BUNDLED_MODELS)  # a decoder and an encoder: 'attention' has one value there, "self"
 
 
 def select_tools(names: Iterable[str] | None = None) -> list[ToolSpec]:
@@ -40,12 +41,6 @@ def select_tools(names: Iterable[str] | None = None) -> list[ToolSpec]:
     from agent_tools.tools import TOOLS
 
     return [TOOLS[name] for name in served_names(names)]
-
-
-def model_field_description(policy: ModelPolicy) -> str:
-    if policy.allowed is None:
-        return f"a bundled alias, local folder, .gguf file or hub id; omitted = {policy.default}"
-    return ""  # the allowed models are the schema's enum; omitted = the session's default
 
 
 def agent_input_model(spec: ToolSpec, policy: ModelPolicy) -> type[BaseModel]:

@@ -4,9 +4,10 @@ a session's agent sees, built from them without importing a tool.
     python -m agent_tools.surfaces.declarations           # rewrite the file from the registry (after a tool edit)
     python -m agent_tools.surfaces.declarations --check   # exit 1 when the file differs from the registry
 
-:func:`agent_schema` is the MCP ``inputSchema`` of a tool for a session's :class:`~agent_tools.policy.ModelPolicy`:
-the declared schema with ``model`` narrowed to the allow-list and the unadvertised arguments left out — the
-JSON form of :func:`agent_tools.surfaces.agent_input_model` (a test checks both agree for every tool).
+:func:`agent_schema` (in :mod:`agent_tools.tool_declarations`, standard library only, re-exported here) is the MCP
+``inputSchema`` of a tool for a session's :class:`~agent_tools.policy.ModelPolicy`: the declared schema with
+``model`` narrowed to the allow-list and the unadvertised arguments left out — the JSON form of
+:func:`agent_tools.surfaces.agent_input_model` (a test checks both agree for every tool).
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from copy import deepcopy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent_tools.policy import ModelPolicy
-from agent_tools.surfaces import SINGLE_STACK, model_field_description
 from agent_tools.surfaces.portable import compact_schema
 from agent_tools.tool_declarations import DECLARATIONS_FILE
+from agent_tools.tool_declarations import agent_schema as agent_schema  # stdlib-only: the stdio front uses it
+from agent_tools.tool_declarations import hidden_arguments as hidden_arguments
 
 if TYPE_CHECKING:
     from agent_tools.tools.registry import ToolSpec
@@ -158,35 +158,6 @@ def build_declarations() -> dict[str, Any]:
 def declarations_text(data: dict[str, Any]) -> str:
     """The file's text: one tool a block, stable across runs (reviewable diffs)."""
     return json.dumps(data, ensure_ascii=False, indent=1) + "\n"
-
-
-def hidden_arguments(entry: dict[str, Any], policy: ModelPolicy) -> list[str]:
-    """The arguments a session accepts but leaves out of the schema: the advanced ones, and ``attention`` when
-    every allowed model has one attention stack."""
-    properties = entry["input_schema"].get("properties", {})
-    hidden = [name for name in entry["advanced"] if name in properties]
-    if "attention" in properties and policy.allowed is not None and policy.allowed <= SINGLE_STACK:
-        hidden.append("attention")
-    return hidden
-
-
-def agent_schema(entry: dict[str, Any], policy: ModelPolicy) -> dict[str, Any]:
-    """A tool's input schema as the session's agent sees it (see the module docstring); a new dict each call."""
-    schema = deepcopy(entry["input_schema"])
-    properties: dict[str, Any] = schema.get("properties", {})
-    hidden = hidden_arguments(entry, policy)
-    for name in hidden:
-        del properties[name]
-    if hidden:  # open: the schema must not refuse the arguments it leaves out (ToolInput.model_json_schema)
-        schema.pop("additionalProperties", None)
-    if "model" in properties:  # the choices without "type" (portable.untyped_choices)
-        if policy.allowed is None:
-            properties["model"] = {"description": model_field_description(policy), "type": "string"}
-        elif len(policy.allowed) == 1:  # as pydantic writes a one-value Literal
-            properties["model"] = {"const": next(iter(policy.allowed))}
-        else:
-            properties["model"] = {"enum": sorted(policy.allowed)}
-    return schema
 
 
 def main(argv: list[str] | None = None) -> int:

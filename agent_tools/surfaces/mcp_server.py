@@ -8,7 +8,9 @@ built (by the ``attention-explainer mcp`` options): which models may be loaded (
 clients as an enum), the artifact folder and the token limit. Nothing an agent sends can widen them. The
 default model starts loading in the server's lifespan, in the background: ``initialize`` and ``tools/list`` are
 answered at once, and a tool call that arrives before the model is loaded waits for it (over HTTP: the load
-starts when the server starts, once for every session).
+starts when the server starts, once for every session). Over stdio the ``mcp`` command answers even before this
+module (the SDK) is imported: :mod:`agent_tools.mcp_front` answers ``initialize``, ``ping`` and ``tools/list``
+as this server would, then hands the session to it (:func:`serve_stdio`'s ``stdin`` and ``drop_answer_to``).
 
 Results: ``structuredContent`` is the tool's report (``output_model.model_dump(mode="json")``, valid against the
 advertised ``outputSchema``); the text content is the concise text an LLM reads (``--text-content json|both``
@@ -59,16 +61,11 @@ from pydantic import ValidationError
 from agent_tools import __version__
 from agent_tools.errors import AttentionToolError, CallCancelledError, DeadlineExceededError, InvalidInputError
 from agent_tools.files import os_error_message
+from agent_tools.mcp_front import INSTRUCTIONS_FILE as INSTRUCTIONS_FILE
+from agent_tools.mcp_front import MAX_JSON_DEPTH, MAX_LINE_BYTES, SERVER_NAME, TOOL_ANNOTATIONS, deeper_than, valid_id
+from agent_tools.mcp_front import server_instructions as server_instructions
 from agent_tools.policy import ModelPolicy
-from agent_tools.prompts import (
-    TOPICS,
-    Topic,
-    explanation_template,
-    read_prompt_file,
-    render_tool_mentions,
-    system_prompt,
-    topic_file,
-)
+from agent_tools.prompts import TOPICS, Topic, explanation_template, system_prompt, topic_file
 from agent_tools.surfaces import agent_input_model, concise_text, error_text, heap
 from agent_tools.surfaces.declarations import OUTPUT_SCHEMA_BUDGET as OUTPUT_SCHEMA_BUDGET
 from agent_tools.surfaces.declarations import agent_schema, output_schema
@@ -81,14 +78,12 @@ if TYPE_CHECKING:  # the inspector and the tools import torch: they load in the 
 
 logger = logging.getLogger(__name__)
 
-SERVER_NAME = "attention-explainer"
 TextContentMode = Literal["summary", "json", "both"]
 TEXT_CONTENT_MODES: tuple[str, ...] = get_args(TextContentMode)
 DEFAULT_TEXT_CONTENT: TextContentMode = "summary"
 Transport = Literal["stdio", "streamable-http"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 SYSTEM_PROMPT_NAME = "attention_explainer"
-INSTRUCTIONS_FILE = "mcp_instructions.md"
 # Arguments that stood for a string that is valid JSON but not valid Unicode (a lone surrogate escape such as
 # "\\ud800"): the SDK cannot parse such a line and would leave the request unanswered, so the stdio reader
 # swaps the arguments for this marker and the tool answers with an error naming the argument.
@@ -99,10 +94,9 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # (a non-capturing stretch of a tool); the worker still stops at its next one.
 STOP_GRACE_SECONDS = 5.0
 PROGRESS_EVERY_SECONDS = 2.0
+WAIT_POLL_SECONDS = 0.25  # a call waiting for the backend looks this often whether the server is ending
 DEFAULT_MAX_SESSIONS = 64  # HTTP sessions open at once; the SDK's 10,000 idle sessions held +88 MB per 2,000
 DEFAULT_SESSION_IDLE_SECONDS = 600.0  # an HTTP session with no request for this long is closed (SDK: 30 min)
-MAX_LINE_BYTES = 16 << 20  # one stdio message; a longer line is refused and skipped
-MAX_JSON_DEPTH = 64  # nesting of one message; MCP messages need about 8
 # The SDK's loggers that say something per request or per session at INFO; the server keeps their warnings.
 CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
 
@@ -132,19 +126,8 @@ def _tool(name: str, description: str, inputs: dict[str, Any], outputs: dict[str
         description=description,
         input_schema=inputs,
         output_schema=outputs,
-        annotations=types.ToolAnnotations(destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+        annotations=types.ToolAnnotations.model_validate(TOOL_ANNOTATIONS),
     )
-
-
-def server_instructions(tools: list[str], default_model: str) -> str:
-    """The server's instructions: how to use the tools served, in a few lines (``prompts/mcp_instructions.md``).
-
-    The full system prompt (the tool catalogue and the reasoning rules) stays one ``prompts/get`` away, as the
-    ``attention_explainer`` prompt; the tool descriptions are in ``tools/list`` already.
-    """
-    template = render_tool_mentions(read_prompt_file(INSTRUCTIONS_FILE).template, tools)
-    listed = ", ".join(f"`{name}`" for name in tools)
-    return template.replace("{tools}", listed).replace("{default_model}", default_model)
 
 
 def _text_blocks(report_text: str, structured: dict[str, Any], mode: TextContentMode) -> list[types.TextContent]:
@@ -317,12 +300,29 @@ class Backend:
 
     async def wait(self, ctx: RequestContext) -> None:
         """Before a call runs: start the backend if nobody has, and wait for it, sending a progress notification
-        every ``PROGRESS_EVERY_SECONDS`` to a request that asked for them (``_meta.progressToken``)."""
+        every ``PROGRESS_EVERY_SECONDS`` to a request that asked for them (``_meta.progressToken``).
+
+        A server ending meanwhile (:func:`stop_running_calls`: stdin closed, Ctrl-C) stops the wait with
+        :class:`CallCancelledError`, so the call is answered before the process ends."""
         self.start()
         token = progress_token(ctx.params)
-        while not await anyio.to_thread.run_sync(self.ready.wait, PROGRESS_EVERY_SECONDS, abandon_on_cancel=True):
-            if token is None:
+        waiting = _Waiting()
+        with _RUNNING_LOCK:
+            _RUNNING[id(waiting)] = waiting
+        try:
+            await self._wait(ctx, token, waiting)
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.pop(id(waiting), None)
+
+    async def _wait(self, ctx: RequestContext, token: str | int | None, waiting: _Waiting) -> None:
+        next_progress = time.monotonic() + PROGRESS_EVERY_SECONDS
+        while not await anyio.to_thread.run_sync(self.ready.wait, WAIT_POLL_SECONDS, abandon_on_cancel=True):
+            if waiting.reason is not None:
+                raise CallCancelledError(f"the call was stopped before it started: {waiting.reason}")
+            if token is None or time.monotonic() < next_progress:
                 continue
+            next_progress += PROGRESS_EVERY_SECONDS
             waited = time.monotonic() - self.started
             message = f"loading the tools and the model ({waited:.0f} s); the call starts when they are ready"
             try:
@@ -350,7 +350,10 @@ def _tool_handlers(
         problem = _invalid_unicode_problem(arguments)
         if problem is not None:
             return _error_result(error_text(name, problem))
-        await backend.wait(ctx)  # the tools and the default model may still be loading in the background
+        try:
+            await backend.wait(ctx)  # the tools and the default model may still be loading in the background
+        except CallCancelledError as exc:
+            return _error_result(stopped_text(name, exc))
         if backend.inspector is None:
             if backend.error is not None:
                 return _error_result(error_text(name, backend.error))
@@ -410,8 +413,18 @@ async def _run_call(spec: ToolSpec, inspector: Inspector, arguments: dict[str, A
 
 
 # The calls whose handler is waiting for their worker thread: a server ending (stdin closed, Ctrl-C) stops them all.
-_RUNNING: dict[int, CallContext] = {}  # keyed by id(): a context is a dataclass, compared by value
+_RUNNING: dict[int, CallContext | _Waiting] = {}  # keyed by id(): a context is a dataclass, compared by value
 _RUNNING_LOCK = threading.Lock()
+
+
+class _Waiting:
+    """A call waiting for the backend (no :class:`CallContext` yet: that needs the inspector's module, torch)."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        self.reason = reason
 
 
 def stop_running_calls(reason: str) -> int:
@@ -647,22 +660,6 @@ def _params_problem(message: dict[str, Any], request_id: str | int) -> RpcProble
     return None
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether containers nest more than ``limit`` levels (iterative: deep input costs no recursion)."""
-    pending: list[tuple[Any, int]] = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        if children and depth > limit:
-            return True
-        pending.extend((child, depth + 1) for child in children)
-    return False
-
-
-def _valid_id(value: Any) -> bool:
-    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
-
-
 def _lenient_id(raw: bytes) -> str | int | None:
     """The id of a line that is JSON once its bad bytes are replaced, so the client's request still gets an
     answer (an error: the replaced text itself is never analysed)."""
@@ -671,7 +668,7 @@ def _lenient_id(raw: bytes) -> str | int | None:
     except (ValueError, RecursionError):
         return None
     request_id = value.get("id") if isinstance(value, dict) else None
-    return request_id if _valid_id(request_id) else None
+    return request_id if valid_id(request_id) else None
 
 
 def _checked_envelope(value: Any) -> dict[str, Any]:
@@ -681,12 +678,12 @@ def _checked_envelope(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
     request_id = value.get("id")
-    answer_id = request_id if _valid_id(request_id) else None
+    answer_id = request_id if valid_id(request_id) else None
     if "id" in value and answer_id is None:
         raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
     if value.get("jsonrpc") != "2.0":
         raise RpcProblem(types.INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', answer_id)
-    if _deeper_than(value, MAX_JSON_DEPTH):
+    if deeper_than(value, MAX_JSON_DEPTH):
         msg = f"Invalid Request: nested deeper than {MAX_JSON_DEPTH} levels"
         raise RpcProblem(types.INVALID_REQUEST, msg, answer_id)
     if "method" in value:
@@ -757,8 +754,9 @@ def _read_stdin(
 
 def _stdin_closed(exit_after: float | None) -> None:
     """The client closed stdin: stop every running call; with ``exit_after``, end the process that many seconds
-    later if it is still alive (a stretch of work without a checkpoint must not keep a server nobody can reach:
-    it hung for minutes). Only the ``mcp`` command asks for the exit; a test serving in-process does not."""
+    after the requests read had ``STOP_GRACE_SECONDS`` to be answered, if it is still alive (a stretch of work
+    without a checkpoint must not keep a server nobody can reach: it hung for minutes). Only the ``mcp`` command
+    asks for the exit; a test serving in-process does not."""
     stopped = stop_running_calls("the client closed the connection")
     if stopped:
         logger.info("stdin closed: stopping %d running call(s)", stopped)
@@ -766,8 +764,8 @@ def _stdin_closed(exit_after: float | None) -> None:
         return
 
     def exit_later() -> None:
-        time.sleep(exit_after)
-        logger.warning("a call did not stop within %.1f s of stdin closing; exiting", exit_after)
+        time.sleep(STOP_GRACE_SECONDS + exit_after)
+        logger.warning("a call did not stop within %.1f s of stdin closing; exiting", STOP_GRACE_SECONDS + exit_after)
         for stream in (sys.stderr, sys.__stderr__):
             try:
                 if stream is not None:
@@ -779,10 +777,45 @@ def _stdin_closed(exit_after: float | None) -> None:
     threading.Thread(target=exit_later, name="stdin-closed exit", daemon=True).start()
 
 
+class _Unanswered:
+    """The requests passed to the SDK and not answered yet. When stdin ends, the read stream closes only once they
+    are answered: the SDK ends a session as soon as its read stream closes, cancelling the handlers still running,
+    so a client that closed stdin right after ``tools/list`` got only the ``initialize`` answer."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str | int, int] = {}
+
+    def sent(self, message: Any) -> None:
+        if isinstance(message, types.JSONRPCRequest):
+            self.ids[message.id] = self.ids.get(message.id, 0) + 1
+        elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
+            cancelled = (message.params or {}).get("requestId")  # the protocol: a cancelled request gets no answer
+            if valid_id(cancelled):
+                self.answered(cancelled)
+
+    def answered(self, request_id: Any) -> None:
+        left = self.ids.pop(request_id, 0) - 1
+        if left > 0:
+            self.ids[request_id] = left
+
+    async def settled(self, limit: float) -> None:
+        """Wait until every request sent has its answer (at most ``limit`` seconds), stopping the calls meanwhile:
+        those that had not started when stdin ended too (the SDK dispatches the last lines after it ended)."""
+        with anyio.move_on_after(limit):
+            while self.ids:
+                stop_running_calls("the client closed the connection")
+                await anyio.sleep(0.02)
+
+
 async def _route_lines(
-    lines: MemoryObjectReceiveStream[bytes], messages: MemoryObjectSendStream[SessionMessage | Exception], write: Any
+    lines: MemoryObjectReceiveStream[bytes],
+    messages: MemoryObjectSendStream[SessionMessage | Exception],
+    write: Any,
+    unanswered: _Unanswered | None = None,
 ) -> None:
-    """Each line to the SDK as a message, or answered here with its JSON-RPC error; oversize lines are skipped."""
+    """Each line to the SDK as a message, or answered here with its JSON-RPC error; oversize lines are skipped.
+    At stdin's end, the requests passed on are answered before the SDK's read stream closes."""
+    unanswered = unanswered or _Unanswered()
     skipping = False
     async with lines, messages:
         async for raw in lines:
@@ -799,14 +832,18 @@ async def _route_lines(
                 await write(problem.answer())
                 continue
             if message is not None:
+                unanswered.sent(message)
                 await messages.send(SessionMessage(message))
+        await unanswered.settled(STOP_GRACE_SECONDS)
 
 
 @asynccontextmanager
 async def _stdio_streams(
-    binary: Any, stdout: Any, on_end: Callable[[], None] | None = None
+    binary: Any, stdout: Any, on_end: Callable[[], None] | None = None, drop_answer_to: str | None = None
 ) -> AsyncIterator[tuple[Any, Any]]:
-    """The stdio transport (the SDK's, plus an answer for every malformed line): read and write streams."""
+    """The stdio transport (the SDK's, plus an answer for every malformed line): read and write streams. The
+    answer to the request ``drop_answer_to`` is not written (the stdio front's replayed ``initialize``)."""
+    unanswered = _Unanswered()
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     line_writer, line_reader = anyio.create_memory_object_stream[bytes](0)
@@ -820,13 +857,20 @@ async def _stdio_streams(
     async def write_messages() -> None:
         async with write_reader:
             async for message in write_reader:
-                await write(message.message.model_dump_json(by_alias=True, exclude_unset=True))
+                sent = message.message
+                if isinstance(sent, types.JSONRPCResponse | types.JSONRPCError):
+                    unanswered.answered(sent.id)
+                    if drop_answer_to is not None and sent.id == drop_answer_to:
+                        if isinstance(sent, types.JSONRPCError):  # the front's answer said otherwise: a bug
+                            logger.error("the SDK refused the replayed initialize: %s", sent.error.message)
+                        continue
+                await write(sent.model_dump_json(by_alias=True, exclude_unset=True))
 
     reader = threading.Thread(
         target=_read_stdin, args=(binary, line_writer, anyio.lowlevel.current_token(), on_end), daemon=True
     )
     async with anyio.create_task_group() as group:
-        group.start_soon(_route_lines, line_reader, read_writer, write)
+        group.start_soon(_route_lines, line_reader, read_writer, write, unanswered)
         group.start_soon(write_messages)
         reader.start()
         try:
@@ -836,13 +880,20 @@ async def _stdio_streams(
 
 
 async def serve_stdio(
-    server: Server[Any], *, stdin: Any = None, stdout: Any = None, exit_after_close: float | None = None
+    server: Server[Any],
+    *,
+    stdin: Any = None,
+    stdout: Any = None,
+    exit_after_close: float | None = None,
+    drop_answer_to: str | None = None,
 ) -> None:
     """Serve over stdio until the client closes the pipe.
 
-    ``stdin`` is a binary file (``sys.stdin.buffer`` by default): lines are decoded here, strictly, so invalid
-    UTF-8 is answered as an error instead of being replaced and analysed. ``stdout`` is an anyio text file.
-    When stdin closes, the calls still running are stopped at their next checkpoint; with ``exit_after_close``
+    ``stdin`` is a binary file (``sys.stdin.buffer`` by default; or what :meth:`StdioFront.handoff
+    <agent_tools.mcp_front.StdioFront.handoff>` returns, with ``drop_answer_to`` its replayed ``initialize``'s id):
+    lines are decoded here, strictly, so invalid UTF-8 is answered as an error instead of being replaced and
+    analysed. ``stdout`` is an anyio text file. When stdin closes, every request read is answered (the calls still
+    running are stopped at their next checkpoint, those waiting for the model at once); with ``exit_after_close``
     the process also ends that many seconds later if it is still alive (a server process, not a test).
     """
     import io
@@ -852,7 +903,7 @@ async def serve_stdio(
     if stdout is None:
         stdout = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
     on_end = partial(_stdin_closed, exit_after_close)
-    async with _stdio_streams(stdin, stdout, on_end) as (read_stream, write_stream):
+    async with _stdio_streams(stdin, stdout, on_end, drop_answer_to) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, initialization_options(server))
 
 
