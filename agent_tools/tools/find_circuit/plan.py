@@ -298,7 +298,8 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     size = sizes[chosen]
     above = sum(1 for e in order[:RANKED] if float(magnitude[e]) >= THRESHOLD)
     listed = ranked[:size] + [e for e in order[:above] if e not in ranked[:size]]
-    listed = listed[: args.max_edges]
+    # cut with the circuit's edges first, then listed by |score| (the path order starts with a weak embeddings edge)
+    listed = sorted(listed[: args.max_edges], key=lambda e: -float(magnitude[e]))
     decode = loaded.tokenizer.decode
     edges = [_edge(loaded, passes, e, float(shares[e]), e in ranked[:size]) for e in listed]
     nodes = _graph_nodes(loaded, passes, listed)
