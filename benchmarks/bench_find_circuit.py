@@ -31,6 +31,7 @@ def main() -> None:
     print(f"find_circuit: {report.tokens} tokens, {report.steps} steps, {report.edges_scored} edges scored")
     print(f"wall {elapsed:.1f} s (1-min load average before: {load:.2f}, {os.cpu_count()} CPUs)")
     print(report.summary)
+    print(f"ranking {report.ranking}: {report.circuit_edges} edges, faithfulness {report.faithfulness}")
     print([(p.edges, p.heads, p.faithfulness, p.random_mean) for p in report.curve])
 
 

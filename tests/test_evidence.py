@@ -29,6 +29,7 @@ from agent_tools.analysis.attribution import (
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, register_model
+from agent_tools.runner import attribution as attribution_runner
 from agent_tools.runner.attribution import SegmentVariant, direct_logits
 from agent_tools.runner.patching import HeadPatch, patched_outputs, recorded_run
 from agent_tools.tools import get_tool
@@ -127,8 +128,12 @@ def _full_logprobs(loaded: LoadedModel, ids: list[int], answer: list[int]) -> to
     return answer_logprobs(logits[:, len(ids) - 1 : len(ids) - 1 + len(answer)], torch.tensor(answer))[0]
 
 
+@pytest.mark.parametrize("batched", [False, True])  # one row at a time (CPU), or the padded pair (accelerators)
 @pytest.mark.parametrize("family", ["llama", "gpt2", "mistral"])  # mistral: sliding window, no prefix cache
-def test_segment_ablations_equal_separate_forwards(family: str, tiny_models, inspector: Inspector) -> None:
+def test_segment_ablations_equal_separate_forwards(
+    family: str, batched: bool, tiny_models, inspector: Inspector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(attribution_runner, "batches_rows", lambda loaded: batched)
     loaded = tiny_models[family]
     prompt = inspector.encode(loaded, TEXT).input_ids[0].tolist()
     answer = [8, 9, 10]

@@ -284,3 +284,31 @@ def test_a_trained_two_step_circuit_is_recovered(inspector) -> None:
         assert {(e.sender, e.receiver, e.kind) for e in report.edges} == planted  # nothing else ≥ 0.25 of the gap
         assert report.empty_circuit == pytest.approx(0.0, abs=1e-3)
         assert report.curve[2].random_mean <= 0.2  # 5 random sets of 3 edges
+
+
+def test_the_path_order_adds_whole_paths_from_the_embeddings_to_the_logits() -> None:
+    """Two layers of two heads. By score: L1H0 -> logits 0.9, a decoy L0H0 -> L1H1 (V) 0.8 (L1H1 reaches the logits
+    by no edge toward the answer), L0H1 -> L1H0 (K) 0.6, embeddings -> L1H0 (Q) 0.5, embeddings -> L0H1 (V) 0.4,
+    and L0H0 -> L1H0 (V) -0.7 (against the answer). The embeddings' best edge first (Q), then from the logits:
+    L1H0's direct edge, the K edge into L1H0, the V edge into L0H1; the decoy (into no head joined to the logits)
+    and the negative edge come after, by |score|."""
+    from types import SimpleNamespace
+
+    from agent_tools.runner.edge_attribution import EMBEDDINGS, Receiver
+    from agent_tools.tools.find_circuit.plan import _path_order
+
+    loaded = SimpleNamespace(facts=SimpleNamespace(num_heads=2, num_kv_heads=2))
+    senders = [EMBEDDINGS, (0, 0), (0, 1), (1, 0), (1, 1)]
+    receivers = [Receiver(layer, head, kind) for layer in (0, 1) for head in (0, 1) for kind in "QKV"]
+    receivers.append(Receiver(2, -1, "direct"))
+    index = {(r.layer, r.head, r.kind): i for i, r in enumerate(receivers)}
+    shares = torch.zeros(len(senders), len(receivers))
+    direct, decoy = (3, index[(2, -1, "direct")]), (1, index[(1, 1, "V")])
+    k_edge, q_edge, v_edge = (2, index[(1, 0, "K")]), (0, index[(1, 0, "Q")]), (0, index[(0, 1, "V")])
+    against = (1, index[(1, 0, "V")])
+    for edge, value in [(direct, 0.9), (decoy, 0.8), (against, -0.7), (k_edge, 0.6), (q_edge, 0.5), (v_edge, 0.4)]:
+        shares[edge] = value
+    every = [direct, decoy, against, k_edge, q_edge, v_edge]
+    passes = SimpleNamespace(senders=senders, receivers=receivers)
+    assert _path_order(loaded, passes, shares, every, 6) == [q_edge, direct, k_edge, v_edge, decoy, against]  # type: ignore[arg-type]
+    assert _path_order(loaded, passes, shares, every, 3) == [q_edge, direct, k_edge]  # type: ignore[arg-type]

@@ -138,21 +138,46 @@ def _clean_run(
 def _variant_batch(
     loaded: LoadedModel, variant: SegmentVariant, answer: list[int], cache: list[tuple[Tensor, Tensor]] | None
 ) -> Tensor:
-    """(2, A, V) logits of one segment's removed and neutral variants, from the clean prefix before the segment."""
+    """(2, A, V) logits of one segment's removed and neutral variants, from the clean prefix before the segment.
+
+    On an accelerator the two rows run as one batch, the shorter removed row right-padded. On a CPU a batch costs
+    in proportion to its tokens, padding included, so each row runs alone: the removed row skips the segment's
+    length of padding (same logits).
+    """
     prefix = min(variant.start, len(variant.removed) - 1) if cache is not None else 0
-    rows = [variant.removed[prefix:] + answer[:-1], variant.neutral[prefix:] + answer[:-1]]
+    fulls = (variant.removed, variant.neutral)
+    if not batches_rows(loaded):
+        return torch.cat([_variant_rows(loaded, [full], prefix, answer, cache) for full in fulls])
+    return _variant_rows(loaded, list(fulls), prefix, answer, cache)
+
+
+def batches_rows(loaded: LoadedModel) -> bool:
+    """Whether a segment's two variants run as one padded batch (not on a CPU, where padding costs its tokens)."""
+    return loaded.device.type != "cpu"
+
+
+def _variant_rows(
+    loaded: LoadedModel,
+    fulls: list[list[int]],
+    prefix: int,
+    answer: list[int],
+    cache: list[tuple[Tensor, Tensor]] | None,
+) -> Tensor:
+    """(R, A, V) logits of whole-prompt variants ``fulls`` that start with the clean prompt's first ``prefix``
+    tokens: only the positions from ``prefix`` on run (right-padded), after the clean cache of the prefix."""
+    rows = [full[prefix:] + answer[:-1] for full in fulls]
     width = max(len(r) for r in rows)
-    ids = torch.zeros(2, width, dtype=torch.long)
-    mask = torch.zeros(2, prefix + width, dtype=torch.long)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), prefix + width, dtype=torch.long)
     mask[:, :prefix] = 1
-    index = torch.zeros(2, len(answer), dtype=torch.long)
-    for r, (row, full) in enumerate(zip(rows, (variant.removed, variant.neutral), strict=True)):
+    index = torch.zeros(len(rows), len(answer), dtype=torch.long)
+    for r, (row, full) in enumerate(zip(rows, fulls, strict=True)):
         ids[r, : len(row)] = torch.tensor(row)
         mask[r, prefix : prefix + len(row)] = 1
         index[r] = torch.arange(len(answer)) + len(full) - 1 - prefix
     extra: dict[str, Any] = {"use_cache": prefix > 0}
     if prefix > 0 and cache is not None:
-        extra[_cache_argument(loaded.model)] = _prefix_cache(cache, prefix, 2)
+        extra[_cache_argument(loaded.model)] = _prefix_cache(cache, prefix, len(rows))
     with positions_gathered(_head(loaded), index):
         output = loaded.model(input_ids=on_device(loaded, ids), attention_mask=on_device(loaded, mask), **extra)
     return output.logits.float()

@@ -12,7 +12,7 @@ DESCRIPTION = "Use for the circuit of an answer: which head reads which (Q/K/V);
 DEFAULT_STEPS = 5
 EdgeKind = Literal["Q", "K", "V", "direct"]
 NodeKind = Literal["embeddings", "head", "kv_head", "logits"]
-Ranking = Literal["|score|", "score"]
+Ranking = Literal["|score|", "score", "paths"]
 
 
 class FindCircuitInput(ModelInput):
@@ -68,8 +68,9 @@ class CircuitReport(Report):
     target: float
     reached: bool
     ranking: Ranking = Field(
-        description="the edge order pruned: by |score|, or by score (toward the clean answer first); both are "
-        "tried, the one reaching the target with fewer edges is kept"
+        description="the edge order pruned: by |score|, by score (toward the clean answer first), or by paths "
+        "(whole paths from the embeddings to the logits, widest first); all are tried, the one reaching the "
+        "target with fewer edges is kept"
     )
     circuit_edges: int = Field(description="edges in the smallest ranked set reaching the target (or all tried)")
     faithfulness: Rounded

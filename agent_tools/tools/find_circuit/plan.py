@@ -1,5 +1,7 @@
 """find_circuit's passes: EAP-IG edge scores (one batched backward), then faithfulness of the ranked edge sets and of
-random edge sets of the same sizes, measured by exact edge patching in one batch of patched runs.
+random edge sets of the same sizes, measured by exact edge patching in one batch of patched runs. Three orders are
+tried (by |score|, by score, by paths grown from the logits: :func:`_path_order`); the circuit is the shortest
+prefix of one reaching the target.
 
 Faithfulness is edge-level (:mod:`agent_tools.runner.edge_patching`): the clean prompt runs with each head's
 queries, keys and values and the logits reading the clean-run write of a sender only when that edge is in the set,
@@ -13,6 +15,7 @@ report's ``faithfulness_method`` says which and why.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import random
 
 import torch
@@ -44,8 +47,8 @@ from agent_tools.tools.find_circuit.picture import circuit_html, circuit_png
 
 DRAWS = 5  # random edge sets per size
 SEED = 0
-RANKED = 200  # the ranked edge sets tried go up to this many edges, in two orders: by |score| and by score
-# (toward the clean answer first); the one reaching the target with fewer edges is the circuit
+RANKED = 200  # the ranked edge sets tried go up to this many edges, in three orders: by |score|, by score
+# (toward the clean answer first) and by paths; the one reaching the target with fewer edges is the circuit
 THRESHOLD = 0.25  # edges with |score| ≥ this share of the gap are listed even beyond the circuit's size
 EDGE_LEVEL = (
     "edge-level (exact edge patching): each head's Q, K and V inputs and the logits read a sender's clean-run "
@@ -174,6 +177,56 @@ def _edge_faithfulness(
     return values, EDGE_LEVEL
 
 
+def _path_order(
+    loaded: LoadedModel, passes: EdgePasses, shares: torch.Tensor, edges: list[Edge], count: int
+) -> list[Edge]:
+    """``count`` edges grown from the logits backward: each step adds the edge with the largest score toward the
+    clean answer whose receiver is already joined to the logits by the circuit; after these, the other ``edges``
+    by |score|.
+
+    Exact edge patching restores a head's output only when what it reads is clean, so an edge helps only on a path
+    to the logits whose start reads the clean prompt. MLPs are not nodes: they read every node of the circuit
+    clean, so once the embeddings are a node every head of the circuit reads the clean tokens through the MLPs.
+    Their own edges score little (EAP-IG credits only the direct write into a head, not the path through MLP 0),
+    so the embeddings' best edge comes first, then the growth from the logits.
+    """
+    heads = loaded.facts.num_heads
+    logits = len(passes.senders)
+    score = shares.tolist()  # one host copy: the loops below read every edge's score
+    positive = [e for e in edges if score[e[0]][e[1]] > 0]
+    into: dict[int, list[Edge]] = {}  # node (1 + layer·H + head, or the logits) -> edges whose receiver reads it
+    for edge in positive:
+        receiver = passes.receivers[edge[1]]
+        for node in [1 + layer * heads + head for layer, head in _receiver_heads(loaded, receiver)] or [logits]:
+            into.setdefault(node, []).append(edge)
+    order: list[Edge] = []
+    inside: set[Edge] = set()
+    embedded = [e for e in positive if e[0] == 0]  # sender 0: the embeddings
+    if embedded:
+        first = max(embedded, key=lambda e: score[e[0]][e[1]])
+        order.append(first)
+        inside.add(first)
+    live: set[int] = set()
+    waiting: list[tuple[float, Edge]] = []
+
+    def join(node: int) -> None:
+        if node not in live:
+            live.add(node)
+            for edge in into.get(node, []):
+                heapq.heappush(waiting, (-score[edge[0]][edge[1]], edge))
+
+    join(logits)
+    while waiting and len(order) < count:
+        _, edge = heapq.heappop(waiting)
+        if edge in inside:
+            continue
+        order.append(edge)
+        inside.add(edge)
+        join(edge[0])
+    rest = sorted((e for e in edges if e not in inside), key=lambda e: -abs(score[e[0]][e[1]]))
+    return (order + rest)[:count]
+
+
 def _first_reaching(values: list[float], target: float) -> tuple[int, float]:
     """Sort key of a ranked curve: the first index reaching ``target`` (len: never), then the best value."""
     reaching = [i for i, v in enumerate(values) if v >= target]
@@ -218,6 +271,7 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
         "|score|": order[:RANKED],
         "score": sorted(edges_all, key=lambda e: -float(shares[e]))[:RANKED],
     }
+    orderings["paths"] = _path_order(loaded, passes, shares, edges_all, len(order[:RANKED]))
     sizes = curve_sizes(len(order[:RANKED]))
     generator = random.Random(SEED)
     draws = [[generator.sample(order, k) for _ in range(DRAWS)] for k in sizes]
@@ -229,7 +283,7 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
         method = NODE_LEVEL.format(why=method)
     count = len(sizes)
     curves = {name: values[i * count : (i + 1) * count] for i, name in enumerate(orderings)}
-    random_values, empty = values[2 * count : -1], values[-1]
+    random_values, empty = values[len(orderings) * count : -1], values[-1]
     ranking = min(orderings, key=lambda name: _first_reaching(curves[name], args.target))
     ranked, ranked_values = orderings[ranking], curves[ranking]
     curve = []
@@ -249,7 +303,8 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     size = sizes[chosen]
     above = sum(1 for e in order[:RANKED] if float(magnitude[e]) >= THRESHOLD)
     listed = ranked[:size] + [e for e in order[:above] if e not in ranked[:size]]
-    listed = listed[: args.max_edges]
+    # cut with the circuit's edges first, then listed by |score| (the path order starts with a weak embeddings edge)
+    listed = sorted(listed[: args.max_edges], key=lambda e: -float(magnitude[e]))
     decode = loaded.tokenizer.decode
     edges = [_edge(loaded, passes, e, float(shares[e]), e in ranked[:size]) for e in listed]
     nodes = _graph_nodes(loaded, passes, listed)

@@ -151,7 +151,9 @@ class AttributionCheck(BaseModel):
         description="AtP*: the heads whose saturated softmax was recomputed exactly with the clean queries and keys "
         "(None: the fix was off)",
     )
-    gradient_dtype: str = Field(description="precision of the backward (float32 when the model is half precision)")
+    gradient_dtype: str = Field(
+        description="precision of the backward: the model's dtype (float16 with a loss scale), sums in float64"
+    )
     layers: list[LayerEstimate] = Field(default_factory=list)
     forward_equivalents: float = Field(description="passes the estimate cost, in forwards (backward ≈ 2)")
 
