@@ -3,15 +3,17 @@
 Shared builders and references live in helper modules (families.py, crafted.py, reference.py, mcp_process.py,
 scripted_chat.py, example_runs.py); test files never import each other or this file.
 
-Under ``pytest -n 2 --dist loadgroup`` (README) each test file is one xdist group, so that its module fixtures are
-set up in one worker; files marked ``xdist_group("NAME")`` share a group (and a worker) to share a session fixture."""
+Under ``pytest -n 2 --dist loadfile`` (README) each test file runs in one worker (its module fixtures are set up
+once); the files in ``WORKER_GROUPS`` run in one worker together (to share a session fixture), and the files in
+``RUN_FIRST`` (the longest) are handed out first, so that no long file starts last while the other worker idles."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -53,16 +55,49 @@ def example_runs(smol: LoadedModel, tmp_path_factory: pytest.TempPathFactory) ->
     return ExampleRuns(Inspector(artifact_dir=tmp_path_factory.mktemp("example-runs")))
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "xdist_group(name): test files that share an xdist worker (conftest.py)")
+# --- test files on xdist workers (``-n 2 --dist loadfile``) ----------------------------------------------------
+# ``--dist loadgroup`` would group by ``xdist_group`` marks, but with pytest 9.2 it silently stops grouping
+# (pytest-dev/pytest-xdist#1386): the grouping is done here, by file name, in loadfile's own scheduler.
+WORKER_GROUPS = {"test_budgets.py": "example_runs", "test_langchain.py": "example_runs"}  # the example_runs fixture
+# The longest files (test CPU on this 2-core machine, measured with --durations), longest first; the others follow
+# in xdist's own order (most tests first).
+RUN_FIRST = ("test_mcp.py", "test_notebook.py", "test_budgets.py", "test_langchain.py", "test_corpus.py", "test_cli.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the files of a ``WORKER_GROUPS`` group as one unit, handed out in the order of the
+    collection (``pytest_collection_modifyitems`` below puts ``RUN_FIRST`` first)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return WORKER_GROUPS.get(Path(scope).name, scope)
+
+    config.option.loadscopereorder = False  # the collection's order, not the number of tests in each file
+    return GroupedFiles(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """One xdist group per test file unless the file names a shared one (read by ``--dist loadgroup`` only)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
+    """In an xdist worker: the ``RUN_FIRST`` files first, then the others with the most tests first (xdist's own
+    order); each file's tests keep their order. A plain run keeps the collection's order."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    counts = Counter(item.path.name for item in items)
+    first = {name: rank for rank, name in enumerate(RUN_FIRST)}
+    position = {id(item): index for index, item in enumerate(items)}
+    items.sort(
+        key=lambda item: (
+            first.get(item.path.name, len(first)),
+            -counts[item.path.name],
+            item.path.name,
+            position[id(item)],
+        )
+    )
 
 
 @pytest.fixture()
