@@ -59,9 +59,18 @@ def example_runs(smol: LoadedModel, tmp_path_factory: pytest.TempPathFactory) ->
 # ``--dist loadgroup`` would group by ``xdist_group`` marks, but with pytest 9.2 it silently stops grouping
 # (pytest-dev/pytest-xdist#1386): the grouping is done here, by file name, in loadfile's own scheduler.
 WORKER_GROUPS = {"test_budgets.py": "example_runs", "test_langchain.py": "example_runs"}  # the example_runs fixture
-# The longest files (test CPU on this 2-core machine, measured with --durations), longest first; the others follow
-# in xdist's own order (most tests first).
-RUN_FIRST = ("test_mcp.py", "test_notebook.py", "test_budgets.py", "test_langchain.py", "test_corpus.py", "test_cli.py")
+# The longest files, longest first (CPU seconds of each file's run, its subprocesses included, 2026-12-02: mcp 147,
+# cli 131, notebook 104, budgets + langchain 94, corpus 90, placement 38); the others follow in xdist's own order
+# (most tests first), small units that fill the end evenly.
+RUN_FIRST = (
+    "test_mcp.py",
+    "test_cli.py",
+    "test_notebook.py",
+    "test_budgets.py",
+    "test_langchain.py",
+    "test_corpus.py",
+    "test_placement.py",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
