@@ -26,6 +26,8 @@ from agent_tools.surfaces.portable import portable_schema
 from agent_tools.tools import TOOLS
 from agent_tools.tools.registry import Top, trim
 
+pytestmark = pytest.mark.xdist_group("example_runs")  # one worker with test_langchain.py: the runs are made once
+
 TEXT_BUDGET = 2 * 1024
 REPORT_BUDGET = 16 * 1024
 DECLARATIONS_TARGET = 10 * 1024  # issue 28's target for descriptions + input schemas, all tools together
@@ -135,13 +137,14 @@ def test_clip_words_never_cuts_inside_a_word() -> None:
 
 
 @pytest.fixture(scope="module")
-def answers(smol, tmp_path_factory) -> dict[str, tuple[Report, Report]]:
-    """Each tool's example, run once with detail 'full'; its summary is the same report cut as a call would cut
-    it (``ToolSpec.check`` with the example's arguments, whose detail defaults to 'summary')."""
-    inspector = Inspector(artifact_dir=tmp_path_factory.mktemp("budgets"))
+def answers(example_runs) -> dict[str, tuple[Report, Report]]:
+    """Each tool's example, run once (``example_runs``, shared with the LangChain surface's test) and checked with
+    detail 'full' as a call would check it; its summary is the same report cut as a call would cut it
+    (``ToolSpec.check`` with the example's arguments, whose detail defaults to 'summary')."""
+    inspector = example_runs.inspector
     out = {}
     for name, spec in TOOLS.items():
-        full = spec(inspector, {**spec.example, "detail": "full"})
+        full = spec.check(example_runs.run(name), inspector, arguments=example_runs.arguments(name, "full"))
         summary = spec.check(full.model_copy(deep=True), inspector, arguments=spec.parse(spec.example))
         out[name] = (summary, full)
     return out

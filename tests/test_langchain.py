@@ -29,6 +29,8 @@ from agent_tools.surfaces.langchain import AttentionToolkit, make_tool
 from agent_tools.tools import TOOLS, get_tool
 from agent_tools.tools.registry import ToolSpec
 
+pytestmark = pytest.mark.xdist_group("example_runs")  # one worker with test_budgets.py: the runs are made once
+
 SHOW = get_tool("show_attention")
 DESCRIBE = get_tool("describe_model")
 
@@ -45,6 +47,13 @@ def toolkit(tmp_path_factory) -> AttentionToolkit:
 @pytest.fixture(scope="module")
 def tools(toolkit) -> dict:
     return {tool.name: tool for tool in toolkit.get_tools()}
+
+
+@pytest.fixture(scope="module")
+def replayed(toolkit, example_runs) -> dict:
+    """Every tool as ``get_tools`` makes it, its analysis of the example replayed from the session's run of it
+    (``example_runs``: test_budgets.py measures the same runs); arguments, checking and cutting are the call's."""
+    return {name: make_tool(example_runs.replaying(spec), toolkit.session) for name, spec in TOOLS.items()}
 
 
 # --- the toolkit -------------------------------------------------------------------------------------------
@@ -82,9 +91,9 @@ def test_toolkit_policy() -> None:
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("name", list(TOOLS))
-def test_every_tool_answers_with_content_and_artifact(tools, name) -> None:
+def test_every_tool_answers_with_content_and_artifact(replayed, name) -> None:
     spec = TOOLS[name]
-    message = invoke(tools[name], dict(spec.example))
+    message = invoke(replayed[name], dict(spec.example))
     assert message.status == "success", message.content
     report = message.artifact
     assert isinstance(report, spec.output_model) and isinstance(report, Report)

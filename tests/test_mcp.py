@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -84,10 +83,8 @@ async def cancel_a_long_call(client: Client) -> dict[str, Any]:
         group.start_soon(long_call)
         with anyio.fail_after(120):
             await started.wait()
-        cancelled_at = time.monotonic()
         group.cancel_scope.cancel()
     seen["next"] = await client.call_tool("show_attention", SHOW.example)
-    seen["next_answered_after"] = time.monotonic() - cancelled_at
     return seen
 
 
@@ -263,8 +260,8 @@ def test_a_cancelled_call_stops_and_the_server_answers_the_next(transcript) -> N
     assert "answer" not in transcript.cancel  # cancelled: the protocol sends no answer for it
     after = transcript.cancel["next"]
     assert not after.is_error and after.structured_content["layer"] == 3
-    assert transcript.cancel["next_answered_after"] < 60  # the work stopped at its next checkpoint
-    assert "diagnose_collapse stopped after" in transcript.log and "(cancelled)" in transcript.log
+    # the work stopped at a checkpoint (it raised there, once), not at its end: counted in the log, not timed
+    assert transcript.log.count("diagnose_collapse stopped after") == 1 and "(cancelled)" in transcript.log
 
 
 def test_text_content_modes(tmp_path) -> None:
