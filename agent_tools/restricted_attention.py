@@ -117,9 +117,10 @@ def _restricted_heads(
     q = query[rows_b, heads_h, first:].float()  # (P, q', D)
     k = key[rows_b, heads_h].float()  # (P, Tk, D)
     v = value[rows_b, heads_h].float()  # (P, Tk, D)
-    # c rows score at most sink + window + c keys: the largest c with P·c·(sink + window + c) <= _CHUNK_FLOATS
+    # c rows score at most sink + window + c keys, so q rows cost q·(sink + window + c): c about sink + window (at
+    # least 64 rows), and at most the largest c with P·c·(sink + window + c) <= _CHUNK_FLOATS
     span, per_pair = sink + window, _CHUNK_FLOATS // max(1, len(pairs))
-    chunk = max(1, (math.isqrt(span * span + 4 * per_pair) - span) // 2)
+    chunk = max(1, min(max(64, span), (math.isqrt(span * span + 4 * per_pair) - span) // 2))
     outputs = []
     for start in range(first, rows, chunk):
         stop = min(start + chunk, rows)

@@ -3,7 +3,8 @@
   plan       plan_kv_cache on N tokens of prose (docs/ARCHITECTURE.md): seconds, as a multiple of one plain forward
              (the same pass with nothing restricted, its losses included); masked passes; and, for several loss budgets,
              the plan's predicted vs verified loss change (one verifying pass per budget)
-  retrieval  find_retrieval_heads over D depths x the given lengths: seconds
+  retrieval  find_retrieval_heads over D depths x the given lengths: seconds, per-pass seconds, peak RSS
+  restricted the restricted heads' recomputation in one layer: the short cache's keys only vs every key scored
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_long_context.py plan --tokens 1024
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_long_context.py plan --tokens 8192 --sink 4 --window 256
@@ -116,7 +117,8 @@ def bench_plan(args: argparse.Namespace) -> None:
     ids = encoded.input_ids
     first = args.sink + args.window
     print(f"load average at start {os.getloadavg()}", flush=True)
-    restricted_pass(loaded, ids, {}, rows=1, sink=args.sink, window=args.window, scored_from=first)  # warm-up
+    if not args.no_warmup:
+        restricted_pass(loaded, ids, {}, rows=1, sink=args.sink, window=args.window, scored_from=first)
     start = time.perf_counter()
     restricted_pass(loaded, ids, {}, rows=1, sink=args.sink, window=args.window, scored_from=first)
     plain = time.perf_counter() - start
@@ -221,6 +223,47 @@ def bench_retrieval(args: argparse.Namespace) -> None:
     print(report.causal.model_dump_json())
 
 
+def bench_restricted(args: argparse.Namespace) -> None:
+    """The restricted heads' recomputation in one layer (3 query heads of one KV head, SmolLM2's shapes): scoring
+    only the sink and each chunk's windows against scoring every key with the others masked (the previous method)."""
+    import torch
+
+    from agent_tools.restricted_attention import _CHUNK_FLOATS, _restricted_heads, short_cache_allowed
+
+    generator = torch.Generator().manual_seed(0)
+    heads, length, dim, sink, window = 9, args.tokens, 64, args.sink, args.window
+    query, key, value = (torch.randn(1, heads, length, dim, generator=generator) for _ in range(3))
+    allowed = (torch.arange(length)[None, :] <= torch.arange(length)[:, None])[None]
+    pairs = [(0, 0), (0, 1), (0, 2)]
+
+    def every_key() -> torch.Tensor:
+        first = sink + window
+        rows_b, heads_h = torch.tensor([0, 0, 0]), torch.tensor([0, 1, 2])
+        q, k, v = query[rows_b, heads_h, first:], key[rows_b, heads_h], value[rows_b, heads_h]
+        chunk, outputs = max(1, _CHUNK_FLOATS // (len(pairs) * length)), []
+        for start in range(first, length, chunk):
+            stop = min(start + chunk, length)
+            positions = torch.arange(start, stop)
+            mask = allowed[rows_b, start:stop] & short_cache_allowed(positions, length, sink=sink, window=window)[None]
+            scores = torch.matmul(q[:, start - first : stop - first], k.transpose(-1, -2)) * 0.125
+            weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+            outputs.append(torch.matmul(weights, v))
+        return torch.cat(outputs, dim=1)
+
+    with torch.inference_mode():
+        began = time.perf_counter()
+        before = every_key()
+        every = time.perf_counter() - began
+        began = time.perf_counter()
+        after, _ = _restricted_heads(query, key, value, allowed, pairs, 0.125, sink=sink, window=window)
+        banded = time.perf_counter() - began
+    print(
+        f"{length} tokens, sink {sink}, window {window}, 3 restricted heads: every key scored {every:.2f} s, "
+        f"the short cache's keys only {banded:.2f} s ({every / banded:.1f}x less); max |difference| "
+        f"{float((before - after).abs().max()):.2e}; load {os.getloadavg()[0]:.1f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -231,13 +274,18 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--budgets", type=float, nargs="*", default=[0.005, 0.02, 0.05])
     plan.add_argument("--layers", type=int, nargs="+", default=None, help="layers measured (default: all)")
     plan.add_argument("--memory-budget", type=float, default=None, help="GiB (default: the session's)")
+    plan.add_argument("--no-warmup", action="store_true", help="time the first plain forward (long texts)")
     retrieval = sub.add_parser("retrieval")
     retrieval.add_argument("--lengths", type=int, nargs="+", default=[512, 1024])
     retrieval.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     retrieval.add_argument("--draws", type=int, default=3)
     retrieval.add_argument("--memory-budget", type=float, default=None, help="GiB (default: the session's)")
+    restricted = sub.add_parser("restricted")
+    restricted.add_argument("--tokens", type=int, default=8192)
+    restricted.add_argument("--sink", type=int, default=4)
+    restricted.add_argument("--window", type=int, default=256)
     args = parser.parse_args(argv)
-    {"plan": bench_plan, "retrieval": bench_retrieval}[args.what](args)
+    {"plan": bench_plan, "retrieval": bench_retrieval, "restricted": bench_restricted}[args.what](args)
     return 0
 
 
