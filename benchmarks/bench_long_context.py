@@ -35,7 +35,7 @@ def prose(tokenizer, tokens: int) -> str:
     return tokenizer.decode(ids)
 
 
-Pass = tuple[dict[int, int], bool, float]  # (layer -> rows joining there, row 0 ran to the end, seconds)
+Pass = tuple[dict[int, int], bool, float]  # (layer -> rows joining there, row 0 ran to the end, CPU seconds)
 
 
 def _timed_passes(layers: int) -> list[Pass]:
@@ -46,16 +46,17 @@ def _timed_passes(layers: int) -> list[Pass]:
     original = short_cache.restricted_pass
 
     def timed(loaded, input_ids, restrictions, **kwargs):
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         result = original(loaded, input_ids, restrictions, **kwargs)
         joining = kwargs.get("joining") or {}
         if joining:
             last, count = max(joining), sum(joining.values())
             whole = not kwargs.get("clean_leaves") or last + 1 >= layers
-            passes.append((dict(joining), whole, time.perf_counter() - began))
+            passes.append((dict(joining), whole, time.process_time() - cpu))
             print(
                 f"  masked pass joining at layers {sorted(joining)}, {count} restricted rows, row 0 "
-                f"{'to the end' if whole else f'leaves after layer {last}'}: {passes[-1][2]:.1f} s; "
+                f"{'to the end' if whole else f'leaves after layer {last}'}: {time.perf_counter() - began:.1f} s "
+                f"wall, {passes[-1][2]:.1f} s CPU; "
                 f"peak RSS {_peak_mib():.0f} MiB; load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
@@ -83,7 +84,7 @@ def _project(passes: list[Pass], plain: float, layers: int, kv_heads: int, rows:
     x, y = torch.linalg.lstsq(a, b[:, None]).solution[:, 0].tolist()
     fitted = (a @ torch.tensor([x, y], dtype=torch.float64)).tolist()
     print(
-        f"cost model: {x:.3f} s per row-layer, {y:.2f} s per restricted row (plain forward / layers = "
+        f"cost model (CPU): {x:.3f} s per row-layer, {y:.2f} s per restricted row (plain forward / layers = "
         f"{plain / layers:.3f} s); fitted vs measured per pass: "
         + ", ".join(f"{f:.0f}/{p[2]:.0f} s" for f, p in zip(fitted, passes, strict=True))
     )
@@ -96,7 +97,7 @@ def _project(passes: list[Pass], plain: float, layers: int, kv_heads: int, rows:
         row0 = layers if index == len(groups) - 1 else last + 1
         total += x * (row0 + sum(layers - layer for layer in group)) + y * len(group)
     print(
-        f"projected all-layer measurement ({len(groups)} passes of <= {per} KV heads): {total:.0f} s = "
+        f"projected all-layer measurement ({len(groups)} passes of <= {per} KV heads): {total:.0f} CPU s = "
         f"{total / plain:.1f}x plain"
     )
 
@@ -119,19 +120,23 @@ def bench_plan(args: argparse.Namespace) -> None:
     print(f"load average at start {os.getloadavg()}", flush=True)
     if not args.no_warmup:
         restricted_pass(loaded, ids, {}, rows=1, sink=args.sink, window=args.window, scored_from=first)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     restricted_pass(loaded, ids, {}, rows=1, sink=args.sink, window=args.window, scored_from=first)
-    plain = time.perf_counter() - start
+    plain, plain_cpu = time.perf_counter() - start, time.process_time() - cpu
     plain_peak = _peak_mib()
-    print(f"plain forward {plain:.1f} s; peak RSS after it {plain_peak:.0f} MiB; load {os.getloadavg()}", flush=True)
+    print(
+        f"plain forward {plain:.1f} s wall, {plain_cpu:.1f} s CPU; peak RSS after it {plain_peak:.0f} MiB; "
+        f"load {os.getloadavg()}",
+        flush=True,
+    )
     passes = _timed_passes(facts.num_layers)
     groups = facts.num_heads // facts.num_kv_heads
     layers = args.layers if args.layers is not None else list(range(facts.num_layers))
     kv_heads = range(facts.num_kv_heads)
     units = [(layer, tuple(range(kv * groups, (kv + 1) * groups))) for layer in layers for kv in kv_heads]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     measured = short_cache_losses(inspector, loaded, ids, units, sink=args.sink, window=args.window)
-    masked = time.perf_counter() - start
+    masked, masked_cpu = time.perf_counter() - start, time.process_time() - cpu
     changes = (measured.rows - measured.clean_rows).double().mean(-1).tolist()
     # the floor of an exact per-head measurement: a unit's row runs from its own layer to the last (rows join there)
     floor = sum(facts.num_layers - layer for layer, _ in units) / facts.num_layers
@@ -141,8 +146,14 @@ def bench_plan(args: argparse.Namespace) -> None:
         f"every KV head restricted on its own: {masked:.2f} s = {masked / plain:.1f}x plain in {measured.passes} "
         f"masked passes (row-layers run / layers = {floor:.1f} forwards' worth of blocks + {len(units)} output heads)"
     )
+    print(
+        f"CPU seconds (one thread: what a shared machine's load does not inflate): plain {plain_cpu:.1f} s, "
+        f"masked passes {masked_cpu:.1f} s = {masked_cpu / plain_cpu:.2f}x plain"
+    )
     print(f"peak RSS after the masked passes {_peak_mib():.0f} MiB (after the plain forward {plain_peak:.0f} MiB)")
-    _project(passes, plain, facts.num_layers, facts.num_kv_heads, restricted_rows(inspector, loaded, encoded.length))
+    _project(
+        passes, plain_cpu, facts.num_layers, facts.num_kv_heads, restricted_rows(inspector, loaded, encoded.length)
+    )
 
     def verify(picked):
         losses, top = all_restricted_losses(
