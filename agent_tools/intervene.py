@@ -174,6 +174,33 @@ def _rows_joining(model: nn.Module, joining: Mapping[int, int], *, num_heads: in
 
 
 @contextmanager
+def row_zero_leaving(model: nn.Module, layer: int) -> Iterator[None]:
+    """Inside the block, batch row 0 leaves the batch at the block of ``layer`` (it runs layers ``< layer`` only).
+
+    For a batch whose row 0 only feeds rows that joined before ``layer`` (its own output is known already): the
+    output then holds rows 1.. in order. Register it before the joining hooks of the same forward (hooks run in the
+    order registered)."""
+    blocks = _blocks_from(model, layer)
+    if layer not in blocks:
+        raise ValueError(f"row 0 cannot leave at layer {layer}: the model has {layer} layers or fewer")
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        positional = bool(args) and isinstance(args[0], Tensor)
+        hidden = args[0] if positional else kwargs["hidden_states"]
+        if hidden.shape[0] < 2:
+            raise ValueError(f"row 0 cannot leave a batch of {hidden.shape[0]} row at layer {layer}")
+        if positional:
+            return (hidden[1:], *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": hidden[1:]}
+
+    handle = blocks[layer].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
 def head_sets_ablated_joining(
     model: nn.Module,
     rows: Sequence[tuple[Mapping[int, Sequence[int]], AblationMethod]],

@@ -9,9 +9,10 @@ with ``i < sink + window`` read every earlier key either way, so they are unchan
 We register one attention function in transformers' ``AttentionInterface`` (the model's own sdpa math for every
 head) and switch a model to it only inside :func:`heads_restricted`; the previous implementation is restored in
 ``finally``. For each restricted (batch row, query head) the function recomputes that head's output over its
-allowed keys with the eager math (float32 softmax), query rows in chunks so memory stays ``P·chunk·Tk``, and writes
-it over the sdpa output. A batch row may restrict different heads than its neighbours (row ``b`` of a layer's batch
-restricts head ``b``), which is how ``plan_kv_cache`` measures every head of a layer in one pass.
+allowed keys with the eager math (float32 softmax), query rows in chunks, each scoring only the keys its rows may
+read (the sink and the chunk's windows), and writes it over the sdpa output. A batch row may restrict different
+heads than its neighbours (row ``b`` of a layer's batch restricts head ``b``), which is how ``plan_kv_cache``
+measures every head of a layer in one pass.
 
 Families whose scores carry terms sdpa does not take here (soft-capping, sink logits, relative position bias) and
 families routed by an adapter are refused: a restricted layer the function never saw raises, so a restriction is
@@ -21,6 +22,7 @@ never silently ignored.
 from __future__ import annotations
 
 import contextvars
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -56,11 +58,22 @@ class _RestrictedState:
 _ACTIVE: contextvars.ContextVar[_RestrictedState | None] = contextvars.ContextVar("restricted", default=None)
 
 
-def short_cache_allowed(positions: Tensor, keys: int, *, sink: int, window: int) -> Tensor:
-    """(q,) query positions -> (q, keys) bool: key j < sink, or positions[i] − window < j ≤ positions[i]."""
-    columns = torch.arange(keys, device=positions.device)[None, :]  # (1, Tk)
+def short_cache_allowed(
+    positions: Tensor, keys: int, *, sink: int, window: int, columns: Tensor | None = None
+) -> Tensor:
+    """(q,) query positions -> (q, keys) bool: key j < sink, or positions[i] − window < j ≤ positions[i].
+    ``columns`` (n,): only those keys, (q, n)."""
+    if columns is None:
+        columns = torch.arange(keys, device=positions.device)
     rows = positions[:, None]  # (q, 1)
-    return (columns <= rows) & ((columns < sink) | (columns > rows - window))
+    return (columns[None, :] <= rows) & ((columns[None, :] < sink) | (columns[None, :] > rows - window))
+
+
+def _short_cache_keys(first: int, stop: int, keys: int, *, sink: int, window: int, device: torch.device) -> Tensor:
+    """The keys the query positions ``first..stop−1`` may read on the short cache, sorted: the sink and the span from
+    ``first − window + 1`` to ``stop − 1`` (every other key is masked for all of them)."""
+    low = max(sink, first - window + 1)
+    return torch.cat([torch.arange(min(sink, keys), device=device), torch.arange(low, min(stop, keys), device=device)])
 
 
 def _base_allowed(mask: Tensor | None, batch: int, rows: int, keys: int, device: torch.device) -> Tensor:
@@ -91,6 +104,10 @@ def _restricted_heads(
     ``query`` (B, H, q, D), ``key``/``value`` (B, H, Tk, D) already expanded per query head, ``allowed`` (B, q, Tk)
     the model's mask. Returns the outputs of rows ``first..q−1`` and ``first``, the first row whose position is at
     least ``sink + window`` (earlier rows read every earlier key either way).
+
+    A chunk of query rows scores only the keys some row of it may read (the sink and the chunk's span of windows,
+    :func:`_short_cache_keys`): the keys left out are masked for every row of the chunk, so they would add exact
+    zeros to the softmax and to the weighted sum. The work is ``P·q·(sink + window + chunk)``, not ``P·q·Tk``.
     """
     rows, keys = query.shape[2], key.shape[2]
     offset = keys - rows  # key column of query row 0
@@ -100,17 +117,21 @@ def _restricted_heads(
     q = query[rows_b, heads_h, first:].float()  # (P, q', D)
     k = key[rows_b, heads_h].float()  # (P, Tk, D)
     v = value[rows_b, heads_h].float()  # (P, Tk, D)
-    chunk = max(1, _CHUNK_FLOATS // max(1, len(pairs) * keys))
+    # c rows score at most sink + window + c keys, so q rows cost q·(sink + window + c): c about sink + window (at
+    # least 64 rows), and at most the largest c with P·c·(sink + window + c) <= _CHUNK_FLOATS
+    span, per_pair = sink + window, _CHUNK_FLOATS // max(1, len(pairs))
+    chunk = max(1, min(max(64, span), (math.isqrt(span * span + 4 * per_pair) - span) // 2))
     outputs = []
     for start in range(first, rows, chunk):
         stop = min(start + chunk, rows)
         positions = torch.arange(offset + start, offset + stop, device=query.device)
-        short = short_cache_allowed(positions, keys, sink=sink, window=window)  # (c, Tk)
-        mask = allowed[rows_b, start:stop] & short[None]  # (P, c, Tk)
-        scores = torch.matmul(q[:, start - first : stop - first], k.transpose(-1, -2)) * scaling  # (P, c, Tk)
-        scores = scores.masked_fill(~mask, float("-inf"))
+        columns = _short_cache_keys(offset + start, offset + stop, keys, sink=sink, window=window, device=query.device)
+        short = short_cache_allowed(positions, keys, sink=sink, window=window, columns=columns)  # (c, n)
+        mask = allowed[rows_b, start:stop][:, :, columns] & short[None]  # (P, c, n)
+        scores = torch.matmul(q[:, start - first : stop - first], k[:, columns].transpose(-1, -2)) * scaling
+        scores = scores.masked_fill(~mask, float("-inf"))  # (P, c, n)
         weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row with no allowed key writes 0
-        outputs.append(torch.matmul(weights, v))  # (P, c, D)
+        outputs.append(torch.matmul(weights, v[:, columns]))  # (P, c, D)
     if not outputs:
         return q.new_zeros(len(pairs), 0, q.shape[-1]), first
     return torch.cat(outputs, dim=1), first

@@ -33,6 +33,37 @@ def test_short_cache_allowed_by_hand() -> None:
     assert torch.equal(allowed, expected)
 
 
+@pytest.mark.parametrize(("rows", "chunk_floats"), [(40, 1 << 24), (40, 300), (9, 300)])
+def test_restricted_heads_score_only_the_short_cache_keys_with_the_full_masked_softmax_numbers(
+    rows: int, chunk_floats: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scoring only the sink and the chunk's windows equals the softmax over every key with the rest masked (1e-6),
+    in one chunk or many, for a prompt (rows = keys) and for the last rows of one (rows < keys), with padding."""
+    from agent_tools import restricted_attention
+
+    monkeypatch.setattr(restricted_attention, "_CHUNK_FLOATS", chunk_floats)
+    generator = torch.Generator().manual_seed(11)
+    batch, heads, keys, dim, sink, window = 2, 4, 40, 8, 2, 5
+    query = torch.randn(batch, heads, rows, dim, generator=generator)
+    key = torch.randn(batch, heads, keys, dim, generator=generator)
+    value = torch.randn(batch, heads, keys, dim, generator=generator)
+    positions = torch.arange(keys - rows, keys)
+    causal = torch.arange(keys)[None, :] <= positions[:, None]  # (q, Tk)
+    allowed = causal[None].repeat(batch, 1, 1)
+    allowed[1, :, 3] = False  # row 1 pads key 3 (a sink-side key) and key 20
+    allowed[1, :, 20] = False
+    pairs = [(0, 1), (1, 1), (1, 3)]
+    got, first = restricted_attention._restricted_heads(
+        query, key, value, allowed, pairs, 0.3, sink=sink, window=window
+    )
+    assert first == max(0, sink + window - (keys - rows))
+    rows_b, heads_h = torch.tensor([b for b, _ in pairs]), torch.tensor([h for _, h in pairs])
+    mask = allowed[rows_b] & short_cache_allowed(positions, keys, sink=sink, window=window)[None]
+    scores = (query[rows_b, heads_h] @ key[rows_b, heads_h].transpose(-1, -2) * 0.3).masked_fill(~mask, -torch.inf)
+    expected = torch.softmax(scores, -1).nan_to_num(0.0) @ value[rows_b, heads_h]  # (P, q, D), every key scored
+    torch.testing.assert_close(got, expected[:, first:], atol=1e-6, rtol=0)
+
+
 def test_greedy_plan_and_bytes_by_hand() -> None:
     plan = greedy_plan([0.3, -0.1, 0.05, 0.0, 0.2], 0.2)
     # smallest first: -0.1, 0.0, 0.05, 0.2 sum to 0.15 <= 0.2; adding 0.3 would make 0.45
@@ -115,6 +146,42 @@ def test_joining_rows_equal_one_pass_per_unit(tiny_llama: LoadedModel) -> None:
         alone, _ = restricted_pass(tiny_llama, ids, {layer: [(1, heads)]}, rows=2, sink=1, window=4, scored_from=5)
         torch.testing.assert_close(measured.rows[index], alone[1], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(measured.clean_rows[index], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_row_zero_leaves_every_pass_but_the_last_with_the_same_numbers(tiny_llama: LoadedModel) -> None:
+    ids = torch.randint(4, 60, (1, 20), generator=torch.Generator().manual_seed(7))
+    units = [(0, (0, 1)), (0, (2, 3)), (1, (0, 1)), (1, (2, 3))]
+    blocks = tiny_llama.model.model.layers
+    assert len(blocks) == 2
+    seen: list[tuple[int, int]] = []  # (layer, rows out of its block)
+    hooks = [
+        block.register_forward_hook(
+            lambda module, args, output, layer=layer: seen.append(
+                (layer, (output[0] if isinstance(output, tuple) else output).shape[0])
+            )
+        )
+        for layer, block in enumerate(blocks)
+    ]
+    try:
+        measured = unit_losses(tiny_llama, ids, units, sink=1, window=4, max_rows=3)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    # pass 1: row 0 + the 2 layer-0 units leave layer 0, then row 0 leaves; pass 2 (the last): row 0 runs to the end
+    assert seen == [(0, 3), (1, 2), (0, 1), (1, 3)]
+    # the previous schedule: row 0 in every pass to the end, each unit against its own pass's row 0
+    rows, clean_rows = [], []
+    for group in (units[:2], units[2:]):
+        restrictions = {group[0][0]: [(1, group[0][1]), (2, group[1][1])]}
+        before, _ = restricted_pass(
+            tiny_llama, ids, restrictions, rows=3, sink=1, window=4, joining={group[0][0]: 2}, scored_from=5
+        )
+        rows.append(before[1:])
+        clean_rows.append(before[:1].expand(2, -1))
+    torch.testing.assert_close(measured.rows, torch.cat(rows), atol=1e-6, rtol=0)
+    torch.testing.assert_close(measured.clean_rows, torch.cat(clean_rows), atol=1e-6, rtol=0)
+    assert measured.passes == 2 and measured.rows.shape == (4, 20 - 1 - 5)
+    assert (measured.rows - measured.clean_rows).abs().max() > 1e-3  # the restrictions change the losses
 
 
 @pytest.fixture(scope="module")

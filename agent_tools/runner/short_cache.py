@@ -5,8 +5,11 @@
 batch: the rows are sorted by layer and a row joins the batch at the layer it restricts, as a copy of the unrestricted
 row 0 (:func:`agent_tools.intervene.heads_patched_joining` with nothing patched), so the layers before it run once,
 in row 0. Each batch is one masked pass over a group of consecutive layers (as many rows as the memory budget
-allows). The loss of row ``r`` minus the loss of row 0 *of the same batch* is that head's effect: the two went
-through the same kernels, so nothing but the restriction differs.
+allows). Row 0's own output is the same in every pass, so it is computed once: in the pass whose rows join last
+(it runs the whole model there), while in every other pass row 0 leaves the batch after the last layer where rows
+join. The loss of row ``r`` minus that unrestricted loss is the head's effect (the rows of another pass ran the
+same layers in a batch one row smaller: the numbers agree with a same-batch row 0 to float rounding, 1e-6 in the
+tests).
 
 Logits are never held for the whole batch: the output head's input (R, T, C) is kept, the model's own head sees one
 position, and the per-position losses are computed from the kept input in chunks of positions.
@@ -16,13 +19,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from agent_tools.intervene import heads_patched_joining
+from agent_tools.intervene import heads_patched_joining, row_zero_leaving
 from agent_tools.loading import LoadedModel
 from agent_tools.restricted_attention import heads_restricted
 from agent_tools.runner.forward import on_device
@@ -37,7 +40,7 @@ class RestrictedLosses:
     clean: Tensor  # (S,) loss predicting token t+1 at scored position t (t ≥ sink + window), no head restricted
     clean_top: Tensor  # (S,) the unrestricted model's top next token at each scored position
     rows: Tensor  # (U, S) the same with unit u restricted
-    clean_rows: Tensor  # (U, S) the unrestricted row of the batch unit u ran in (same kernels, same batch)
+    clean_rows: Tensor  # (U, S) the unrestricted losses unit u is compared with (``clean`` for every unit)
     top: Tensor  # (U, S) the top next token with unit u restricted
     passes: int  # masked forwards run
 
@@ -95,17 +98,21 @@ def restricted_pass(
     window: int,
     joining: dict[int, int] | None = None,
     scored_from: int = 0,
+    clean_leaves: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """One forward of (1, T) ids as a batch of ``rows`` rows with ``restrictions`` (layer -> [(row, query heads)]).
 
     ``joining``: layer -> rows that join the batch at that layer (copies of row 0; rows 1.. join in layer order);
-    None runs all ``rows`` from the embedding on. Returns (rows, T−1−scored_from) next-token losses and top tokens of
-    the predictions made at positions ``scored_from..T−2``.
+    None runs all ``rows`` from the embedding on. ``clean_leaves`` (with ``joining``): row 0 leaves the batch after
+    the last layer where rows join (unless that is the model's last layer), and only rows 1.. are returned.
+    Returns (rows, T−1−scored_from) next-token losses and top tokens of the predictions made at positions
+    ``scored_from..T−2`` (rows − 1 of them when row 0 left).
     """
     facts = loaded.facts
     ids = on_device(loaded, input_ids)
     length = int(ids.shape[-1])
     keep: dict[str, Tensor] = {}
+    leaves = max(joining) + 1 if clean_leaves and joining and max(joining) + 1 < facts.num_layers else None
     with loaded.lock, torch.inference_mode():
         with (
             _kept_head_input(loaded.model, keep) as head,
@@ -116,14 +123,21 @@ def restricted_pass(
                 for layer in sorted(joining):
                     alive += joining[layer]
                     masks[layer] = torch.zeros(alive, length, facts.num_heads, dtype=torch.bool)
-                with heads_patched_joining(loaded.model, masks, num_heads=facts.num_heads, head_dim=facts.head_dim):
+                with (
+                    row_zero_leaving(loaded.model, leaves) if leaves is not None else nullcontext(),
+                    heads_patched_joining(loaded.model, masks, num_heads=facts.num_heads, head_dim=facts.head_dim),
+                ):
                     loaded.model(input_ids=ids, use_cache=False)
             else:
                 loaded.model(input_ids=ids.expand(rows, -1), use_cache=False)
         hidden = keep.pop("hidden")
-        if hidden.shape[0] != rows:
-            raise ValueError(f"the restricted pass ran {hidden.shape[0]} rows, expected {rows}")
-        return _losses(loaded.model, head, hidden, ids[0], scored_from)
+        expected = rows - 1 if leaves is not None else rows
+        if hidden.shape[0] != expected:
+            raise ValueError(f"the restricted pass ran {hidden.shape[0]} rows, expected {expected}")
+        losses, top = _losses(loaded.model, head, hidden, ids[0], scored_from)
+        if clean_leaves and leaves is None:  # the rows joined at the last layer: row 0 ran to the end, drop it here
+            return losses[1:], top[1:]
+        return losses, top
 
 
 def unit_losses(
@@ -138,17 +152,22 @@ def unit_losses(
     """Every unit (layer, query heads) restricted on its own, as rows of joining batches of at most ``max_rows``.
 
     Units must be sorted by layer. A batch holds row 0 (unrestricted) and up to ``max_rows − 1`` units of
-    consecutive layers: one masked pass per layer group. Only the predictions at positions ``sink + window`` and
-    later are scored (earlier queries read every earlier key either way).
+    consecutive layers: one masked pass per layer group. Row 0 runs the whole model in the last pass only (its
+    losses are the unrestricted ones); in the others it leaves after the last layer where that pass's rows join.
+    Only the predictions at positions ``sink + window`` and later are scored (earlier queries read every earlier
+    key either way).
     """
     if any(a[0] > b[0] for a, b in itertools.pairwise(units)):
         raise ValueError("units must be sorted by layer")
+    if not units:
+        raise ValueError("unit_losses needs at least one unit")
     per_batch = max(1, max_rows - 1)
-    rows_out, clean_out, top_out = [], [], []
+    starts = list(range(0, len(units), per_batch))
+    rows_out, top_out = [], []
     clean = clean_top = None
-    passes = 0
-    for start in range(0, len(units), per_batch):
+    for start in starts:
         group = units[start : start + per_batch]
+        last = start == starts[-1]  # its rows join last: row 0 runs to the end here, and only here
         joining: dict[int, int] = {}
         restrictions: dict[int, list[tuple[int, Sequence[int]]]] = {}
         for row, (layer, heads) in enumerate(group, start=1):
@@ -163,19 +182,20 @@ def unit_losses(
             window=window,
             joining=joining,
             scored_from=sink + window,
+            clean_leaves=not last,
         )
-        passes += 1
-        if clean is None:
+        if last:
             clean, clean_top = losses[0], top[0]
-        rows_out.append(losses[1:])
-        clean_out.append(losses[:1].expand(len(group), -1))
-        top_out.append(top[1:])
+            losses, top = losses[1:], top[1:]
+        rows_out.append(losses)
+        top_out.append(top)
     assert clean is not None and clean_top is not None
+    rows = torch.cat(rows_out)
     return RestrictedLosses(
         clean=clean,
         clean_top=clean_top,
-        rows=torch.cat(rows_out),
-        clean_rows=torch.cat(clean_out),
+        rows=rows,
+        clean_rows=clean[None].expand_as(rows),
         top=torch.cat(top_out),
-        passes=passes,
+        passes=len(starts),
     )
