@@ -403,14 +403,21 @@ class Inspector(Session):
         *,
         replacements: dict,
         reduce: Callable[[torch.Tensor], tuple[torch.Tensor, ...]],
+        logits_to_keep: int | None = None,
     ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
         """What ``reduce`` keeps of the clean output and of each head set's ablated output, the sets batched as
-        rows (see :func:`agent_tools.runner.ablated_rows`)."""
+        rows (see :func:`agent_tools.runner.ablated_rows`; ``logits_to_keep``: only the last positions' logits)."""
         length = int(input_ids.shape[-1])
-        max_rows = runner.ablation.rows_per_batch(loaded, length, self.memory_budget)
+        max_rows = runner.ablation.rows_per_batch(loaded, length, self.memory_budget, output_positions=logits_to_keep)
         with guarded(loaded):
             return runner.ablated_rows(
-                loaded, input_ids, rows, replacements=replacements, reduce=reduce, max_rows=max_rows
+                loaded,
+                input_ids,
+                rows,
+                replacements=replacements,
+                reduce=reduce,
+                max_rows=max_rows,
+                logits_to_keep=logits_to_keep,
             )
 
     def execute(self, plan: PassPlan[Result]) -> Result:

@@ -77,3 +77,26 @@ def test_bad_input_names_the_valid_range(circuit: LoadedModel, inspector: Inspec
         tool(inspector, {**base, "answer": "moon"})
     with pytest.raises(ResourceLimitError, match="lengths <="):
         tool(Inspector(memory_budget=1000), base)
+
+
+def test_only_the_answer_positions_reach_the_output_head(
+    circuit: LoadedModel, inspector: Inspector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The scores need no logits (the capture pass stops before the head), the mean recording keeps the last
+    # position's, the ablation rows the answer queries' only, and the path gap (issue 30) its last GAP_POSITIONS:
+    # memory does not grow with haystack length times vocabulary.
+    from agent_tools.runner import paths
+
+    answer = len(circuit.tokenizer(" " + NEEDLE["answer"], add_special_tokens=False)["input_ids"])
+    monkeypatch.setattr(paths, "GAP_POSITIONS", answer + 1)
+    seen: list[tuple[int, ...]] = []
+    head = circuit.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda _module, _inputs, output: seen.append(tuple(output.shape)))
+    try:
+        arguments = {"model": "circuit-retrieval", "text": HAYSTACK, **NEEDLE, "lengths": [48], "depths": [0.5]}
+        report = get_tool("find_retrieval_heads")(inspector, {**arguments, "top_k": 1, "random_draws": 2})
+    finally:
+        hook.remove()
+    assert seen and all(shape[1] in (1, answer + 1) for shape in seen), seen  # from the first answer query on
+    assert sum(1 for shape in seen if shape[0] == 4) == 1  # the clean row, the top set and 2 random sets: 1 batch
+    assert report.causal.accuracy_clean == 1.0 and report.causal.accuracy_top_ablated == 0.0

@@ -470,3 +470,29 @@ def test_the_path_gap_is_measured_on_the_calls_own_text_when_calls_interleave(bf
     n_short = tiny_tokenizer()(short, return_tensors="pt")["input_ids"].shape[1]
     assert report_long.attention_path is not None and report_long.attention_path.tokens > n_short
     assert path is not None and path.tokens == n_short
+
+
+def test_a_long_texts_path_gap_keeps_only_the_last_positions_logits(bf16_and_fp32, monkeypatch) -> None:
+    """Over GAP_POSITIONS positions both passes keep only the last ones' logits (not (T, vocabulary) twice), and the
+    gap is the one over those positions: the same numbers as the model's own two forwards give there."""
+    from agent_tools.analysis.metrics import kl_divergence
+    from agent_tools.runner import paths
+
+    monkeypatch.setattr(paths, "GAP_POSITIONS", 4)
+    name = bf16_and_fp32["bf16"]
+    loaded = load_model(name)
+    loaded.model.config._attn_implementation = "sdpa"
+    seen: list[int] = []
+    hook = loaded.model.get_output_embeddings().register_forward_hook(lambda _m, _i, out: seen.append(out.shape[1]))
+    try:
+        report = get_tool("show_attention")(Inspector(), {"model": name, "text": TEXT, "layer": 1, "head": 0})
+    finally:
+        hook.remove()
+    path = report.attention_path
+    ids = tiny_tokenizer()(TEXT, return_tensors="pt")["input_ids"]
+    assert ids.shape[1] > 4 and path is not None and path.tokens == 4 and seen.count(4) == 2
+    with torch.inference_mode():
+        own = loaded.model(input_ids=ids).logits[0, -4:]
+    eager = eager_reference(loaded.model, input_ids=ids).logits[0, -4:]
+    kl = kl_divergence(eager, own)
+    assert path.mean_kl == pytest.approx(kl.mean().item(), rel=2e-3, abs=1e-12)

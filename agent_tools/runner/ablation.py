@@ -78,10 +78,13 @@ def ablated_forward(
     return AblationEffect(clean=clean, ablated=ablated, language_model=is_lm)
 
 
-def _run(loaded: LoadedModel, ids: Tensor) -> object:
-    """The model on ``ids`` without a cache; an encoder–decoder's encoder alone."""
+def _run(loaded: LoadedModel, ids: Tensor, logits_to_keep: int | None = None) -> object:
+    """The model on ``ids`` without a cache; an encoder–decoder's encoder alone. With ``logits_to_keep`` a
+    language model's head sees only the last that many positions."""
     if loaded.facts.is_encoder_decoder:
         return encoder_of(loaded)(input_ids=ids)
+    if logits_to_keep is not None and loaded.facts.is_language_model:
+        return loaded.model(input_ids=ids, use_cache=False, logits_to_keep=logits_to_keep)
     return loaded.model(input_ids=ids, use_cache=False)
 
 
@@ -89,7 +92,7 @@ def _head_outputs(loaded: LoadedModel, ids: Tensor, layers: Sequence[int]) -> di
     """Layer -> (T, H, D) every head's output before W_O on (1, T) ``ids`` (caller holds the lock)."""
     facts = loaded.facts
     with recorded_head_inputs(loaded.model, layers, num_heads=facts.num_heads, head_dim=facts.head_dim) as found:
-        _run(loaded, ids)
+        _run(loaded, ids, logits_to_keep=1)  # the heads' inputs are what it reads: no (T, vocabulary) logits
     return dict(found)
 
 
@@ -108,14 +111,22 @@ class HeadSetAblation:
     method: AblationMethod
 
 
-def rows_per_batch(loaded: LoadedModel, length: int, budget: int) -> int:
-    """How many ablated rows of ``length`` tokens (with their full output) fit one forward within ``budget`` bytes."""
+def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int | None = None) -> int:
+    """How many ablated rows of ``length`` tokens fit one forward within ``budget`` bytes: their activations and
+    their output (a vocabulary row at each position, or at the last ``output_positions`` only)."""
     lookup = getattr(loaded.model, "get_output_embeddings", None)
     head = lookup() if callable(lookup) else None
     weight = getattr(head, "weight", None)
     vocabulary = int(weight.shape[0]) if isinstance(weight, Tensor) else 0
-    width = loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS + vocabulary
-    return max(1, min(ROWS_PER_BATCH, budget // max(length * width * 4, 1)))
+    per_row = row_bytes(loaded, length, output_positions=output_positions, vocabulary=vocabulary)
+    return max(1, min(ROWS_PER_BATCH, budget // max(per_row, 1)))
+
+
+def row_bytes(loaded: LoadedModel, length: int, *, output_positions: int | None = None, vocabulary: int = 0) -> int:
+    """Bytes one ablated row of ``length`` tokens holds while its batch runs: its activations, and its output
+    (``vocabulary`` floats at each of the last ``output_positions`` positions, or at every position)."""
+    outputs = length if output_positions is None else min(length, output_positions)
+    return (length * loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS + outputs * vocabulary) * 4
 
 
 Reduce = Callable[[Tensor], tuple[Tensor, ...]]
@@ -129,8 +140,11 @@ def ablated_rows(
     replacements: Mapping[AblationMethod, Mapping[int, Tensor]],
     reduce: Reduce,
     max_rows: int = ROWS_PER_BATCH,
+    logits_to_keep: int | None = None,
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
     """(1, T) ids and R head sets -> what ``reduce`` keeps of the clean output and of each ablated row's.
+
+    With ``logits_to_keep`` (language models) ``reduce`` gets the last that many positions' logits only, (B, K, V).
 
     ``reduce`` gets a batch's (B, T, V) logits (or (B, T, C) hidden states), row 0 unablated, and returns tensors
     with B rows (e.g. per-position losses): only those are kept, so a batch's full output never outlives it. Rows
@@ -145,7 +159,7 @@ def ablated_rows(
     clean: tuple[Tensor, ...] = ()
     with loaded.lock, torch.inference_mode():
         if not rows:
-            output, _ = model_output(_run(loaded, ids))
+            output, _ = model_output(_run(loaded, ids, logits_to_keep))
             return tuple(t[0] for t in reduce(output)), ()
         for start in range(0, len(order), max(1, max_rows)):
             group = order[start : start + max(1, max_rows)]
@@ -157,7 +171,7 @@ def ablated_rows(
                 head_dim=facts.head_dim,
                 replacements=replacements,
             ):
-                output, _ = model_output(_run(loaded, ids))
+                output, _ = model_output(_run(loaded, ids, logits_to_keep))
             reduced = reduce(output)
             clean = clean or tuple(t[0] for t in reduced)
             for row, index in enumerate(group, start=1):

@@ -4,6 +4,7 @@ mean ablations of the top heads and of random heads of the same count on every h
 from __future__ import annotations
 
 import statistics
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -14,7 +15,10 @@ from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Encoded, Inspector, validate_text
 from agent_tools.loading import LoadedModel
 from agent_tools.long_context import DEFAULT_HAYSTACK, Haystack, build_haystack, check_haystack, needle_tokens
+from agent_tools.runner import HeadSetAblation, head_outputs
+from agent_tools.runner.ablation import row_bytes as ablation_row_bytes
 from agent_tools.schemas import NextCall, head_label, rounded
+from agent_tools.session import guarded
 from agent_tools.settings import readable_size
 from agent_tools.tools.find_retrieval_heads.models import (
     CausalCheck,
@@ -47,14 +51,21 @@ def _cache_plan_arguments(loaded: LoadedModel, stacks: list[Haystack]) -> dict[s
     return {"text": text, "sink": max(1, min(4, tokens // 8)), "window": max(1, min(64, tokens // 4))}
 
 
-def _answer_scores(logits: Tensor, hay: Haystack) -> tuple[float, float]:
-    """(accuracy, mean log-probability) of the answer tokens from (T, V) logits."""
-    queries = torch.tensor(hay.answer_queries)
-    targets = hay.ids[queries + 1]
-    rows = logits[queries].float()
-    accuracy = float((rows.argmax(-1) == targets.to(rows.device)).float().mean())
-    logprob = float(torch.log_softmax(rows, -1).gather(-1, targets.to(rows.device)[:, None]).mean())
-    return accuracy, logprob
+def _answer_scores(logits: Tensor, *, hay: Haystack) -> tuple[Tensor, ...]:
+    """(B,) accuracy and (B,) mean log-probability of the answer tokens, from (B, K, V) logits of the last K
+    positions (K = :func:`_kept`: the answer's queries are the last positions but one)."""
+    offset = hay.length - logits.shape[1]
+    queries = torch.tensor(hay.answer_queries, device=logits.device) - offset
+    targets = hay.ids.to(logits.device)[queries + offset + 1]  # (A,)
+    rows = logits[:, queries].float()  # (B, A, V)
+    accuracy = (rows.argmax(-1) == targets).float().mean(-1)
+    chosen = torch.log_softmax(rows, -1).gather(-1, targets.expand(rows.shape[0], -1)[..., None])[..., 0]
+    return accuracy.double().cpu(), chosen.mean(-1).double().cpu()
+
+
+def _kept(hay: Haystack) -> int:
+    """Positions whose logits the answer scores read: from the first answer query to the end."""
+    return hay.length - hay.answer_queries[0]
 
 
 def _check(args: FindRetrievalHeadsInput, loaded: LoadedModel, inspector: Inspector) -> None:
@@ -70,13 +81,12 @@ def _check(args: FindRetrievalHeadsInput, loaded: LoadedModel, inspector: Inspec
         raise InvalidInputError(
             f"top_k {args.top_k} must be at most {heads - 1} (heads of the model - 1)", field="top_k"
         )
-    vocab = int(getattr(loaded.model.config, "vocab_size", 0) or 0)
-    held = 2 * max(args.lengths) * vocab * 4  # clean and ablated logits of the longest haystack
+    held = ablation_row_bytes(loaded, max(args.lengths))  # one ablated row of the longest haystack, its pass
     if held > inspector.memory_budget:
-        most = inspector.memory_budget // max(1, 2 * vocab * 4)
+        most = max(1, max(args.lengths) * inspector.memory_budget // held)
         msg = (
-            f"a haystack of {max(args.lengths)} tokens would hold about {readable_size(held)} of logits, over the "
-            f"budget of {readable_size(inspector.memory_budget)}; use lengths <= {most}"
+            f"a haystack of {max(args.lengths)} tokens would hold about {readable_size(held)} per ablated row, "
+            f"over the budget of {readable_size(inspector.memory_budget)}; use lengths <= {most}"
         )
         raise ResourceLimitError(msg, field="lengths")
 
@@ -90,10 +100,10 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
     pieces = needle_tokens(loaded, haystack, args.needle, args.answer, args.question)
     check_haystack(pieces, args.lengths, inspector.limit_for(loaded))
     stacks = [build_haystack(pieces, length, depth) for length in args.lengths for depth in args.depths]
-    scores, clean = [], []
+    scores = []
     for hay in stacks:
         consumer = TopKeyConsumer(hay.answer_queries, facts.num_layers, facts.num_heads)
-        output = inspector.run(loaded, _encoded(hay.ids), [consumer])
+        inspector.run(loaded, _encoded(hay.ids), [consumer], need_output=False)  # no logits: scores only
         hits = torch.stack(
             [
                 retrieval_hits(consumer.top[layer], hay.answer_queries, hay.ids, hay.needle)
@@ -101,7 +111,6 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
             ]
         )  # (L, H, A)
         scores.append(retrieval_score(hits))  # (L, H)
-        clean.append(_answer_scores(output.logits[0], hay))
     grid = torch.stack(scores)  # (N, L, H)
     mean, spread = grid.mean(0), grid.std(0, unbiased=False)
     order = [int(i) for i in mean.flatten().argsort(descending=True, stable=True)]
@@ -113,16 +122,35 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
         for _ in range(args.random_draws)
     ]
 
-    def ablated(heads: list[tuple[int, int]]) -> tuple[float, float]:
-        results = []
-        for hay in stacks:
-            ids = hay.ids[None]
-            effect = inspector.ablate(loaded, ids, torch.ones_like(ids), heads, method="mean")
-            results.append(_answer_scores(effect.ablated[0], hay))
-        return statistics.fmean(r[0] for r in results), statistics.fmean(r[1] for r in results)
-
-    top_accuracy, top_logprob = ablated(top)
-    random_results = [ablated(heads) for heads in draws]
+    # Every head set mean-ablated as one row of a batch beside the clean row, per haystack: each row joins at its
+    # first ablated layer, and only the answer positions' logits are computed and kept.
+    sets = [top, *draws]
+    per_stack = []
+    for hay in stacks:
+        ids = hay.ids[None]
+        layers = sorted({layer for heads in sets for layer, _ in heads})
+        with guarded(loaded):
+            outputs = head_outputs(loaded, ids, layers)
+        means = {layer: value.double().mean(0).to(value.dtype) for layer, value in outputs.items()}
+        rows = [HeadSetAblation(tuple(heads), "mean") for heads in sets]
+        clean_row, found = inspector.ablated_rows(
+            loaded,
+            ids,
+            rows,
+            replacements={"mean": means},
+            reduce=partial(_answer_scores, hay=hay),
+            logits_to_keep=_kept(hay),
+        )
+        per_stack.append((clean_row, found))
+    clean = [(float(c[0]), float(c[1])) for c, _ in per_stack]
+    results = [
+        (
+            statistics.fmean(float(found[0][row]) for _, found in per_stack),
+            statistics.fmean(float(found[1][row]) for _, found in per_stack),
+        )
+        for row in range(len(sets))
+    ]
+    (top_accuracy, top_logprob), random_results = results[0], results[1:]
     accuracy_clean = statistics.fmean(c[0] for c in clean)
     random_accuracy = [r[0] for r in random_results]
     random_sd = statistics.pstdev(random_accuracy) if len(random_accuracy) > 1 else 0.0
