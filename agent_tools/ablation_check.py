@@ -20,7 +20,7 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel
-from agent_tools.runner import HeadSetAblation, head_outputs
+from agent_tools.runner import HeadSetAblation, head_outputs, mean_head_outputs
 from agent_tools.session import guarded
 
 HeadSet = tuple[tuple[int, int], ...]
@@ -108,8 +108,7 @@ def measure_head_sets(
     recordings = 0
     if "mean" in methods:
         with guarded(loaded):
-            outputs = head_outputs(loaded, encoded.input_ids, layers)
-        replacements["mean"] = {layer: value.double().mean(0).to(value.dtype) for layer, value in outputs.items()}
+            replacements["mean"] = mean_head_outputs(loaded, encoded.input_ids, layers)
         recordings += 1
     if "resample" in methods:
         if resample is None or resample.ids is None:

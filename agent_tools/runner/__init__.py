@@ -7,7 +7,14 @@ inside the context managers of :mod:`agent_tools.capture` and :mod:`agent_tools.
 ``finally``.
 """
 
-from agent_tools.runner.ablation import AblationEffect, HeadSetAblation, ablated_forward, ablated_rows, head_outputs
+from agent_tools.runner.ablation import (
+    AblationEffect,
+    HeadSetAblation,
+    ablated_forward,
+    ablated_rows,
+    head_outputs,
+    mean_head_outputs,
+)
 from agent_tools.runner.forward import answer_logits, captured_forward, encoder_of, model_output, on_device
 from agent_tools.runner.generation import (
     Generation,
@@ -33,6 +40,7 @@ __all__ = [
     "encoder_of",
     "greedy_generate",
     "head_outputs",
+    "mean_head_outputs",
     "model_output",
     "on_device",
     "seq2seq_generate",

@@ -18,10 +18,10 @@ from agent_tools.intervene import (
     recorded_head_means,
 )
 from agent_tools.loading import LoadedModel
+from agent_tools.runner import patching
 from agent_tools.runner.forward import _mask_on_device, encoder_of, model_output, on_device
 
 ROWS_PER_BATCH = 64  # ablated rows per forward at most
-ROW_ACTIVATION_FLOATS = 24  # floats held per row, position and model width while a batch runs (estimate)
 
 
 @dataclass(frozen=True)
@@ -113,20 +113,17 @@ class HeadSetAblation:
 
 def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int | None = None) -> int:
     """How many ablated rows of ``length`` tokens fit one forward within ``budget`` bytes: their activations and
-    their output (a vocabulary row at each position, or at the last ``output_positions`` only)."""
-    lookup = getattr(loaded.model, "get_output_embeddings", None)
-    head = lookup() if callable(lookup) else None
-    weight = getattr(head, "weight", None)
-    vocabulary = int(weight.shape[0]) if isinstance(weight, Tensor) else 0
-    per_row = row_bytes(loaded, length, output_positions=output_positions, vocabulary=vocabulary)
-    return max(1, min(ROWS_PER_BATCH, budget // max(per_row, 1)))
-
-
-def row_bytes(loaded: LoadedModel, length: int, *, output_positions: int | None = None, vocabulary: int = 0) -> int:
-    """Bytes one ablated row of ``length`` tokens holds while its batch runs: its activations, and its output
-    (``vocabulary`` floats at each of the last ``output_positions`` positions, or at every position)."""
+    their output (a vocabulary row at each position, or at the last ``output_positions`` only), at most
+    ``ROWS_PER_BATCH`` (the row size is :func:`agent_tools.runner.patching.row_bytes`)."""
     outputs = length if output_positions is None else min(length, output_positions)
-    return (length * loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS + outputs * vocabulary) * 4
+    return min(ROWS_PER_BATCH, patching.rows_per_batch(loaded, length, budget, output_positions=outputs))
+
+
+def mean_head_outputs(loaded: LoadedModel, input_ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
+    """Layer -> (H, D) each head's output before W_O averaged over the positions of (1, T) ``input_ids`` (summed in
+    float64, kept in the model's dtype): what mean ablation puts in a head's place."""
+    outputs = head_outputs(loaded, input_ids, layers)
+    return {layer: value.double().mean(0).to(value.dtype) for layer, value in outputs.items()}
 
 
 Reduce = Callable[[Tensor], tuple[Tensor, ...]]

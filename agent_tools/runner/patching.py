@@ -152,11 +152,15 @@ def _output_head(loaded: LoadedModel) -> torch.nn.Module | None:
 def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int = 1) -> int:
     """How many patched rows of ``length`` tokens one forward may carry within ``budget`` bytes of activations and
     of the batch's own output (``output_positions`` vocabulary rows per row, float32, while its readout runs)."""
-    head = _output_head(loaded)
-    weight = getattr(head, "weight", None)
+    return max(1, budget // max(row_bytes(loaded, length, output_positions=output_positions), 1))
+
+
+def row_bytes(loaded: LoadedModel, length: int, *, output_positions: int = 1) -> int:
+    """Bytes one row of ``length`` tokens holds while its batch runs: its activations, and ``output_positions``
+    vocabulary rows of its output (float32)."""
+    weight = getattr(_output_head(loaded), "weight", None)
     vocabulary = int(weight.shape[0]) if isinstance(weight, Tensor) else 0
-    per_row = (length * loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS + output_positions * vocabulary) * 4
-    return max(1, budget // max(per_row, 1))
+    return (length * loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS + output_positions * vocabulary) * 4
 
 
 def patched_outputs(

@@ -15,8 +15,8 @@ from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Encoded, Inspector, validate_text
 from agent_tools.loading import LoadedModel
 from agent_tools.long_context import DEFAULT_HAYSTACK, Haystack, build_haystack, check_haystack, needle_tokens
-from agent_tools.runner import HeadSetAblation, head_outputs
-from agent_tools.runner.ablation import row_bytes as ablation_row_bytes
+from agent_tools.runner import HeadSetAblation, mean_head_outputs
+from agent_tools.runner.patching import row_bytes
 from agent_tools.schemas import NextCall, head_label, rounded
 from agent_tools.session import guarded
 from agent_tools.settings import readable_size
@@ -81,7 +81,7 @@ def _check(args: FindRetrievalHeadsInput, loaded: LoadedModel, inspector: Inspec
         raise InvalidInputError(
             f"top_k {args.top_k} must be at most {heads - 1} (heads of the model - 1)", field="top_k"
         )
-    held = ablation_row_bytes(loaded, max(args.lengths))  # one ablated row of the longest haystack, its pass
+    held = row_bytes(loaded, max(args.lengths), output_positions=0)  # one ablated row of the longest haystack
     if held > inspector.memory_budget:
         most = max(1, max(args.lengths) * inspector.memory_budget // held)
         msg = (
@@ -130,8 +130,7 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
         ids = hay.ids[None]
         layers = sorted({layer for heads in sets for layer, _ in heads})
         with guarded(loaded):
-            outputs = head_outputs(loaded, ids, layers)
-        means = {layer: value.double().mean(0).to(value.dtype) for layer, value in outputs.items()}
+            means = mean_head_outputs(loaded, ids, layers)
         rows = [HeadSetAblation(tuple(heads), "mean") for heads in sets]
         clean_row, found = inspector.ablated_rows(
             loaded,
