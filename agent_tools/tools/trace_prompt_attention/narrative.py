@@ -2,12 +2,11 @@
 (:func:`agent_tools.traced_prompt.measure.measure`).
 
 One function per finding kind; the summary is built from the same numbers, clause by clause. Nothing here
-runs the model or decodes tokens: what the model answered arrives decoded, as an :class:`Answer`.
+runs the model or decodes tokens: what the model answered arrives decoded, in the trace's rows
+(:class:`~agent_tools.traced_prompt.models.MeasuredTrace`: the generated tokens, or the top next tokens).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -15,24 +14,15 @@ from agent_tools.schemas import Finding
 from agent_tools.tools.trace_prompt_attention.claims import reading_sentence
 from agent_tools.traced_prompt.answer import STOP_WORDS
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
-from agent_tools.traced_prompt.models import GeneratedToken, TokenProbability
+from agent_tools.traced_prompt.models import GeneratedToken, MeasuredTrace
 
 PEAKS_SHOWN = 3
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What the model answered, already decoded: the generated tokens (target 'generate') or the top next token."""
-
-    generated: list[GeneratedToken] | None
-    text: str | None
-    next_token: TokenProbability | None
 
 
 def narrate(
     traced: TracedPrompt,
     numbers: TraceNumbers,
-    answer: Answer,
+    answer: MeasuredTrace,
     *,
     lead: str = "",
     evidence: list[Finding] | None = None,
@@ -40,6 +30,7 @@ def narrate(
 ) -> tuple[str, list[Finding]]:
     """The summary and the findings of one trace.
 
+    ``answer``: the trace's rows, for what the model answered (its generated tokens, or its top next tokens);
     ``lead``: the causal sentences that open the summary (the measured answer, what its deciding token depends
     on, whether attention agrees) when the checks ran; ``evidence``: their findings, listed first; ``filler``:
     the clause naming the filler set apart.
@@ -53,7 +44,9 @@ def narrate(
 
 
 # --- findings ----------------------------------------------------------------------------------------------------
-def _findings(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer, peaks: list[Finding]) -> list[Finding]:
+def _findings(
+    traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace, peaks: list[Finding]
+) -> list[Finding]:
     findings = [_read_most(traced, numbers)]
     if numbers.lead.runner_up is not None:
         findings.append(_runner_up(traced, numbers, numbers.lead.runner_up))
@@ -215,27 +208,28 @@ def _reading_if_missing(traced: TracedPrompt, numbers: TraceNumbers, lead: str) 
     return " " + reading_sentence(traced, numbers, prefix="Attention")
 
 
-def _summary(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer, peaks: list[Finding]) -> str:
+def _summary(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace, peaks: list[Finding]) -> str:
     return reading_sentence(traced, numbers, prefix=_opening(traced, answer)) + _answer_clause(
         traced, numbers, answer, peaks
     )
 
 
-def _opening(traced: TracedPrompt, answer: Answer) -> str:
+def _opening(traced: TracedPrompt, answer: MeasuredTrace) -> str:
     if answer.generated is not None and traced.generation is not None:
         end = STOP_WORDS.get(traced.generation.stopped, traced.generation.stopped).split(" (")[0]
-        return f"Generating {answer.text!r} ({len(answer.generated)} tokens, stopped at {end}), the answer"
+        return f"Generating {answer.generated_text!r} ({len(answer.generated)} tokens, stopped at {end}), the answer"
     if traced.stack == "cross":
         return "Choosing the first answer token, the decoder's cross-attention"
     position = _answer_position(traced)
     return f"At the last prompt position {position} {traced.prompt.encoded.tokens[position].text!r}, the model"
 
 
-def _answer_clause(traced: TracedPrompt, numbers: TraceNumbers, answer: Answer, peaks: list[Finding]) -> str:
+def _answer_clause(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace, peaks: list[Finding]) -> str:
     if answer.generated:
         best = _best(traced, numbers)
         count = sum(1 for g in answer.generated if g.read_most == best)
         return f" {count} of {len(answer.generated)} generated tokens read {best!r} most (per-token peaks: findings)."
-    if answer.next_token is not None:
-        return f" Next token: {answer.next_token.token!r} ({answer.next_token.probability:.1%})."
+    if answer.next_tokens:
+        top = answer.next_tokens[0]
+        return f" Next token: {top.token!r} ({top.probability:.1%})."
     return ""

@@ -11,7 +11,7 @@ from agent_tools.loading import LoadedModel
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.trace_prompt_attention.claims import causal_lead, evidence_findings, filler_clause, view_leads
 from agent_tools.tools.trace_prompt_attention.models import PromptTrace, TracePromptInput
-from agent_tools.tools.trace_prompt_attention.narrative import Answer, narrate
+from agent_tools.tools.trace_prompt_attention.narrative import narrate
 from agent_tools.tools.trace_prompt_attention.next_calls import trace_next_calls
 from agent_tools.traced_prompt.evidence import EvidenceRequest
 from agent_tools.traced_prompt.run import TraceRun, trace
@@ -65,22 +65,16 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
 def trace_report(loaded: LoadedModel, run: TraceRun) -> PromptTrace:
     """The report of one traced prompt: its numbers, and the summary, findings and views written from them."""
     traced, numbers, evidence, checked, measured = run.traced, run.numbers, run.evidence, run.verdict, run.answer
-    rows = run.measured
-    answer = Answer(
-        generated=rows.generated,
-        text=rows.generated_text,
-        next_token=rows.next_tokens[0] if rows.next_tokens else None,
-    )
     summary, findings = narrate(
         traced,
         numbers,
-        answer,
+        run.measured,
         lead=causal_lead(traced, numbers, evidence, checked, measured),
         evidence=evidence_findings(traced, numbers, evidence, checked, measured),
         filler=filler_clause(traced, numbers),
     )
     return PromptTrace(
-        **dict(rows),
+        **dict(run.measured),
         model=loaded.name,
         attention=traced.stack,
         summary=summary if traced.stack == "self" else on_stack(traced.stack, summary),
