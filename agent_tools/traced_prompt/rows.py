@@ -86,7 +86,7 @@ def measured_trace(
         read_most=names[lead.best],
         runner_up=names[lead.runner_up] if lead.runner_up is not None else None,
         margin=lead.margin,
-        next_tokens=next_token_table(loaded, logits) if logits is not None else None,
+        next_tokens=_next_tokens(loaded, logits) if logits is not None else None,
         generated_text=text,
         generated=generated,
         answer_stop=answer_stop if traced.target == "generate" else None,
@@ -229,10 +229,10 @@ def _filler_rows(traced: TracedPrompt, numbers: TraceNumbers) -> list[FillerToke
     ]
 
 
-def next_token_table(loaded: LoadedModel, logits: Tensor, count: int = NEXT_TOKENS_SHOWN) -> list[TokenProbability]:
-    """The ``count`` most likely next tokens of (V,) logits, decoded."""
+def _next_tokens(loaded: LoadedModel, logits: Tensor) -> list[TokenProbability]:
+    """The :data:`NEXT_TOKENS_SHOWN` most likely next tokens of (V,) logits, decoded."""
     probabilities = torch.softmax(logits.double(), -1)
-    values, indices = probabilities.topk(count)
+    values, indices = probabilities.topk(NEXT_TOKENS_SHOWN)
     return [
         TokenProbability(token=_decode(loaded, [int(i)]), token_id=int(i), probability=v)
         for v, i in zip(values.tolist(), indices.tolist(), strict=True)
