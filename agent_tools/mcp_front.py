@@ -64,6 +64,8 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # lone surrogates are the
 _REPLAY = b""  # the place of the client's initialize among the held lines (no real line is empty)
 _ABSENT = object()
 _MAX_EXACT_INT = 2**53  # ids beyond it are left to the SDK
+# JSON-RPC's error codes (as the SDK's ``types`` names them; here without importing it)
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 
 
 def server_instructions(tools: list[str], default_model: str) -> str:
@@ -198,29 +200,89 @@ def checked_initialize(params: Any) -> str | None:
     return requested
 
 
+class RpcProblem(Exception):
+    """A line that gets a JSON-RPC error answer from this server instead of reaching the SDK (which would drop it)."""
+
+    def __init__(self, code: int, message: str, request_id: str | int | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.request_id = code, message, request_id
+
+    def answer(self) -> str:
+        """The error response line (``id`` null when the request's id could not be read, as JSON-RPC says)."""
+        error = {"code": self.code, "message": self.message}
+        return json.dumps({"jsonrpc": "2.0", "id": self.request_id, "error": error}, ensure_ascii=False)
+
+
+def _lenient_id(raw: bytes) -> str | int | None:
+    """The id of a line that is JSON once its bad bytes are replaced, so the client's request still gets an
+    answer (an error: the replaced text itself is never analysed)."""
+    try:
+        value = json.loads(raw.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None
+    request_id = value.get("id") if isinstance(value, dict) else None
+    return request_id if valid_id(request_id) else None
+
+
+def read_message(raw: bytes) -> dict[str, Any] | None:
+    """The single JSON-RPC 2.0 message one line (or HTTP body) holds, as far as it can be checked without the SDK;
+    None for a blank line.
+
+    Raises :class:`RpcProblem` for what gets an error answer: not UTF-8 or not JSON (-32700); a batch, not an
+    object, an id that is not a string or an integer, no ``"jsonrpc": "2.0"``, nesting deeper than
+    ``MAX_JSON_DEPTH``, a method that is not a string or ``params`` that are not an object (-32600).
+    """
+    if not raw.strip():
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = f"Parse error: the message is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON"
+        raise RpcProblem(PARSE_ERROR, msg, _lenient_id(raw)) from exc
+    try:
+        value = json.loads(text)
+    except RecursionError as exc:
+        msg = f"Parse error: nested too deeply to parse; at most {MAX_JSON_DEPTH} levels are accepted"
+        raise RpcProblem(PARSE_ERROR, msg) from exc
+    except ValueError as exc:
+        raise RpcProblem(PARSE_ERROR, f"Parse error: not valid JSON ({exc})") from exc
+    if isinstance(value, list):
+        raise RpcProblem(INVALID_REQUEST, "Invalid Request: batches are not supported; send one message a line")
+    if not isinstance(value, dict):
+        raise RpcProblem(INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
+    request_id = value.get("id")
+    answer_id = request_id if valid_id(request_id) else None
+    if "id" in value and answer_id is None:
+        raise RpcProblem(INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
+    if value.get("jsonrpc") != "2.0":
+        raise RpcProblem(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', answer_id)
+    if deeper_than(value, MAX_JSON_DEPTH):
+        raise RpcProblem(INVALID_REQUEST, f"Invalid Request: nested deeper than {MAX_JSON_DEPTH} levels", answer_id)
+    if "method" in value:
+        if not isinstance(value["method"], str):
+            raise RpcProblem(INVALID_REQUEST, "Invalid Request: method must be a string", answer_id)
+        if value.get("params") is not None and not isinstance(value["params"], dict):
+            raise RpcProblem(INVALID_REQUEST, "Invalid Request: params must be an object", answer_id)
+    return value
+
+
 def plain_request(raw: bytes) -> tuple[str | int, str, Any] | None:
     """``(id, method, params)`` of a line holding one well-formed JSON-RPC request (``params`` is ``_ABSENT`` when
     the line has none); None for anything else (a notification, a response, a malformed line)."""
     if _SURROGATE_ESCAPE.search(raw):
         return None
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        value = read_message(raw)
+    except RpcProblem:
         return None
-    if not isinstance(value, dict) or value.get("jsonrpc") != "2.0":
+    if value is None or "id" not in value or "method" not in value:
         return None
-    if not set(value) <= {"jsonrpc", "id", "method", "params"}:
-        return None
-    request_id, method, params = value.get("id"), value.get("method"), value.get("params", _ABSENT)
-    if not isinstance(request_id, str | int) or not valid_id(request_id) or not isinstance(method, str):
+    request_id, params = value["id"], value.get("params", _ABSENT)
+    if not set(value) <= {"jsonrpc", "id", "method", "params"} or params is None:
         return None
     if isinstance(request_id, int) and abs(request_id) > _MAX_EXACT_INT:
         return None
-    if params is not _ABSENT and not isinstance(params, dict):
-        return None
-    if deeper_than(value, MAX_JSON_DEPTH):
-        return None
-    return request_id, method, params
+    return request_id, value["method"], params
 
 
 def needs_answer(raw: bytes) -> bool:

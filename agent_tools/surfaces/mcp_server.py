@@ -41,7 +41,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -62,7 +62,7 @@ from agent_tools import __version__
 from agent_tools.errors import AttentionToolError, CallCancelledError, DeadlineExceededError, InvalidInputError
 from agent_tools.files import os_error_message
 from agent_tools.mcp_front import INSTRUCTIONS_FILE as INSTRUCTIONS_FILE
-from agent_tools.mcp_front import MAX_JSON_DEPTH, MAX_LINE_BYTES, SERVER_NAME, TOOL_ANNOTATIONS, deeper_than, valid_id
+from agent_tools.mcp_front import MAX_LINE_BYTES, SERVER_NAME, TOOL_ANNOTATIONS, RpcProblem, read_message, valid_id
 from agent_tools.mcp_front import server_instructions as server_instructions
 from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import TOPICS, Topic, explanation_template, system_prompt, topic_file
@@ -81,8 +81,6 @@ logger = logging.getLogger(__name__)
 TextContentMode = Literal["summary", "json", "both"]
 TEXT_CONTENT_MODES: tuple[str, ...] = get_args(TextContentMode)
 DEFAULT_TEXT_CONTENT: TextContentMode = "summary"
-Transport = Literal["stdio", "streamable-http"]
-TRANSPORTS: tuple[str, ...] = get_args(Transport)
 SYSTEM_PROMPT_NAME = "attention_explainer"
 # Arguments that stood for a string that is valid JSON but not valid Unicode (a lone surrogate escape such as
 # "\\ud800"): the SDK cannot parse such a line and would leave the request unanswered, so the stdio reader
@@ -300,27 +298,26 @@ class Backend:
 
     async def wait(self, ctx: RequestContext) -> None:
         """Before a call runs: start the backend if nobody has, and wait for it, sending a progress notification
-        every ``PROGRESS_EVERY_SECONDS`` to a request that asked for them (``_meta.progressToken``).
+        every ``PROGRESS_EVERY_SECONDS`` (the SDK sends them to a request that asked for them: ``_meta.progressToken``).
 
         A server ending meanwhile (:func:`stop_running_calls`: stdin closed, Ctrl-C) stops the wait with
         :class:`CallCancelledError`, so the call is answered before the process ends."""
         self.start()
-        token = progress_token(ctx.params)
         waiting = _Waiting()
         with _RUNNING_LOCK:
             _RUNNING[id(waiting)] = waiting
         try:
-            await self._wait(ctx, token, waiting)
+            await self._wait(ctx, waiting)
         finally:
             with _RUNNING_LOCK:
                 _RUNNING.pop(id(waiting), None)
 
-    async def _wait(self, ctx: RequestContext, token: str | int | None, waiting: _Waiting) -> None:
+    async def _wait(self, ctx: RequestContext, waiting: _Waiting) -> None:
         next_progress = time.monotonic() + PROGRESS_EVERY_SECONDS
         while not await anyio.to_thread.run_sync(self.ready.wait, WAIT_POLL_SECONDS, abandon_on_cancel=True):
             if waiting.reason is not None:
                 raise CallCancelledError(f"the call was stopped before it started: {waiting.reason}")
-            if token is None or time.monotonic() < next_progress:
+            if time.monotonic() < next_progress:
                 continue
             next_progress += PROGRESS_EVERY_SECONDS
             waited = time.monotonic() - self.started
@@ -450,22 +447,14 @@ def _call_in_scope(spec: ToolSpec, inspector: Inspector, arguments: dict[str, An
             heap.release()  # the call's freed pages go back: RSS follows the calls in flight, not their peak
 
 
-def progress_token(params: Mapping[str, Any] | None) -> str | int | None:
-    """The request's ``_meta.progressToken`` (None when the client asked for no progress)."""
-    meta = (params or {}).get("_meta")
-    token = meta.get("progressToken") if isinstance(meta, Mapping) else None
-    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
-
-
-def _progress_reporter(ctx: RequestContext, context: CallContext) -> Callable[[float], None] | None:
-    """Progress notifications for a request that asked for them (``_meta.progressToken``), sent from the worker.
+def _progress_reporter(ctx: RequestContext, context: CallContext) -> Callable[[float], None]:
+    """Progress notifications, sent from the worker (the SDK sends them to a request that asked for them:
+    ``_meta.progressToken``).
 
     They say the call is alive and how far it is toward the time limit (``total``), so a client that resets its
     own timeout on progress does not give up on a long call. The first is sent at the call's first checkpoint
     (the work is under way), then at most every ``PROGRESS_EVERY_SECONDS``.
     """
-    if progress_token(ctx.params) is None:
-        return None
     session = ctx.session
 
     def report(elapsed: float) -> None:
@@ -628,19 +617,6 @@ def answerable_line(line: str) -> str:
     return json.dumps(_answerable_message(message), ensure_ascii=False)
 
 
-class RpcProblem(Exception):
-    """A stdin line that gets a JSON-RPC error answer here, instead of reaching the SDK (which would drop it)."""
-
-    def __init__(self, code: int, message: str, request_id: str | int | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.request_id = code, message, request_id
-
-    def answer(self) -> str:
-        """The error response line (``id`` null when the request's id could not be read, as JSON-RPC says)."""
-        error = {"code": self.code, "message": self.message}
-        return json.dumps({"jsonrpc": "2.0", "id": self.request_id, "error": error}, ensure_ascii=False)
-
-
 @cache
 def _request_types() -> dict[str, Any]:
     """The request model of every method a client may call in any protocol era this SDK serves (others get
@@ -648,7 +624,7 @@ def _request_types() -> dict[str, Any]:
     return dict(types.methods.MONOLITH_REQUESTS)
 
 
-def _params_problem(message: dict[str, Any], request_id: str | int) -> RpcProblem | None:
+def _params_problem(message: dict[str, Any], request_id: str | int | None) -> RpcProblem | None:
     """-32602 naming the first bad parameter of a request whose method is known (the SDK would say only
     "Invalid request parameters" and log the whole union's errors)."""
     try:
@@ -660,66 +636,22 @@ def _params_problem(message: dict[str, Any], request_id: str | int) -> RpcProble
     return None
 
 
-def _lenient_id(raw: bytes) -> str | int | None:
-    """The id of a line that is JSON once its bad bytes are replaced, so the client's request still gets an
-    answer (an error: the replaced text itself is never analysed)."""
-    try:
-        value = json.loads(raw.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError):
-        return None
-    request_id = value.get("id") if isinstance(value, dict) else None
-    return request_id if valid_id(request_id) else None
-
-
-def _checked_envelope(value: Any) -> dict[str, Any]:
-    """``value`` if it is a single JSON-RPC 2.0 message this server can route; else the problem to answer."""
-    if isinstance(value, list):
-        raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: batches are not supported; send one message a line")
-    if not isinstance(value, dict):
-        raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
-    request_id = value.get("id")
-    answer_id = request_id if valid_id(request_id) else None
-    if "id" in value and answer_id is None:
-        raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
-    if value.get("jsonrpc") != "2.0":
-        raise RpcProblem(types.INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', answer_id)
-    if deeper_than(value, MAX_JSON_DEPTH):
-        msg = f"Invalid Request: nested deeper than {MAX_JSON_DEPTH} levels"
-        raise RpcProblem(types.INVALID_REQUEST, msg, answer_id)
-    if "method" in value:
-        method, params = value["method"], value.get("params")
-        if not isinstance(method, str):
-            raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: method must be a string", answer_id)
-        if params is not None and not isinstance(params, dict):
-            raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: params must be an object", answer_id)
-        if answer_id is not None and method not in _request_types():
-            raise RpcProblem(types.METHOD_NOT_FOUND, f"Method not found: {method[:100]!r}", answer_id)
-        if answer_id is not None and (problem := _params_problem(value, answer_id)) is not None:
-            raise problem
-    return value
-
-
 def parse_line(raw: bytes) -> Any:
     """The message one stdin line holds, ready for the SDK (None for a blank line).
 
     Raises :class:`RpcProblem` for a line the SDK would log and leave unanswered — the client would wait for
-    ever: not UTF-8 or not JSON (-32700), not one well-formed message (-32600), an unknown method (-32601).
+    ever: not UTF-8 or not JSON (-32700), not one well-formed message (-32600, :func:`read_message
+    <agent_tools.mcp_front.read_message>`), an unknown method (-32601), parameters its method refuses (-32602).
     """
-    if not raw.strip():
+    message = read_message(raw)
+    if message is None:
         return None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        msg = f"Parse error: the message is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON"
-        raise RpcProblem(types.PARSE_ERROR, msg, _lenient_id(raw)) from exc
-    try:
-        value = json.loads(text)
-    except RecursionError as exc:
-        msg = f"Parse error: nested too deeply to parse; at most {MAX_JSON_DEPTH} levels are accepted"
-        raise RpcProblem(types.PARSE_ERROR, msg) from exc
-    except ValueError as exc:
-        raise RpcProblem(types.PARSE_ERROR, f"Parse error: not valid JSON ({exc})") from exc
-    message = _checked_envelope(value)
+    request_id = message.get("id")
+    if "method" in message and valid_id(request_id):
+        if message["method"] not in _request_types():
+            raise RpcProblem(types.METHOD_NOT_FOUND, f"Method not found: {message['method'][:100]!r}", request_id)
+        if (problem := _params_problem(message, request_id)) is not None:
+            raise problem
     try:
         return types.jsonrpc_message_adapter.validate_python(_answerable_message(message), by_name=False)
     except ValueError as exc:  # pydantic's ValidationError: no request, notification or response shape
