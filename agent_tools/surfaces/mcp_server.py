@@ -62,15 +62,23 @@ from agent_tools import __version__
 from agent_tools.errors import AttentionToolError, CallCancelledError, DeadlineExceededError, InvalidInputError
 from agent_tools.files import os_error_message
 from agent_tools.mcp_front import INSTRUCTIONS_FILE as INSTRUCTIONS_FILE
-from agent_tools.mcp_front import MAX_LINE_BYTES, SERVER_NAME, TOOL_ANNOTATIONS, RpcProblem, read_message, valid_id
+from agent_tools.mcp_front import (
+    MAX_LINE_BYTES,
+    SERVER_NAME,
+    TOOL_ANNOTATIONS,
+    RpcProblem,
+    read_message,
+    tool_listing,
+    valid_id,
+)
 from agent_tools.mcp_front import server_instructions as server_instructions
 from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import TOPICS, Topic, explanation_template, system_prompt, topic_file
 from agent_tools.surfaces import agent_input_model, concise_text, error_text, heap
 from agent_tools.surfaces.declarations import OUTPUT_SCHEMA_BUDGET as OUTPUT_SCHEMA_BUDGET
-from agent_tools.surfaces.declarations import agent_schema, output_schema
+from agent_tools.surfaces.declarations import output_schema
 from agent_tools.surfaces.portable import portable_schema
-from agent_tools.tool_declarations import served_names, tool_declarations
+from agent_tools.tool_declarations import served_names
 
 if TYPE_CHECKING:  # the inspector and the tools import torch: they load in the background (see Backend)
     from agent_tools.inspector import CallContext, Inspector
@@ -108,24 +116,19 @@ def input_schema(spec: ToolSpec, inspector: Inspector) -> dict[str, Any]:
 
 def mcp_tool(spec: ToolSpec, inspector: Inspector) -> types.Tool:
     """The MCP declaration of one tool from its live spec (the server lists :func:`declared_tool`, its twin)."""
-    return _tool(spec.name, spec.description, input_schema(spec, inspector), output_schema(spec))
+    return types.Tool(
+        name=spec.name,
+        description=spec.description,
+        input_schema=input_schema(spec, inspector),
+        output_schema=output_schema(spec),
+        annotations=types.ToolAnnotations.model_validate(TOOL_ANNOTATIONS),
+    )
 
 
 def declared_tool(name: str, policy: ModelPolicy) -> types.Tool:
-    """The MCP declaration of one tool from its declaration data (:mod:`agent_tools.tool_declarations`), without
-    importing it: input schema (``model`` narrowed to the allow-list) and output schema."""
-    entry = tool_declarations()[name]
-    return _tool(name, entry["description"], agent_schema(entry, policy), entry["output_schema"])
-
-
-def _tool(name: str, description: str, inputs: dict[str, Any], outputs: dict[str, Any]) -> types.Tool:
-    return types.Tool(  # no title: clients show the name (18 titles were 540 bytes of tools/list)
-        name=name,
-        description=description,
-        input_schema=inputs,
-        output_schema=outputs,
-        annotations=types.ToolAnnotations.model_validate(TOOL_ANNOTATIONS),
-    )
+    """The MCP declaration of one tool from its declaration data, without importing it: the entry the stdio front
+    lists (:func:`~agent_tools.mcp_front.tool_listing`), which is also the server's ``tools/list``."""
+    return types.Tool.model_validate(tool_listing([name], policy)["tools"][0])
 
 
 def _text_blocks(report_text: str, structured: dict[str, Any], mode: TextContentMode) -> list[types.TextContent]:
@@ -335,7 +338,7 @@ def _tool_handlers(
     backend: Backend, policy: ModelPolicy, text_content: TextContentMode, call_timeout: float | None = None
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``tools/list`` and ``tools/call``: each tool runs in a worker thread; expected failures are tool errors."""
-    listing = types.ListToolsResult(tools=[declared_tool(name, policy) for name in backend.names])
+    listing = types.ListToolsResult.model_validate(tool_listing(backend.names, policy))
 
     async def list_tools(_ctx: RequestContext, _params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return listing
