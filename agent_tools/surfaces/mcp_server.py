@@ -34,6 +34,7 @@ method. Over HTTP the number of sessions and their idle time are capped.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
 import logging
 import os
@@ -94,7 +95,6 @@ SYSTEM_PROMPT_NAME = "attention_explainer"
 # "\\ud800"): the SDK cannot parse such a line and would leave the request unanswered, so the stdio reader
 # swaps the arguments for this marker and the tool answers with an error naming the argument.
 INVALID_UNICODE_ARGUMENT = "_invalid_unicode"
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # Past the call timeout, the handler answers after this grace even if the worker has not reached a checkpoint
 # (a non-capturing stretch of a tool); the worker still stops at its next one.
@@ -552,30 +552,19 @@ def _invalid_unicode_problem(arguments: Any) -> InvalidInputError | None:
     return None
 
 
-def _first_invalid_unicode(value: Any, path: str) -> InvalidInputError | None:
-    """The error for the first string (or key) inside ``value`` that cannot be UTF-8 encoded, or None."""
+def _lone_surrogate(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first string (or key) inside ``value`` that cannot be UTF-8 encoded, with where it is; or None."""
     if isinstance(value, str):
-        if not _LONE_SURROGATE.search(value):
-            return None
-        from agent_tools.inspector import check_unicode  # only for a string that holds a lone surrogate
-
-        try:
-            check_unicode(value, field=path)
-        except InvalidInputError as exc:
-            return exc
-        return None
-    items: Iterable[tuple[str, Any]] = ()
+        return (path, value) if _LONE_SURROGATE.search(value) else None
+    pairs: Iterable[tuple[str, Any]]
     if isinstance(value, dict):
-        for key in value:
-            if isinstance(key, str) and (problem := _first_invalid_unicode(key, f"{path} key")) is not None:
-                return problem
-        items = ((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
+        keys = ((f"{path} key", key) for key in value)
+        pairs = itertools.chain(keys, ((f"{path}.{key}" if path else str(key), item) for key, item in value.items()))
     elif isinstance(value, list):
-        items = ((f"{path}[{index}]", item) for index, item in enumerate(value))
-    for where, item in items:
-        if (problem := _first_invalid_unicode(item, where)) is not None:
-            return problem
-    return None
+        pairs = ((f"{path}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    return next((found for where, item in pairs if (found := _lone_surrogate(item, where)) is not None), None)
 
 
 def _replace_surrogates(value: Any) -> Any:
@@ -589,35 +578,25 @@ def _replace_surrogates(value: Any) -> Any:
 
 
 def _answerable_message(message: dict[str, Any]) -> dict[str, Any]:
-    """``message`` with lone surrogates made answerable (see :func:`answerable_line`); other messages unchanged."""
-    if _first_invalid_unicode(message, "") is None:
+    """``message`` made answerable when it holds lone surrogates (``"\\ud800"``, valid JSON but not Unicode).
+
+    The SDK cannot write a string holding one, so it would leave the request unanswered: the client would wait
+    forever. A ``tools/call`` gets its arguments replaced by a marker the tool answers with an error naming the
+    argument; any other message gets U+FFFD in place of each lone surrogate. Other messages are unchanged.
+    """
+    if _lone_surrogate(message) is None:
         return message  # surrogate pairs only: valid Unicode
     params = message.get("params")
-    if message.get("method") == "tools/call" and isinstance(params, dict):
-        problem = _first_invalid_unicode(params.get("arguments"), "")
-        if problem is not None:
-            params["arguments"] = {INVALID_UNICODE_ARGUMENT: {"message": problem.message, "field": problem.field}}
+    found = _lone_surrogate(params.get("arguments")) if isinstance(params, dict) else None
+    if message.get("method") == "tools/call" and found is not None:
+        from agent_tools.inspector import check_unicode  # only for a string that holds a lone surrogate
+
+        try:
+            check_unicode(found[1], field=found[0])
+        except InvalidInputError as exc:
+            params["arguments"] = {INVALID_UNICODE_ARGUMENT: {"message": exc.message, "field": exc.field}}
     replaced: dict[str, Any] = _replace_surrogates(message)
     return replaced
-
-
-def answerable_line(line: str) -> str:
-    """A protocol line the SDK can parse, for a line that is valid JSON holding lone surrogate escapes.
-
-    Strict JSON parsers refuse ``"\\ud800"`` (a lone surrogate), so the SDK would log the line and never answer
-    the request: the client would wait forever. A ``tools/call`` gets its arguments replaced by a marker the tool
-    answers with an error naming the argument; any other message gets U+FFFD in place of each lone surrogate.
-    Other lines pass through unchanged (malformed JSON is answered by :func:`parse_line`).
-    """
-    if not _SURROGATE_ESCAPE.search(line):
-        return line
-    try:
-        message = json.loads(line)
-    except (ValueError, RecursionError):
-        return line
-    if not isinstance(message, dict) or _first_invalid_unicode(message, "") is None:
-        return line
-    return json.dumps(_answerable_message(message), ensure_ascii=False)
 
 
 @cache
