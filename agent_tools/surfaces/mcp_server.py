@@ -588,7 +588,7 @@ def _answerable_message(message: dict[str, Any]) -> dict[str, Any]:
         return message  # surrogate pairs only: valid Unicode
     params = message.get("params")
     found = _lone_surrogate(params.get("arguments")) if isinstance(params, dict) else None
-    if message.get("method") == "tools/call" and found is not None:
+    if message.get("method") == "tools/call" and isinstance(params, dict) and found is not None:
         from agent_tools.inspector import check_unicode  # only for a string that holds a lone surrogate
 
         try:
