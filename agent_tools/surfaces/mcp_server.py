@@ -42,8 +42,8 @@ import re
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -82,6 +82,8 @@ from agent_tools.surfaces.portable import portable_schema
 from agent_tools.tool_declarations import served_names
 
 if TYPE_CHECKING:  # the inspector and the tools import torch: they load in the background (see Backend)
+    from langchain_core.prompts import ChatPromptTemplate
+
     from agent_tools.inspector import CallContext, Inspector
     from agent_tools.tools.registry import ToolSpec
 
@@ -142,27 +144,6 @@ def _text_blocks(report_text: str, structured: dict[str, Any], mode: TextContent
 
 def _error_result(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
-
-
-def _prompt_definitions(tool_names: list[str]) -> dict[str, types.Prompt]:
-    prompts = {
-        SYSTEM_PROMPT_NAME: types.Prompt(
-            name=SYSTEM_PROMPT_NAME,
-            title="Attention explainer (system prompt)",
-            description="How to use these tools and how to reason about attention: the tool catalogue and rules.",
-            arguments=[],
-        )
-    }
-    for topic in TOPICS:
-        template = explanation_template(topic, tools=tool_names)
-        name = f"explain_{topic}"
-        prompts[name] = types.Prompt(
-            name=name,
-            title=f"Explain {topic.replace('_', ' ')}",
-            description=topic_file(topic).description,
-            arguments=[types.PromptArgument(name=v, required=True) for v in template.input_variables],
-        )
-    return prompts
 
 
 def build_server(
@@ -307,13 +288,8 @@ class Backend:
         :class:`CallCancelledError`, so the call is answered before the process ends."""
         self.start()
         waiting = _Waiting()
-        with _RUNNING_LOCK:
-            _RUNNING[id(waiting)] = waiting
-        try:
+        with _running(waiting):
             await self._wait(ctx, waiting)
-        finally:
-            with _RUNNING_LOCK:
-                _RUNNING.pop(id(waiting), None)
 
     async def _wait(self, ctx: RequestContext, waiting: _Waiting) -> None:
         next_progress = time.monotonic() + PROGRESS_EVERY_SECONDS
@@ -395,17 +371,12 @@ async def _run_call(spec: ToolSpec, inspector: Inspector, arguments: dict[str, A
     """
     work = partial(_call_in_scope, spec, inspector, arguments, context)
     limit = None if context.timeout is None else context.timeout + STOP_GRACE_SECONDS
-    with _RUNNING_LOCK:
-        _RUNNING[id(context)] = context
     try:
-        with anyio.move_on_after(limit) as scope:
+        with _running(context), anyio.move_on_after(limit) as scope:
             return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
     except anyio.get_cancelled_exc_class():
         context.cancel("the client cancelled it")
         raise
-    finally:
-        with _RUNNING_LOCK:
-            _RUNNING.pop(id(context), None)
     assert scope.cancelled_caught
     context.cancel("it ran past the time limit")
     msg = f"the call ran past this server's time limit of {context.timeout:g} s and was stopped; ask for less"
@@ -425,6 +396,18 @@ class _Waiting:
 
     def cancel(self, reason: str) -> None:
         self.reason = reason
+
+
+@contextmanager
+def _running(call: CallContext | _Waiting) -> Iterator[None]:
+    """Hold ``call`` in :data:`_RUNNING` for the block."""
+    with _RUNNING_LOCK:
+        _RUNNING[id(call)] = call
+    try:
+        yield
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.pop(id(call), None)
 
 
 def stop_running_calls(reason: str) -> int:
@@ -499,11 +482,29 @@ def _prompt_handlers(tool_names: list[str], default_model: str) -> tuple[Callabl
     """``prompts/list`` and ``prompts/get``: the system prompt and one explanation template per topic,
     mentioning only the tools served. Built at the first prompts request (LangChain's templates take a moment
     to import: ``initialize`` does not wait for them)."""
-    topics: dict[str, Topic] = {f"explain_{topic}": topic for topic in TOPICS}
+
+    @cache
+    def templates() -> dict[str, tuple[Topic, ChatPromptTemplate]]:
+        return {f"explain_{topic}": (topic, explanation_template(topic, tools=tool_names)) for topic in TOPICS}
 
     @cache
     def prompts() -> dict[str, types.Prompt]:
-        return _prompt_definitions(tool_names)
+        system = types.Prompt(
+            name=SYSTEM_PROMPT_NAME,
+            title="Attention explainer (system prompt)",
+            description="How to use these tools and how to reason about attention: the tool catalogue and rules.",
+            arguments=[],
+        )
+        explain = {
+            name: types.Prompt(
+                name=name,
+                title=f"Explain {topic.replace('_', ' ')}",
+                description=topic_file(topic).description,
+                arguments=[types.PromptArgument(name=v, required=True) for v in template.input_variables],
+            )
+            for name, (topic, template) in templates().items()
+        }
+        return {SYSTEM_PROMPT_NAME: system, **explain}
 
     @cache
     def system_text() -> str:
@@ -519,7 +520,7 @@ def _prompt_handlers(tool_names: list[str], default_model: str) -> tuple[Callabl
         if name == SYSTEM_PROMPT_NAME:
             text = system_text()
         else:
-            template = explanation_template(topics[name], tools=tool_names)
+            template = templates()[name][1]
             values = params.arguments or {}
             missing = [v for v in template.input_variables if v not in values]
             if missing:
@@ -531,10 +532,6 @@ def _prompt_handlers(tool_names: list[str], default_model: str) -> tuple[Callabl
         )
 
     return list_prompts, get_prompt
-
-
-def initialization_options(server: Server[Any]) -> Any:
-    return server.create_initialization_options(NotificationOptions())
 
 
 def quiet_sdk_loggers(level: int = logging.WARNING) -> None:
@@ -818,7 +815,7 @@ async def serve_stdio(
         stdout = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
     on_end = partial(_stdin_closed, exit_after_close)
     async with _stdio_streams(stdin, stdout, on_end, drop_answer_to) as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, initialization_options(server))
+        await server.run(read_stream, write_stream, server.create_initialization_options(NotificationOptions()))
 
 
 def _closed_stream_noise(record: logging.LogRecord) -> bool:
@@ -875,8 +872,7 @@ async def _send_rpc_error(send: Any, problem: RpcProblem) -> None:
     logger.warning("answered a malformed HTTP message with %d: %s", problem.code, problem.message)
     payload = problem.answer().encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    status = 400
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
 
