@@ -230,10 +230,13 @@ def read_message(raw: bytes) -> dict[str, Any] | None:
     """The single JSON-RPC 2.0 message one line (or HTTP body) holds, as far as it can be checked without the SDK;
     None for a blank line.
 
-    Raises :class:`RpcProblem` for what gets an error answer: not UTF-8 or not JSON (-32700); a batch, not an
-    object, an id that is not a string or an integer, no ``"jsonrpc": "2.0"``, nesting deeper than
-    ``MAX_JSON_DEPTH``, a method that is not a string or ``params`` that are not an object (-32600).
+    Raises :class:`RpcProblem` for what gets an error answer: not UTF-8 or not JSON (-32700); over
+    ``MAX_LINE_BYTES``, a batch, not an object, an id that is not a string or an integer, no ``"jsonrpc": "2.0"``,
+    nesting deeper than ``MAX_JSON_DEPTH``, a method that is not a string or ``params`` that are not an object
+    (-32600).
     """
+    if len(raw) > MAX_LINE_BYTES:
+        raise RpcProblem(INVALID_REQUEST, f"Invalid Request: a message over {MAX_LINE_BYTES:,} bytes")
     if not raw.strip():
         return None
     try:

@@ -638,9 +638,7 @@ def parse_line(raw: bytes) -> Any:
         raise RpcProblem(types.INVALID_REQUEST, msg, message.get("id")) from exc
 
 
-def _read_stdin(
-    binary: Any, lines: MemoryObjectSendStream[bytes], token: Any, on_end: Callable[[], None] | None = None
-) -> None:
+def _read_stdin(binary: Any, lines: MemoryObjectSendStream[bytes], token: Any, on_end: Callable[[], None]) -> None:
     """Feed stdin's lines (at most MAX_LINE_BYTES + 1 bytes at a time) to the event loop; runs in a daemon thread,
     so a server ending for any reason never waits for a blocked ``readline`` (it hung until stdin closed).
     ``on_end`` runs when stdin ends (the client is gone): the calls still running are stopped."""
@@ -655,8 +653,7 @@ def _read_stdin(
             anyio.from_thread.run(lines.send, raw, token=token)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.RunFinishedError):
         return  # the server is ending on its own
-    if on_end is not None:
-        on_end()
+    on_end()
     try:
         anyio.from_thread.run(lines.aclose, token=token)
     except anyio.RunFinishedError:
@@ -722,21 +719,19 @@ async def _route_lines(
     lines: MemoryObjectReceiveStream[bytes],
     messages: MemoryObjectSendStream[SessionMessage | Exception],
     write: Any,
-    unanswered: _Unanswered | None = None,
+    unanswered: _Unanswered,
 ) -> None:
-    """Each line to the SDK as a message, or answered here with its JSON-RPC error; oversize lines are skipped.
-    At stdin's end, the requests passed on are answered before the SDK's read stream closes."""
-    unanswered = unanswered or _Unanswered()
+    """Each line to the SDK as a message, or answered here with its JSON-RPC error; the rest of a line over
+    ``MAX_LINE_BYTES`` is skipped. At stdin's end, the requests passed on are answered before the SDK's read
+    stream closes."""
     skipping = False
     async with lines, messages:
         async for raw in lines:
             if skipping:
                 skipping = not raw.endswith(b"\n")
                 continue
+            skipping = len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
             try:
-                if len(raw) > MAX_LINE_BYTES:
-                    skipping = not raw.endswith(b"\n")
-                    raise RpcProblem(types.INVALID_REQUEST, f"Invalid Request: a message over {MAX_LINE_BYTES:,} bytes")
                 message = parse_line(raw)
             except RpcProblem as problem:
                 logger.warning("answered a malformed message with %d: %s", problem.code, problem.message)
@@ -748,12 +743,31 @@ async def _route_lines(
         await unanswered.settled(STOP_GRACE_SECONDS)
 
 
-@asynccontextmanager
-async def _stdio_streams(
-    binary: Any, stdout: Any, on_end: Callable[[], None] | None = None, drop_answer_to: str | None = None
-) -> AsyncIterator[tuple[Any, Any]]:
-    """The stdio transport (the SDK's, plus an answer for every malformed line): read and write streams. The
-    answer to the request ``drop_answer_to`` is not written (the stdio front's replayed ``initialize``)."""
+async def serve_stdio(
+    server: Server[Any],
+    *,
+    stdin: Any = None,
+    stdout: Any = None,
+    exit_after_close: float | None = None,
+    drop_answer_to: str | None = None,
+) -> None:
+    """Serve over stdio until the client closes the pipe: the SDK's transport, plus an answer for every malformed
+    line.
+
+    ``stdin`` is a binary file (``sys.stdin.buffer`` by default; or what :meth:`StdioFront.handoff
+    <agent_tools.mcp_front.StdioFront.handoff>` returns, with ``drop_answer_to`` its replayed ``initialize``'s id,
+    whose answer is not written): lines are decoded here, strictly, so invalid UTF-8 is answered as an error
+    instead of being replaced and analysed. ``stdout`` is an anyio text file. When stdin closes, every request read
+    is answered (the calls still running are stopped at their next checkpoint, those waiting for the model at
+    once); with ``exit_after_close`` the process also ends that many seconds later if it is still alive (a server
+    process, not a test).
+    """
+    import io
+
+    if stdin is None:
+        stdin = sys.stdin.buffer
+    if stdout is None:
+        stdout = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
     unanswered = _Unanswered()
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
@@ -777,45 +791,16 @@ async def _stdio_streams(
                         continue
                 await write(sent.model_dump_json(by_alias=True, exclude_unset=True))
 
+    on_end = partial(_stdin_closed, exit_after_close)
     reader = threading.Thread(
-        target=_read_stdin, args=(binary, line_writer, anyio.lowlevel.current_token(), on_end), daemon=True
+        target=_read_stdin, args=(stdin, line_writer, anyio.lowlevel.current_token(), on_end), daemon=True
     )
     async with anyio.create_task_group() as group:
         group.start_soon(_route_lines, line_reader, read_writer, write, unanswered)
         group.start_soon(write_messages)
         reader.start()
-        try:
-            yield read_stream, write_stream
-        finally:
-            group.cancel_scope.cancel()
-
-
-async def serve_stdio(
-    server: Server[Any],
-    *,
-    stdin: Any = None,
-    stdout: Any = None,
-    exit_after_close: float | None = None,
-    drop_answer_to: str | None = None,
-) -> None:
-    """Serve over stdio until the client closes the pipe.
-
-    ``stdin`` is a binary file (``sys.stdin.buffer`` by default; or what :meth:`StdioFront.handoff
-    <agent_tools.mcp_front.StdioFront.handoff>` returns, with ``drop_answer_to`` its replayed ``initialize``'s id):
-    lines are decoded here, strictly, so invalid UTF-8 is answered as an error instead of being replaced and
-    analysed. ``stdout`` is an anyio text file. When stdin closes, every request read is answered (the calls still
-    running are stopped at their next checkpoint, those waiting for the model at once); with ``exit_after_close``
-    the process also ends that many seconds later if it is still alive (a server process, not a test).
-    """
-    import io
-
-    if stdin is None:
-        stdin = sys.stdin.buffer
-    if stdout is None:
-        stdout = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
-    on_end = partial(_stdin_closed, exit_after_close)
-    async with _stdio_streams(stdin, stdout, on_end, drop_answer_to) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options(NotificationOptions()))
+        group.cancel_scope.cancel()
 
 
 def _closed_stream_noise(record: logging.LogRecord) -> bool:
@@ -834,15 +819,12 @@ async def _read_post(receive: Any) -> tuple[bytes, RpcProblem | None]:
     """
     chunks: list[bytes] = []
     size = 0
-    while True:
+    while size <= MAX_LINE_BYTES:  # past it parse_line refuses the body: the rest is not read
         message = await receive()
         if message["type"] != "http.request":
             return b"".join(chunks), None  # disconnected: the SDK sees the same
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_LINE_BYTES:
-            return b"", RpcProblem(types.INVALID_REQUEST, f"Invalid Request: a message over {MAX_LINE_BYTES:,} bytes")
-        chunks.append(chunk)
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
         if not message.get("more_body", False):
             break
     body = b"".join(chunks)
