@@ -323,27 +323,19 @@ def _tool_handlers(
         name, arguments = params.name, params.arguments or {}
         if name not in backend.names:
             return _error_result(f"Error [invalid_input]: unknown tool {name!r}; tools: {', '.join(backend.names)}")
-        problem = _invalid_unicode_problem(arguments)
-        if problem is not None:
-            return _error_result(error_text(name, problem))
         try:
+            _refuse_invalid_unicode(arguments)
             await backend.wait(ctx)  # the tools and the default model may still be loading in the background
-        except CallCancelledError as exc:
-            return _error_result(stopped_text(name, exc))
-        if backend.inspector is None:
-            if backend.error is not None:
+            if backend.error is not None:  # the session could not be built: every call says why
                 return _error_result(error_text(name, backend.error))
-            return _error_result(f"Internal error in {name}: the tools could not be imported; see the server's log")
-        from agent_tools.inspector import CallContext
+            if backend.inspector is None:
+                return _error_result(f"Internal error in {name}: the tools could not be imported; see the server's log")
+            from agent_tools.inspector import CallContext, check_list_lengths
 
-        inspector, spec = backend.inspector, backend.specs[name]
-        problem = _list_length_problem(arguments)
-        if problem is not None:
-            return _error_result(error_text(name, problem))
-        context = CallContext(timeout=call_timeout, progress_every=PROGRESS_EVERY_SECONDS)
-        context.progress = _progress_reporter(ctx, context)
-        try:
-            report = await _run_call(spec, inspector, arguments, context)
+            check_list_lengths(arguments)
+            context = CallContext(timeout=call_timeout, progress_every=PROGRESS_EVERY_SECONDS)
+            context.progress = _progress_reporter(ctx, context)
+            report = await _run_call(backend.specs[name], backend.inspector, arguments, context)
         except CallCancelledError as exc:
             return _error_result(stopped_text(name, exc))
         except AttentionToolError as exc:
@@ -468,16 +460,6 @@ def stopped_text(tool: str, error: CallCancelledError) -> str:
     return f"Error [{error.kind}]: {error.message.rstrip('.')}. Nothing was computed; {tool} can be called again."
 
 
-def _list_length_problem(arguments: Any) -> InvalidInputError | None:
-    from agent_tools.inspector import check_list_lengths
-
-    try:
-        check_list_lengths(arguments)
-    except InvalidInputError as exc:
-        return exc
-    return None
-
-
 def _prompt_handlers(tool_names: list[str], default_model: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``prompts/list`` and ``prompts/get``: the system prompt and one explanation template per topic,
     mentioning only the tools served. Built at the first prompts request (LangChain's templates take a moment
@@ -541,12 +523,12 @@ def quiet_sdk_loggers(level: int = logging.WARNING) -> None:
         logging.getLogger(name).setLevel(level)
 
 
-def _invalid_unicode_problem(arguments: Any) -> InvalidInputError | None:
+def _refuse_invalid_unicode(arguments: Any) -> None:
+    """Raise the error the stdio reader's marker stands for (see :func:`_answerable_message`)."""
     if isinstance(arguments, dict) and set(arguments) == {INVALID_UNICODE_ARGUMENT}:
         marker = arguments[INVALID_UNICODE_ARGUMENT]
         if isinstance(marker, dict) and isinstance(marker.get("message"), str):
-            return InvalidInputError(marker["message"], field=marker.get("field"))
-    return None
+            raise InvalidInputError(marker["message"], field=marker.get("field"))
 
 
 def _lone_surrogate(value: Any, path: str = "") -> tuple[str, str] | None:
