@@ -33,7 +33,7 @@ import os
 import queue
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -84,16 +84,20 @@ def valid_id(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def deeper_than(value: Any, limit: int) -> bool:
-    """Whether containers nest more than ``limit`` levels (iterative: deep input costs no recursion)."""
+def _nodes(value: Any) -> Iterator[tuple[Any, int]]:
+    """Every value inside a decoded JSON ``value``, itself included, with its depth (iterative: deep input costs
+    no recursion)."""
     pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
         item, depth = pending.pop()
+        yield item, depth
         children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        if children and depth > limit:
-            return True
         pending.extend((child, depth + 1) for child in children)
-    return False
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` levels."""
+    return any(depth > limit and isinstance(item, dict | list) and item for item, depth in _nodes(value))
 
 
 @cache
@@ -158,16 +162,7 @@ def initialize_result(protocol_version: str, instructions: str, server_version: 
 def _plain_json(value: Any) -> bool:
     """Whether the standard library writes every number of ``value`` as the SDK (pydantic) does: floats without
     an exponent, no NaN or infinity (pydantic writes 1e-05 as 0.00001)."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, float) and any(c in repr(item) for c in "eEn"):
-            return False
-        if isinstance(item, dict):
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-    return True
+    return not any(isinstance(item, float) and any(c in repr(item) for c in "eEn") for item, _ in _nodes(value))
 
 
 def _dumps(value: Any) -> str:
