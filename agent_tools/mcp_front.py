@@ -20,7 +20,9 @@ of a client that does not open with ``initialize`` (the 2026-07-28 protocol) —
 as it would have: later, never differently.
 
 Also here because the front needs them and must not import the SDK: the server's name, its instructions
-(:func:`server_instructions`) and the line limits the stdio transport enforces.
+(:func:`server_instructions`), its ``tools/list`` (:func:`tool_listing`, which the SDK server lists too), the
+line limits the stdio transport enforces, and the JSON-RPC checks (:func:`read_message`, :class:`RpcProblem`)
+the SDK server completes with those that need the SDK (unknown methods, parameters) for stdio lines and HTTP bodies.
 """
 
 from __future__ import annotations
