@@ -213,12 +213,9 @@ def _lifespan(backend: Backend) -> Callable[[Server[dict[str, Any]]], AbstractAs
     async def lifespan(_server: Server[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         if backend.preload:
             backend.start()
-        yield {BACKEND: backend}
+        yield {}  # the handlers hold the backend themselves
 
     return lifespan
-
-
-BACKEND = "backend"  # the lifespan context's key for the server's backend
 
 
 class Backend:
