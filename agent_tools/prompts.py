@@ -92,20 +92,9 @@ def shared_arguments(*, default_model: str = DEFAULT_MODEL) -> list[str]:
     return [line.replace("{default_model}", default_model) for line in block.splitlines()[1:]]
 
 
-def _served(tools: Iterable[str] | None) -> list[str]:
-    if tools is None:
-        return served_names()
-    names = list(tools)
-    declared = tool_declarations()
-    unknown = [n for n in names if n not in declared]
-    if unknown:
-        raise InvalidInputError(f"unknown tool(s) {unknown}; tools: {', '.join(declared)}", field="tools")
-    return names
-
-
 def render_tool_mentions(text: str, tools: Iterable[str] | None = None) -> str:
     """Replace ``[[tool]]`` with `` `tool` ``; drop each line that mentions a tool not served."""
-    served = set(_served(tools))
+    served = set(served_names(tools))
     kept = []
     for line in text.splitlines():
         mentioned = TOOL_MARKER.findall(line)
@@ -129,7 +118,7 @@ def tool_catalogue(tools: Iterable[str] | None = None) -> str:
     """One Markdown bullet per served tool: name, description, arguments (required ones marked)."""
     lines = []
     declared = tool_declarations()
-    for name in _served(tools):
+    for name in served_names(tools):
         entry = declared[name]
         arguments = [f"{field}{' (required)' if required else ''}" for field, required in entry["arguments"]]
         lines.append(f"- `{name}`: {entry['description']} Arguments: {', '.join(arguments) or 'none'}.")
@@ -141,7 +130,7 @@ def system_prompt_template(*, tools: Iterable[str] | None = None) -> BasePromptT
     (with the bundled default as its value unless you pass another)."""
     from langchain_core.prompts import PromptTemplate
 
-    served = _served(tools)
+    served = served_names(tools)
     text = render_tool_mentions(read_prompt_file(SYSTEM_PROMPT_FILE).template, served)
     return PromptTemplate.from_template(text).partial(
         tool_catalogue=tool_catalogue(served), default_model=DEFAULT_MODEL
@@ -166,7 +155,7 @@ def explanation_template(
     from langchain_core.messages import SystemMessage
     from langchain_core.prompts import ChatPromptTemplate
 
-    served = _served(tools)
+    served = served_names(tools)
     human = render_tool_mentions(topic_file(topic).template, served)
     system = SystemMessage(content=system_prompt(tools=served, default_model=default_model))
     return ChatPromptTemplate.from_messages([system, ("human", human)])
