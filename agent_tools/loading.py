@@ -617,12 +617,17 @@ def _read_gguf_config(path: Path) -> Any:
 
 def _read_gguf(path: Path, dtype: torch.dtype, config: Any) -> tuple[Any, Any]:
     """Dequantise a GGUF file's weights into a model in ``dtype`` (on the CPU), with its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     folder, name = str(path.parent), path.name
+    # dequantize=True says what this conversion does, a plain dense model to save: transformers 5.2x would otherwise
+    # plan packed GGUF layers, and warn that packed weights are fastest in float32 when another dtype is asked for
+    unpacked = GgufConfig(dequantize=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, config=config, dtype=dtype, quantization_config=unpacked
+        )
     except Exception as exc:
         raise _gguf_read_error(name, exc) from exc
     return model, tokenizer
