@@ -8,16 +8,16 @@ pictures are the ones :mod:`agent_tools.report.figures` drew once for the run.
 
 from __future__ import annotations
 
-import base64
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from agent_tools.render import png_uri
 from agent_tools.report.content import (
     SECTION_QUESTIONS,
     SECTION_TITLES,
@@ -31,7 +31,7 @@ from agent_tools.report.figures import Picture, draw_pictures, story_pictures
 from agent_tools.report.glossary import glossary
 from agent_tools.report.job import AnalysisResult
 from agent_tools.report.story import build_story, read_first
-from agent_tools.report.views import NeuronData
+from agent_tools.report.views import NeuronData, tensor_b64
 from agent_tools.schemas import Report
 
 CARD_TERMS = {"head_dim": "dk", "scaling": "scale", "scaling_ratio": "scale"}  # card key -> glossary key
@@ -67,10 +67,6 @@ class HtmlReport:
     questions: dict[str, str] = field(default_factory=dict)  # section title -> what its numbers mean
     notes: list[str] = field(default_factory=list)  # skipped steps and timings
     full_heads: list[tuple[int, int]] = field(default_factory=list)  # heads whose whole map the page embeds
-
-
-def _png_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def page_for(result: AnalysisResult) -> HtmlReport:
@@ -141,28 +137,15 @@ def _maps_json(report: HtmlReport) -> dict[str, Any]:
     thumbs = thumbnails(maps, side) if side else None
     return {
         "full_heads": [[layer, head] for layer, head in heads],
-        "full_b64": base64.b64encode(full.contiguous().numpy().tobytes()).decode("ascii"),
+        "full_b64": tensor_b64(full),
         "thumb_side": side,
-        "thumbs_b64": base64.b64encode(thumbs.contiguous().numpy().tobytes()).decode("ascii")
-        if thumbs is not None
-        else None,
+        "thumbs_b64": tensor_b64(thumbs) if thumbs is not None else None,
     }
 
 
 def _neuron_json(neuron: NeuronData | None) -> dict[str, Any] | None:
-    if neuron is None:
-        return None
-    return {
-        "layer": neuron.layer,
-        "head": neuron.head,
-        "length": neuron.length,
-        "head_dim": neuron.head_dim,
-        "scale": neuron.scale,
-        "softcap": neuron.softcap,
-        "q": neuron.q_b64,
-        "k": neuron.k_b64,
-        "allowed": neuron.allowed_b64,
-    }
+    """The neuron view's numbers; the page reads the base64 arrays as ``q``, ``k`` and ``allowed``."""
+    return {key.removesuffix("_b64"): value for key, value in asdict(neuron).items()} if neuron is not None else None
 
 
 def _sections_json(report: HtmlReport) -> list[dict[str, Any]]:
@@ -180,10 +163,10 @@ def _sections_json(report: HtmlReport) -> list[dict[str, Any]]:
 def _pictures_json(report: HtmlReport) -> dict[str, dict[str, str]]:
     shown = {p["name"] for step in report.story for p in step["pictures"]} | set(report.more_pictures)
     found = {
-        name: {"src": _png_uri(p.png), "caption": p.caption} for name, p in report.pictures.items() if name in shown
+        name: {"src": png_uri(p.png), "caption": p.caption} for name, p in report.pictures.items() if name in shown
     }
     for title, path in report.plots:
-        found[path.stem] = {"src": _png_uri(path.read_bytes()), "caption": title}
+        found[path.stem] = {"src": png_uri(path.read_bytes()), "caption": title}
     return found
 
 

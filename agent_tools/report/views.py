@@ -36,7 +36,7 @@ def _grid(weights: torch.Tensor, size: int) -> list[list[float]]:
     return [[round(float(v), 5) for v in row] for row in weights[:size, :size].tolist()]
 
 
-def _b64(tensor: torch.Tensor) -> str:
+def tensor_b64(tensor: torch.Tensor) -> str:
     """A tensor's bytes (little-endian, C order) as base64: how the page receives arrays."""
     return base64.b64encode(tensor.contiguous().numpy().tobytes()).decode("ascii")
 
@@ -125,9 +125,9 @@ def neuron_data(rebuilt: Reconstruction) -> NeuronData | None:
         head_dim=int(q.shape[-1]),
         scale=float(inputs.scaling),
         softcap=inputs.softcap,
-        q_b64=_b64(q.float().cpu()),
-        k_b64=_b64(k.float().cpu()),
-        allowed_b64=_b64(inputs.allowed().to(torch.uint8).cpu()),
+        q_b64=tensor_b64(q.float().cpu()),
+        k_b64=tensor_b64(k.float().cpu()),
+        allowed_b64=tensor_b64(inputs.allowed().to(torch.uint8).cpu()),
     )
 
 
