@@ -27,12 +27,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from agent_tools.analysis.ablation import TIE_MARGIN as TIE_MARGIN  # the one tie rule (patch_heads imports it here)
 from agent_tools.analysis.attribution import spearman
 from agent_tools.analysis.metrics import chance_side
 
 LARGE_SPREADS = 3.0  # an effect is large when it is this many baseline spreads from the baseline mean ...
 LARGE_FLOOR = 0.05  # ... and at least this far (5% of the clean–corrupted gap), so a zero-spread baseline
-TIE_MARGIN = 0.02  # a top-token change between tokens whose probabilities differ by less than this is a tie
 MIN_RELATIVE_GAP = 0.25  # a clean–corrupted gap below this × the clean logits' standard deviation is refused
 
 EffectSize = Literal["large", "small"]

@@ -30,7 +30,7 @@ from agent_tools.analysis.metrics import (
     SATURATION,
     attention_entropy,
     masked_softmax,
-    normalised_from_entropy,
+    normalised_entropy,
     saturated,
     upcast,
 )
@@ -109,12 +109,7 @@ def row_measures(weights: Tensor, allowed: Tensor | None = None, *, saturation: 
     Half-precision weights are upcast to float32 first."""
     weights = upcast(weights)
     entropy = attention_entropy(weights)
-    count = (
-        torch.full_like(entropy, weights.shape[-1])
-        if allowed is None
-        else allowed.sum(-1).to(entropy.dtype).expand(entropy.shape)  # count before broadcasting over heads
-    )
-    normalised = normalised_from_entropy(entropy, count)
+    normalised = normalised_entropy(weights, allowed, entropy=entropy)
     top = weights.amax(-1)
     trace, frobenius = _jacobian_measures(weights)
     return RowMeasures(

@@ -202,10 +202,3 @@ def html_grids(result: AnalysisResult) -> dict[str, dict[str, Any]]:
             "description": "score of each head's primary role",
         }
     return grids
-
-
-def focus_head(result: AnalysisResult) -> tuple[int, int]:
-    """The most collapsed head (the one the focus tools and the neuron view examine)."""
-    flat = int(result.maps.normalised_entropy.flatten().argmin())
-    layer, head = divmod(flat, result.maps.entropy.shape[1])
-    return int(layer), int(head)

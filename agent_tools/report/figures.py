@@ -5,7 +5,7 @@ and the notebook all show the same pictures without drawing them again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -28,7 +28,7 @@ from agent_tools.report.content import role_grid_values, top_heads
 from agent_tools.report.job import AnalysisResult
 from agent_tools.report.long_context import plan_grid
 from agent_tools.report.story import STAGE_SHORT, build_story
-from agent_tools.tools.diagnose_collapse.models import CollapseReport
+from agent_tools.tools.diagnose_collapse.models import CollapseReport, HeadCollapseRow
 from agent_tools.tools.explain_scaling.models import ScalingReport
 from agent_tools.tools.find_retrieval_heads.models import FindRetrievalHeadsReport
 from agent_tools.tools.plan_kv_cache.models import PlanKvCacheReport
@@ -145,20 +145,28 @@ def _value_norms(result: AnalysisResult) -> bytes | None:
         shown = rows[:10]
     if not shown:
         return None
+    return contribution_bars(
+        shown,
+        lambda r: f"L{r.layer}H{r.head} → {r.dominant_position}:{r.dominant_token.strip() or repr(r.dominant_token)}",
+        title="What the collapsed key writes, relative to an ordinary key",
+        xlabel="contribution ratio = ‖α·v W_O‖ of the dominant key / ‖v W_O‖ of an ordinary key",
+    )
+
+
+def contribution_bars(
+    rows: Sequence[HeadCollapseRow], label: Callable[[HeadCollapseRow], str], *, title: str, xlabel: str
+) -> bytes:
+    """Each head's contribution ratio as a bar coloured by its verdict (its mean max weight noted), the no-op
+    threshold marked: the analyze story's value-norm picture and diagnose_collapse's key figure."""
     colour = {"writing_collapse": HARMFUL, "no_op_sink": SINK}
     bars = [
-        Bar(
-            f"L{r.layer}H{r.head} → {r.dominant_position}:{r.dominant_token.strip() or repr(r.dominant_token)}",
-            float(r.contribution_ratio or 0.0),
-            colour.get(r.verdict, OTHER),
-            f"max {r.mean_max_weight:.2f}",
-        )
-        for r in shown
+        Bar(label(r), float(r.contribution_ratio or 0.0), colour.get(r.verdict, OTHER), f"max {r.mean_max_weight:.2f}")
+        for r in rows
     ]
     return bars_png(
         bars,
-        title="What the collapsed key writes, relative to an ordinary key",
-        xlabel="contribution ratio = ‖α·v W_O‖ of the dominant key / ‖v W_O‖ of an ordinary key",
+        title=title,
+        xlabel=xlabel,
         threshold=(NO_OP_CONTRIBUTION, f"no-op below {NO_OP_CONTRIBUTION}"),
         legend=[(HARMFUL, "writes substantially (value norms)"), (SINK, "no-op sink")],
     )

@@ -21,7 +21,6 @@ from agent_tools.render import png_uri
 from agent_tools.report.content import (
     SECTION_QUESTIONS,
     SECTION_TITLES,
-    focus_head,
     head_descriptions,
     html_grids,
     model_card,
@@ -29,7 +28,7 @@ from agent_tools.report.content import (
 )
 from agent_tools.report.figures import Picture, draw_pictures, story_pictures
 from agent_tools.report.glossary import glossary
-from agent_tools.report.job import AnalysisResult
+from agent_tools.report.job import AnalysisResult, most_collapsed_head
 from agent_tools.report.story import build_story, read_first
 from agent_tools.report.views import NeuronData, tensor_b64
 from agent_tools.schemas import Report
@@ -85,7 +84,7 @@ def page_for(result: AnalysisResult) -> HtmlReport:
         grids=html_grids(result),
         head_info=head_descriptions(result),
         sections=sections,
-        initial=focus_head(result),
+        initial=most_collapsed_head(result.maps),
         model_summary=description.summary if description is not None else "",
         read_first=read_first(result),
         story=[step.as_json() for step in build_story(result)],
@@ -101,7 +100,7 @@ def page_for(result: AnalysisResult) -> HtmlReport:
 def story_heads(result: AnalysisResult) -> list[tuple[int, int]]:
     """The heads whose whole map the page keeps: the focus head, then the story's pictured heads (at most
     :data:`FULL_MAP_HEADS`)."""
-    chosen = [focus_head(result)]
+    chosen = [most_collapsed_head(result.maps)]
     for _why, layer, head in top_heads(result):
         if (layer, head) not in chosen:
             chosen.append((layer, head))

@@ -158,32 +158,30 @@ class AnalysisResult:
         )
 
 
-def _most_collapsed_head(maps: QuantisedMaps) -> tuple[int, int]:
+def most_collapsed_head(maps: QuantisedMaps) -> tuple[int, int]:
+    """(layer, head) of the lowest mean normalised entropy: the head the focus tools and the neuron view examine."""
     flat = int(maps.normalised_entropy.flatten().argmin())
     return divmod(flat, maps.normalised_entropy.shape[1])
 
 
-def _whole_model_steps(text: str, model: str | None, layers: list[int] | None) -> list[tuple[str, dict]]:
-    """Steps over every head, which need nothing from the capture: they may share its pass."""
-    base: dict[str, Any] = {"text": text, "detail": "full"} | ({"model": model} if model else {})
-    steps = [
-        ("describe_model", {"detail": "full"} | ({"model": model} if model else {})),
-        ("diagnose_collapse", base | ({"layers": layers} if layers else {})),
-        ("profile_heads", base | ({"layers": layers} if layers else {})),
-    ]
-    return [(name, args) for name, args in steps if name in TOOLS]
-
-
-def _focus_steps(text: str, model: str | None, focus: tuple[int, int]) -> list[tuple[str, dict]]:
-    """Steps on the most collapsed head, chosen from the capture. The reconstruction applies the mask at every
-    stage, so each stage's picture of the first tokens shows exactly what those queries may read."""
-    layer, head = focus
-    base: dict[str, Any] = {"text": text, "detail": "full"} | ({"model": model} if model else {})
-    steps = [
-        ("explain_scaling", base | {"layer": layer}),
-        ("inspect_projections", base | {"layer": layer, "head": head}),
-        ("reconstruct_attention", base | {"layer": layer, "head": head, "mask_every_stage": True}),
-    ]
+def _plan_steps(
+    text: str, model: str | None, *, layers: list[int] | None = None, focus: tuple[int, int] | None = None
+) -> list[tuple[str, dict]]:
+    """The tools' calls on ``text``: over every head (``focus`` None: they need nothing from the capture, so they
+    may share its pass), or on the most collapsed head, chosen from the capture. The reconstruction applies the
+    mask at every stage, so each stage's picture of the first tokens shows exactly what those queries may read."""
+    with_model: dict[str, Any] = {"detail": "full"} | ({"model": model} if model else {})
+    base = with_model | {"text": text}
+    if focus is None:
+        every = base | ({"layers": layers} if layers else {})
+        steps = [("describe_model", with_model), ("diagnose_collapse", every), ("profile_heads", every)]
+    else:
+        layer, head = focus
+        steps = [
+            ("explain_scaling", base | {"layer": layer}),
+            ("inspect_projections", base | {"layer": layer, "head": head}),
+            ("reconstruct_attention", base | {"layer": layer, "head": head, "mask_every_stage": True}),
+        ]
     return [(name, args) for name, args in steps if name in TOOLS]
 
 
@@ -403,11 +401,11 @@ def run_analysis(
     # inspect_projections and reconstruct_attention, on the most collapsed head (known only after that pass), from
     # that head's layer run again on the call the first pass recorded (no second pass through the layers before it).
     outcomes.say("capturing every head's attention")
-    whole = _whole_model_steps(text, model, layers)
+    whole = _plan_steps(text, model, layers=layers)
     with inspector.recorded_attention_calls(loaded) as calls:
         shared = _run_steps(inspector, whole, outcomes, pass_name="capture", lead=lead)
     outcomes.say("examining the most collapsed head")
-    focus = _focus_steps(text, model, _most_collapsed_head(maps))
+    focus = _plan_steps(text, model, focus=most_collapsed_head(maps))
     _run_steps(inspector, focus, outcomes, pass_name="focus_pass", replay=calls)
     calls.clear()  # the recorded hidden states go before the probe and the experiment
     probe = _induction_probe(inspector, loaded, outcomes)

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION
 from agent_tools.render import (
     Bar,
     CurvePanel,
@@ -30,6 +29,7 @@ from agent_tools.render import (
     heatmap_png,
     png_uri,
 )
+from agent_tools.report.figures import contribution_bars
 from agent_tools.report.glossary import Term, terms_in
 from agent_tools.report.job import ANALYSIS_VIEWS
 from agent_tools.schemas import Report, register_notebook_renderer
@@ -74,22 +74,11 @@ def _collapse_figure(report: Any) -> KeyFigure | None:
     rows = [r for r in report.heads if r.contribution_ratio is not None][:16]
     if not rows:
         return None
-    colour = {"writing_collapse": "#c92a2a", "no_op_sink": "#868e96"}
-    bars = [
-        Bar(
-            f"L{r.layer}H{r.head} ({r.verdict})",
-            float(r.contribution_ratio),
-            colour.get(r.verdict, "#3b5bdb"),
-            f"max {r.mean_max_weight:.2f}",
-        )
-        for r in rows
-    ]
-    png = bars_png(
-        bars,
+    png = contribution_bars(
+        rows,
+        lambda r: f"L{r.layer}H{r.head} ({r.verdict})",
         title="most collapsed heads: what the dominant key writes",
         xlabel="contribution ratio",
-        threshold=(NO_OP_CONTRIBUTION, f"no-op below {NO_OP_CONTRIBUTION}"),
-        legend=[("#c92a2a", "writes substantially (value norms)"), ("#868e96", "no-op sink")],
     )
     table = [(f"L{r.layer}H{r.head} {r.verdict}", f"ratio {r.contribution_ratio:.2f}") for r in rows]
     return KeyFigure(png, "contribution ratio of the most collapsed heads", table)
@@ -102,23 +91,18 @@ def _scaling_figure(report: Any) -> KeyFigure | None:
     marks = [(model, f"model {model:.3g}")]
     panels = [
         CurvePanel(
-            "entropy (nats)",
+            title,
             "β",
-            "entropy",
-            [Series("entropy", beta, [s.entropy for s in settings], marker="o")],
+            ylabel,
+            [Series(label, beta, [getattr(s, measure) for s in settings], marker="o")],
             log_x=True,
             marks=marks,
             legend=False,
-        ),
-        CurvePanel(
-            "Jacobian trace",
-            "β",
-            "1 − Σp²",
-            [Series("trace", beta, [s.jacobian_trace for s in settings], marker="o")],
-            log_x=True,
-            marks=marks,
-            legend=False,
-        ),
+        )
+        for title, ylabel, label, measure in (
+            ("entropy (nats)", "entropy", "entropy", "entropy"),
+            ("Jacobian trace", "1 − Σp²", "trace", "jacobian_trace"),
+        )
     ]
     table = [
         (f"β = {s.beta:.3g} ({s.kind})", f"entropy {s.entropy:.3f}, trace {s.jacobian_trace:.3f}") for s in settings
