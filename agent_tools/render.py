@@ -1,7 +1,7 @@
 """Pictures of attention (matplotlib, Agg): heatmaps with token labels, layer × head grids, curves and bars.
 
 Two kinds of entry point: ``attention_heatmap`` and ``grid_heatmap`` write a PNG file (the tools' ``png``
-option); ``attention_png``, ``grid_png``, ``heatmap_png``, ``heatmap_pair_png``, ``curves_png`` and ``bars_png``
+option); ``attention_png``, ``grid_png``, ``heatmaps_png``, ``curves_png`` and ``bars_png``
 return the PNG's bytes, which the ``analyze`` report draws once and shares between its files, its HTML page and
 the notebook.
 """
@@ -127,7 +127,7 @@ def _norm(gamma: float) -> Normalize:
     return Normalize(0.0, 1.0) if gamma == 1.0 else PowerNorm(gamma, 0.0, 1.0)
 
 
-def heatmap_pair_png(
+def heatmaps_png(
     panels: Sequence[HeatPanel], *, title: str | None = None, gamma: float = 1.0, panel_size: float = 3.6
 ) -> bytes:
     """One or more square attention maps side by side with a shared 0..1 colour bar; PNG bytes."""
@@ -148,11 +148,6 @@ def heatmap_pair_png(
     if title:
         fig.suptitle(title, fontsize=10)
     return png_bytes(fig)
-
-
-def heatmap_png(panel: HeatPanel, *, gamma: float = 1.0, panel_size: float = 3.6) -> bytes:
-    """One square attention map with a 0..1 colour bar; PNG bytes."""
-    return heatmap_pair_png([panel], gamma=gamma, panel_size=panel_size)
 
 
 @dataclass(frozen=True)

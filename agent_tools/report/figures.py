@@ -21,8 +21,7 @@ from agent_tools.render import (
     bars_png,
     curves_png,
     grid_png,
-    heatmap_pair_png,
-    heatmap_png,
+    heatmaps_png,
 )
 from agent_tools.report.content import role_grid_values, top_heads
 from agent_tools.report.job import AnalysisResult
@@ -57,7 +56,7 @@ def _stage(result: AnalysisResult, number: int) -> bytes | None:
         return None
     name = views.stage_names[number - 1]
     title = f"{number}. {STAGE_SHORT.get(name, name)} (÷ {views.stage_divisors[number - 1]:.3g})"
-    return heatmap_png(HeatPanel(views.stage_weights[number - 1], views.labels, title), gamma=STAGE_GAMMA)
+    return heatmaps_png([HeatPanel(views.stage_weights[number - 1], views.labels, title)], gamma=STAGE_GAMMA)
 
 
 def _no_projections(result: AnalysisResult) -> bytes | None:
@@ -69,7 +68,7 @@ def _no_projections(result: AnalysisResult) -> bytes | None:
         HeatPanel(views.counterfactual, views.labels, "Q = K = V = x (no projections)"),
         HeatPanel(views.stage_weights[-1], views.labels, f"the real head {where}"),
     ]
-    return heatmap_pair_png(panels, gamma=STAGE_GAMMA)
+    return heatmaps_png(panels, gamma=STAGE_GAMMA)
 
 
 def _variance(result: AnalysisResult) -> bytes | None:
@@ -177,7 +176,7 @@ def _induction(result: AnalysisResult) -> bytes | None:
     if probe is None:
         return None
     title = f"L{probe.layer}H{probe.head} on [BOS] + {probe.repeat_length} random tokens × 2"
-    return heatmap_png(HeatPanel(probe.weights, probe.labels, title), panel_size=5.0)
+    return heatmaps_png([HeatPanel(probe.weights, probe.labels, title)], panel_size=5.0)
 
 
 def _run_lines(experiment: ScalingExperimentReport, values: str) -> list[Series]:
@@ -339,8 +338,3 @@ def draw_pictures(result: AnalysisResult) -> dict[str, Picture]:
         pictures.setdefault(picture.name, picture)
     result.pictures.update(pictures)
     return result.pictures
-
-
-def story_pictures(result: AnalysisResult) -> set[str]:
-    """The names of the pictures the story shows (the others are the 'more pictures')."""
-    return {p.name for step in build_story(result) for p in step.pictures}

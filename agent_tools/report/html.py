@@ -12,7 +12,6 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from importlib.resources import files
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +25,7 @@ from agent_tools.report.content import (
     model_card,
     top_heads,
 )
-from agent_tools.report.figures import Picture, draw_pictures, story_pictures
+from agent_tools.report.figures import Picture, draw_pictures
 from agent_tools.report.glossary import glossary
 from agent_tools.report.job import AnalysisResult, most_collapsed_head
 from agent_tools.report.story import build_story, read_first
@@ -55,7 +54,6 @@ class HtmlReport:
     grids: dict[str, dict[str, Any]]  # name -> {values: L×H floats, description, min?, max?, labels?}
     head_info: list[list[str]]  # L × H one-line description of each head
     sections: list[tuple[str, Report]] = field(default_factory=list)
-    plots: list[tuple[str, Path]] = field(default_factory=list)  # extra pictures given as files
     initial: tuple[int, int] = (0, 0)
     model_summary: str = ""
     read_first: str = ""
@@ -71,7 +69,8 @@ class HtmlReport:
 def page_for(result: AnalysisResult) -> HtmlReport:
     """The page of one ``analyze`` run: every picture drawn once (or reused) and embedded."""
     pictures = draw_pictures(result)
-    in_story = story_pictures(result)
+    steps = build_story(result)
+    in_story = {p.name for step in steps for p in step.pictures}
     description = result.reports.get("describe_model")
     sections = [(SECTION_TITLES.get(n, n), r) for n, r in result.reports.items() if n != "describe_model"]
     timing = ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items())
@@ -87,7 +86,7 @@ def page_for(result: AnalysisResult) -> HtmlReport:
         initial=most_collapsed_head(result.maps),
         model_summary=description.summary if description is not None else "",
         read_first=read_first(result),
-        story=[step.as_json() for step in build_story(result)],
+        story=[step.as_json() for step in steps],
         pictures=pictures,
         more_pictures=[name for name in pictures if name not in in_story],
         neuron=result.neuron,
@@ -164,8 +163,6 @@ def _pictures_json(report: HtmlReport) -> dict[str, dict[str, str]]:
     found = {
         name: {"src": png_uri(p.png), "caption": p.caption} for name, p in report.pictures.items() if name in shown
     }
-    for title, path in report.plots:
-        found[path.stem] = {"src": png_uri(path.read_bytes()), "caption": title}
     return found
 
 
@@ -187,7 +184,7 @@ def render_html(report: HtmlReport) -> str:
         "initial": {"layer": report.initial[0], "head": report.initial[1]},
         "story": report.story,
         "pictures": _pictures_json(report),
-        "more_pictures": report.more_pictures + [path.stem for _, path in report.plots],
+        "more_pictures": report.more_pictures,
         "sections": _sections_json(report),
         "neuron": _neuron_json(report.neuron),
         "glossary": [t.as_json() for t in glossary()],

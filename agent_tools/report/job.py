@@ -19,7 +19,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
 from pydantic import BaseModel, Field
 
 from agent_tools.analysis.collapse import rank_heads
@@ -31,7 +30,6 @@ from agent_tools.loading import LoadedModel
 from agent_tools.report.long_context import LONG_CONTEXT_TOKENS, U_CURVE_TOKENS, long_context_steps
 from agent_tools.report.views import (
     NeuronData,
-    ProbeHead,
     ProbeView,
     StageViews,
     neuron_data,
@@ -39,7 +37,7 @@ from agent_tools.report.views import (
     stage_views,
 )
 from agent_tools.runner.replay import RecordedCalls
-from agent_tools.schemas import Report, Token
+from agent_tools.schemas import Report, Rounded, Token
 from agent_tools.tools import TOOLS
 from agent_tools.tools.diagnose_collapse.models import HeadCollapseRow
 from agent_tools.tools.diagnose_collapse.plan import head_row
@@ -70,10 +68,10 @@ class AnalysisReport(BaseModel):
     tokens: list[Token]
     reports: dict[str, dict[str, Any]] = Field(description="tool name -> that tool's report")
     skipped: dict[str, str] = Field(default_factory=dict, description="steps that did not run, and why")
-    head_entropy: list[list[float]] = Field(description="layer × head mean attention entropy, nats")
-    head_normalised_entropy: list[list[float]]
-    head_sink_share: list[list[float]] = Field(description="layer × head mean weight on position 0")
-    head_max_weight: list[list[float]]
+    head_entropy: list[list[Rounded]] = Field(description="layer × head mean attention entropy, nats")
+    head_normalised_entropy: list[list[Rounded]]
+    head_sink_share: list[list[Rounded]] = Field(description="layer × head mean weight on position 0")
+    head_max_weight: list[list[Rounded]]
     story: list[dict[str, Any]] = Field(
         default_factory=list, description="the story's steps in order: key, title, question, sentences, pictures"
     )
@@ -138,9 +136,6 @@ class AnalysisResult:
     def to_report(self) -> AnalysisReport:
         from agent_tools.report.story import build_story  # the story reads this result: imported on use
 
-        def grid(tensor: torch.Tensor) -> list[list[float]]:
-            return [[round(float(v), 4) for v in row] for row in tensor.tolist()]
-
         return AnalysisReport(
             model=self.model,
             dtype=self.dtype,
@@ -149,10 +144,10 @@ class AnalysisResult:
             tokens=self.tokens,
             reports={name: r.model_dump(mode="json") for name, r in self.reports.items()},
             skipped=self.skipped,
-            head_entropy=grid(self.maps.entropy),
-            head_normalised_entropy=grid(self.maps.normalised_entropy),
-            head_sink_share=grid(self.maps.first_token_share),
-            head_max_weight=grid(self.maps.max_weight),
+            head_entropy=self.maps.entropy.tolist(),
+            head_normalised_entropy=self.maps.normalised_entropy.tolist(),
+            head_sink_share=self.maps.first_token_share.tolist(),
+            head_max_weight=self.maps.max_weight.tolist(),
             story=[step.as_json() for step in build_story(self)],
             timings={k: round(v, 3) for k, v in self.timings.items()},
         )
@@ -329,8 +324,7 @@ def _induction_probe(inspector: Inspector, loaded: LoadedModel, outcomes: StepOu
     top = role.top[0]
     start = time.perf_counter()
     outcomes.say("drawing the induction head on its probe")
-    chosen = ProbeHead(top.layer, top.head, top.score, top.qualifies, role.threshold)
-    view = probe_view(inspector, loaded, chosen, seed=probe.seed, repeat_length=probe.repeat_length)
+    view = probe_view(inspector, loaded, top, role.threshold, seed=probe.seed, repeat_length=probe.repeat_length)
     outcomes.timings["induction_probe"] = time.perf_counter() - start
     return view
 

@@ -26,7 +26,7 @@ from agent_tools.render import (
     bars_png,
     curves_png,
     grid_png,
-    heatmap_png,
+    heatmaps_png,
     png_uri,
 )
 from agent_tools.report.figures import contribution_bars
@@ -173,7 +173,7 @@ def _attention_figure(report: Any) -> KeyFigure | None:
             for key in row.top_keys:
                 weights[row.position][key.position] = key.weight
         caption = "each query's top keys (the rest left blank)"
-    png = heatmap_png(HeatPanel(weights, labels, f"L{report.layer}H{report.head}"), panel_size=4.5)
+    png = heatmaps_png([HeatPanel(weights, labels, f"L{report.layer}H{report.head}")], panel_size=4.5)
     table = [
         (f"{r.position}:{r.token}", ", ".join(f"{k.token!r} {k.weight:.2f}" for k in r.top_keys)) for r in report.rows
     ]
@@ -304,12 +304,13 @@ def analysis_markdown(result: AnalysisResult) -> str:
     from agent_tools.report.story import build_story
 
     lines = [f"## Attention of `{result.model}`", ""]
-    for step in build_story(result):
+    steps = build_story(result)
+    for step in steps:
         lines += [f"### {step.number}. {step.title}", f"*{step.question}*", "", " ".join(step.sentences), ""]
     for name, report in result.reports.items():
         if name != "describe_model":
             lines += [f"**{SECTION_TITLES.get(name, name)}**: {report.summary}", ""]
-    used = " ".join(" ".join(s.sentences) for s in build_story(result))
+    used = " ".join(" ".join(s.sentences) for s in steps)
     lines += ["**Glossary**", ""] + [f"- **{t.name}**: {t.formula} — {t.meaning}" for t in terms_in(used)]
     return "\n".join(lines)
 
