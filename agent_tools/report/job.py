@@ -177,7 +177,7 @@ def _plan_steps(
             ("inspect_projections", base | {"layer": layer, "head": head}),
             ("reconstruct_attention", base | {"layer": layer, "head": head, "mask_every_stage": True}),
         ]
-    return [(name, args) for name, args in steps if name in TOOLS]
+    return steps
 
 
 @dataclass
@@ -284,12 +284,21 @@ def _run_steps(
     """Run ``steps``; those whose tools declare a plan sharing one pass (with ``lead`` when given) stream from a
     single forward pass, timed as ``pass_name``. The rest, or all if the shared pass fails, run one by one.
     Returns the plans that shared the pass (their consumers hold what the pass gave them)."""
+    steps = _available(steps, outcomes)
     plans = _prepare_plans(inspector, steps, outcomes)
     done = _run_shared_pass(inspector, plans, outcomes, pass_name=pass_name, lead=lead, replay=replay)
     for name, arguments in steps:
         if name not in done and name not in outcomes.skipped:
             outcomes.attempt(name, partial(TOOLS[name], inspector, arguments))
     return {name: plans[name] for name in done}
+
+
+def _available(steps: list[tuple[str, dict]], outcomes: StepOutcomes) -> list[tuple[str, dict]]:
+    """The steps whose tool this build has; the others are skipped, saying so."""
+    for name, _arguments in steps:
+        if name not in TOOLS:
+            outcomes.skipped[name] = "tool not available in this build"
+    return [(name, arguments) for name, arguments in steps if name in TOOLS]
 
 
 def _head_maps(inspector: Inspector, loaded: LoadedModel, encoded: Encoded) -> QuantisedMaps:
@@ -331,33 +340,29 @@ def _induction_probe(inspector: Inspector, loaded: LoadedModel, outcomes: StepOu
 
 def _long_context(
     inspector: Inspector,
+    loaded: LoadedModel,
     text: str,
     model: str | None,
     tokens: int,
     outcomes: StepOutcomes,
     asked: bool | None,
     threshold: int,
-    loaded: LoadedModel | None = None,
 ) -> None:
-    """The long-context steps: by length when ``asked`` is None, always when True, never when False."""
+    """The long-context steps: by length when ``asked`` is None, always when True, never when False. The U-curve's
+    prompt is sized with the model's own tokenizer, within its limit."""
     if asked is False:
         outcomes.skipped["long_context"] = "not asked for (--no-long-context)"
         return
-    count, limit = None, U_CURVE_TOKENS
-    if loaded is not None:  # the U-curve's prompt sized with the model's own tokenizer, within its limit
-        tokenizer = loaded.tokenizer
-        count = lambda prompt: len(tokenizer(prompt)["input_ids"])  # noqa: E731
-        limit = min(U_CURVE_TOKENS, inspector.limit_for(loaded))
+    tokenizer = loaded.tokenizer
+    count = lambda prompt: len(tokenizer(prompt)["input_ids"])  # noqa: E731
+    limit = min(U_CURVE_TOKENS, inspector.limit_for(loaded))
     steps = long_context_steps(text, model, tokens, threshold=0 if asked else threshold, count=count, limit=limit)
     if isinstance(steps, str):
         outcomes.skipped["long_context"] = steps
         return
     outcomes.say("measuring long-context heads")
-    for name, arguments in steps:
-        if name in TOOLS:
-            outcomes.attempt(name, partial(TOOLS[name], inspector, arguments))
-        else:
-            outcomes.skipped[name] = "tool not available in this build"
+    for name, arguments in _available(steps, outcomes):
+        outcomes.attempt(name, partial(TOOLS[name], inspector, arguments))
 
 
 def run_analysis(
@@ -407,7 +412,7 @@ def run_analysis(
         outcomes.attempt("scaling_experiment", partial(TOOLS["scaling_experiment"], inspector, EXPERIMENT_ARGUMENTS))
     elif not experiment:
         outcomes.skipped["scaling_experiment"] = "not asked for (--no-experiment)"
-    _long_context(inspector, text, model, encoded.length, outcomes, long_context, long_context_tokens, loaded)
+    _long_context(inspector, loaded, text, model, encoded.length, outcomes, long_context, long_context_tokens)
     return _result(loaded, encoded, maps, outcomes, shared=shared, probe=probe)
 
 
@@ -425,15 +430,6 @@ def _result(
         outcomes.skipped["interactive view"] = (
             f"text has {encoded.length} tokens; maps are kept up to {MAX_INTERACTIVE_TOKENS}"
         )
-    for name in (
-        "diagnose_collapse",
-        "explain_scaling",
-        "profile_heads",
-        "inspect_projections",
-        "reconstruct_attention",
-    ):
-        if name not in TOOLS:
-            outcomes.skipped[name] = "tool not available in this build"
     rebuilt = outcomes.reconstruction
     return AnalysisResult(
         model=loaded.name,
