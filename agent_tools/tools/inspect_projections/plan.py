@@ -153,15 +153,14 @@ def _report(
 def _spectrum_report(
     name: str, spectrum: Spectrum, shape: list[int], bias: torch.Tensor | None
 ) -> MatrixSpectrumReport:
-    return MatrixSpectrumReport(
-        name=name,
-        shape=shape,
-        frobenius_norm=spectrum.frobenius_norm,
-        spectral_norm=spectrum.spectral_norm,
-        effective_rank=spectrum.effective_rank,
-        stable_rank=spectrum.stable_rank,
-        bias_norm=float(bias.norm()) if bias is not None else None,
-        singular_values=spectrum.singular_values.tolist(),
+    return MatrixSpectrumReport.model_validate(
+        vars(spectrum)  # the norms and ranks, by the row's names
+        | {
+            "name": name,
+            "shape": shape,
+            "bias_norm": float(bias.norm()) if bias is not None else None,
+            "singular_values": spectrum.singular_values.tolist(),
+        }
     )
 
 

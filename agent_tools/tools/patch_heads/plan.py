@@ -51,14 +51,6 @@ from agent_tools.tools.patch_heads.narrative import Patched, findings, summary
 MIN_LOGIT_GAP = 1e-4  # clean and corrupted logit differences closer than this leave nothing to restore
 
 
-def _encode_pair(inspector: Inspector, loaded: LoadedModel, args: PatchHeadsInput) -> tuple[Encoded, Encoded]:
-    return encode_pair(inspector, loaded, args.clean, args.corrupted)
-
-
-def _answer_ids(loaded: LoadedModel, args: PatchHeadsInput, clean: torch.Tensor, corrupted: torch.Tensor) -> tuple:
-    return answer_ids(loaded, args.answer, args.wrong, clean, corrupted)
-
-
 def _differences(chosen: torch.Tensor) -> torch.Tensor:
     """(R, k) last-position logits of (answer, wrong, ...) -> (R,) logit(answer) − logit(wrong)."""
     return (chosen[:, 0] - chosen[:, 1]).double()
@@ -101,7 +93,7 @@ def _pair(
 ) -> _Pair:
     """The answer tokens and logit differences of both runs ((V,) logits each); refuse a gap too small to divide by."""
     clean, corrupted = prompts
-    answer, wrong = _answer_ids(loaded, args, logits[0], logits[1])
+    answer, wrong = answer_ids(loaded, args.answer, args.wrong, logits[0], logits[1])
     ld_clean = float(logits[0][answer] - logits[0][wrong])
     ld_corrupted = float(logits[1][answer] - logits[1][wrong])
     threshold = max(MIN_LOGIT_GAP, minimum_gap(logits[0]))
@@ -113,8 +105,18 @@ def _pair(
             "restore; corrupt the information the answer depends on, or choose answer/wrong tokens that differ"
         )
         raise InvalidInputError(msg, field="corrupted")
-    first = int((clean.input_ids[0] != corrupted.input_ids[0]).nonzero()[0])
-    return _Pair(clean, corrupted, first, answer, wrong, ld_clean, ld_corrupted, threshold, sources, logits[1])
+    return _Pair(
+        clean,
+        corrupted,
+        _first_difference(prompts),
+        answer,
+        wrong,
+        ld_clean,
+        ld_corrupted,
+        threshold,
+        sources,
+        logits[1],
+    )
 
 
 def _exact_pair(loaded: LoadedModel, args: PatchHeadsInput, prompts: tuple) -> _Pair:
@@ -155,7 +157,7 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
     if not loaded.facts.is_language_model:
         raise InvalidInputError(f"model {loaded.name!r} has no next-token head; patch_heads needs a language model")
     layers = inspector.check_layers(loaded, args.layers, stack, "layers")
-    prompts = _encode_pair(inspector, loaded, args)
+    prompts = encode_pair(inspector, loaded, args.clean, args.corrupted)
     method = _method(loaded, args, layers, prompts[0].length - _first_difference(prompts))
     attribution = None
     if method == "attribution":
@@ -342,7 +344,7 @@ def _attribution(
 
     def metric(clean: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         if not resolved:
-            answer, wrong = _answer_ids(loaded, args, clean, logits[0].detach())
+            answer, wrong = answer_ids(loaded, args.answer, args.wrong, clean, logits[0].detach())
             resolved.update(answer=answer, wrong=wrong)
         return logits[:, resolved["answer"]] - logits[:, resolved["wrong"]]
 

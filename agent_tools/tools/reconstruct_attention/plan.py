@@ -186,23 +186,21 @@ def _stage_report(
         )
         for q, (key, weight) in enumerate(zip(measures.top_key.tolist(), measures.top_weight.tolist(), strict=True))
     ]
-    return StageReport(
-        stage=number,
-        name=stage.stage,
-        added=added,
-        scale=stage.scale,
-        divisor=stage.divisor,
-        masked=masked,
-        mean_entropy=measures.mean_entropy,
-        mean_normalised_entropy=measures.mean_normalised_entropy,
-        mean_max_weight=measures.mean_max_weight,
-        self_share=measures.self_share,
-        logit_std=measures.logit_std,
-        mean_js_to_model=js,
-        masked_js_to_model=masked_js,
-        top_key_agreement=top_key_agreement(stage.weights, model_map),
-        top_keys=top_keys,
-        png_path=png_path,
+    return StageReport.model_validate(
+        vars(measures)  # its entropy, peak, self-share and logit spread, by the row's names
+        | {
+            "stage": number,
+            "name": stage.stage,
+            "added": added,
+            "scale": stage.scale,
+            "divisor": stage.divisor,
+            "masked": masked,
+            "mean_js_to_model": js,
+            "masked_js_to_model": masked_js,
+            "top_key_agreement": top_key_agreement(stage.weights, model_map),
+            "top_keys": top_keys,
+            "png_path": png_path,
+        }
     )
 
 
