@@ -13,6 +13,7 @@ from agent_tools.tools.ablate_heads.models import (
     DirectLogitAttribution,
     PositionEffect,
 )
+from agent_tools.wording import listed, random_heads
 
 BEYOND_RULE = (
     f"beyond chance: more than max({BASELINE_SPREAD_MULTIPLE:g} × the draws' sd, {EFFECT_FLOOR:g}) from their mean"
@@ -51,11 +52,6 @@ class EmbeddingEffect:
     peak: float
 
 
-def heads_shown(heads: Sequence[str]) -> str:
-    """The first eight labels, then how many more."""
-    return ", ".join(heads[:8]) + (f" and {len(heads) - 8} more" if len(heads) > 8 else "")
-
-
 def position_findings(largest: Sequence[PositionEffect], *, embedding: bool) -> list[Finding]:
     """The three positions whose next-token distribution (an encoder: whose output embedding) moved most."""
     return [
@@ -72,16 +68,13 @@ def position_findings(largest: Sequence[PositionEffect], *, embedding: bool) -> 
     ]
 
 
-def _size_words(direction: str) -> str:
-    return {"raises": "beyond chance", "lowers": "beyond chance", "within": "within chance"}.get(direction, direction)
-
-
 def _baseline_words(baseline: AblationBaseline | None, unit: str) -> str:
     if baseline is None:
         return " (no random-head baseline: see notes)"
-    sets = "heads" if baseline.heads_per_draw == 1 else f"sets of {baseline.heads_per_draw} heads"
     mean, sd = baseline.effect
-    return f"; {baseline.draws} random {sets}: {mean:+.4f} ± {sd:.4f}{unit} — {_size_words(baseline.effect_direction)}"
+    chance = {"raises": "beyond chance", "lowers": "beyond chance", "within": "within chance"}
+    said = chance.get(baseline.effect_direction, baseline.effect_direction)
+    return f"; {random_heads(baseline.draws, baseline.heads_per_draw)}: {mean:+.4f} ± {sd:.4f}{unit} — {said}"
 
 
 def _top_text(report: AblationReport) -> str:
@@ -103,7 +96,7 @@ def _top_text(report: AblationReport) -> str:
 def next_token_summary(ablated: Ablated, report: AblationReport, baseline: AblationBaseline | None) -> str:
     """The loss change in words against random heads, the KL against theirs, where it peaks, the top next token:
     from the report's (rounded) numbers."""
-    who = f"Removing {heads_shown(ablated.heads)} ({ablated.how}) on {ablated.tokens} tokens"
+    who = f"Removing {listed(ablated.heads, 8)} ({ablated.how}) on {ablated.tokens} tokens"
     if report.loss_clean is not None and report.loss_ablated is not None:
         change = report.loss_ablated - report.loss_clean
         way = "raises" if change > 0 else "lowers" if change < 0 else "leaves"
@@ -132,11 +125,10 @@ def embedding_baseline_text(baseline: AblationBaseline | None) -> str:
     """The pooled embedding change against random heads'."""
     if baseline is None:
         return " No random-head baseline (see notes)."
-    sets = "heads" if baseline.heads_per_draw == 1 else f"sets of {baseline.heads_per_draw} heads"
     mean, sd = baseline.effect
     word = {"raises": "larger than", "lowers": "smaller than", "within": "within the range of"}
     return (
-        f" {baseline.draws} random {sets} turn it by {mean:.4g} ± {sd:.4g}: "
+        f" {random_heads(baseline.draws, baseline.heads_per_draw)} turn it by {mean:.4g} ± {sd:.4g}: "
         f"{word.get(baseline.effect_direction, 'within the range of')} random heads."
     )
 
@@ -144,7 +136,7 @@ def embedding_baseline_text(baseline: AblationBaseline | None) -> str:
 def embedding_summary(ablated: Ablated, effect: EmbeddingEffect) -> str:
     """How far the pooled embedding turns, per token on average, and which token turned most."""
     return (
-        f"Removing {heads_shown(ablated.heads)} ({ablated.how}) on {ablated.tokens} tokens turns the mean-pooled "
+        f"Removing {listed(ablated.heads, 8)} ({ablated.how}) on {ablated.tokens} tokens turns the mean-pooled "
         f"embedding by 1 − cos = {effect.pooled:.4g}; per token {effect.mean:.4g} on average, most at position "
         f"{effect.peak_position} {effect.peak_token!r} ({effect.peak:.4g})."
     )

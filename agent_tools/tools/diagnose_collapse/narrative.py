@@ -21,6 +21,7 @@ from agent_tools.tools.diagnose_collapse.models import (
     GroupCheckRow,
     HeadCollapseRow,
 )
+from agent_tools.wording import random_heads
 
 
 @dataclass(frozen=True)
@@ -157,8 +158,7 @@ def _baseline_text(baseline: BaselineRow | None, method: str, unit: str) -> str:
     pair = baseline.mean_ablation if method == "mean" else baseline.resample_ablation
     if pair is None:
         return "no baseline"
-    what = "heads" if baseline.heads_per_draw == 1 else f"sets of {baseline.heads_per_draw} heads"
-    return f"{baseline.draws} random {what}: {pair[0]:+.4f} ± {pair[1]:.4f}{unit}"
+    return f"{random_heads(baseline.draws, baseline.heads_per_draw)}: {pair[0]:+.4f} ± {pair[1]:.4f}{unit}"
 
 
 def _unit(check: CollapseCheck) -> str:

@@ -13,6 +13,7 @@ from agent_tools.tools.patch_heads.models import (
     LayerPatchResult,
     SetPatch,
 )
+from agent_tools.wording import head_name, head_names
 
 POSITIONS_SHOWN = 3
 NO_CHANGE = 0.005  # |restored| below half a percent moves the logit difference neither way
@@ -75,7 +76,9 @@ def _attribution_text(check: AttributionCheck) -> str:
         if check.missed is not None
         else ""
     )
-    saturated = f"; AtP* recomputed the saturated softmax of {_listed(check.saturated)}" if check.saturated else ""
+    saturated = (
+        f"; AtP* recomputed the saturated softmax of {head_names(check.saturated, 4)}" if check.saturated else ""
+    )
     return (
         f" Ranked by attribution patching ({check.estimated} heads estimated by gradients{saturated}; "
         f"{check.verified_top} "
@@ -84,20 +87,14 @@ def _attribution_text(check: AttributionCheck) -> str:
     )
 
 
-def _listed(labels: list[str], shown: int = 4) -> str:
-    """``"layer.head"`` labels as ``L1H0, L2H3`` (the first ``shown``, then how many more)."""
-    more = f" and {len(labels) - shown} more" if len(labels) > shown else ""
-    return ", ".join("L" + label.replace(".", "H") for label in labels[:shown]) + more
-
-
-def _head(result: HeadPatchResult) -> str:
-    return f"L{result.layer}H{result.head}"
+def _head(result: HeadPatchResult | HeadPositions) -> str:
+    return head_name(result.layer, result.head)
 
 
 def _positions_text(item: HeadPositions, tokens_first: int = POSITIONS_SHOWN) -> str:
     ranked = sorted(item.positions, key=lambda p: -abs(p.restored))[:tokens_first]
     shown = ", ".join(f"{p.position} {p.token!r} ({p.restored:.0%})" for p in ranked if abs(p.restored) >= 0.005)
-    return f"L{item.layer}H{item.head} at {shown}" if shown else f"L{item.layer}H{item.head} at no single position"
+    return f"{_head(item)} at {shown or 'no single position'}"
 
 
 def summary(numbers: Patched) -> str:
@@ -162,8 +159,7 @@ def findings(numbers: Patched) -> list[Finding]:
                 position=peak.position,
                 token=peak.token,
                 value=peak.restored,
-                detail=f"L{item.layer}H{item.head} restores most at position {peak.position} {peak.token!r} "
-                f"({peak.restored:.1%})",
+                detail=f"{_head(item)} restores most at position {peak.position} {peak.token!r} ({peak.restored:.1%})",
             )
         )
     if numbers.attribution is not None:
