@@ -177,32 +177,19 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
     top = [r.model_copy(update={"size": effect_size(r.restored, _raw(single))}) for r in ranked[: args.top_k]]
     top_set = _top_set(inspector, loaded, pair, layers, top)
     positions = _positions(inspector, loaded, pair, top) if args.per_position else []
-    numbers = Patched(
-        answer=str(loaded.tokenizer.decode([pair.answer])),
-        wrong=str(loaded.tokenizer.decode([pair.wrong])),
-        clean=pair.ld_clean,
-        corrupted=pair.ld_corrupted,
-        heads=len(layers) * loaded.facts.num_heads,
-        top=top,
-        layers=layer_rows,
-        positions=positions,
-        single=single,
-        top_set=top_set,
-        attribution=attribution,
-    )
     differing = (pair.clean.input_ids[0] != pair.corrupted.input_ids[0]).nonzero().flatten().tolist()
     set_rows = (1 + SET_DRAWS) if top_set is not None else 0
     mlp_rows = sum(r.mlp_exact is not None for r in attribution.layers) if attribution is not None else 0
-    return PatchReport(
+    report = PatchReport(
         model=loaded.name,
-        summary=summary(numbers),
-        findings=findings(numbers),
+        summary="",
+        findings=[],
         tokens=pair.clean.length,
         first_difference=pair.first,
         differing_positions=differing,
-        answer=numbers.answer,
+        answer=str(loaded.tokenizer.decode([pair.answer])),
         answer_id=pair.answer,
-        wrong=numbers.wrong,
+        wrong=str(loaded.tokenizer.decode([pair.wrong])),
         wrong_id=pair.wrong,
         logit_difference_clean=pair.ld_clean,
         logit_difference_corrupted=pair.ld_corrupted,
@@ -225,6 +212,8 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
         + len(top) * (pair.clean.length - pair.first) * bool(positions),
         next_calls=_next_calls(loaded, args, top),
     )
+    numbers = Patched(report, pair.ld_clean, pair.ld_corrupted, heads=len(layers) * loaded.facts.num_heads)
+    return report.model_copy(update={"summary": summary(numbers), "findings": findings(numbers)})
 
 
 def _raw(reference: Baseline) -> SizeBaseline:
