@@ -51,11 +51,6 @@ from agent_tools.tools.patch_heads.narrative import Patched, findings, summary
 MIN_LOGIT_GAP = 1e-4  # clean and corrupted logit differences closer than this leave nothing to restore
 
 
-def _differences(chosen: torch.Tensor) -> torch.Tensor:
-    """(R, k) last-position logits of (answer, wrong, ...) -> (R,) logit(answer) − logit(wrong)."""
-    return (chosen[:, 0] - chosen[:, 1]).double()
-
-
 @dataclass(frozen=True)
 class _Pair:
     """The two prompts, where they first differ, the answer tokens and the logit differences to restore."""
@@ -80,7 +75,8 @@ class _Pair:
 
     def restored(self, read: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """What :attr:`readout` kept of R patched rows -> (R,) restored fractions, (R,) logit differences."""
-        differences = _differences(read[0].cpu())  # one copy; float64 only on the CPU
+        chosen = read[0].cpu()  # (R, k) logits of (answer, wrong, ...): one copy; float64 only on the CPU
+        differences = (chosen[:, 0] - chosen[:, 1]).double()  # (R,) logit(answer) − logit(wrong)
         return restored_fraction(differences, self.ld_clean, self.ld_corrupted), differences
 
 
@@ -174,7 +170,8 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
     ranked = sorted(head_rows, key=lambda r: -abs(r.restored))
     chosen = {(r.layer, r.head) for r in ranked[: args.top_k]}
     single = _baseline([r.restored for r in sample if (r.layer, r.head) not in chosen], 1)
-    top = [r.model_copy(update={"size": effect_size(r.restored, _raw(single))}) for r in ranked[: args.top_k]]
+    sized = SizeBaseline(mean=single.mean, spread=single.spread, draws=single.draws, size=single.heads)
+    top = [r.model_copy(update={"size": effect_size(r.restored, sized)}) for r in ranked[: args.top_k]]
     top_set = _top_set(inspector, loaded, pair, layers, top)
     positions = _positions(inspector, loaded, pair, top) if args.per_position else []
     differing = (pair.clean.input_ids[0] != pair.corrupted.input_ids[0]).nonzero().flatten().tolist()
@@ -214,10 +211,6 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
     )
     numbers = Patched(report, pair.ld_clean, pair.ld_corrupted, heads=len(layers) * loaded.facts.num_heads)
     return report.model_copy(update={"summary": summary(numbers), "findings": findings(numbers)})
-
-
-def _raw(reference: Baseline) -> SizeBaseline:
-    return SizeBaseline(mean=reference.mean, spread=reference.spread, draws=reference.draws, size=reference.heads)
 
 
 def _baseline(values: list[float], size: int) -> Baseline:

@@ -448,21 +448,17 @@ def _evidence_input(role: HeadRole) -> MeasuredOn:
     return "probe" if ROLES[role].ablation_check == "probe_second_copy_loss" else ROLES[role].measured_on
 
 
+@dataclass
 class _Evidence:
     """Mean-ablation of single heads against random heads, per input: one recorded clean run gives every head's
     mean output, then one batched forward patches each tested head and each random head in a row of its own."""
 
-    def __init__(
-        self,
-        inspector: Inspector,
-        loaded: LoadedModel,
-        measured: _Measured,
-        text: _TextPass | None,
-        args: ProfileHeadsInput,
-        num_layers: int,
-    ) -> None:
-        self.inspector, self.loaded, self.measured, self.text = inspector, loaded, measured, text
-        self.args, self.num_layers = args, num_layers
+    inspector: Inspector
+    loaded: LoadedModel
+    measured: _Measured
+    text: _TextPass | None
+    args: ProfileHeadsInput
+    num_layers: int
 
     def measure(self, wanted: Mapping[HeadRole, list[Head]]) -> dict[tuple[MeasuredOn, int, int], AblationEvidence]:
         found: dict[tuple[MeasuredOn, int, int], AblationEvidence] = {}
