@@ -21,6 +21,7 @@ from agent_tools.loading import (  # the loader's own checks, so a bad source re
     _refuse_remote_code,
     bundled_aliases,
     resolve_reference,
+    unreadable_folder,
 )
 from agent_tools.placement import (
     cache_key,
@@ -55,16 +56,6 @@ def stack_description(stack: StackFacts) -> StackDescription:
     return StackDescription.model_validate(asdict(stack) | {"scaling_ratio": ratio, "causal": stack.is_causal})
 
 
-def _unreadable(source: ModelSource, exc: Exception) -> ModelNotFoundError:
-    """A folder (or config) the loader could not read, named with the first line of why."""
-    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    msg = (
-        f"could not load model folder {source.reference!r}: {reason} "
-        "Give a complete model folder (config, weights, tokenizer) of a supported family."
-    )
-    return ModelNotFoundError(msg, field="model")
-
-
 def source_config(source: ModelSource) -> object:
     """A source's config, read without any weight: config.json, a GGUF file's metadata, or the hub cache's."""
     from transformers import AutoConfig
@@ -86,7 +77,7 @@ def source_config(source: ModelSource) -> object:
         )
         raise ModelNotFoundError(msg, field="model") from exc
     except (ValueError, KeyError) as exc:
-        raise _unreadable(source, exc) from exc
+        raise unreadable_folder(source, exc) from exc
 
 
 @dataclass(frozen=True)
@@ -123,7 +114,7 @@ def _described(inspector: Inspector, reference: str | None) -> _Described:
         model = meta_model(config)
         facts = read_facts(model)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise _unreadable(source, exc) from exc
+        raise unreadable_folder(source, exc) from exc
     dtype = resolve_dtype(placement, config)
     device = resolve_device(placement) if placement.device_map is None else "auto"
     folder = source.path if source.kind == "folder" else None
