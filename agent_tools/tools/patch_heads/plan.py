@@ -241,15 +241,6 @@ def _patch_heads_exactly(
     return head_rows, layer_rows
 
 
-def _head_set(heads: list[tuple[int, int]]) -> HeadPatch:
-    """One row patching every head of ``heads`` (any layers) together."""
-    ordered = sorted(heads)
-    first = ordered[0][0]
-    return HeadPatch(
-        first, tuple(h for layer, h in ordered if layer == first), also=tuple(x for x in ordered if x[0] != first)
-    )
-
-
 def _top_set(
     inspector: Inspector, loaded: LoadedModel, pair: _Pair, layers: list[int], top: list[HeadPatchResult]
 ) -> SetPatch | None:
@@ -261,7 +252,7 @@ def _top_set(
         return None
     generator = random.Random(SEED)
     draws = [generator.sample(pool, len(chosen)) for _ in range(SET_DRAWS)]
-    patches = [_head_set(chosen)] + [_head_set(draw) for draw in draws]
+    patches = [HeadPatch.together(chosen)] + [HeadPatch.together(draw) for draw in draws]
     outputs = inspector.patched_outputs(
         loaded, pair.corrupted, patches, readout=pair.readout, sources=pair.sources, prefix=pair.first
     )
