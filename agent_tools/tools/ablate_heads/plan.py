@@ -7,6 +7,7 @@ import torch
 from agent_tools.ablation_check import ResampleSource, measure_head_sets, random_sets, resample_source
 from agent_tools.analysis.ablation import Baseline, compare_with_baseline, cosine_change, size_against, top_token_change
 from agent_tools.analysis.metrics import kl_divergence, next_token_losses
+from agent_tools.clean_corrupted import single_token
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
@@ -155,12 +156,7 @@ def _target_token(loaded: LoadedModel, text: str | None) -> int | None:
     if not loaded.facts.is_language_model:
         msg = f"target_token needs a causal LM; {loaded.name!r} has no next-token head"
         raise InvalidInputError(msg, field="target_token")
-    ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        pieces = [str(loaded.tokenizer.decode([i])) for i in ids]
-        msg = f"target_token {text!r} is {len(ids)} tokens ({pieces}) for {loaded.name!r}; give exactly one token"
-        raise InvalidInputError(msg, field="target_token")
-    return int(ids[0])
+    return single_token(loaded, text, "target_token")
 
 
 def _direct_logits(
