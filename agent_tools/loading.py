@@ -761,13 +761,19 @@ def _load_source(source: ModelSource, placement: Placement) -> tuple[nn.Module, 
         except AttentionToolError:
             raise
         except (OSError, ValueError, KeyError) as exc:
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # transformers adds install advice
-            msg = (
-                f"could not load model folder {source.reference!r}: {reason} "
-                "Give a complete model folder (config, weights, tokenizer) of a supported family."
-            )
-            raise ModelNotFoundError(msg, field="model") from exc
+            raise unreadable_folder(source, exc) from exc
     return _load_hub(source, placement)
+
+
+def unreadable_folder(source: ModelSource, exc: Exception) -> ModelNotFoundError:
+    """A model folder (or config) that could not be read, named with the first line of why (transformers adds
+    install advice after it); describe_model refuses in the same words."""
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    msg = (
+        f"could not load model folder {source.reference!r}: {reason} "
+        "Give a complete model folder (config, weights, tokenizer) of a supported family."
+    )
+    return ModelNotFoundError(msg, field="model")
 
 
 def _load_hub(source: ModelSource, placement: Placement) -> tuple[nn.Module, PreTrainedTokenizerBase, int | None]:

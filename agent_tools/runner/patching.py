@@ -49,6 +49,14 @@ class HeadPatch:
         if any(layer < self.layer for layer, _ in self.also):
             raise ValueError("a patch's extra heads must be in its layer or later ones (the row joins at its layer)")
 
+    @classmethod
+    def together(cls, heads: Sequence[tuple[int, int]]) -> HeadPatch:
+        """One row patching every (layer, head) of ``heads`` (any layers) together."""
+        ordered = sorted(heads)
+        first = ordered[0][0]
+        also = tuple(x for x in ordered if x[0] != first)
+        return cls(first, tuple(h for layer, h in ordered if layer == first), also=also)
+
     def by_layer(self) -> dict[int, list[int]]:
         """Layer -> the heads this row replaces there."""
         chosen: dict[int, list[int]] = {self.layer: list(self.heads)}
