@@ -112,10 +112,7 @@ def check_indices(values: Sequence[int] | None, count: int, name: str, *, where:
     seen: set[int] = set()
     duplicates: set[int] = set()
     for value in items:
-        if where:
-            check_index(value, count, name, where=where)
-        else:
-            check_index(value, count, name)
+        check_index(value, count, name, where=where)
         (duplicates if value in seen else seen).add(value)
     if duplicates:
         raise InvalidInputError(

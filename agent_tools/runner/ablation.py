@@ -81,11 +81,8 @@ def ablated_forward(
 def _run(loaded: LoadedModel, ids: Tensor, logits_to_keep: int | None = None) -> object:
     """The model on ``ids`` without a cache; an encoder–decoder's encoder alone. With ``logits_to_keep`` a
     language model's head sees only the last that many positions."""
-    if loaded.facts.is_encoder_decoder:
-        return encoder_of(loaded)(input_ids=ids)
-    if logits_to_keep is not None and loaded.facts.is_language_model:
-        return loaded.model(input_ids=ids, use_cache=False, logits_to_keep=logits_to_keep)
-    return loaded.model(input_ids=ids, use_cache=False)
+    keep = {"logits_to_keep": logits_to_keep} if logits_to_keep is not None and loaded.facts.is_language_model else {}
+    return patching.encoder_or_model(loaded, ids, {"use_cache": False, **keep})
 
 
 def _head_outputs(loaded: LoadedModel, ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:

@@ -61,6 +61,15 @@ def _returned_cache(output: object) -> object:
     return cache if cache is not None else getattr(output, "past_key_values", None)
 
 
+def cache_layers(output: object) -> list[tuple[Tensor, Tensor]] | None:
+    """Per layer the (B, Hkv, T, D) keys and values of the KV cache a forward returned (None: not a cache whose
+    layers hold plain tensors, so it cannot be sliced and reused)."""
+    layers = getattr(_returned_cache(output), "layers", None)
+    if not layers or not all(isinstance(getattr(layer, "keys", None), Tensor) for layer in layers):
+        return None
+    return [(layer.keys, layer.values) for layer in layers]
+
+
 def greedy_generate(
     loaded: LoadedModel,
     input_ids: Tensor,
