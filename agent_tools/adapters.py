@@ -315,7 +315,7 @@ class FalconAdapter(FamilyAdapter):
                 raise UnsupportedModelError("rotary Falcon layer called without position embeddings")
             cos, sin = position_embeddings
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            query, key = query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+            query, key = query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
         if layer_past is not None:
             key, value = layer_past.update(key, value, module.layer_idx)
         if module.new_decoder_architecture:
@@ -342,7 +342,9 @@ class FalconAdapter(FamilyAdapter):
         return module.dense(context), weights
 
 
-def _rotate_half(x: Tensor) -> Tensor:
+def rotate_half(x: Tensor) -> Tensor:
+    """(..., d) -> (..., d): the two halves of the last dimension swapped, the second negated (transformers'
+    ``rotate_half``, the pairing of rotary position embeddings)."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 

@@ -27,6 +27,7 @@ from typing import Literal, TypeGuard, get_args
 import torch
 from torch import Tensor, nn
 
+from agent_tools.adapters import rotate_half
 from agent_tools.errors import UnsupportedModelError
 from agent_tools.families import ModelFacts, StackFacts, find_attention_modules, read_facts
 
@@ -427,6 +428,4 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """
     rotary = cos.shape[-1]
     x_rot, x_pass = x[..., :rotary], x[..., rotary:]
-    half = rotary // 2
-    rotated_half = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
-    return torch.cat((x_rot * cos + rotated_half * sin, x_pass), dim=-1)
+    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
