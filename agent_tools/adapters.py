@@ -55,7 +55,7 @@ def _additive(mask: Tensor, dtype: torch.dtype, *, allowed_when: bool = True) ->
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(blocked, torch.finfo(dtype).min)
 
 
-def _float_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+def float_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     """The mask an eager-style family adds to its scores (bool masks mean True = may read)."""
     if mask is None or mask.dtype != torch.bool:
         return mask
@@ -191,7 +191,7 @@ class BloomAdapter(FamilyAdapter):
         bias = alibi.view(batch, module.num_heads, -1, alibi.shape[-1])  # (B, H, 1, Tk): slope·position
         bias = bias.expand(batch, module.num_heads, length, keys)  # (B, H, q, Tk)
         output, weights = attention_fn(
-            module, query, key, value, _float_mask(attention_mask, query.dtype),
+            module, query, key, value, float_mask(attention_mask, query.dtype),
             scaling=self.scaling(module), dropout=module.attention_dropout.p if module.training else 0.0,
             position_bias=bias, score_terms=(ALIBI,),
         )  # fmt: skip
@@ -324,7 +324,7 @@ class FalconAdapter(FamilyAdapter):
             key, value = key[:, ::groups], value[:, ::groups]  # (B, Hkv, Tk, D)
         keys = key.shape[-2]
         bias: Tensor | None = None
-        mask = _float_mask(attention_mask, query.dtype)
+        mask = float_mask(attention_mask, query.dtype)
         if alibi is not None:
             if mask is None or mask.dim() != 4:
                 msg = "Falcon ALiBi layer without a materialised 4-D mask (flash attention?): cannot be captured"

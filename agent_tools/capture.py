@@ -33,7 +33,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import AttentionInterface
 
-from agent_tools.adapters import adapter_for
+from agent_tools.adapters import adapter_for, float_mask
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.families import RELATIVE_POSITION_BIAS, SELF, SINK_LOGIT, attention_stacks, default_stack_name
 
@@ -455,13 +455,8 @@ def capture_attention_forward(
 
 def _additive_mask(attention_mask: Tensor | None, dtype: torch.dtype, keys: int) -> Tensor | None:
     """The mask as the eager functions use it: additive (0 or dtype-min), cut to the keys of the call."""
-    if attention_mask is None:
-        return None
-    if attention_mask.dtype == torch.bool:
-        attention_mask = torch.zeros_like(attention_mask, dtype=dtype).masked_fill(
-            ~attention_mask, torch.finfo(dtype).min
-        )
-    return attention_mask[..., :keys]
+    mask = float_mask(attention_mask, dtype)
+    return None if mask is None else mask[..., :keys]
 
 
 def _captured_rows(
