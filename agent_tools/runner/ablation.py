@@ -21,8 +21,6 @@ from agent_tools.loading import LoadedModel
 from agent_tools.runner import patching
 from agent_tools.runner.forward import _mask_on_device, encoder_of, model_output, on_device
 
-ROWS_PER_BATCH = 64  # ablated rows per forward at most
-
 
 @dataclass(frozen=True)
 class AblationEffect:
@@ -111,9 +109,9 @@ class HeadSetAblation:
 def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int | None = None) -> int:
     """How many ablated rows of ``length`` tokens fit one forward within ``budget`` bytes: their activations and
     their output (a vocabulary row at each position, or at the last ``output_positions`` only), at most
-    ``ROWS_PER_BATCH`` (the row size is :func:`agent_tools.runner.patching.row_bytes`)."""
+    :data:`~agent_tools.runner.patching.BATCH_ROWS` (see :func:`agent_tools.runner.patching.rows_per_batch`)."""
     outputs = length if output_positions is None else min(length, output_positions)
-    return min(ROWS_PER_BATCH, patching.rows_per_batch(loaded, length, budget, output_positions=outputs))
+    return patching.rows_per_batch(loaded, length, budget, output_positions=outputs)
 
 
 def mean_head_outputs(loaded: LoadedModel, input_ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
@@ -133,7 +131,7 @@ def ablated_rows(
     *,
     replacements: Mapping[AblationMethod, Mapping[int, Tensor]],
     reduce: Reduce,
-    max_rows: int = ROWS_PER_BATCH,
+    max_rows: int = patching.BATCH_ROWS,
     logits_to_keep: int | None = None,
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
     """(1, T) ids and R head sets -> what ``reduce`` keeps of the clean output and of each ablated row's.

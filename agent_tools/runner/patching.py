@@ -31,7 +31,7 @@ from agent_tools.runner.forward import encoder_of, model_output, on_device
 from agent_tools.runner.generation import _cache_argument, cache_layers
 from agent_tools.runner.readout import Readout, stacked
 
-BATCH_ROWS = 64  # patched rows per forward at most (see the module docstring for why)
+BATCH_ROWS = 64  # patched (or ablated) rows per forward at most (see the module docstring for why)
 ROW_ACTIVATION_FLOATS = 24  # floats held per row, position and model width while a patched batch runs (estimate)
 
 
@@ -146,9 +146,10 @@ def _output_head(loaded: LoadedModel) -> torch.nn.Module | None:
 
 
 def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int = 1) -> int:
-    """How many patched rows of ``length`` tokens one forward may carry within ``budget`` bytes of activations and
-    of the batch's own output (``output_positions`` vocabulary rows per row, float32, while its readout runs)."""
-    return max(1, budget // max(row_bytes(loaded, length, output_positions=output_positions), 1))
+    """How many rows of ``length`` tokens one forward may carry within ``budget`` bytes of activations and of the
+    batch's own output (``output_positions`` vocabulary rows per row, float32, while its readout runs), at most
+    :data:`BATCH_ROWS` (patched, ablated and restricted rows alike)."""
+    return min(BATCH_ROWS, max(1, budget // max(row_bytes(loaded, length, output_positions=output_positions), 1)))
 
 
 def row_bytes(loaded: LoadedModel, length: int, *, output_positions: int = 1) -> int:
