@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from agent_tools.errors import InvalidInputError, ResourceLimitError
-from agent_tools.settings import readable_size
+from agent_tools.settings import CPU_BF16_ENV, cpu_bf16_switched_off, readable_size
 
 if TYPE_CHECKING:
     import torch
@@ -303,13 +303,14 @@ def cpu_bf16_flags() -> tuple[str, ...]:
 
 def resolve_dtype(placement: Placement, config: object | None = None) -> torch.dtype:
     """The dtype to load: the one asked for; ``auto`` = the checkpoint's own on an accelerator; on the CPU
-    bfloat16 where it has bfloat16 hardware (:func:`cpu_bf16_flags`), else float32 (see :func:`dtype_reason`)."""
+    bfloat16 where it has bfloat16 hardware (:func:`cpu_bf16_flags`) unless the operator switched that off
+    (``$ATTENTION_EXPLAINER_CPU_BF16=0``), else float32 (see :func:`dtype_reason`)."""
     import torch
 
     if placement.dtype != "auto":
         return getattr(torch, placement.dtype)
     if resolve_device(placement) == "cpu":
-        return torch.bfloat16 if cpu_bf16_flags() else torch.float32
+        return torch.bfloat16 if cpu_bf16_flags() and not cpu_bf16_switched_off() else torch.float32
     own = checkpoint_dtype(config)
     return own if own in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
 
@@ -322,8 +323,11 @@ def dtype_reason(placement: Placement, config: object | None = None) -> str:
     if resolve_device(placement) != "cpu":
         return f"{chosen}: auto on an accelerator runs the checkpoint's own precision"
     flags = cpu_bf16_flags()
+    found = ", ".join(flags)
+    if flags and cpu_bf16_switched_off():
+        return f"{chosen}: auto on a CPU whose bfloat16 hardware ({found}) is switched off ({CPU_BF16_ENV}=0)"
     if flags:
-        return f"{chosen}: auto on a CPU with bfloat16 hardware ({', '.join(flags)})"
+        return f"{chosen}: auto on a CPU with bfloat16 hardware ({found})"
     return (
         f"{chosen}: auto on a CPU without bfloat16 hardware (no {' or '.join(CPU_BF16_FLAGS)} flag: bfloat16 emulated)"
     )

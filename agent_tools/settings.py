@@ -12,6 +12,9 @@ from pathlib import Path
 DEFAULT_MODEL = "smollm2-135m-instruct"
 CACHE_ENV = "ATTENTION_EXPLAINER_CACHE"
 ARTIFACTS_ENV = "ATTENTION_EXPLAINER_ARTIFACTS"
+# "0": dtype auto on a CPU stays float32 even where the CPU has bfloat16 hardware (the same numbers on every
+# machine; the test suite sets it, its 1e-5 parity checks are float32's)
+CPU_BF16_ENV = "ATTENTION_EXPLAINER_CPU_BF16"
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3  # bytes a single call may hold in maps it keeps
 
 
@@ -35,3 +38,8 @@ def readable_size(count: float) -> str:
             value = count / scale
             return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
     return f"{int(count)} B"
+
+
+def cpu_bf16_switched_off() -> bool:
+    """Whether the operator switched off bfloat16 for ``auto`` on the CPU (``$ATTENTION_EXPLAINER_CPU_BF16=0``)."""
+    return os.environ.get(CPU_BF16_ENV, "").strip().lower() in {"0", "false", "no", "off"}

@@ -18,6 +18,10 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# auto stays float32 on CPUs with bfloat16 hardware (AMX, AVX-512 BF16), here and in the CLI and MCP subprocesses
+# the tests start: the parity checks (1e-5) and the numbers the tests pin are float32's, on every machine.
+# tests/test_placement.py covers the bfloat16 choice itself with this unset.
+os.environ["ATTENTION_EXPLAINER_CPU_BF16"] = "0"
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest

@@ -185,7 +185,10 @@ def test_attribution_recalls_exact_patching_top_heads_on_the_default_model(smol,
     candidates = [(h.layer, h.head) for h in attribution.heads[:10]]  # the estimate's top 10, patched exactly
     assert len(exact_top & set(candidates)) >= 8
     values = {(h.layer, h.head): h.restored for h in exact.heads}
-    assert all(values[(h.layer, h.head)] == pytest.approx(h.restored, abs=1e-3) for h in attribution.heads)
+    # the same patch in another batch: float32 agrees to 1e-3 of the gap; bfloat16 (auto on a CPU with bfloat16
+    # hardware) rounds logits of ~7 to 2**-5, and the rows' batch changes the matmuls' rounding: measured 0.015
+    tolerance = 1e-3 if exact.dtype == "float32" else 0.03
+    assert all(values[(h.layer, h.head)] == pytest.approx(h.restored, abs=tolerance) for h in attribution.heads)
     assert check.recall >= 8 and check.k == 10
 
 

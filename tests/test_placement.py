@@ -443,11 +443,18 @@ def test_describe_model_answers_from_a_config_only_folder(
 
 
 def test_auto_dtype_on_the_cpu_follows_its_bfloat16_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
-    """auto on a CPU: bfloat16 with AMX or AVX-512 BF16, float32 without; the reason names what was found."""
+    """auto on a CPU: bfloat16 with AMX or AVX-512 BF16, float32 without or where the operator switched it off
+    ($ATTENTION_EXPLAINER_CPU_BF16=0, which the suite sets); the reason names what was found."""
+    monkeypatch.delenv("ATTENTION_EXPLAINER_CPU_BF16")
     monkeypatch.setattr(pl, "cpu_bf16_flags", lambda: ("amx_bf16",))
     assert pl.resolve_dtype(Placement(device="cpu")) == torch.bfloat16
     assert pl.cache_key(Placement(device="cpu")).startswith("bfloat16@cpu")
     assert "bfloat16 hardware (amx_bf16)" in pl.dtype_reason(Placement(device="cpu"))
+    monkeypatch.setenv("ATTENTION_EXPLAINER_CPU_BF16", "0")
+    assert pl.resolve_dtype(Placement(device="cpu")) == torch.float32
+    assert pl.dtype_reason(Placement(device="cpu")) == (
+        "float32: auto on a CPU whose bfloat16 hardware (amx_bf16) is switched off (ATTENTION_EXPLAINER_CPU_BF16=0)"
+    )
     monkeypatch.setattr(pl, "cpu_bf16_flags", lambda: ())
     assert pl.resolve_dtype(Placement(device="cpu")) == torch.float32
     assert "without bfloat16 hardware" in pl.dtype_reason(Placement(device="cpu"))
