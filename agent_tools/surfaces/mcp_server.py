@@ -66,10 +66,9 @@ from agent_tools.mcp_front import MAX_JSON_DEPTH, MAX_LINE_BYTES, SERVER_NAME, T
 from agent_tools.mcp_front import server_instructions as server_instructions
 from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import TOPICS, Topic, explanation_template, system_prompt, topic_file
-from agent_tools.surfaces import agent_input_model, concise_text, error_text, heap
+from agent_tools.surfaces import agent_input_schema, concise_text, error_text, heap
 from agent_tools.surfaces.declarations import OUTPUT_SCHEMA_BUDGET as OUTPUT_SCHEMA_BUDGET
 from agent_tools.surfaces.declarations import agent_schema, output_schema
-from agent_tools.surfaces.portable import portable_schema
 from agent_tools.tool_declarations import served_names, tool_declarations
 
 if TYPE_CHECKING:  # the inspector and the tools import torch: they load in the background (see Backend)
@@ -103,9 +102,9 @@ CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
 
 # --- schemas ---------------------------------------------------------------------------------------------------
 def input_schema(spec: ToolSpec, inspector: Inspector) -> dict[str, Any]:
-    """The JSON schema of the tool's arguments as this session's agent sees them (``model`` narrowed to the
-    allow-list), in the ``mcp`` flavour: every ``$ref`` inlined (some clients cannot resolve references)."""
-    return portable_schema(agent_input_model(spec, inspector.policy), "mcp")
+    """The JSON schema of the tool's arguments as this session's agent sees them (:func:`agent_input_schema`:
+    ``$ref``-free, some clients cannot resolve references; the shared arguments in their compact forms)."""
+    return agent_input_schema(spec, inspector.policy)
 
 
 def mcp_tool(spec: ToolSpec, inspector: Inspector) -> types.Tool:
@@ -210,7 +209,7 @@ def build_server(
     return Server(
         SERVER_NAME,
         version=__version__,
-        instructions=server_instructions(names, policy.default),
+        instructions=server_instructions(names, policy),
         lifespan=_lifespan(backend),
         on_list_tools=tool_handlers[0],
         on_call_tool=tool_handlers[1],

@@ -25,7 +25,7 @@ from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy
 from agent_tools.placement import make_placement
 from agent_tools.schemas import Report
-from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
+from agent_tools.surfaces import agent_input_model, agent_input_schema, concise_text, error_text, select_tools
 from agent_tools.surfaces.portable import inline_refs, portable_schema, restore_omitted
 
 __all__ = ["ToolDispatcher", "dispatch", "inline_refs", "openai_tools", "parse_arguments"]
@@ -44,11 +44,12 @@ def openai_tools(
     policy = policy or ModelPolicy.bundled_only()
     declared = []
     for spec in select_tools(tools):
-        model = agent_input_model(spec, policy)
         function: dict[str, Any] = {"name": spec.name, "description": spec.description}
         if strict:
             function["strict"] = True
-        function["parameters"] = portable_schema(model, "openai-strict" if strict else "mcp")
+            function["parameters"] = portable_schema(agent_input_model(spec, policy), "openai-strict")
+        else:
+            function["parameters"] = agent_input_schema(spec, policy)
         declared.append({"type": "function", "function": function})
     return declared
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from agent_tools.tools.ablate_heads.models import (
     DESCRIPTION,
-    HEADS_DESCRIPTION,
     AblateHeadsInput,
     AblationReport,
     HeadRef,
@@ -20,7 +19,6 @@ from agent_tools.tools.ablate_heads.plan import ablate_heads
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
-    "HEADS_DESCRIPTION",
     "SPEC",
     "AblateHeadsInput",
     "AblationReport",
