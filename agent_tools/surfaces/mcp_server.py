@@ -205,7 +205,7 @@ def build_server(
     names = served_names(tools)
     backend = Backend(make_inspector, names, preload=preload)
     tool_handlers = _tool_handlers(backend, policy, text_content, call_timeout)
-    prompt_handlers = _prompt_handlers(names, policy.default)
+    prompt_handlers = _prompt_handlers(names, policy)
     return Server(
         SERVER_NAME,
         version=__version__,
@@ -502,7 +502,7 @@ def _list_length_problem(arguments: Any) -> InvalidInputError | None:
     return None
 
 
-def _prompt_handlers(tool_names: list[str], default_model: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _prompt_handlers(tool_names: list[str], policy: ModelPolicy) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``prompts/list`` and ``prompts/get``: the system prompt and one explanation template per topic,
     mentioning only the tools served. Built at the first prompts request (LangChain's templates take a moment
     to import: ``initialize`` does not wait for them)."""
@@ -514,7 +514,7 @@ def _prompt_handlers(tool_names: list[str], default_model: str) -> tuple[Callabl
 
     @cache
     def system_text() -> str:
-        return system_prompt(tools=tool_names, default_model=default_model)
+        return system_prompt(tools=tool_names, policy=policy)
 
     async def list_prompts(_ctx: RequestContext, _params: types.PaginatedRequestParams | None) -> Any:
         return types.ListPromptsResult(prompts=list(prompts().values()))
