@@ -46,10 +46,11 @@ def select_tools(names: Iterable[str] | None = None) -> list[ToolSpec]:
 def agent_input_model(spec: ToolSpec, policy: ModelPolicy) -> type[BaseModel]:
     """The tool's input model as this session's agent sees it.
 
-    When the policy is an allow-list, ``model`` becomes an enum of the allowed references (so a client shows
-    the choices and the schema refuses paths). The tool's ``advanced`` arguments, and ``attention`` when every
-    allowed model has a single attention stack (the bundled models do), are left out of the schema to keep the
-    tool list small; they are still accepted. Validation otherwise is the declared model's, unchanged.
+    When the policy is an allow-list, ``model`` becomes an enum of the allowed references (validation refuses
+    paths; LangChain's and OpenAI strict schemas show the choices, :func:`agent_input_schema` a string). The
+    tool's ``advanced`` arguments, and ``attention`` when every allowed model has a single attention stack (the
+    bundled models do), are left out of the schema to keep the tool list small; they are still accepted.
+    Validation otherwise is the declared model's, unchanged.
     """
     declared: type[BaseModel] = spec.input_model
     hidden = [name for name in spec.advanced if name in declared.model_fields]
