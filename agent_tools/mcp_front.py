@@ -20,7 +20,9 @@ of a client that does not open with ``initialize`` (the 2026-07-28 protocol) —
 as it would have: later, never differently.
 
 Also here because the front needs them and must not import the SDK: the server's name, its instructions
-(:func:`server_instructions`) and the line limits the stdio transport enforces.
+(:func:`server_instructions`), its ``tools/list`` (:func:`tool_listing`, which the SDK server lists too), the
+line limits the stdio transport enforces, and the JSON-RPC checks (:func:`read_message`, :class:`RpcProblem`)
+the SDK server completes with those that need the SDK (unknown methods, parameters) for stdio lines and HTTP bodies.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import os
 import queue
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -64,6 +66,8 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # lone surrogates are the
 _REPLAY = b""  # the place of the client's initialize among the held lines (no real line is empty)
 _ABSENT = object()
 _MAX_EXACT_INT = 2**53  # ids beyond it are left to the SDK
+# JSON-RPC's error codes (as the SDK's ``types`` names them; here without importing it)
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 
 
 def server_instructions(tools: list[str], policy: ModelPolicy) -> str:
@@ -82,16 +86,20 @@ def valid_id(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def deeper_than(value: Any, limit: int) -> bool:
-    """Whether containers nest more than ``limit`` levels (iterative: deep input costs no recursion)."""
+def _nodes(value: Any) -> Iterator[tuple[Any, int]]:
+    """Every value inside a decoded JSON ``value``, itself included, with its depth (iterative: deep input costs
+    no recursion)."""
     pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
         item, depth = pending.pop()
+        yield item, depth
         children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        if children and depth > limit:
-            return True
         pending.extend((child, depth + 1) for child in children)
-    return False
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` levels."""
+    return any(depth > limit and isinstance(item, dict | list) and item for item, depth in _nodes(value))
 
 
 @cache
@@ -126,7 +134,9 @@ def wire_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def tool_listing(names: Iterable[str], policy: ModelPolicy) -> dict[str, Any]:
-    """The ``tools/list`` result for the tools served under ``policy``, as the SDK server writes it."""
+    """The ``tools/list`` result for the tools served under ``policy``, as the SDK server writes it (and lists it:
+    :func:`agent_tools.surfaces.mcp_server.declared_tool`). No title: clients show the name (18 titles were 540
+    bytes of ``tools/list``)."""
     declared = tool_declarations()
     tools = [
         {
@@ -154,16 +164,7 @@ def initialize_result(protocol_version: str, instructions: str, server_version: 
 def _plain_json(value: Any) -> bool:
     """Whether the standard library writes every number of ``value`` as the SDK (pydantic) does: floats without
     an exponent, no NaN or infinity (pydantic writes 1e-05 as 0.00001)."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, float) and any(c in repr(item) for c in "eEn"):
-            return False
-        if isinstance(item, dict):
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-    return True
+    return not any(isinstance(item, float) and any(c in repr(item) for c in "eEn") for item, _ in _nodes(value))
 
 
 def _dumps(value: Any) -> str:
@@ -198,29 +199,92 @@ def checked_initialize(params: Any) -> str | None:
     return requested
 
 
+class RpcProblem(Exception):
+    """A line that gets a JSON-RPC error answer from this server instead of reaching the SDK (which would drop it)."""
+
+    def __init__(self, code: int, message: str, request_id: str | int | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.request_id = code, message, request_id
+
+    def answer(self) -> str:
+        """The error response line (``id`` null when the request's id could not be read, as JSON-RPC says)."""
+        error = {"code": self.code, "message": self.message}
+        return json.dumps({"jsonrpc": "2.0", "id": self.request_id, "error": error}, ensure_ascii=False)
+
+
+def _lenient_id(raw: bytes) -> str | int | None:
+    """The id of a line that is JSON once its bad bytes are replaced, so the client's request still gets an
+    answer (an error: the replaced text itself is never analysed)."""
+    try:
+        value = json.loads(raw.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None
+    request_id = value.get("id") if isinstance(value, dict) else None
+    return request_id if valid_id(request_id) else None
+
+
+def read_message(raw: bytes) -> dict[str, Any] | None:
+    """The single JSON-RPC 2.0 message one line (or HTTP body) holds, as far as it can be checked without the SDK;
+    None for a blank line.
+
+    Raises :class:`RpcProblem` for what gets an error answer: not UTF-8 or not JSON (-32700); over
+    ``MAX_LINE_BYTES``, a batch, not an object, an id that is not a string or an integer, no ``"jsonrpc": "2.0"``,
+    nesting deeper than ``MAX_JSON_DEPTH``, a method that is not a string or ``params`` that are not an object
+    (-32600).
+    """
+    if len(raw) > MAX_LINE_BYTES:
+        raise RpcProblem(INVALID_REQUEST, f"Invalid Request: a message over {MAX_LINE_BYTES:,} bytes")
+    if not raw.strip():
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = f"Parse error: the message is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON"
+        raise RpcProblem(PARSE_ERROR, msg, _lenient_id(raw)) from exc
+    try:
+        value = json.loads(text)
+    except RecursionError as exc:
+        msg = f"Parse error: nested too deeply to parse; at most {MAX_JSON_DEPTH} levels are accepted"
+        raise RpcProblem(PARSE_ERROR, msg) from exc
+    except ValueError as exc:
+        raise RpcProblem(PARSE_ERROR, f"Parse error: not valid JSON ({exc})") from exc
+    if isinstance(value, list):
+        raise RpcProblem(INVALID_REQUEST, "Invalid Request: batches are not supported; send one message a line")
+    if not isinstance(value, dict):
+        raise RpcProblem(INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
+    request_id = value.get("id")
+    answer_id = request_id if valid_id(request_id) else None
+    if "id" in value and answer_id is None:
+        raise RpcProblem(INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
+    if value.get("jsonrpc") != "2.0":
+        raise RpcProblem(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', answer_id)
+    if deeper_than(value, MAX_JSON_DEPTH):
+        raise RpcProblem(INVALID_REQUEST, f"Invalid Request: nested deeper than {MAX_JSON_DEPTH} levels", answer_id)
+    if "method" in value:
+        if not isinstance(value["method"], str):
+            raise RpcProblem(INVALID_REQUEST, "Invalid Request: method must be a string", answer_id)
+        if value.get("params") is not None and not isinstance(value["params"], dict):
+            raise RpcProblem(INVALID_REQUEST, "Invalid Request: params must be an object", answer_id)
+    return value
+
+
 def plain_request(raw: bytes) -> tuple[str | int, str, Any] | None:
     """``(id, method, params)`` of a line holding one well-formed JSON-RPC request (``params`` is ``_ABSENT`` when
     the line has none); None for anything else (a notification, a response, a malformed line)."""
     if _SURROGATE_ESCAPE.search(raw):
         return None
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        value = read_message(raw)
+    except RpcProblem:
         return None
-    if not isinstance(value, dict) or value.get("jsonrpc") != "2.0":
+    if value is None or "id" not in value or "method" not in value:
         return None
-    if not set(value) <= {"jsonrpc", "id", "method", "params"}:
-        return None
-    request_id, method, params = value.get("id"), value.get("method"), value.get("params", _ABSENT)
-    if not isinstance(request_id, str | int) or not valid_id(request_id) or not isinstance(method, str):
+    request_id, params = value["id"], value.get("params", _ABSENT)
+    if not set(value) <= {"jsonrpc", "id", "method", "params"} or params is None:
         return None
     if isinstance(request_id, int) and abs(request_id) > _MAX_EXACT_INT:
         return None
-    if params is not _ABSENT and not isinstance(params, dict):
-        return None
-    if deeper_than(value, MAX_JSON_DEPTH):
-        return None
-    return request_id, method, params
+    return request_id, value["method"], params
 
 
 def needs_answer(raw: bytes) -> bool:

@@ -95,20 +95,9 @@ def shared_arguments(*, models: str | None = None) -> list[str]:
     return [line.replace("{models}", choices) for line in block.splitlines()[1:]]
 
 
-def _served(tools: Iterable[str] | None) -> list[str]:
-    if tools is None:
-        return served_names()
-    names = list(tools)
-    declared = tool_declarations()
-    unknown = [n for n in names if n not in declared]
-    if unknown:
-        raise InvalidInputError(f"unknown tool(s) {unknown}; tools: {', '.join(declared)}", field="tools")
-    return names
-
-
 def render_tool_mentions(text: str, tools: Iterable[str] | None = None) -> str:
     """Replace ``[[tool]]`` with `` `tool` ``; drop each line that mentions a tool not served."""
-    served = set(_served(tools))
+    served = set(served_names(tools))
     kept = []
     for line in text.splitlines():
         mentioned = TOOL_MARKER.findall(line)
@@ -132,7 +121,7 @@ def tool_catalogue(tools: Iterable[str] | None = None) -> str:
     """One Markdown bullet per served tool: name, description, arguments (required ones marked)."""
     lines = []
     declared = tool_declarations()
-    for name in _served(tools):
+    for name in served_names(tools):
         entry = declared[name]
         arguments = [f"{field}{' (required)' if required else ''}" for field, required in entry["arguments"]]
         lines.append(f"- `{name}`: {entry['description']} Arguments: {', '.join(arguments) or 'none'}.")
@@ -144,7 +133,7 @@ def system_prompt_template(*, tools: Iterable[str] | None = None) -> BasePromptT
     (the ``model`` argument's choices) stay variables, with the bundled models' values unless you pass others."""
     from langchain_core.prompts import PromptTemplate
 
-    served = _served(tools)
+    served = served_names(tools)
     text = render_tool_mentions(read_prompt_file(SYSTEM_PROMPT_FILE).template, served)
     return PromptTemplate.from_template(text).partial(
         tool_catalogue=tool_catalogue(served),
@@ -175,7 +164,7 @@ def explanation_template(
     from langchain_core.messages import SystemMessage
     from langchain_core.prompts import ChatPromptTemplate
 
-    served = _served(tools)
+    served = served_names(tools)
     human = render_tool_mentions(topic_file(topic).template, served)
     system = SystemMessage(content=system_prompt(tools=served, default_model=default_model))
     return ChatPromptTemplate.from_messages([system, ("human", human)])

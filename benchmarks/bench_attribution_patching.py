@@ -102,7 +102,14 @@ def _model(shape: str | None, layers: int | None):
 
 
 def measure(
-    loaded, inspector, name: str, pair: tuple[str, str, str, str], *, grad_drop: bool, saturation_fix: bool
+    loaded,
+    inspector,
+    name: str,
+    pair: tuple[str, str, str, str],
+    *,
+    grad_drop: bool,
+    saturation_fix: bool,
+    repeats: int = 1,
 ) -> dict:
     import torch
 
@@ -130,15 +137,19 @@ def measure(
     def metric(_clean: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         return logits[:, answer_id] - logits[:, wrong_id]
 
-    started = time.perf_counter()
-    passes = inspector.attribution_passes(
-        loaded, encoded[0], encoded[1], metric, grad_drop=grad_drop, saturation_fix=saturation_fix
-    )
-    attribution_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    with torch.inference_mode():
-        loaded.model(input_ids=encoded[1].input_ids, use_cache=False, logits_to_keep=1)
-    forward_seconds = time.perf_counter() - started
+    attribution_times, forward_times = [], []
+    for _ in range(repeats):  # interleaved, so a change of load moves both; the medians are reported
+        started = time.perf_counter()
+        passes = inspector.attribution_passes(
+            loaded, encoded[0], encoded[1], metric, grad_drop=grad_drop, saturation_fix=saturation_fix
+        )
+        attribution_times.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            loaded.model(input_ids=encoded[1].input_ids, use_cache=False, logits_to_keep=1)
+        forward_times.append(time.perf_counter() - started)
+    attribution_seconds = statistics.median(attribution_times)
+    forward_seconds = statistics.median(forward_times)
     estimate = {key: float(passes.heads.sum(1)[key]) for key in exact}
     exact_top = sorted(exact, key=lambda k: -abs(exact[k]))[:TOP]
     estimate_top = sorted(estimate, key=lambda k: -abs(estimate[k]))[:TOP]
@@ -167,6 +178,7 @@ def main() -> None:
     parser.add_argument("--plain", action="store_true", help="without AtP*'s saturation fix")
     parser.add_argument("--layers", type=int, default=None, help="--shape: only the first N layers")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--repeats", type=int, default=1, help="time attribution and a forward N times (medians)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from agent_tools.inspector import Inspector
@@ -175,11 +187,14 @@ def main() -> None:
     inspector = Inspector()
     fix = not args.plain
     rows = [
-        measure(loaded, inspector, name, PAIRS[name], grad_drop=args.grad_drop, saturation_fix=fix)
+        measure(
+            loaded, inspector, name, PAIRS[name], grad_drop=args.grad_drop, saturation_fix=fix, repeats=args.repeats
+        )
         for name in args.pairs.split(",")
     ]
     lines = [
-        f"model: {loaded.name}; GradDrop: {args.grad_drop}; AtP* saturation fix: {fix}",
+        f"model: {loaded.name}; GradDrop: {args.grad_drop}; AtP* saturation fix: {fix}; "
+        f"times: median of {args.repeats}",
         "",
         "| pair | tokens | heads | LD gap | recall@10 | ρ | exact s (fwd-eq) | attribution s (fwd-eq) | forward s | "
         "saturated | missed |",

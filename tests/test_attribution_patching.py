@@ -405,9 +405,9 @@ def test_the_trace_ablates_the_top_three_estimates_and_one_random_segment_and_re
     """Six named segments: every one is estimated (one forward and one backward), the three largest |estimates|
     and one drawn from the rest are ablated exactly; the two others carry no causal number, a note names them,
     and each checked segment's exact Δ Σ log p (neutral replacement) equals a plain forward's, estimate beside it."""
-    from agent_tools.prompt_trace.evidence import neutral_token
     from agent_tools.segment_attribution import choose_segments
     from agent_tools.tools import get_tool
+    from agent_tools.traced_prompt.evidence import neutral_token
 
     loaded = tiny_models["llama"]
     segments = [{"name": f"s{i}", "text": text} for i, text in enumerate(TRACE_SEGMENTS)]

@@ -103,31 +103,36 @@ def test_float16_find_circuit_agrees_with_float32(inspector: Inspector) -> None:
 
 @pytest.fixture()
 def offloaded_llama(tmp_path: Path):
-    """A tiny llama in memory, and the same weights loaded with layer 1, the final norm and the head on disk."""
+    """A tiny llama in memory, and the same weights loaded with layer 1, the final norm and the head on disk; the
+    folder and an inspector whose placement is that device map (float32 named: ``auto`` is bfloat16 on a CPU with
+    bfloat16 hardware, where the halved weights fit the 90 kB budget and nothing goes to disk)."""
     model = build_family("llama")
     register_model("offload-reference", model, tiny_tokenizer())
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
-    placement = Placement(device_map="sequential", max_memory={"cpu": "90KB"}, offload_folder=str(tmp_path / "off"))
+    placement = Placement(
+        dtype="float32", device_map="sequential", max_memory={"cpu": "90KB"}, offload_folder=str(tmp_path / "off")
+    )
     try:
         loaded = load_model(str(folder), placement)
         assert loaded.model.hf_device_map.get("model.layers.1") == "disk", loaded.model.hf_device_map
-        yield str(folder)
+        yield str(folder), Inspector(placement=placement)
     finally:
         forget_model(str(folder))
 
 
 def test_on_a_device_map_attribution_and_find_circuit_equal_the_in_memory_model(
-    offloaded_llama: str, inspector: Inspector
+    offloaded_llama: tuple[str, Inspector],
 ) -> None:
-    reference, mapped = _patch(inspector, "offload-reference"), _patch(inspector, offloaded_llama)
+    offloaded, inspector = offloaded_llama
+    reference, mapped = _patch(inspector, "offload-reference"), _patch(inspector, offloaded)
     assert reference.keys() == mapped.keys()
     for head, values in reference.items():
         assert mapped[head] == pytest.approx(values, abs=ROUNDING), head
     circuit = {**PAIR, **ANSWERS, "detail": "full"}
     in_memory = get_tool("find_circuit")(inspector, {**circuit, "model": "offload-reference"})
-    on_disk = get_tool("find_circuit")(inspector, {**circuit, "model": offloaded_llama})
+    on_disk = get_tool("find_circuit")(inspector, {**circuit, "model": offloaded})
     assert on_disk.faithfulness_method.startswith("edge-level (exact edge patching)")
     assert _edges(on_disk).keys() == _edges(in_memory).keys() and len(_edges(in_memory)) > 0
     for edge, score in _edges(in_memory).items():
@@ -137,13 +142,14 @@ def test_on_a_device_map_attribution_and_find_circuit_equal_the_in_memory_model(
 
 
 def test_on_a_device_map_the_traces_causal_check_equals_the_in_memory_model(
-    offloaded_llama: str, inspector: Inspector
+    offloaded_llama: tuple[str, Inspector],
 ) -> None:
+    offloaded, inspector = offloaded_llama
     segments = [{"name": f"s{i}", "text": text} for i, text in enumerate(TRACE_SEGMENTS)]
     arguments = {"prompt": TRACE_TEXT, "segments": segments, "detail": "full", "checks": ["causal"]}
     trace = get_tool("trace_prompt_attention")
     in_memory = trace(inspector, {**arguments, "model": "offload-reference"}).causal_attribution
-    on_disk = trace(inspector, {**arguments, "model": offloaded_llama}).causal_attribution
+    on_disk = trace(inspector, {**arguments, "model": offloaded}).causal_attribution
     assert in_memory is not None and on_disk is not None and len(in_memory.checked) == 4
     assert [(r.segment, r.chosen) for r in on_disk.checked] == [(r.segment, r.chosen) for r in in_memory.checked]
     for disk, memory in zip(on_disk.checked, in_memory.checked, strict=True):

@@ -20,9 +20,8 @@ from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy, load_model
 from agent_tools.schemas import DETAILS, Finding, NextCall, Report
 from agent_tools.session import HANDLE_AFTER_CHARS, TextStore
-from agent_tools.surfaces import CONTENT_LIMIT, agent_input_model, clip_words, concise_text
+from agent_tools.surfaces import CONTENT_LIMIT, agent_input_model, agent_input_schema, clip_words, concise_text
 from agent_tools.surfaces.openai import openai_tools
-from agent_tools.surfaces.portable import portable_schema
 from agent_tools.tools import TOOLS
 from agent_tools.tools.registry import Top, trim
 
@@ -37,7 +36,7 @@ REPORT_BUDGET = 16 * 1024
 # the shown schemas to every form the tools accept).
 DECLARATIONS_BUDGET = 10 * 1024
 TOOLS_LIST_TARGET = 32 * 1024  # issue 28's target for MCP tools/list with output schemas
-TOOLS_LIST_BUDGET = 32_000  # issue 28's target, met with 18 tools (22,593 B: output schemas 9.5 KB, no titles)
+TOOLS_LIST_BUDGET = 32_000  # issue 28's target, met with 18 tools (22,587 B: output schemas 9.5 KB, no titles)
 
 
 def size(value: Any) -> int:
@@ -281,7 +280,7 @@ def test_advanced_arguments_are_accepted_but_not_advertised() -> None:
         assert "attention" not in properties  # the bundled models have one attention stack
     trace = TOOLS["trace_prompt_attention"]
     assert trace.parse({"prompt": "hi", "ig_steps": 8}).ig_steps == 8
-    advertised = portable_schema(agent_input_model(trace, policy), "mcp")
+    advertised = agent_input_schema(trace, policy)
     jsonschema.validate({"prompt": "hi", "ig_steps": 8}, advertised)  # the schema does not refuse what it hides
     with pytest.raises(ValidationError, match="max_new_tokens"):  # still validated as declared
         agent_input_model(trace, policy).model_validate({"prompt": "hi", "max_new_tokens": 10_000})

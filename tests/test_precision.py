@@ -136,7 +136,9 @@ def offloaded(tmp_path: Path):
     folder = tmp_path / "peaked-llama"
     model.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
-    placement = Placement(device_map="sequential", max_memory={"cpu": "90KB"}, offload_folder=str(tmp_path / "off"))
+    placement = Placement(
+        dtype="float32", device_map="sequential", max_memory={"cpu": "90KB"}, offload_folder=str(tmp_path / "off")
+    )
     try:
         loaded = load_model(str(folder), placement)
         yield model, loaded, placement

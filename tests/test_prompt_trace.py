@@ -18,6 +18,7 @@ from agent_tools.loading import LoadedModel, register_model
 from agent_tools.tools import get_tool
 from agent_tools.tools.compare_prompts import PromptComparison
 from agent_tools.tools.trace_prompt_attention import PromptTrace
+from agent_tools.traced_prompt.models import MeasuredTrace
 
 TINY_TEXT = "the cat sat on the mat because it was tired and the dog sat on the mat"
 CHAT_TEMPLATE = (
@@ -167,8 +168,14 @@ def test_trace_generate_on_chat_is_consistent_with_last(tiny_chat, inspector: In
 
 def test_compare_prompts_on_tiny_chat(tiny_chat, inspector: Inspector) -> None:
     tool = get_tool("compare_prompts")
-    same = tool(inspector, {"model": "tiny-chat-llama", "prompt_a": CHAT, "prompt_b": CHAT})
+    same = tool(inspector, {"model": "tiny-chat-llama", "prompt_a": CHAT, "prompt_b": CHAT, "detail": "full"})
     assert isinstance(same, PromptComparison)
+    trace = get_tool("trace_prompt_attention")(
+        inspector, {"model": "tiny-chat-llama", "prompt": CHAT, "detail": "full"}
+    )
+    numbers = trace.model_dump(include=set(MeasuredTrace.model_fields))  # the trace's report less its words
+    assert same.trace_a.model_dump() == same.trace_b.model_dump() == numbers
+    assert same.read_most_a == trace.read_most and same.next_tokens_a == trace.next_tokens
     assert same.next_token_kl == pytest.approx(0.0, abs=1e-9) and same.same_top_token
     assert all(row.change == 0 for row in same.segments)
     reworded = [*CHAT[:3], {"role": "user", "content": "and the dog ?"}]
@@ -372,7 +379,7 @@ class WordTokenizer:
 def test_stop_rules_and_measured_tokens_by_hand() -> None:
     from types import SimpleNamespace
 
-    from agent_tools.prompt_trace.answer import measured_ids, stop_rule
+    from agent_tools.traced_prompt.answer import measured_ids, stop_rule
 
     words = ["\n", " Paris", ".", " It", "<eos>", " is", "\n\n", "3", ".14"]
     loaded = SimpleNamespace(tokenizer=WordTokenizer(words))
@@ -470,8 +477,10 @@ def test_suggested_calls_reproduce_the_texts_character_for_character(tiny_models
     assert compare.arguments["prompt_a"] == FEW_SHOT
     assert compare.arguments["prompt_b"] == FEW_SHOT.replace(cut, "", 1)  # newlines kept, nothing joined on spaces
     followed = get_tool("compare_prompts")(inspector, compare.arguments)
-    assert followed.trace_a.rendered_prompt == FEW_SHOT
-    assert followed.trace_b.rendered_prompt == FEW_SHOT.replace(cut, "", 1)
+    for variant, text in ((followed.trace_a, FEW_SHOT), (followed.trace_b, FEW_SHOT.replace(cut, "", 1))):
+        (whole,) = [s for s in variant.segments if s.kind == "text"]  # each variant's text, newlines kept
+        assert whole.text == text.replace("\n", "⏎") and len(text) < 80  # (shown whole under 80 characters)
+        assert variant.num_tokens == inspector.encode(tiny_models["llama"], text).length
     gradient = get_tool("trace_prompt_attention")(
         inspector, {**calls["trace_prompt_attention"].arguments, "ig_steps": 4}
     )

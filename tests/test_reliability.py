@@ -35,11 +35,12 @@ from agent_tools.errors import (
 )
 from agent_tools.inspector import Inspector, check_indices
 from agent_tools.loading import LoadedModel
+from agent_tools.mcp_front import RpcProblem
 from agent_tools.schemas import Report
 from agent_tools.session import CallContext, call_scope
 from agent_tools.settings import DEFAULT_MEMORY_BUDGET, readable_size
 from agent_tools.surfaces.langchain import AttentionToolkit
-from agent_tools.surfaces.mcp_server import INVALID_UNICODE_ARGUMENT, answerable_line, build_server, serve_http
+from agent_tools.surfaces.mcp_server import INVALID_UNICODE_ARGUMENT, build_server, parse_line, serve_http
 from agent_tools.tools import TOOLS
 
 
@@ -374,17 +375,19 @@ def test_lone_surrogate_lines_are_answered() -> None:
         return json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})  # escapes surrogates
 
     bad = line("tools/call", {"name": "show_attention", "arguments": {"text": "a\ud800", "layer": 0, "head": 0}})
-    rewritten = json.loads(answerable_line(bad))
-    marker = rewritten["params"]["arguments"][INVALID_UNICODE_ARGUMENT]
+    rewritten = parse_line(bad.encode())
+    marker = rewritten.params["arguments"][INVALID_UNICODE_ARGUMENT]
     assert marker["field"] == "text" and "not valid Unicode (e.g. lone surrogates at 1)" in marker["message"]
     prompt = line("prompts/get", {"name": "explain_collapse", "arguments": {"text": "a\udfff"}})
-    assert json.loads(answerable_line(prompt))["params"]["arguments"]["text"] == "a\ufffd"
+    assert parse_line(prompt.encode()).params["arguments"]["text"] == "a\ufffd"
     for unchanged in (
         line("tools/call", {"name": "show_attention", "arguments": {"text": "smile \U0001f600"}}),  # a valid pair
         line("tools/call", {"name": "show_attention", "arguments": {"text": "plain"}}),
-        '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"text": "\\ud800"',  # malformed: the SDK's
     ):
-        assert answerable_line(unchanged) == unchanged
+        assert parse_line(unchanged.encode()).model_dump(by_alias=True, exclude_unset=True) == json.loads(unchanged)
+    with pytest.raises(RpcProblem) as malformed:  # a parse error, answered as one
+        parse_line(b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"text": "\\ud800"')
+    assert malformed.value.code == -32700
 
 
 SURROGATE = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF, categories=["Cs"])
@@ -398,7 +401,7 @@ def test_any_string_makes_an_mcp_line_the_sdk_can_answer(text: str) -> None:
 
     request = {"name": "show_attention", "arguments": {"text": text, "layer": 0, "head": 0}}
     line = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": request})
-    parsed = types.jsonrpc_message_adapter.validate_json(answerable_line(line))
+    parsed = types.jsonrpc_message_adapter.validate_json(parse_line(line.encode()).model_dump_json(by_alias=True))
     assert isinstance(parsed, types.JSONRPCRequest) and parsed.id == 7
     arguments = parsed.params["arguments"]  # type: ignore[index]
     try:

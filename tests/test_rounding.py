@@ -6,8 +6,9 @@ import math
 
 from pydantic import BaseModel
 
-from agent_tools.prompt_trace.models import GradientRun, PromptTrace
 from agent_tools.schemas import Finding, Rounded, Rounded2, Rounded6
+from agent_tools.tools.trace_prompt_attention.models import PromptTrace
+from agent_tools.traced_prompt.models import GradientRun
 
 
 class _Row(BaseModel):

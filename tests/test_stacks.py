@@ -227,6 +227,8 @@ def test_trace_reads_the_inputs_segments_through_cross_attention(seq2seq, inspec
         assert segment.share == pytest.approx(expected, abs=1e-4)
         assert segment.rollout_share == pytest.approx(float(carried[segment.positions].sum()), abs=1e-4)
     assert [row.position for row in report.generated] == list(range(answer))
+    peaks = [f.position for f in report.findings if f.kind == "peak"]  # the decoder rows too, not input positions
+    assert set(peaks) <= set(range(answer)) and (answer < 2 or peaks)
     with pytest.raises(InvalidInputError, match="not run on an encoder–decoder"):
         TOOLS["trace_prompt_attention"](inspector, {"model": loaded.name, "prompt": TEXT, "checks": ["causal"]})
 

@@ -84,37 +84,30 @@ def early(args: argparse.Namespace) -> int | None:
     """
     from agent_tools.cli import catalogue
 
-    if args.help or args.tool is None:
-        tools = catalogue.catalogue()
-        if args.tool is None and not args.help:
-            names = ", ".join(tools["tools"])
-            msg = f"call needs a tool name: attention-explainer call TOOL --json ARGS; tools: {names}"
+    tools = catalogue.catalogue()["tools"]
+    if args.tool is None:
+        if not args.help:
+            msg = f"call needs a tool name: attention-explainer call TOOL --json ARGS; tools: {', '.join(tools)}"
             raise InvalidInputError(msg, field="tool")
-        if args.tool is None:
-            print(catalogue.tools_help(tools["tools"]))
-            return 0
-        if args.tool not in tools["tools"]:
-            raise catalogue.unknown_tool(args.tool, tools["tools"])
-        print(catalogue.tool_help(args.tool, tools["tools"][args.tool]))
+        print(catalogue.tools_help(tools))
         return 0
-    known = catalogue.catalogue()
-    if args.tool not in known["tools"]:
-        raise catalogue.unknown_tool(args.tool, known["tools"])
+    if args.tool not in tools:
+        raise catalogue.unknown_tool(args.tool, tools)
+    if args.help:
+        print(catalogue.tool_help(args.tool, tools[args.tool]))
+        return 0
     limit = getattr(args, "token_limit", None)
-    catalogue.check_arguments(args.tool, _arguments(args), known["tools"][args.tool], token_limit=limit)
+    catalogue.check_arguments(args.tool, _arguments(args), tools[args.tool], token_limit=limit)
     return None
 
 
 def run(args: argparse.Namespace, inspector: Inspector) -> int:
-    from agent_tools.cli import catalogue
     from agent_tools.inspector import check_list_lengths
     from agent_tools.settings import cache_dir
     from agent_tools.surfaces import concise_text
-    from agent_tools.tools import TOOLS, get_tool
+    from agent_tools.tools import get_tool
 
-    if args.tool not in TOOLS:
-        raise catalogue.unknown_tool(args.tool, dict(TOOLS))
-    spec = get_tool(args.tool)
+    spec = get_tool(args.tool)  # a name the declarations do not hold was refused by early, with a suggestion
     arguments = _arguments(args)
     check_list_lengths(arguments)  # 100,000-item lists are refused at once, as on the MCP server
     inspector.texts.folder = cache_dir() / TEXTS_FOLDER  # handles outlive this process: the next call reads them

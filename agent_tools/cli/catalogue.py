@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -319,6 +318,8 @@ def _facts_path() -> Path:
 
 def remember_facts(reference: str, facts: dict[str, int]) -> None:
     """Keep a loaded model's facts for the next ``call``'s checks (best effort: a read-only cache costs nothing)."""
+    from agent_tools.files import write_atomic  # loaded by the call that ran the model: the checks do without it
+
     path = _facts_path()
     try:
         known = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
@@ -326,9 +327,7 @@ def remember_facts(reference: str, facts: dict[str, int]) -> None:
             return
         known[reference] = facts
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps(known), encoding="utf-8")
-        os.replace(partial, path)
+        write_atomic(path, json.dumps(known))
     except (OSError, ValueError):
         pass
 

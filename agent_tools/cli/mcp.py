@@ -44,7 +44,7 @@ STDIN_CLOSED_EXIT_SECONDS = 1.5
 
 if TYPE_CHECKING:
     from agent_tools.inspector import Inspector
-    from agent_tools.mcp_front import StdioFront
+    from agent_tools.policy import ModelPolicy
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -99,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--no-preload", action="store_true", help="load the default model on first use, not at start-up")
     add_server_limits(p)
     add_placement_options(p, suppress=True)
-    p.set_defaults(func=run, early=serve)
+    p.set_defaults(early=serve)  # every answer comes from serve: the session is built in the background
 
 
 def add_server_limits(p: argparse.ArgumentParser) -> None:
@@ -142,11 +142,9 @@ def session_inspector(args: argparse.Namespace, base: Inspector) -> Inspector:
     """The server's inspector: an allow-list policy, the artifact folder (or none), the CLI's token limit,
     memory budget and placement (the placement flags after ``mcp`` override the global ones)."""
     from agent_tools.inspector import Inspector
-    from agent_tools.loading import ModelPolicy
 
-    policy = ModelPolicy.bundled_only(default=args.model, extra=tuple(args.allow_model))
     return Inspector(
-        policy=policy,
+        policy=server_policy(args),
         token_limit=base.token_limit,
         memory_budget=base.memory_budget,
         artifact_dir=artifact_folder(args),
@@ -188,8 +186,16 @@ def _ended(code: int, why: str = "") -> None:
     os._exit(code)
 
 
+def server_policy(args: argparse.Namespace) -> ModelPolicy:
+    """The allow-list: the bundled models, ``--model`` and every ``--allow-model``."""
+    from agent_tools.policy import ModelPolicy
+
+    return ModelPolicy.bundled_only(default=args.model, extra=tuple(args.allow_model))
+
+
 def check_server_limits(args: argparse.Namespace) -> float | None:
-    """Refuse limits that make no sense (one line, exit 2); return the call timeout (None: no limit)."""
+    """Refuse limits that make no sense (one line, exit 2), and a device no machine has (one this machine lacks is
+    found when the session is built: that needs torch); return the call timeout (None: no limit)."""
     if not 0 < args.port < 65536:
         raise InvalidInputError(f"--port {args.port} out of range 1..65535", field="port")
     if not args.call_timeout >= 0 or args.call_timeout == float("inf"):
@@ -200,42 +206,65 @@ def check_server_limits(args: argparse.Namespace) -> float | None:
     if not 0 < args.session_idle < float("inf"):
         msg = f"--session-idle must be a positive number of seconds, got {args.session_idle:g}"
         raise InvalidInputError(msg, field="session_idle")
+    if getattr(args, "device", None):
+        from agent_tools.placement import check_device_form
+
+        check_device_form(args.device)
     return args.call_timeout or None
 
 
-def run(args: argparse.Namespace, inspector: Inspector) -> int:
-    """Serve through ``inspector``'s session (its limits and placement; the policy and folder from ``args``)."""
-    return _serve(args, lambda: session_inspector(args, inspector))
+def served_tools(args: argparse.Namespace) -> list[str]:
+    """The tools ``--tools`` names (all declared tools without it); unknown or repeated names are refused."""
+    from agent_tools.tool_declarations import served_names
+
+    return served_names([t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None)
 
 
 def serve(args: argparse.Namespace) -> int:
     """The ``mcp`` command, before any session exists: the server answers ``initialize`` and ``tools/list`` at
     once (over stdio before the MCP SDK is imported: :mod:`agent_tools.mcp_front`), while the inspector (torch,
-    transformers, the tools) is built in the background."""
+    transformers, the tools) is built in the background from the global options, the policy and folder from
+    ``mcp``'s own."""
     from agent_tools.cli.session_args import memory_budget_from_args, session_from_args
 
     memory_budget_from_args(args)  # a bad global option is refused here, at once (exit 2)
-    return _serve(args, lambda: session_inspector(args, session_from_args(args)))
+
+    def make_session() -> Inspector:
+        return session_inspector(args, session_from_args(args))
+
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.transport == "stdio":
+        try:
+            _serve_stdio(args, make_session)
+        except KeyboardInterrupt:
+            _ended(130, "interrupted")
+        _ended(0)
+    import anyio
+
+    from agent_tools.surfaces.mcp_server import serve_http
+
+    server = cli_server(args, make_session)
+    limits = {"max_sessions": args.max_sessions, "session_idle": args.session_idle}
+    anyio.run(partial(serve_http, server, host=args.host, port=args.port, **limits))
+    return 0
 
 
 def cli_server(args: argparse.Namespace, make_session: Callable[[], Inspector]) -> Any:
-    """The server the ``mcp`` options describe (no torch yet: ``make_session`` runs in the background)."""
+    """Import the SDK and build the server the ``mcp`` options describe (no torch yet: ``make_session`` runs in the
+    background)."""
     call_timeout = check_server_limits(args)  # before the SDK loads: a bad option answers at once
 
     from agent_tools.cli.session_args import memory_budget_from_args
-    from agent_tools.placement import check_device_form
-    from agent_tools.policy import ModelPolicy
-    from agent_tools.surfaces.mcp_server import build_server
+    from agent_tools.surfaces import heap
+    from agent_tools.surfaces.mcp_server import build_server, quiet_sdk_loggers
 
-    if getattr(args, "device", None):  # a device no machine has is refused at once (exit 2); one this machine
-        check_device_form(args.device)  # lacks is found when the session is built (that needs torch)
-
-    policy = ModelPolicy.bundled_only(default=args.model, extra=tuple(args.allow_model))
-    tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None
+    heap.bound_arenas()  # before the tools' worker threads start: they share a few malloc arenas (surfaces/heap.py)
+    quiet_sdk_loggers()  # not one line per request or session; the SDK's warnings and errors still show
+    policy = server_policy(args)
     server = build_server(
         make_inspector=make_session,
         policy=policy,
-        tools=tools,
+        tools=served_tools(args),
         text_content=args.text_content,
         preload=not args.no_preload,
         call_timeout=call_timeout,
@@ -254,70 +283,24 @@ def cli_server(args: argparse.Namespace, make_session: Callable[[], Inspector]) 
     return server
 
 
-def _start_front(args: argparse.Namespace) -> tuple[StdioFront, int]:
-    """The stdio front (:mod:`agent_tools.mcp_front`): reading stdin now, answering ``initialize`` and
-    ``tools/list`` while the SDK is imported. Options it can refuse without the SDK are refused first (exit 2)."""
+def _serve_stdio(args: argparse.Namespace, make_session: Callable[[], Inspector]) -> None:
+    """Serve stdio: the front (:mod:`agent_tools.mcp_front`) reads stdin at once and answers ``initialize`` and
+    ``tools/list`` while the SDK is imported and the server built, then hands over. Options it can refuse without
+    the SDK are refused first (exit 2)."""
     from agent_tools import __version__
-    from agent_tools.mcp_front import StdioFront
-    from agent_tools.policy import ModelPolicy
-    from agent_tools.tool_declarations import served_names
+    from agent_tools.mcp_front import REPLAYED_ID, StdioFront
 
     check_server_limits(args)
-    if getattr(args, "device", None):  # a device no machine has: refused before the front answers anything
-        from agent_tools.placement import check_device_form
-
-        check_device_form(args.device)
-    policy = ModelPolicy.bundled_only(default=args.model, extra=tuple(args.allow_model))
-    names = served_names([t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None)
+    names = served_tools(args)
     protocol_fd = _protocol_fd()
-    front = StdioFront(names, policy, server_version=__version__, output=protocol_fd, on_done=partial(_ended, 0))
-    front.start(sys.stdin.buffer)
-    return front, protocol_fd
-
-
-def _serve(args: argparse.Namespace, make_session: Callable[[], Inspector]) -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if args.transport == "stdio":
-        try:
-            _serve_stdio(args, make_session)
-        except KeyboardInterrupt:
-            _ended(130, "interrupted")
-        _ended(0)
-    import anyio
-
-    from agent_tools.surfaces.mcp_server import serve_http
-
-    server = _sdk_server(args, make_session)
-    serve = partial(
-        serve_http,
-        server,
-        host=args.host,
-        port=args.port,
-        max_sessions=args.max_sessions,
-        session_idle=args.session_idle,
+    front = StdioFront(
+        names, server_policy(args), server_version=__version__, output=protocol_fd, on_done=partial(_ended, 0)
     )
-    anyio.run(serve)
-    return 0
-
-
-def _sdk_server(args: argparse.Namespace, make_session: Callable[[], Inspector]) -> Any:
-    """Import the SDK and build the server the options describe."""
-    from agent_tools.surfaces import heap
-    from agent_tools.surfaces.mcp_server import quiet_sdk_loggers
-
-    heap.bound_arenas()  # before the tools' worker threads start: they share a few malloc arenas (surfaces/heap.py)
-    quiet_sdk_loggers()  # not one line per request or session; the SDK's warnings and errors still show
-    return cli_server(args, make_session)
-
-
-def _serve_stdio(args: argparse.Namespace, make_session: Callable[[], Inspector]) -> None:
-    """Serve stdio: the front answers at once while the SDK is imported and the server built, then hands over."""
-    front, protocol_fd = _start_front(args)
-    server = _sdk_server(args, make_session)
+    front.start(sys.stdin.buffer)
+    server = cli_server(args, make_session)
 
     import anyio
 
-    from agent_tools.mcp_front import REPLAYED_ID
     from agent_tools.surfaces.mcp_server import serve_stdio
 
     stdin = front.handoff()

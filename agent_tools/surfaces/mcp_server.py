@@ -34,6 +34,7 @@ method. Over HTTP the number of sessions and their idle time are capped.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
 import logging
 import os
@@ -41,8 +42,8 @@ import re
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -62,16 +63,26 @@ from agent_tools import __version__
 from agent_tools.errors import AttentionToolError, CallCancelledError, DeadlineExceededError, InvalidInputError
 from agent_tools.files import os_error_message
 from agent_tools.mcp_front import INSTRUCTIONS_FILE as INSTRUCTIONS_FILE
-from agent_tools.mcp_front import MAX_JSON_DEPTH, MAX_LINE_BYTES, SERVER_NAME, TOOL_ANNOTATIONS, deeper_than, valid_id
+from agent_tools.mcp_front import (
+    MAX_LINE_BYTES,
+    SERVER_NAME,
+    TOOL_ANNOTATIONS,
+    RpcProblem,
+    read_message,
+    tool_listing,
+    valid_id,
+)
 from agent_tools.mcp_front import server_instructions as server_instructions
 from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import TOPICS, Topic, explanation_template, system_prompt, topic_file
 from agent_tools.surfaces import agent_input_schema, concise_text, error_text, heap
 from agent_tools.surfaces.declarations import OUTPUT_SCHEMA_BUDGET as OUTPUT_SCHEMA_BUDGET
-from agent_tools.surfaces.declarations import agent_schema, output_schema
-from agent_tools.tool_declarations import served_names, tool_declarations
+from agent_tools.surfaces.declarations import output_schema
+from agent_tools.tool_declarations import served_names
 
 if TYPE_CHECKING:  # the inspector and the tools import torch: they load in the background (see Backend)
+    from langchain_core.prompts import ChatPromptTemplate
+
     from agent_tools.inspector import CallContext, Inspector
     from agent_tools.tools.registry import ToolSpec
 
@@ -80,14 +91,11 @@ logger = logging.getLogger(__name__)
 TextContentMode = Literal["summary", "json", "both"]
 TEXT_CONTENT_MODES: tuple[str, ...] = get_args(TextContentMode)
 DEFAULT_TEXT_CONTENT: TextContentMode = "summary"
-Transport = Literal["stdio", "streamable-http"]
-TRANSPORTS: tuple[str, ...] = get_args(Transport)
 SYSTEM_PROMPT_NAME = "attention_explainer"
 # Arguments that stood for a string that is valid JSON but not valid Unicode (a lone surrogate escape such as
 # "\\ud800"): the SDK cannot parse such a line and would leave the request unanswered, so the stdio reader
 # swaps the arguments for this marker and the tool answers with an error naming the argument.
 INVALID_UNICODE_ARGUMENT = "_invalid_unicode"
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # Past the call timeout, the handler answers after this grace even if the worker has not reached a checkpoint
 # (a non-capturing stretch of a tool); the worker still stops at its next one.
@@ -109,24 +117,19 @@ def input_schema(spec: ToolSpec, inspector: Inspector) -> dict[str, Any]:
 
 def mcp_tool(spec: ToolSpec, inspector: Inspector) -> types.Tool:
     """The MCP declaration of one tool from its live spec (the server lists :func:`declared_tool`, its twin)."""
-    return _tool(spec.name, spec.description, input_schema(spec, inspector), output_schema(spec))
+    return types.Tool(
+        name=spec.name,
+        description=spec.description,
+        input_schema=input_schema(spec, inspector),
+        output_schema=output_schema(spec),
+        annotations=types.ToolAnnotations.model_validate(TOOL_ANNOTATIONS),
+    )
 
 
 def declared_tool(name: str, policy: ModelPolicy) -> types.Tool:
-    """The MCP declaration of one tool from its declaration data (:mod:`agent_tools.tool_declarations`), without
-    importing it: input schema (``model`` narrowed to the allow-list) and output schema."""
-    entry = tool_declarations()[name]
-    return _tool(name, entry["description"], agent_schema(entry, policy), entry["output_schema"])
-
-
-def _tool(name: str, description: str, inputs: dict[str, Any], outputs: dict[str, Any]) -> types.Tool:
-    return types.Tool(  # no title: clients show the name (18 titles were 540 bytes of tools/list)
-        name=name,
-        description=description,
-        input_schema=inputs,
-        output_schema=outputs,
-        annotations=types.ToolAnnotations.model_validate(TOOL_ANNOTATIONS),
-    )
+    """The MCP declaration of one tool from its declaration data, without importing it: the entry the stdio front
+    lists (:func:`~agent_tools.mcp_front.tool_listing`), which is also the server's ``tools/list``."""
+    return types.Tool.model_validate(tool_listing([name], policy)["tools"][0])
 
 
 def _text_blocks(report_text: str, structured: dict[str, Any], mode: TextContentMode) -> list[types.TextContent]:
@@ -140,27 +143,6 @@ def _text_blocks(report_text: str, structured: dict[str, Any], mode: TextContent
 
 def _error_result(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
-
-
-def _prompt_definitions(tool_names: list[str]) -> dict[str, types.Prompt]:
-    prompts = {
-        SYSTEM_PROMPT_NAME: types.Prompt(
-            name=SYSTEM_PROMPT_NAME,
-            title="Attention explainer (system prompt)",
-            description="How to use these tools and how to reason about attention: the tool catalogue and rules.",
-            arguments=[],
-        )
-    }
-    for topic in TOPICS:
-        template = explanation_template(topic, tools=tool_names)
-        name = f"explain_{topic}"
-        prompts[name] = types.Prompt(
-            name=name,
-            title=f"Explain {topic.replace('_', ' ')}",
-            description=topic_file(topic).description,
-            arguments=[types.PromptArgument(name=v, required=True) for v in template.input_variables],
-        )
-    return prompts
 
 
 def build_server(
@@ -230,12 +212,9 @@ def _lifespan(backend: Backend) -> Callable[[Server[dict[str, Any]]], AbstractAs
     async def lifespan(_server: Server[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         if backend.preload:
             backend.start()
-        yield {BACKEND: backend}
+        yield {}  # the handlers hold the backend themselves
 
     return lifespan
-
-
-BACKEND = "backend"  # the lifespan context's key for the server's backend
 
 
 class Backend:
@@ -299,27 +278,21 @@ class Backend:
 
     async def wait(self, ctx: RequestContext) -> None:
         """Before a call runs: start the backend if nobody has, and wait for it, sending a progress notification
-        every ``PROGRESS_EVERY_SECONDS`` to a request that asked for them (``_meta.progressToken``).
+        every ``PROGRESS_EVERY_SECONDS`` (the SDK sends them to a request that asked for them: ``_meta.progressToken``).
 
         A server ending meanwhile (:func:`stop_running_calls`: stdin closed, Ctrl-C) stops the wait with
         :class:`CallCancelledError`, so the call is answered before the process ends."""
         self.start()
-        token = progress_token(ctx.params)
         waiting = _Waiting()
-        with _RUNNING_LOCK:
-            _RUNNING[id(waiting)] = waiting
-        try:
-            await self._wait(ctx, token, waiting)
-        finally:
-            with _RUNNING_LOCK:
-                _RUNNING.pop(id(waiting), None)
+        with _running(waiting):
+            await self._wait(ctx, waiting)
 
-    async def _wait(self, ctx: RequestContext, token: str | int | None, waiting: _Waiting) -> None:
+    async def _wait(self, ctx: RequestContext, waiting: _Waiting) -> None:
         next_progress = time.monotonic() + PROGRESS_EVERY_SECONDS
         while not await anyio.to_thread.run_sync(self.ready.wait, WAIT_POLL_SECONDS, abandon_on_cancel=True):
             if waiting.reason is not None:
                 raise CallCancelledError(f"the call was stopped before it started: {waiting.reason}")
-            if token is None or time.monotonic() < next_progress:
+            if time.monotonic() < next_progress:
                 continue
             next_progress += PROGRESS_EVERY_SECONDS
             waited = time.monotonic() - self.started
@@ -337,7 +310,7 @@ def _tool_handlers(
     backend: Backend, policy: ModelPolicy, text_content: TextContentMode, call_timeout: float | None = None
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``tools/list`` and ``tools/call``: each tool runs in a worker thread; expected failures are tool errors."""
-    listing = types.ListToolsResult(tools=[declared_tool(name, policy) for name in backend.names])
+    listing = types.ListToolsResult.model_validate(tool_listing(backend.names, policy))
 
     async def list_tools(_ctx: RequestContext, _params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return listing
@@ -346,27 +319,19 @@ def _tool_handlers(
         name, arguments = params.name, params.arguments or {}
         if name not in backend.names:
             return _error_result(f"Error [invalid_input]: unknown tool {name!r}; tools: {', '.join(backend.names)}")
-        problem = _invalid_unicode_problem(arguments)
-        if problem is not None:
-            return _error_result(error_text(name, problem))
         try:
+            _refuse_invalid_unicode(arguments)
             await backend.wait(ctx)  # the tools and the default model may still be loading in the background
-        except CallCancelledError as exc:
-            return _error_result(stopped_text(name, exc))
-        if backend.inspector is None:
-            if backend.error is not None:
+            if backend.error is not None:  # the session could not be built: every call says why
                 return _error_result(error_text(name, backend.error))
-            return _error_result(f"Internal error in {name}: the tools could not be imported; see the server's log")
-        from agent_tools.inspector import CallContext
+            if backend.inspector is None:
+                return _error_result(f"Internal error in {name}: the tools could not be imported; see the server's log")
+            from agent_tools.inspector import CallContext, check_list_lengths
 
-        inspector, spec = backend.inspector, backend.specs[name]
-        problem = _list_length_problem(arguments)
-        if problem is not None:
-            return _error_result(error_text(name, problem))
-        context = CallContext(timeout=call_timeout, progress_every=PROGRESS_EVERY_SECONDS)
-        context.progress = _progress_reporter(ctx, context)
-        try:
-            report = await _run_call(spec, inspector, arguments, context)
+            check_list_lengths(arguments)
+            context = CallContext(timeout=call_timeout, progress_every=PROGRESS_EVERY_SECONDS)
+            context.progress = _progress_reporter(ctx, context)
+            report = await _run_call(backend.specs[name], backend.inspector, arguments, context)
         except CallCancelledError as exc:
             return _error_result(stopped_text(name, exc))
         except AttentionToolError as exc:
@@ -394,17 +359,12 @@ async def _run_call(spec: ToolSpec, inspector: Inspector, arguments: dict[str, A
     """
     work = partial(_call_in_scope, spec, inspector, arguments, context)
     limit = None if context.timeout is None else context.timeout + STOP_GRACE_SECONDS
-    with _RUNNING_LOCK:
-        _RUNNING[id(context)] = context
     try:
-        with anyio.move_on_after(limit) as scope:
+        with _running(context), anyio.move_on_after(limit) as scope:
             return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
     except anyio.get_cancelled_exc_class():
         context.cancel("the client cancelled it")
         raise
-    finally:
-        with _RUNNING_LOCK:
-            _RUNNING.pop(id(context), None)
     assert scope.cancelled_caught
     context.cancel("it ran past the time limit")
     msg = f"the call ran past this server's time limit of {context.timeout:g} s and was stopped; ask for less"
@@ -424,6 +384,18 @@ class _Waiting:
 
     def cancel(self, reason: str) -> None:
         self.reason = reason
+
+
+@contextmanager
+def _running(call: CallContext | _Waiting) -> Iterator[None]:
+    """Hold ``call`` in :data:`_RUNNING` for the block."""
+    with _RUNNING_LOCK:
+        _RUNNING[id(call)] = call
+    try:
+        yield
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.pop(id(call), None)
 
 
 def stop_running_calls(reason: str) -> int:
@@ -449,22 +421,14 @@ def _call_in_scope(spec: ToolSpec, inspector: Inspector, arguments: dict[str, An
             heap.release()  # the call's freed pages go back: RSS follows the calls in flight, not their peak
 
 
-def progress_token(params: Mapping[str, Any] | None) -> str | int | None:
-    """The request's ``_meta.progressToken`` (None when the client asked for no progress)."""
-    meta = (params or {}).get("_meta")
-    token = meta.get("progressToken") if isinstance(meta, Mapping) else None
-    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
-
-
-def _progress_reporter(ctx: RequestContext, context: CallContext) -> Callable[[float], None] | None:
-    """Progress notifications for a request that asked for them (``_meta.progressToken``), sent from the worker.
+def _progress_reporter(ctx: RequestContext, context: CallContext) -> Callable[[float], None]:
+    """Progress notifications, sent from the worker (the SDK sends them to a request that asked for them:
+    ``_meta.progressToken``).
 
     They say the call is alive and how far it is toward the time limit (``total``), so a client that resets its
     own timeout on progress does not give up on a long call. The first is sent at the call's first checkpoint
     (the work is under way), then at most every ``PROGRESS_EVERY_SECONDS``.
     """
-    if progress_token(ctx.params) is None:
-        return None
     session = ctx.session
 
     def report(elapsed: float) -> None:
@@ -492,25 +456,33 @@ def stopped_text(tool: str, error: CallCancelledError) -> str:
     return f"Error [{error.kind}]: {error.message.rstrip('.')}. Nothing was computed; {tool} can be called again."
 
 
-def _list_length_problem(arguments: Any) -> InvalidInputError | None:
-    from agent_tools.inspector import check_list_lengths
-
-    try:
-        check_list_lengths(arguments)
-    except InvalidInputError as exc:
-        return exc
-    return None
-
-
 def _prompt_handlers(tool_names: list[str], policy: ModelPolicy) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``prompts/list`` and ``prompts/get``: the system prompt and one explanation template per topic,
     mentioning only the tools served. Built at the first prompts request (LangChain's templates take a moment
     to import: ``initialize`` does not wait for them)."""
-    topics: dict[str, Topic] = {f"explain_{topic}": topic for topic in TOPICS}
+
+    @cache
+    def templates() -> dict[str, tuple[Topic, ChatPromptTemplate]]:
+        return {f"explain_{topic}": (topic, explanation_template(topic, tools=tool_names)) for topic in TOPICS}
 
     @cache
     def prompts() -> dict[str, types.Prompt]:
-        return _prompt_definitions(tool_names)
+        system = types.Prompt(
+            name=SYSTEM_PROMPT_NAME,
+            title="Attention explainer (system prompt)",
+            description="How to use these tools and how to reason about attention: the tool catalogue and rules.",
+            arguments=[],
+        )
+        explain = {
+            name: types.Prompt(
+                name=name,
+                title=f"Explain {topic.replace('_', ' ')}",
+                description=topic_file(topic).description,
+                arguments=[types.PromptArgument(name=v, required=True) for v in template.input_variables],
+            )
+            for name, (topic, template) in templates().items()
+        }
+        return {SYSTEM_PROMPT_NAME: system, **explain}
 
     @cache
     def system_text() -> str:
@@ -526,7 +498,7 @@ def _prompt_handlers(tool_names: list[str], policy: ModelPolicy) -> tuple[Callab
         if name == SYSTEM_PROMPT_NAME:
             text = system_text()
         else:
-            template = explanation_template(topics[name], tools=tool_names)
+            template = templates()[name][1]
             values = params.arguments or {}
             missing = [v for v in template.input_variables if v not in values]
             if missing:
@@ -540,10 +512,6 @@ def _prompt_handlers(tool_names: list[str], policy: ModelPolicy) -> tuple[Callab
     return list_prompts, get_prompt
 
 
-def initialization_options(server: Server[Any]) -> Any:
-    return server.create_initialization_options(NotificationOptions())
-
-
 def quiet_sdk_loggers(level: int = logging.WARNING) -> None:
     """Keep the SDK's per-request and per-session INFO lines (and the HTTP clients') off stderr; warnings and
     errors still show."""
@@ -551,38 +519,27 @@ def quiet_sdk_loggers(level: int = logging.WARNING) -> None:
         logging.getLogger(name).setLevel(level)
 
 
-def _invalid_unicode_problem(arguments: Any) -> InvalidInputError | None:
+def _refuse_invalid_unicode(arguments: Any) -> None:
+    """Raise the error the stdio reader's marker stands for (see :func:`_answerable_message`)."""
     if isinstance(arguments, dict) and set(arguments) == {INVALID_UNICODE_ARGUMENT}:
         marker = arguments[INVALID_UNICODE_ARGUMENT]
         if isinstance(marker, dict) and isinstance(marker.get("message"), str):
-            return InvalidInputError(marker["message"], field=marker.get("field"))
-    return None
+            raise InvalidInputError(marker["message"], field=marker.get("field"))
 
 
-def _first_invalid_unicode(value: Any, path: str) -> InvalidInputError | None:
-    """The error for the first string (or key) inside ``value`` that cannot be UTF-8 encoded, or None."""
+def _lone_surrogate(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first string (or key) inside ``value`` that cannot be UTF-8 encoded, with where it is; or None."""
     if isinstance(value, str):
-        if not _LONE_SURROGATE.search(value):
-            return None
-        from agent_tools.inspector import check_unicode  # only for a string that holds a lone surrogate
-
-        try:
-            check_unicode(value, field=path)
-        except InvalidInputError as exc:
-            return exc
-        return None
-    items: Iterable[tuple[str, Any]] = ()
+        return (path, value) if _LONE_SURROGATE.search(value) else None
+    pairs: Iterable[tuple[str, Any]]
     if isinstance(value, dict):
-        for key in value:
-            if isinstance(key, str) and (problem := _first_invalid_unicode(key, f"{path} key")) is not None:
-                return problem
-        items = ((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
+        keys = ((f"{path} key", key) for key in value)
+        pairs = itertools.chain(keys, ((f"{path}.{key}" if path else str(key), item) for key, item in value.items()))
     elif isinstance(value, list):
-        items = ((f"{path}[{index}]", item) for index, item in enumerate(value))
-    for where, item in items:
-        if (problem := _first_invalid_unicode(item, where)) is not None:
-            return problem
-    return None
+        pairs = ((f"{path}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    return next((found for where, item in pairs if (found := _lone_surrogate(item, where)) is not None), None)
 
 
 def _replace_surrogates(value: Any) -> Any:
@@ -596,48 +553,25 @@ def _replace_surrogates(value: Any) -> Any:
 
 
 def _answerable_message(message: dict[str, Any]) -> dict[str, Any]:
-    """``message`` with lone surrogates made answerable (see :func:`answerable_line`); other messages unchanged."""
-    if _first_invalid_unicode(message, "") is None:
+    """``message`` made answerable when it holds lone surrogates (``"\\ud800"``, valid JSON but not Unicode).
+
+    The SDK cannot write a string holding one, so it would leave the request unanswered: the client would wait
+    forever. A ``tools/call`` gets its arguments replaced by a marker the tool answers with an error naming the
+    argument; any other message gets U+FFFD in place of each lone surrogate. Other messages are unchanged.
+    """
+    if _lone_surrogate(message) is None:
         return message  # surrogate pairs only: valid Unicode
     params = message.get("params")
-    if message.get("method") == "tools/call" and isinstance(params, dict):
-        problem = _first_invalid_unicode(params.get("arguments"), "")
-        if problem is not None:
-            params["arguments"] = {INVALID_UNICODE_ARGUMENT: {"message": problem.message, "field": problem.field}}
+    found = _lone_surrogate(params.get("arguments")) if isinstance(params, dict) else None
+    if message.get("method") == "tools/call" and isinstance(params, dict) and found is not None:
+        from agent_tools.inspector import check_unicode  # only for a string that holds a lone surrogate
+
+        try:
+            check_unicode(found[1], field=found[0])
+        except InvalidInputError as exc:
+            params["arguments"] = {INVALID_UNICODE_ARGUMENT: {"message": exc.message, "field": exc.field}}
     replaced: dict[str, Any] = _replace_surrogates(message)
     return replaced
-
-
-def answerable_line(line: str) -> str:
-    """A protocol line the SDK can parse, for a line that is valid JSON holding lone surrogate escapes.
-
-    Strict JSON parsers refuse ``"\\ud800"`` (a lone surrogate), so the SDK would log the line and never answer
-    the request: the client would wait forever. A ``tools/call`` gets its arguments replaced by a marker the tool
-    answers with an error naming the argument; any other message gets U+FFFD in place of each lone surrogate.
-    Other lines pass through unchanged (malformed JSON is answered by :func:`parse_line`).
-    """
-    if not _SURROGATE_ESCAPE.search(line):
-        return line
-    try:
-        message = json.loads(line)
-    except (ValueError, RecursionError):
-        return line
-    if not isinstance(message, dict) or _first_invalid_unicode(message, "") is None:
-        return line
-    return json.dumps(_answerable_message(message), ensure_ascii=False)
-
-
-class RpcProblem(Exception):
-    """A stdin line that gets a JSON-RPC error answer here, instead of reaching the SDK (which would drop it)."""
-
-    def __init__(self, code: int, message: str, request_id: str | int | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.request_id = code, message, request_id
-
-    def answer(self) -> str:
-        """The error response line (``id`` null when the request's id could not be read, as JSON-RPC says)."""
-        error = {"code": self.code, "message": self.message}
-        return json.dumps({"jsonrpc": "2.0", "id": self.request_id, "error": error}, ensure_ascii=False)
 
 
 @cache
@@ -647,7 +581,7 @@ def _request_types() -> dict[str, Any]:
     return dict(types.methods.MONOLITH_REQUESTS)
 
 
-def _params_problem(message: dict[str, Any], request_id: str | int) -> RpcProblem | None:
+def _params_problem(message: dict[str, Any], request_id: str | int | None) -> RpcProblem | None:
     """-32602 naming the first bad parameter of a request whose method is known (the SDK would say only
     "Invalid request parameters" and log the whole union's errors)."""
     try:
@@ -659,66 +593,22 @@ def _params_problem(message: dict[str, Any], request_id: str | int) -> RpcProble
     return None
 
 
-def _lenient_id(raw: bytes) -> str | int | None:
-    """The id of a line that is JSON once its bad bytes are replaced, so the client's request still gets an
-    answer (an error: the replaced text itself is never analysed)."""
-    try:
-        value = json.loads(raw.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError):
-        return None
-    request_id = value.get("id") if isinstance(value, dict) else None
-    return request_id if valid_id(request_id) else None
-
-
-def _checked_envelope(value: Any) -> dict[str, Any]:
-    """``value`` if it is a single JSON-RPC 2.0 message this server can route; else the problem to answer."""
-    if isinstance(value, list):
-        raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: batches are not supported; send one message a line")
-    if not isinstance(value, dict):
-        raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
-    request_id = value.get("id")
-    answer_id = request_id if valid_id(request_id) else None
-    if "id" in value and answer_id is None:
-        raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
-    if value.get("jsonrpc") != "2.0":
-        raise RpcProblem(types.INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', answer_id)
-    if deeper_than(value, MAX_JSON_DEPTH):
-        msg = f"Invalid Request: nested deeper than {MAX_JSON_DEPTH} levels"
-        raise RpcProblem(types.INVALID_REQUEST, msg, answer_id)
-    if "method" in value:
-        method, params = value["method"], value.get("params")
-        if not isinstance(method, str):
-            raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: method must be a string", answer_id)
-        if params is not None and not isinstance(params, dict):
-            raise RpcProblem(types.INVALID_REQUEST, "Invalid Request: params must be an object", answer_id)
-        if answer_id is not None and method not in _request_types():
-            raise RpcProblem(types.METHOD_NOT_FOUND, f"Method not found: {method[:100]!r}", answer_id)
-        if answer_id is not None and (problem := _params_problem(value, answer_id)) is not None:
-            raise problem
-    return value
-
-
 def parse_line(raw: bytes) -> Any:
     """The message one stdin line holds, ready for the SDK (None for a blank line).
 
     Raises :class:`RpcProblem` for a line the SDK would log and leave unanswered — the client would wait for
-    ever: not UTF-8 or not JSON (-32700), not one well-formed message (-32600), an unknown method (-32601).
+    ever: not UTF-8 or not JSON (-32700), not one well-formed message (-32600, :func:`read_message
+    <agent_tools.mcp_front.read_message>`), an unknown method (-32601), parameters its method refuses (-32602).
     """
-    if not raw.strip():
+    message = read_message(raw)
+    if message is None:
         return None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        msg = f"Parse error: the message is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON"
-        raise RpcProblem(types.PARSE_ERROR, msg, _lenient_id(raw)) from exc
-    try:
-        value = json.loads(text)
-    except RecursionError as exc:
-        msg = f"Parse error: nested too deeply to parse; at most {MAX_JSON_DEPTH} levels are accepted"
-        raise RpcProblem(types.PARSE_ERROR, msg) from exc
-    except ValueError as exc:
-        raise RpcProblem(types.PARSE_ERROR, f"Parse error: not valid JSON ({exc})") from exc
-    message = _checked_envelope(value)
+    request_id = message.get("id")
+    if "method" in message and valid_id(request_id):
+        if message["method"] not in _request_types():
+            raise RpcProblem(types.METHOD_NOT_FOUND, f"Method not found: {message['method'][:100]!r}", request_id)
+        if (problem := _params_problem(message, request_id)) is not None:
+            raise problem
     try:
         return types.jsonrpc_message_adapter.validate_python(_answerable_message(message), by_name=False)
     except ValueError as exc:  # pydantic's ValidationError: no request, notification or response shape
@@ -726,9 +616,7 @@ def parse_line(raw: bytes) -> Any:
         raise RpcProblem(types.INVALID_REQUEST, msg, message.get("id")) from exc
 
 
-def _read_stdin(
-    binary: Any, lines: MemoryObjectSendStream[bytes], token: Any, on_end: Callable[[], None] | None = None
-) -> None:
+def _read_stdin(binary: Any, lines: MemoryObjectSendStream[bytes], token: Any, on_end: Callable[[], None]) -> None:
     """Feed stdin's lines (at most MAX_LINE_BYTES + 1 bytes at a time) to the event loop; runs in a daemon thread,
     so a server ending for any reason never waits for a blocked ``readline`` (it hung until stdin closed).
     ``on_end`` runs when stdin ends (the client is gone): the calls still running are stopped."""
@@ -743,8 +631,7 @@ def _read_stdin(
             anyio.from_thread.run(lines.send, raw, token=token)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.RunFinishedError):
         return  # the server is ending on its own
-    if on_end is not None:
-        on_end()
+    on_end()
     try:
         anyio.from_thread.run(lines.aclose, token=token)
     except anyio.RunFinishedError:
@@ -810,21 +697,19 @@ async def _route_lines(
     lines: MemoryObjectReceiveStream[bytes],
     messages: MemoryObjectSendStream[SessionMessage | Exception],
     write: Any,
-    unanswered: _Unanswered | None = None,
+    unanswered: _Unanswered,
 ) -> None:
-    """Each line to the SDK as a message, or answered here with its JSON-RPC error; oversize lines are skipped.
-    At stdin's end, the requests passed on are answered before the SDK's read stream closes."""
-    unanswered = unanswered or _Unanswered()
+    """Each line to the SDK as a message, or answered here with its JSON-RPC error; the rest of a line over
+    ``MAX_LINE_BYTES`` is skipped. At stdin's end, the requests passed on are answered before the SDK's read
+    stream closes."""
     skipping = False
     async with lines, messages:
         async for raw in lines:
             if skipping:
                 skipping = not raw.endswith(b"\n")
                 continue
+            skipping = len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
             try:
-                if len(raw) > MAX_LINE_BYTES:
-                    skipping = not raw.endswith(b"\n")
-                    raise RpcProblem(types.INVALID_REQUEST, f"Invalid Request: a message over {MAX_LINE_BYTES:,} bytes")
                 message = parse_line(raw)
             except RpcProblem as problem:
                 logger.warning("answered a malformed message with %d: %s", problem.code, problem.message)
@@ -836,12 +721,31 @@ async def _route_lines(
         await unanswered.settled(STOP_GRACE_SECONDS)
 
 
-@asynccontextmanager
-async def _stdio_streams(
-    binary: Any, stdout: Any, on_end: Callable[[], None] | None = None, drop_answer_to: str | None = None
-) -> AsyncIterator[tuple[Any, Any]]:
-    """The stdio transport (the SDK's, plus an answer for every malformed line): read and write streams. The
-    answer to the request ``drop_answer_to`` is not written (the stdio front's replayed ``initialize``)."""
+async def serve_stdio(
+    server: Server[Any],
+    *,
+    stdin: Any = None,
+    stdout: Any = None,
+    exit_after_close: float | None = None,
+    drop_answer_to: str | None = None,
+) -> None:
+    """Serve over stdio until the client closes the pipe: the SDK's transport, plus an answer for every malformed
+    line.
+
+    ``stdin`` is a binary file (``sys.stdin.buffer`` by default; or what :meth:`StdioFront.handoff
+    <agent_tools.mcp_front.StdioFront.handoff>` returns, with ``drop_answer_to`` its replayed ``initialize``'s id,
+    whose answer is not written): lines are decoded here, strictly, so invalid UTF-8 is answered as an error
+    instead of being replaced and analysed. ``stdout`` is an anyio text file. When stdin closes, every request read
+    is answered (the calls still running are stopped at their next checkpoint, those waiting for the model at
+    once); with ``exit_after_close`` the process also ends that many seconds later if it is still alive (a server
+    process, not a test).
+    """
+    import io
+
+    if stdin is None:
+        stdin = sys.stdin.buffer
+    if stdout is None:
+        stdout = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
     unanswered = _Unanswered()
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
@@ -865,45 +769,16 @@ async def _stdio_streams(
                         continue
                 await write(sent.model_dump_json(by_alias=True, exclude_unset=True))
 
+    on_end = partial(_stdin_closed, exit_after_close)
     reader = threading.Thread(
-        target=_read_stdin, args=(binary, line_writer, anyio.lowlevel.current_token(), on_end), daemon=True
+        target=_read_stdin, args=(stdin, line_writer, anyio.lowlevel.current_token(), on_end), daemon=True
     )
     async with anyio.create_task_group() as group:
         group.start_soon(_route_lines, line_reader, read_writer, write, unanswered)
         group.start_soon(write_messages)
         reader.start()
-        try:
-            yield read_stream, write_stream
-        finally:
-            group.cancel_scope.cancel()
-
-
-async def serve_stdio(
-    server: Server[Any],
-    *,
-    stdin: Any = None,
-    stdout: Any = None,
-    exit_after_close: float | None = None,
-    drop_answer_to: str | None = None,
-) -> None:
-    """Serve over stdio until the client closes the pipe.
-
-    ``stdin`` is a binary file (``sys.stdin.buffer`` by default; or what :meth:`StdioFront.handoff
-    <agent_tools.mcp_front.StdioFront.handoff>` returns, with ``drop_answer_to`` its replayed ``initialize``'s id):
-    lines are decoded here, strictly, so invalid UTF-8 is answered as an error instead of being replaced and
-    analysed. ``stdout`` is an anyio text file. When stdin closes, every request read is answered (the calls still
-    running are stopped at their next checkpoint, those waiting for the model at once); with ``exit_after_close``
-    the process also ends that many seconds later if it is still alive (a server process, not a test).
-    """
-    import io
-
-    if stdin is None:
-        stdin = sys.stdin.buffer
-    if stdout is None:
-        stdout = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
-    on_end = partial(_stdin_closed, exit_after_close)
-    async with _stdio_streams(stdin, stdout, on_end, drop_answer_to) as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, initialization_options(server))
+        await server.run(read_stream, write_stream, server.create_initialization_options(NotificationOptions()))
+        group.cancel_scope.cancel()
 
 
 def _closed_stream_noise(record: logging.LogRecord) -> bool:
@@ -922,15 +797,12 @@ async def _read_post(receive: Any) -> tuple[bytes, RpcProblem | None]:
     """
     chunks: list[bytes] = []
     size = 0
-    while True:
+    while size <= MAX_LINE_BYTES:  # past it parse_line refuses the body: the rest is not read
         message = await receive()
         if message["type"] != "http.request":
             return b"".join(chunks), None  # disconnected: the SDK sees the same
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_LINE_BYTES:
-            return b"", RpcProblem(types.INVALID_REQUEST, f"Invalid Request: a message over {MAX_LINE_BYTES:,} bytes")
-        chunks.append(chunk)
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
         if not message.get("more_body", False):
             break
     body = b"".join(chunks)
@@ -960,8 +832,7 @@ async def _send_rpc_error(send: Any, problem: RpcProblem) -> None:
     logger.warning("answered a malformed HTTP message with %d: %s", problem.code, problem.message)
     payload = problem.answer().encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    status = 400
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
 

@@ -1,13 +1,13 @@
 """compare_prompts: how attention over the prompt's parts shifts between two variants, and what the output does.
 
-``models`` holds the arguments and report, ``plan`` the pass (both variants through the shared prompt trace,
-:mod:`agent_tools.prompt_trace`, then their segments matched by name), ``narrative`` the summary and findings.
+``models`` holds the arguments and report, ``plan`` the pass (both variants through the shared traced-prompt
+pass, :mod:`agent_tools.traced_prompt`, then their segments matched by name), ``narrative`` the summary and
+findings. The report embeds each variant's numbers (``trace_a``, ``trace_b``), not trace_prompt_attention's words.
 """
 
 from __future__ import annotations
 
 from agent_tools.prompt_segments import MAX_NAMED_SEGMENTS
-from agent_tools.prompt_trace.models import SEGMENT_RANK_LABEL, segment_rank
 from agent_tools.tools.compare_prompts.models import (
     DESCRIPTION,
     ComparePromptsInput,
@@ -16,6 +16,7 @@ from agent_tools.tools.compare_prompts.models import (
 )
 from agent_tools.tools.compare_prompts.plan import compare_prompts
 from agent_tools.tools.registry import ToolSpec, Top
+from agent_tools.traced_prompt.models import SEGMENT_RANK_LABEL, segment_rank
 
 __all__ = ["SPEC", "ComparePromptsInput", "PromptComparison", "SegmentComparison", "compare_prompts"]
 
@@ -42,15 +43,11 @@ SPEC = ToolSpec(
         Top("trace_a.segments[].token_shares", 2, by="share"),
         Top("trace_a.filler", 8, by="share"),
         Top("trace_a.generated", 6, order="first"),
-        Top("trace_a.findings", 3, order="first"),
-        Top("trace_a.next_calls", 0, order="first"),
         Top("trace_b.segments", MAX_NAMED_SEGMENTS, by=segment_rank, label=SEGMENT_RANK_LABEL),
         Top("trace_b.segments[].positions", 12, order="first"),
         Top("trace_b.segments[].token_shares", 2, by="share"),
         Top("trace_b.filler", 8, by="share"),
         Top("trace_b.generated", 6, order="first"),
-        Top("trace_b.findings", 3, order="first"),
-        Top("trace_b.next_calls", 0, order="first"),
     ),
     advanced=(
         "sink_threshold",

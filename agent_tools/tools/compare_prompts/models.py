@@ -6,7 +6,9 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from agent_tools.inspector import MAX_NEW_TOKENS
 from agent_tools.prompt_segments import SegmentSpec
-from agent_tools.prompt_trace.models import (
+from agent_tools.schemas import ChatMessage, ModelInput, NextCall, Report, Rounded
+from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack, StackReport
+from agent_tools.traced_prompt.models import (
     ANSWER_STOP_DESCRIPTION,
     DEFAULT_ANSWER_STOP,
     DEFAULT_SINK_THRESHOLD,
@@ -17,15 +19,12 @@ from agent_tools.prompt_trace.models import (
     SINK_DESCRIPTION,
     AnswerStop,
     Check,
-    NextCall,
-    PromptTrace,
+    MeasuredTrace,
     Target,
     TokenProbability,
     answer_stop_form,
     max_new_tokens_in_range,
 )
-from agent_tools.schemas import ChatMessage, ModelInput, Report, Rounded
-from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack, StackReport
 
 DESCRIPTION = (
     "Two prompt variants side by side: each segment's attention share and causal effect, the largest shifts, the "
@@ -104,6 +103,8 @@ class PromptComparison(Report, StackReport):
     depends_on_most_b: str | None = None
     inserted_a: list[str] = Field(default_factory=list, description="text A's chat template inserted (segments)")
     inserted_b: list[str] = Field(default_factory=list, description="text B's chat template inserted (segments)")
-    trace_a: PromptTrace
-    trace_b: PromptTrace
+    trace_a: MeasuredTrace = Field(
+        description="variant A's traced numbers: trace_prompt_attention's, without its words"
+    )
+    trace_b: MeasuredTrace
     next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

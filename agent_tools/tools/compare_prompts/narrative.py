@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_tools.prompt_trace.models import PromptTrace, TokenProbability
 from agent_tools.schemas import Finding, rounded
 from agent_tools.tools.compare_prompts.models import SegmentComparison
+from agent_tools.traced_prompt.models import MeasuredTrace, TokenProbability
 
 SHIFTS_SHOWN = 3
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """Two traces and what was measured between them: everything the narrative is written from."""
+    """Two traced variants' numbers and what was measured between them: everything the narrative is written from."""
 
-    a: PromptTrace
-    b: PromptTrace
+    a: MeasuredTrace
+    b: MeasuredTrace
     rows: list[SegmentComparison]  # every segment of either variant, largest |change| first
     kl: float | None  # KL(A ‖ B) of the next-token distributions; None without a next-token head
     top_tokens: tuple[TokenProbability, TokenProbability] | None  # each variant's top next token, with kl
@@ -69,7 +69,7 @@ def _generated(comparison: Comparison) -> Finding:
     )
 
 
-def _depends(label: str, trace: PromptTrace) -> str:
+def _depends(label: str, trace: MeasuredTrace) -> str:
     """What the variant's answer depends on, in words — never 'depends on None'."""
     if "causal" not in trace.checks:
         return f"{label}'s answer was not checked ({'; '.join(trace.evidence_notes) or 'no causal check'})"
@@ -82,7 +82,7 @@ def _depends(label: str, trace: PromptTrace) -> str:
     return f"{label}'s {token} depends most on {trace.depends_on_most!r}{size}"
 
 
-def _inserted_clause(a: PromptTrace, b: PromptTrace) -> str:
+def _inserted_clause(a: MeasuredTrace, b: MeasuredTrace) -> str:
     """Say when a variant's chat template inserted text (e.g. a default system prompt) the other did not get."""
     inserted = {label: [s for s in t.segments if s.kind == "inserted"] for label, t in (("A", a), ("B", b))}
     parts = []

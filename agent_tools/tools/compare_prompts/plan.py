@@ -1,4 +1,4 @@
-"""compare_prompts' pass: trace both variants with the shared prompt trace, then match their segments by name."""
+"""compare_prompts' pass: trace both variants with the shared traced-prompt pass, then match their segments by name."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from agent_tools.analysis.segments import share_changes
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import SegmentSpec, segment_prompt
-from agent_tools.prompt_trace.evidence import EvidenceRequest
-from agent_tools.prompt_trace.evidence import prepare as prepare_evidence
-from agent_tools.prompt_trace.measure import check_traceable
-from agent_tools.prompt_trace.models import NextCall, PromptTrace, TokenProbability
-from agent_tools.prompt_trace.report import TraceRun, trace
-from agent_tools.schemas import ChatMessage
+from agent_tools.schemas import ChatMessage, NextCall
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.compare_prompts.models import ComparePromptsInput, PromptComparison, SegmentComparison
 from agent_tools.tools.compare_prompts.narrative import Comparison, narrate
+from agent_tools.traced_prompt.evidence import EvidenceRequest
+from agent_tools.traced_prompt.evidence import prepare as prepare_evidence
+from agent_tools.traced_prompt.measure import check_traceable
+from agent_tools.traced_prompt.models import MeasuredTrace, TokenProbability
+from agent_tools.traced_prompt.run import TraceRun, trace
 
 COMPARED = {  # SegmentComparison's column -> the trace's field, one column per variant (_a, _b)
     "share_without_sink": "share_without_sink",
@@ -50,8 +50,8 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
     a, b = comparison.a, comparison.b
     return PromptComparison(
         model=loaded.name,
-        attention=run_a.report.attention,
-        summary=summary if run_a.report.attention == "self" else on_stack(run_a.report.attention, summary),
+        attention=run_a.traced.stack,
+        summary=summary if run_a.traced.stack == "self" else on_stack(run_a.traced.stack, summary),
         findings=findings,
         target=args.target,
         segments=comparison.rows,
@@ -70,18 +70,18 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
         inserted_b=[s.name for s in b.segments if s.kind == "inserted"],
         trace_a=a,
         trace_b=b,
-        next_calls=_next_calls(args, comparison),
+        next_calls=_next_calls(loaded.name, args, comparison),
     )
 
 
-def _next_calls(args: ComparePromptsInput, comparison: Comparison) -> list[NextCall]:
+def _next_calls(model: str, args: ComparePromptsInput, comparison: Comparison) -> list[NextCall]:
     """Confirm what moved: each variant's own trace with gradient checks, when the answers' dependence differs."""
     calls = []
     for name, trace_report, prompt, named in (
         ("A", comparison.a, args.prompt_a, args.segments_a),
         ("B", comparison.b, args.prompt_b, args.segments_b),
     ):
-        arguments: dict = {"model": trace_report.model, "prompt": _argument(prompt), "target": args.target}
+        arguments: dict = {"model": model, "prompt": _argument(prompt), "target": args.target}
         if args.target == "generate":
             arguments |= {"answer_stop": args.answer_stop, "max_new_tokens": args.max_new_tokens}
         if args.answer is not None:
@@ -142,11 +142,11 @@ def _request(args: ComparePromptsInput) -> EvidenceRequest:
 
 def compare(run_a: TraceRun, run_b: TraceRun, *, generated: bool) -> Comparison:
     """Match the two traces' segments by name and measure how the output changed."""
-    a, b = run_a.report, run_b.report
+    a, b = run_a.measured, run_b.measured
     kl: float | None = None
     top_tokens: tuple[TokenProbability, TokenProbability] | None = None
     same_top: bool | None = None
-    logits_a, logits_b = run_a.answer_logits, run_b.answer_logits
+    logits_a, logits_b = run_a.traced.answer_logits, run_b.traced.answer_logits
     if logits_a is not None and logits_b is not None and a.next_tokens and b.next_tokens:
         kl = float(kl_divergence(logits_a, logits_b))  # (V,) logits -> nats
         same_top = int(logits_a.argmax()) == int(logits_b.argmax())
@@ -163,13 +163,13 @@ def compare(run_a: TraceRun, run_b: TraceRun, *, generated: bool) -> Comparison:
     )
 
 
-def _by_name(report: PromptTrace, field: str) -> dict[str, Any]:
+def _by_name(report: MeasuredTrace, field: str) -> dict[str, Any]:
     if field == "removed":
         return {s.name: s.causal.removed for s in report.segments if s.causal}
     return {s.name: getattr(s, field) for s in report.segments}
 
 
-def segment_rows(a: PromptTrace, b: PromptTrace) -> list[SegmentComparison]:
+def segment_rows(a: MeasuredTrace, b: MeasuredTrace) -> list[SegmentComparison]:
     """Every segment of either trace, matched by name, largest |share change| first."""
     kinds = {s.name: s.kind for s in [*b.segments, *a.segments]}
     columns = {
@@ -186,7 +186,7 @@ def segment_rows(a: PromptTrace, b: PromptTrace) -> list[SegmentComparison]:
     ]
 
 
-def _first_difference(a: PromptTrace, b: PromptTrace) -> int | None:
+def _first_difference(a: MeasuredTrace, b: MeasuredTrace) -> int | None:
     """First generated step where the variants chose different tokens; a shorter answer differs where it ends."""
     ids_a = [g.token_id for g in a.generated or []]
     ids_b = [g.token_id for g in b.generated or []]

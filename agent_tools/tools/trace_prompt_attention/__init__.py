@@ -1,16 +1,16 @@
 """trace_prompt_attention: which parts of my prompt (system, user turns, named spans) does the answer read?
 
-``models`` (arguments; the report is the shared :class:`~agent_tools.prompt_trace.models.PromptTrace`), ``plan``
+``models`` (arguments; the report is the shared :class:`~agent_tools.traced_prompt.models.PromptTrace`), ``plan``
 (the traced pass), ``narrative`` (where the summary and findings are written: the shared prompt trace).
 """
 
 from __future__ import annotations
 
 from agent_tools.prompt_segments import MAX_NAMED_SEGMENTS
-from agent_tools.prompt_trace.models import SEGMENT_RANK_LABEL, segment_rank
 from agent_tools.tools.registry import ToolSpec, Top
 from agent_tools.tools.trace_prompt_attention.models import DESCRIPTION, PromptTrace, TracePromptInput
 from agent_tools.tools.trace_prompt_attention.plan import trace_prompt_attention
+from agent_tools.traced_prompt.models import SEGMENT_RANK_LABEL, segment_rank
 
 __all__ = ["SPEC", "PromptTrace", "TracePromptInput", "trace_prompt_attention"]
 

@@ -1,12 +1,15 @@
-"""trace_prompt_attention's arguments and report models (the report is the shared prompt trace's)."""
+"""trace_prompt_attention's arguments and report: the traced prompt's numbers (the shared
+:class:`~agent_tools.traced_prompt.models.MeasuredTrace`) with the trace's words."""
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from agent_tools.inspector import MAX_NEW_TOKENS
 from agent_tools.prompt_segments import SegmentSpec
-from agent_tools.prompt_trace.models import (
+from agent_tools.schemas import ChatMessage, Finding, ModelInput, NextCall, Report, Rounded, rounded
+from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack, StackReport
+from agent_tools.traced_prompt.models import (
     ANSWER_STOP_DESCRIPTION,
     DEFAULT_ANSWER_STOP,
     DEFAULT_SINK_THRESHOLD,
@@ -17,15 +20,13 @@ from agent_tools.prompt_trace.models import (
     SINK_DESCRIPTION,
     AnswerStop,
     Check,
-    PromptTrace,
+    MeasuredTrace,
     Target,
     answer_stop_form,
     max_new_tokens_in_range,
 )
-from agent_tools.schemas import ChatMessage, ModelInput
-from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack
 
-__all__ = ["PromptTrace", "TracePromptInput"]
+__all__ = ["PromptTrace", "TracePromptInput", "ViewLead"]
 
 DESCRIPTION = (
     "Which prompt parts (system, turns, template, named spans) the answer reads and depends on (removal, value "
@@ -56,3 +57,24 @@ class TracePromptInput(ModelInput):
 
     _max_new_tokens_range = field_validator("max_new_tokens", mode="before")(max_new_tokens_in_range)
     _answer_stop_form = model_validator(mode="before")(answer_stop_form)
+
+
+class ViewLead(BaseModel):
+    view: str
+    measures: str = Field(description="what this view measures")
+    leader: str | None = Field(description="the content segment it puts first")
+    value: Rounded | None
+
+
+class PromptTrace(MeasuredTrace, Report, StackReport):
+    """The traced prompt's numbers (:class:`MeasuredTrace`) and what this tool says about them."""
+
+    rendered_prompt: str = Field(description="the text the model read (chat template applied)")
+    views: list[ViewLead] = Field(default_factory=list, description="what each view measures and whom it puts first")
+    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")
+
+    @field_validator("findings")
+    @classmethod
+    def _round_findings(cls, findings: list[Finding]) -> list[Finding]:
+        """A finding's value rounds here, at the report boundary, as a ``Rounded`` field does."""
+        return [f if f.value is None else f.model_copy(update={"value": rounded(f.value)}) for f in findings]

@@ -1,4 +1,5 @@
-"""trace_prompt_attention's pass: the shared traced-prompt pass (:mod:`agent_tools.prompt_trace`) on one prompt.
+"""trace_prompt_attention's pass and report: the shared traced-prompt pass (:mod:`agent_tools.traced_prompt`) on one
+prompt, its numbers, and this tool's words about them (:mod:`.narrative`, :mod:`.claims`, :mod:`.next_calls`).
 
 Not a :class:`~agent_tools.inspector.PassPlan`: target 'generate' runs greedy generation, not one forward.
 """
@@ -6,10 +7,14 @@ Not a :class:`~agent_tools.inspector.PassPlan`: target 'generate' runs greedy ge
 from __future__ import annotations
 
 from agent_tools.inspector import Inspector
-from agent_tools.prompt_trace.evidence import EvidenceRequest
-from agent_tools.prompt_trace.models import PromptTrace
-from agent_tools.prompt_trace.report import trace
-from agent_tools.tools.trace_prompt_attention.models import TracePromptInput
+from agent_tools.loading import LoadedModel
+from agent_tools.stack_input import on_stack
+from agent_tools.tools.trace_prompt_attention.claims import causal_lead, evidence_findings, filler_clause, view_leads
+from agent_tools.tools.trace_prompt_attention.models import PromptTrace, TracePromptInput
+from agent_tools.tools.trace_prompt_attention.narrative import narrate
+from agent_tools.tools.trace_prompt_attention.next_calls import trace_next_calls
+from agent_tools.traced_prompt.evidence import EvidenceRequest
+from agent_tools.traced_prompt.run import TraceRun, trace
 
 
 def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> PromptTrace:
@@ -23,7 +28,14 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
     removing / neutralising each segment, value-weighted shares with filler set apart, integrated gradients.
     """
     loaded = inspector.model(args.model)
-    return trace(
+    request = EvidenceRequest.of(
+        args.checks,
+        answer=args.answer,
+        neutral_token=args.neutral_token,
+        ig_steps=args.ig_steps,
+        exclude_filler=args.exclude_filler,
+    )
+    run = trace(
         inspector,
         loaded,
         args.prompt,
@@ -32,13 +44,41 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
         max_new_tokens=args.max_new_tokens,
         top_k=args.top_k,
         sink_threshold=args.sink_threshold,
-        evidence=EvidenceRequest.of(
-            args.checks,
-            answer=args.answer,
-            neutral_token=args.neutral_token,
-            ig_steps=args.ig_steps,
-            exclude_filler=args.exclude_filler,
-        ),
+        evidence=request,
         attention=args.attention,
         answer_stop=args.answer_stop,
-    ).report
+    )
+    report = trace_report(loaded, run)
+    report.next_calls = trace_next_calls(
+        report,
+        run.traced,
+        args.prompt,
+        args.segments,
+        request=request,
+        target=args.target,
+        answer_stop=args.answer_stop,
+        max_new_tokens=args.max_new_tokens,
+    )
+    return report
+
+
+def trace_report(loaded: LoadedModel, run: TraceRun) -> PromptTrace:
+    """The report of one traced prompt: its numbers, and the summary, findings and views written from them."""
+    traced, numbers, evidence, checked, measured = run.traced, run.numbers, run.evidence, run.verdict, run.answer
+    summary, findings = narrate(
+        traced,
+        numbers,
+        run.measured,
+        lead=causal_lead(traced, numbers, evidence, checked, measured),
+        evidence=evidence_findings(traced, numbers, evidence, checked, measured),
+        filler=filler_clause(traced, numbers),
+    )
+    return PromptTrace(
+        **dict(run.measured),
+        model=loaded.name,
+        attention=traced.stack,
+        summary=summary if traced.stack == "self" else on_stack(traced.stack, summary),
+        findings=findings,
+        rendered_prompt=traced.prompt.encoded.text,
+        views=view_leads(traced, numbers, evidence, checked),
+    )

@@ -27,10 +27,10 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import CONTENT_KINDS, Segment, SegmentedPrompt, SegmentSpec, segment_prompt
-from agent_tools.prompt_trace.models import DEFAULT_SINK_THRESHOLD, SegmentTier, Target
 from agent_tools.runner import Generation, StopRule
 from agent_tools.runner.attribution import TracedAnswer
 from agent_tools.schemas import ROLES, ChatMessage
+from agent_tools.traced_prompt.models import DEFAULT_SINK_THRESHOLD, SegmentTier, Target
 
 
 def segment_tier(segment: Segment) -> SegmentTier:

@@ -1,8 +1,8 @@
-"""The prompt trace as a report: run the traced pass, measure it, decode the rows, and write the narrative.
+"""A traced prompt's numbers as report rows: the :class:`~.models.MeasuredTrace` both prompt tools embed.
 
-:func:`trace` is what both prompt tools call: ``trace_prompt_attention`` returns its report, and
-``compare_prompts`` traces two variants and compares the reports and their next-token logits. With evidence
-checks (:mod:`.evidence`) the report also says what the answer depends on, per segment, beside what it reads.
+Every row restates numbers the pass (:mod:`.measure`) and the checks (:mod:`.evidence`) measured, decoded into
+tokens and segment names: each segment's shares and check results, the generated tokens, the answer the checks
+measured and its deciding token, the filler set apart. No words here: ``trace_prompt_attention`` writes them.
 """
 
 from __future__ import annotations
@@ -14,24 +14,14 @@ import torch
 from torch import Tensor
 
 from agent_tools.analysis.segments import leading_segment, top_positions
-from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.prompt_segments import Segment, SegmentSpec, segment_prompt
-from agent_tools.prompt_trace.answer import covers, stop_rule
-from agent_tools.prompt_trace.claims import Measured, causal_lead, evidence_findings, filler_clause, view_leads
-from agent_tools.prompt_trace.evidence import Evidence, EvidenceRequest, Verdict, direction, gather, prepare, verdict
-from agent_tools.prompt_trace.measure import (
-    TracedPrompt,
-    TraceNumbers,
-    check_traceable,
-    measure,
-    seq2seq_trace_pass,
-    trace_pass,
-)
-from agent_tools.prompt_trace.models import (
-    DEFAULT_ANSWER_STOP,
-    DEFAULT_SINK_THRESHOLD,
+from agent_tools.prompt_segments import Segment
+from agent_tools.schemas import KeyWeight
+from agent_tools.segment_attribution import causal_attribution
+from agent_tools.traced_prompt.answer import covers
+from agent_tools.traced_prompt.evidence import Evidence, Verdict, direction
+from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
+from agent_tools.traced_prompt.models import (
     AnswerEvidence,
     AnswerStop,
     AnswerToken,
@@ -41,228 +31,79 @@ from agent_tools.prompt_trace.models import (
     GeneratedToken,
     GradientAttribution,
     GradientRun,
-    PromptTrace,
+    MeasuredTrace,
     RankAgreement,
     SegmentEffect,
     SegmentShare,
-    Target,
     TokenProbability,
     TokenShare,
 )
-from agent_tools.prompt_trace.narrative import Answer, narrate
-from agent_tools.prompt_trace.next_calls import trace_next_calls
-from agent_tools.schemas import ChatMessage, KeyWeight
-from agent_tools.segment_attribution import causal_attribution
-from agent_tools.stack_input import on_stack
 
 NEXT_TOKENS_SHOWN = 5
 TEXT_SHOWN = 80  # characters of a segment's text in the report
 TOKEN_SHARES_SHOWN = 16  # tokens listed per segment in token_shares
 
 
-@dataclass
-class TraceRun:
-    """A trace's report plus the next-token logits at the last prompt position (for comparisons)."""
+@dataclass(frozen=True)
+class MeasuredAnswer:
+    """The answer the checks measured, decoded: its text, its tokens and what it covers."""
 
-    report: PromptTrace
-    answer_logits: Tensor | None
-
-
-def trace(
-    inspector: Inspector,
-    loaded: LoadedModel,
-    prompt: str | list[ChatMessage],
-    named: list[SegmentSpec] | None,
-    *,
-    target: Target = "last",
-    max_new_tokens: int = 16,
-    top_k: int = 3,
-    sink_threshold: float = DEFAULT_SINK_THRESHOLD,
-    evidence: EvidenceRequest | None = None,
-    attention: str | None = None,
-    answer_stop: AnswerStop = DEFAULT_ANSWER_STOP,
-) -> TraceRun:
-    """Segment the prompt, check the evidence request, run it (and generate, for target 'generate', ending the
-    answer per ``answer_stop``), run the checks, and build the report.
-
-    On an encoder–decoder the trace is of the cross-attention (``attention`` 'cross', the default): the answer's
-    tokens reading the input (:func:`~agent_tools.prompt_trace.measure.seq2seq_trace_pass`)."""
-    request = evidence if evidence is not None else EvidenceRequest()
-    stack = inspector.attention_stack(loaded, attention, seq2seq_default="cross")
-    if loaded.facts.is_encoder_decoder:
-        inspector.require_stack(loaded, stack, ("cross",), SEQ2SEQ_STACKS)
-        return _seq2seq_trace(
-            inspector, loaded, prompt, named, request, target, max_new_tokens, top_k, sink_threshold, answer_stop
-        )
-    segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
-    prepared = prepare(inspector, loaded, segmented, request)
-    traced = trace_pass(
-        inspector,
-        loaded,
-        prompt,
-        named,
-        target=target,
-        max_new_tokens=max_new_tokens,
-        sink_threshold=sink_threshold,
-        value_grams=prepared.value_grams,
-        segmented=segmented,
-        keep_cache=prepared.causal and target == "last",
-        stop_when=stop_rule(loaded, answer_stop) if target == "generate" else None,
-    )
-    numbers = measure(traced, exclude_filler=request.exclude_filler)
-    found = gather(inspector, loaded, traced, prepared)
-    report = build_report(
-        loaded, traced, numbers, found, top_k=top_k, sink_threshold=sink_threshold, max_new_tokens=max_new_tokens
-    )
-    if prepared.neutral_id is not None:
-        report.neutral_token = _decode(loaded, [prepared.neutral_id])
-    return _finished(report, traced, prompt, named, request, target, answer_stop, max_new_tokens)
+    text: str
+    tokens: list[str]
+    covers: str
 
 
-SEQ2SEQ_STACKS = (
-    "an encoder–decoder's answer reads its input through cross-attention, which is what trace_prompt_attention "
-    "traces; the encoder and decoder stacks are per-layer maps (show_attention, diagnose_collapse with attention=...)"
-)
-SEQ2SEQ_CHECKS = (
-    "the checks beside attention (causal, value, gradient) are not run on an encoder–decoder's cross-attention trace"
-)
-
-
-SEQ2SEQ_ROLLOUT = (
-    "rollout on cross-attention: the answer tokens' cross-attention (mean over them, the decoder layers and heads) "
-    "carried back to the input through the encoder's rollout (every decoder layer reads the same encoder output); "
-    "the decoder's own self-attention is left out"
-)
-
-
-def _seq2seq_trace(
-    inspector: Inspector,
-    loaded: LoadedModel,
-    prompt: str | list[ChatMessage],
-    named: list[SegmentSpec] | None,
-    request: EvidenceRequest,
-    target: Target,
-    max_new_tokens: int,
-    top_k: int,
-    sink_threshold: float,
-    answer_stop: AnswerStop,
-) -> TraceRun:
-    """The cross-attention trace of an encoder–decoder: which input segments the generated tokens read."""
-    if request.explicit and request.checks:
-        raise InvalidInputError(f"{SEQ2SEQ_CHECKS}; omit checks", field="checks")
-    segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
-    traced = seq2seq_trace_pass(
-        inspector,
-        loaded,
-        segmented,
-        target=target,
-        max_new_tokens=max_new_tokens,
-        sink_threshold=sink_threshold,
-        stop_when=stop_rule(loaded, answer_stop),
-    )
-    numbers = measure(traced, exclude_filler=request.exclude_filler)
-    notes = [f"{SEQ2SEQ_CHECKS} (skipped)"] if request.checks else []
-    notes.append(SEQ2SEQ_ROLLOUT)
-    report = build_report(
-        loaded, traced, numbers, Evidence([], "model", notes=notes), top_k=top_k, sink_threshold=sink_threshold
-    )
-    report.attention = "cross"
-    report.summary = on_stack("cross", report.summary)
-    for row in report.generated or []:
-        row.position = row.step  # the decoder row that chose the token: the rows are the answer's, not the input's
-    return _finished(report, traced, prompt, named, request, target, answer_stop, max_new_tokens)
-
-
-def _finished(
-    report: PromptTrace,
-    traced: TracedPrompt,
-    prompt: str | list[ChatMessage],
-    named: list[SegmentSpec] | None,
-    request: EvidenceRequest,
-    target: Target,
-    answer_stop: AnswerStop,
-    max_new_tokens: int,
-) -> TraceRun:
-    """The report's stop rule (for a generated answer) and its suggested calls, both stacks alike."""
-    report.answer_stop = answer_stop if target == "generate" else None
-    report.next_calls = trace_next_calls(
-        report,
-        traced,
-        prompt,
-        named,
-        request=request,
-        target=target,
-        answer_stop=answer_stop,
-        max_new_tokens=max_new_tokens,
-    )
-    return TraceRun(report, traced.answer_logits)
-
-
-def build_report(
+def measured_trace(
     loaded: LoadedModel,
     traced: TracedPrompt,
     numbers: TraceNumbers,
-    evidence: Evidence | None = None,
+    evidence: Evidence,
+    checked: Verdict,
+    answer: MeasuredAnswer,
     *,
     top_k: int,
     sink_threshold: float,
-    max_new_tokens: int = 16,
-) -> PromptTrace:
-    """The :class:`PromptTrace` of one traced pass (and of the checks that ran on it)."""
-    evidence = evidence if evidence is not None else Evidence([], "model")
-    checked = verdict(traced, numbers, evidence)
-    measured = _measured(loaded, traced, evidence, max_new_tokens)
+    answer_stop: AnswerStop,
+    neutral_id: int | None = None,
+) -> MeasuredTrace:
+    """The :class:`MeasuredTrace` of one traced pass (and of the checks that ran on it)."""
     prompt, names = traced.prompt, traced.prompt.names
     length, logits, generation = traced.prompt.encoded.length, traced.answer_logits, traced.generation
     generated = _generated_rows(loaded, traced, numbers) if traced.target == "generate" else None
-    answer = Answer(
-        generated=generated,
-        text=_decode(loaded, traced.generated_ids, skip_special_tokens=True) if generated is not None else None,
-        next_token=next_token_table(loaded, logits, 1)[0] if logits is not None else None,
-    )
-    summary, findings = narrate(
-        traced,
-        numbers,
-        answer,
-        lead=causal_lead(traced, numbers, evidence, checked, measured),
-        evidence=evidence_findings(traced, numbers, evidence, checked, measured),
-        filler=filler_clause(traced, numbers),
-    )
+    text = _decode(loaded, traced.generated_ids, skip_special_tokens=True) if generated is not None else None
     sink, lead = prompt.index("sink"), numbers.lead
-    rows = [
-        _segment_row(loaded, traced, numbers, evidence, i, top_k=top_k, deciding=checked.deciding)
-        for i in range(len(prompt.segments))
-    ]
-    return PromptTrace(
-        model=loaded.name,
-        summary=summary,
-        findings=findings,
+    return MeasuredTrace(
         target=traced.target,
         prompt_format=prompt.prompt_format,
-        rendered_prompt=prompt.encoded.text,
         num_tokens=length,
         answer_position=length - 1,
-        segments=rows,
+        segments=[
+            _segment_row(loaded, traced, numbers, evidence, i, top_k=top_k, deciding=checked.deciding)
+            for i in range(len(prompt.segments))
+        ],
         sink_positions=list(prompt.segments[sink].positions) if sink is not None else [],
         sink_threshold=sink_threshold,
         read_most=names[lead.best],
-        answer_stop=None,
         runner_up=names[lead.runner_up] if lead.runner_up is not None else None,
         margin=lead.margin,
-        next_tokens=next_token_table(loaded, logits) if logits is not None else None,
-        generated_text=answer.text,
+        next_tokens=_next_tokens(loaded, logits) if logits is not None else None,
+        generated_text=text,
         generated=generated,
+        answer_stop=answer_stop if traced.target == "generate" else None,
         stopped=generation.stopped if generation is not None else None,
         seconds_per_token=s if generation is not None and (s := generation.seconds_per_token) else None,
-        **_evidence_fields(traced, numbers, evidence, checked, measured),
+        neutral_token=_decode(loaded, [neutral_id]) if neutral_id is not None else None,
+        **_evidence_fields(traced, numbers, evidence, checked, answer),
     )
 
 
-def _measured(loaded: LoadedModel, traced: TracedPrompt, evidence: Evidence, max_new_tokens: int) -> Measured:
+def measured_answer(
+    loaded: LoadedModel, traced: TracedPrompt, evidence: Evidence, max_new_tokens: int
+) -> MeasuredAnswer:
     """The answer the checks measured, decoded, and what it covers in words."""
     tokens = [_decode(loaded, [i]) for i in evidence.answer_ids]
     stopped = traced.generation.stopped if traced.generation is not None else None
-    return Measured(
+    return MeasuredAnswer(
         text=_decode(loaded, evidence.answer_ids),
         tokens=tokens,
         covers=covers(
@@ -277,7 +118,7 @@ def _measured(loaded: LoadedModel, traced: TracedPrompt, evidence: Evidence, max
 
 
 def _deciding_token(
-    traced: TracedPrompt, evidence: Evidence, checked: Verdict, measured: Measured
+    traced: TracedPrompt, evidence: Evidence, checked: Verdict, measured: MeasuredAnswer
 ) -> DecidingToken | None:
     step = checked.deciding
     if step is None or evidence.clean is None:
@@ -300,9 +141,9 @@ def _deciding_token(
 
 
 def _evidence_fields(
-    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, checked: Verdict, measured: Measured
+    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, checked: Verdict, measured: MeasuredAnswer
 ) -> dict[str, Any]:
-    """The report-level evidence: the answer measured, the verdict, the agreement, the filler, the views."""
+    """The trace-level evidence: the answer measured, the verdict, the agreement, the filler."""
     names = traced.prompt.names
     depends, against = checked.depends_on, checked.works_against
     return {
@@ -320,14 +161,13 @@ def _evidence_fields(
         "measures_agree": checked.agree,
         "filler": _filler_rows(traced, numbers),
         "gradient_run": _gradient_run(evidence),
-        "views": view_leads(traced, numbers, evidence, checked),
         "evidence_notes": list(evidence.notes),
         "causal_attribution": causal_attribution(*evidence.attribution, names) if evidence.attribution else None,
     }
 
 
 def _answer_evidence(
-    traced: TracedPrompt, evidence: Evidence, checked: Verdict, measured: Measured
+    traced: TracedPrompt, evidence: Evidence, checked: Verdict, measured: MeasuredAnswer
 ) -> AnswerEvidence | None:
     if not evidence.answer_ids or evidence.clean is None:
         return None
@@ -389,10 +229,10 @@ def _filler_rows(traced: TracedPrompt, numbers: TraceNumbers) -> list[FillerToke
     ]
 
 
-def next_token_table(loaded: LoadedModel, logits: Tensor, count: int = NEXT_TOKENS_SHOWN) -> list[TokenProbability]:
-    """The ``count`` most likely next tokens of (V,) logits, decoded."""
+def _next_tokens(loaded: LoadedModel, logits: Tensor) -> list[TokenProbability]:
+    """The :data:`NEXT_TOKENS_SHOWN` most likely next tokens of (V,) logits, decoded."""
     probabilities = torch.softmax(logits.double(), -1)
-    values, indices = probabilities.topk(count)
+    values, indices = probabilities.topk(NEXT_TOKENS_SHOWN)
     return [
         TokenProbability(token=_decode(loaded, [int(i)]), token_id=int(i), probability=v)
         for v, i in zip(values.tolist(), indices.tolist(), strict=True)
@@ -527,8 +367,10 @@ def _segment_row(
 
 
 def _generated_rows(loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNumbers) -> list[GeneratedToken]:
-    """One row per generated token: the segment its attention read most, every share, the key read most."""
+    """One row per generated token: the segment its attention read most, every share, the key read most, and the
+    query position that chose it (an encoder–decoder's cross-attention: the decoder row, the answer's step)."""
     names, accumulator = traced.prompt.names, traced.shares
+    first = 0 if traced.stack == "cross" else accumulator.prompt_length - 1  # cross: the answer's own decoder rows
     rows = []
     steps = zip(traced.generated_ids, accumulator.step_shares, accumulator.step_top_keys, strict=True)
     for step, (token_id, step_shares, (key, key_weight)) in enumerate(steps):
@@ -536,7 +378,7 @@ def _generated_rows(loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNum
         rows.append(
             GeneratedToken(
                 step=step,
-                position=accumulator.prompt_length - 1 + step,
+                position=first + step,
                 token=_decode(loaded, [token_id]),
                 token_id=token_id,
                 read_most=names[step_lead.best],

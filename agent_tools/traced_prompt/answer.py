@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 
 from agent_tools.loading import LoadedModel
-from agent_tools.prompt_trace.models import AnswerStop
 from agent_tools.runner import StopReason, StopRule
+from agent_tools.traced_prompt.models import AnswerStop
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 _SENTENCE_BREAK = re.compile(r"\S.*?[.!?][\"')\]]*\s", re.DOTALL)

@@ -1,15 +1,18 @@
-"""The prompt trace's report models, targets and the argument descriptions the prompt tools share."""
+"""The traced prompt's number models, targets and the argument descriptions both prompt tools share.
+
+:class:`MeasuredTrace` is one traced prompt's numbers without words: ``compare_prompts`` embeds one per variant,
+and ``trace_prompt_attention``'s report is it plus the summary, findings, views and next calls.
+"""
 
 from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from agent_tools.inspector import MAX_NEW_TOKENS
-from agent_tools.schemas import Finding, KeyWeight, NextCall, Report, Rounded, Rounded6, rounded
+from agent_tools.schemas import KeyWeight, Rounded, Rounded6
 from agent_tools.segment_attribution import CausalAttribution
-from agent_tools.stack_input import StackReport
 
 Target = Literal["last", "generate"]
 TARGETS: tuple[str, ...] = get_args(Target)
@@ -129,13 +132,6 @@ class RankAgreement(BaseModel):
     same_top: bool = Field(description="both measures put the same named segment first")
 
 
-class ViewLead(BaseModel):
-    view: str
-    measures: str = Field(description="what this view measures")
-    leader: str | None = Field(description="the content segment it puts first")
-    value: Rounded | None
-
-
 class AnswerToken(BaseModel):
     step: int = Field(description="0 = first answer token")
     token: str
@@ -250,10 +246,14 @@ class GeneratedToken(BaseModel):
     top_key: KeyWeight = Field(description="the single non-sink token read most (mean over layers and heads)")
 
 
-class PromptTrace(Report, StackReport):
+class MeasuredTrace(BaseModel):
+    """One traced prompt's numbers: every segment's shares and check results, the answer and what decides it.
+
+    No words: the summary, findings, views and next calls are ``trace_prompt_attention``'s, which adds them (and
+    the rendered prompt) to these fields; ``compare_prompts`` embeds one of these per variant."""
+
     target: Target
     prompt_format: Literal["text", "messages"]
-    rendered_prompt: str = Field(description="the text the model read (chat template applied)")
     num_tokens: int
     answer_position: int = Field(description="the last prompt position")
     segments: list[SegmentShare]
@@ -298,18 +298,10 @@ class PromptTrace(Report, StackReport):
     )
     filler: list[FillerToken] = Field(default_factory=list, description="filler / secondary sinks set apart")
     gradient_run: GradientRun | None = None
-    views: list[ViewLead] = Field(default_factory=list, description="what each view measures and whom it puts first")
     evidence_notes: list[str] = Field(default_factory=list, description="checks skipped, and why")
     causal_attribution: CausalAttribution | None = Field(
         default=None, description="more than 4 segments: how attribution chose the segments ablated exactly"
     )
-    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")
-
-    @field_validator("findings")
-    @classmethod
-    def _round_findings(cls, findings: list[Finding]) -> list[Finding]:
-        """A finding's value rounds here, at the report boundary, as a ``Rounded`` field does."""
-        return [f if f.value is None else f.model_copy(update={"value": rounded(f.value)}) for f in findings]
 
 
 SEGMENT_RANK_LABEL = "segments you named first, then |Δ log p removed| where the causal check ran, then share"

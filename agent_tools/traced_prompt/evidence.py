@@ -33,11 +33,11 @@ from agent_tools.errors import AttentionToolError, InvalidInputError, ResourceLi
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import CONTENT_KINDS, SegmentedPrompt
-from agent_tools.prompt_trace.answer import measured_ids
-from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers
-from agent_tools.prompt_trace.models import AGREEMENT_RHO, CHECKS, DEFAULT_CHECKS, NEGLIGIBLE_NATS, Check, Direction
 from agent_tools.runner.attribution import SegmentVariant, input_embeddings
 from agent_tools.segment_attribution import SegmentCheck, choice_for_trace, segment_check, unchecked_note
+from agent_tools.traced_prompt.answer import measured_ids
+from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
+from agent_tools.traced_prompt.models import AGREEMENT_RHO, CHECKS, DEFAULT_CHECKS, NEGLIGIBLE_NATS, Check, Direction
 
 CHECK_ORDER: tuple[Check, ...] = ("causal", "gradient", "value")
 

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent_tools.prompt_segments import SegmentSpec
-from agent_tools.prompt_trace.evidence import EvidenceRequest
-from agent_tools.prompt_trace.measure import TracedPrompt
-from agent_tools.prompt_trace.models import DEFAULT_ANSWER_STOP, AnswerStop, NextCall, PromptTrace, Target
-from agent_tools.schemas import ROLES, ChatMessage
+from agent_tools.schemas import ROLES, ChatMessage, NextCall
+from agent_tools.tools.trace_prompt_attention.models import PromptTrace
+from agent_tools.traced_prompt.evidence import EvidenceRequest
+from agent_tools.traced_prompt.measure import TracedPrompt
+from agent_tools.traced_prompt.models import DEFAULT_ANSWER_STOP, AnswerStop, Target
 
 
 def _messages(prompt: Sequence[ChatMessage | dict]) -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """The words for a trace's evidence: what the answer *depends on* (removal) before what it *reads* (attention).
 
-Pure functions of numbers already measured (:mod:`.measure`, :mod:`.evidence`). One sign convention: every causal
-number is Δ log p(answer) when the segment is removed, and every sentence says which way it goes — "the answer
-depends on X (removing it lowers log p by 3.9)" or "X works against this answer (removing it raises log p by 1.5)".
+Pure functions of numbers the shared pass already measured (:mod:`agent_tools.traced_prompt`'s ``measure`` and
+``evidence``). One sign convention: every causal number is Δ log p(answer) when the segment is removed, and every
+sentence says which way it goes — "the answer depends on X (removing it lowers log p by 3.9)" or "X works against
+this answer (removing it raises log p by 1.5)".
 Rankings and the headline are over the named segments; gaps and template-inserted text are reported apart.
 Attention claims are worded "reads" and print the one share they are ranked by; gradients are described as an
 approximation of removal, with their agreement, never as a confirmation.
@@ -10,12 +11,12 @@ approximation of removal, with their agreement, never as a confirmation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from agent_tools.prompt_trace.evidence import MEASURE_NAMES, Evidence, Verdict, direction
-from agent_tools.prompt_trace.measure import TracedPrompt, TraceNumbers
-from agent_tools.prompt_trace.models import AGREEMENT_RHO, NEGLIGIBLE_NATS, ViewLead
 from agent_tools.schemas import Finding
+from agent_tools.tools.trace_prompt_attention.models import ViewLead
+from agent_tools.traced_prompt.evidence import MEASURE_NAMES, Evidence, Verdict, direction
+from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
+from agent_tools.traced_prompt.models import AGREEMENT_RHO, NEGLIGIBLE_NATS
+from agent_tools.traced_prompt.rows import MeasuredAnswer
 
 FILLER_SHOWN = 5
 SUPPORTERS_SHOWN = 2
@@ -33,15 +34,6 @@ VIEW_MEANINGS = {
     "gradient": "integrated gradients of the whole answer's log p w.r.t. the segment's input embeddings, from "
     "neutral tokens: an approximation of removal, with its agreement reported per prompt",
 }
-
-
-@dataclass(frozen=True)
-class Measured:
-    """The answer the checks measured, decoded: its text, its tokens and what it covers."""
-
-    text: str
-    tokens: list[str]
-    covers: str
 
 
 def _name(traced: TracedPrompt, index: int) -> str:
@@ -76,7 +68,7 @@ def _token_clauses(traced: TracedPrompt, evidence: Evidence, verdict: Verdict) -
 
 
 def causal_lead(
-    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict, measured: Measured
+    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict, measured: MeasuredAnswer
 ) -> str:
     """The summary's first sentences: the measured answer, its deciding token and the named segments that move
     it (direction named), the gaps and inserted text apart, then whether attention agrees."""
@@ -200,7 +192,7 @@ def filler_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
 
 
 def evidence_findings(
-    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict, measured: Measured
+    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict, measured: MeasuredAnswer
 ) -> list[Finding]:
     """Findings of the checks: the deciding token's movers (each direction named), gaps and inserted text apart,
     the filler, and the rank agreements."""

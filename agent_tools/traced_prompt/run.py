@@ -1,0 +1,133 @@
+"""One traced prompt, start to end: segment it, check the evidence request, run the pass, run the checks, read
+the numbers.
+
+:func:`trace` is what both prompt tools call: ``trace_prompt_attention`` writes its report from the
+:class:`TraceRun`, and ``compare_prompts`` traces two variants and compares their numbers and next-token logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent_tools.errors import InvalidInputError
+from agent_tools.inspector import Inspector
+from agent_tools.loading import LoadedModel
+from agent_tools.prompt_segments import SegmentSpec, segment_prompt
+from agent_tools.schemas import ChatMessage
+from agent_tools.traced_prompt.answer import stop_rule
+from agent_tools.traced_prompt.evidence import Evidence, EvidenceRequest, Verdict, gather, prepare, verdict
+from agent_tools.traced_prompt.measure import (
+    TracedPrompt,
+    TraceNumbers,
+    check_traceable,
+    measure,
+    seq2seq_trace_pass,
+    trace_pass,
+)
+from agent_tools.traced_prompt.models import (
+    DEFAULT_ANSWER_STOP,
+    DEFAULT_SINK_THRESHOLD,
+    AnswerStop,
+    MeasuredTrace,
+    Target,
+)
+from agent_tools.traced_prompt.rows import MeasuredAnswer, measured_answer, measured_trace
+
+
+@dataclass(frozen=True)
+class TraceRun:
+    """A traced prompt, measured and checked: the pass, its numbers, the checks' evidence and verdict, the answer
+    they measured, and the report rows (``measured``) built from them."""
+
+    traced: TracedPrompt
+    numbers: TraceNumbers
+    evidence: Evidence
+    verdict: Verdict
+    answer: MeasuredAnswer
+    measured: MeasuredTrace
+
+
+def trace(
+    inspector: Inspector,
+    loaded: LoadedModel,
+    prompt: str | list[ChatMessage],
+    named: list[SegmentSpec] | None,
+    *,
+    target: Target = "last",
+    max_new_tokens: int = 16,
+    top_k: int = 3,
+    sink_threshold: float = DEFAULT_SINK_THRESHOLD,
+    evidence: EvidenceRequest | None = None,
+    attention: str | None = None,
+    answer_stop: AnswerStop = DEFAULT_ANSWER_STOP,
+) -> TraceRun:
+    """Segment the prompt, check the evidence request, run it (and generate, for target 'generate', ending the
+    answer per ``answer_stop``), run the checks, and read the numbers.
+
+    On an encoder–decoder the trace is of the cross-attention (``attention`` 'cross', the default): the answer's
+    tokens reading the input (:func:`~agent_tools.traced_prompt.measure.seq2seq_trace_pass`)."""
+    request = evidence if evidence is not None else EvidenceRequest()
+    stack = inspector.attention_stack(loaded, attention, seq2seq_default="cross")
+    if loaded.facts.is_encoder_decoder:  # the answer's cross-attention reading the input; no checks
+        inspector.require_stack(loaded, stack, ("cross",), SEQ2SEQ_STACKS)
+        if request.explicit and request.checks:
+            raise InvalidInputError(f"{SEQ2SEQ_CHECKS}; omit checks", field="checks")
+        segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
+        traced = seq2seq_trace_pass(
+            inspector,
+            loaded,
+            segmented,
+            target=target,
+            max_new_tokens=max_new_tokens,
+            sink_threshold=sink_threshold,
+            stop_when=stop_rule(loaded, answer_stop),
+        )
+        notes = [f"{SEQ2SEQ_CHECKS} (skipped)"] if request.checks else []
+        found, neutral_id = Evidence([], "model", notes=[*notes, SEQ2SEQ_ROLLOUT]), None
+    else:
+        segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
+        prepared = prepare(inspector, loaded, segmented, request)
+        traced = trace_pass(
+            inspector,
+            loaded,
+            prompt,
+            named,
+            target=target,
+            max_new_tokens=max_new_tokens,
+            sink_threshold=sink_threshold,
+            value_grams=prepared.value_grams,
+            segmented=segmented,
+            keep_cache=prepared.causal and target == "last",
+            stop_when=stop_rule(loaded, answer_stop) if target == "generate" else None,
+        )
+        found, neutral_id = gather(inspector, loaded, traced, prepared), prepared.neutral_id
+    numbers = measure(traced, exclude_filler=request.exclude_filler)
+    checked = verdict(traced, numbers, found)
+    answer = measured_answer(loaded, traced, found, max_new_tokens)
+    rows = measured_trace(
+        loaded,
+        traced,
+        numbers,
+        found,
+        checked,
+        answer,
+        top_k=top_k,
+        sink_threshold=sink_threshold,
+        answer_stop=answer_stop,
+        neutral_id=neutral_id,
+    )
+    return TraceRun(traced, numbers, found, checked, answer, rows)
+
+
+SEQ2SEQ_STACKS = (
+    "an encoder–decoder's answer reads its input through cross-attention, which is what trace_prompt_attention "
+    "traces; the encoder and decoder stacks are per-layer maps (show_attention, diagnose_collapse with attention=...)"
+)
+SEQ2SEQ_CHECKS = (
+    "the checks beside attention (causal, value, gradient) are not run on an encoder–decoder's cross-attention trace"
+)
+SEQ2SEQ_ROLLOUT = (
+    "rollout on cross-attention: the answer tokens' cross-attention (mean over them, the decoder layers and heads) "
+    "carried back to the input through the encoder's rollout (every decoder layer reads the same encoder output); "
+    "the decoder's own self-attention is left out"
+)
