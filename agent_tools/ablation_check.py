@@ -165,15 +165,3 @@ def random_sets(
 def baseline_of(effects: Sequence[SetEffect]) -> Baseline:
     """The random draws' signed effects as a :class:`Baseline`."""
     return Baseline(tuple(e.effect for e in effects))
-
-
-__all__ = [
-    "HeadSet",
-    "MeasuredSets",
-    "ResampleSource",
-    "SetEffect",
-    "baseline_of",
-    "measure_head_sets",
-    "random_sets",
-    "resample_source",
-]

@@ -55,7 +55,7 @@ def _additive(mask: Tensor, dtype: torch.dtype, *, allowed_when: bool = True) ->
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(blocked, torch.finfo(dtype).min)
 
 
-def _float_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+def float_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     """The mask an eager-style family adds to its scores (bool masks mean True = may read)."""
     if mask is None or mask.dtype != torch.bool:
         return mask
@@ -191,7 +191,7 @@ class BloomAdapter(FamilyAdapter):
         bias = alibi.view(batch, module.num_heads, -1, alibi.shape[-1])  # (B, H, 1, Tk): slope·position
         bias = bias.expand(batch, module.num_heads, length, keys)  # (B, H, q, Tk)
         output, weights = attention_fn(
-            module, query, key, value, _float_mask(attention_mask, query.dtype),
+            module, query, key, value, float_mask(attention_mask, query.dtype),
             scaling=self.scaling(module), dropout=module.attention_dropout.p if module.training else 0.0,
             position_bias=bias, score_terms=(ALIBI,),
         )  # fmt: skip
@@ -315,7 +315,7 @@ class FalconAdapter(FamilyAdapter):
                 raise UnsupportedModelError("rotary Falcon layer called without position embeddings")
             cos, sin = position_embeddings
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            query, key = query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+            query, key = query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
         if layer_past is not None:
             key, value = layer_past.update(key, value, module.layer_idx)
         if module.new_decoder_architecture:
@@ -324,7 +324,7 @@ class FalconAdapter(FamilyAdapter):
             key, value = key[:, ::groups], value[:, ::groups]  # (B, Hkv, Tk, D)
         keys = key.shape[-2]
         bias: Tensor | None = None
-        mask = _float_mask(attention_mask, query.dtype)
+        mask = float_mask(attention_mask, query.dtype)
         if alibi is not None:
             if mask is None or mask.dim() != 4:
                 msg = "Falcon ALiBi layer without a materialised 4-D mask (flash attention?): cannot be captured"
@@ -342,7 +342,9 @@ class FalconAdapter(FamilyAdapter):
         return module.dense(context), weights
 
 
-def _rotate_half(x: Tensor) -> Tensor:
+def rotate_half(x: Tensor) -> Tensor:
+    """(..., d) -> (..., d): the two halves of the last dimension swapped, the second negated (transformers'
+    ``rotate_half``, the pairing of rotary position embeddings)."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 

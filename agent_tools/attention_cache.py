@@ -126,7 +126,6 @@ class _Keep:
     accepts_key_prefix: ClassVar[bool] = False  # the cache holds every key column
 
     def __init__(self) -> None:
-        self.chunks: dict[int, list[LayerAttention]] = {}
         self.parts: dict[int, dict[str, list[Tensor]]] = {}
         self.kv: dict[int, tuple[Tensor, Tensor, int]] = {}
 

@@ -21,18 +21,19 @@ call this function through the adapter's forward while the capture is active.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import AttentionInterface
 
-from agent_tools.adapters import adapter_for
+from agent_tools.adapters import adapter_for, float_mask
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.families import RELATIVE_POSITION_BIAS, SELF, SINK_LOGIT, attention_stacks, default_stack_name
 
@@ -454,13 +455,8 @@ def capture_attention_forward(
 
 def _additive_mask(attention_mask: Tensor | None, dtype: torch.dtype, keys: int) -> Tensor | None:
     """The mask as the eager functions use it: additive (0 or dtype-min), cut to the keys of the call."""
-    if attention_mask is None:
-        return None
-    if attention_mask.dtype == torch.bool:
-        attention_mask = torch.zeros_like(attention_mask, dtype=dtype).masked_fill(
-            ~attention_mask, torch.finfo(dtype).min
-        )
-    return attention_mask[..., :keys]
+    mask = float_mask(attention_mask, dtype)
+    return None if mask is None else mask[..., :keys]
 
 
 def _captured_rows(
@@ -610,14 +606,14 @@ def capture_attention(
     state.last_wanted = max(state.layers, default=-1) if state.layers is not None else len(modules) - 1
     if stop_after_last:
         state.stop_after = state.last_wanted if state.layers else len(modules) - 1
-    handles = []
+    recorders = (
+        module.register_forward_pre_hook(_input_recorder(state, index), with_kwargs=True)
+        for index, module in enumerate(modules)
+        if record_inputs and state.wants(index)
+    )
     token = _ACTIVE.set(state)
     try:
-        if record_inputs:
-            for index, module in enumerate(modules):
-                if state.wants(index):
-                    handles.append(module.register_forward_pre_hook(_input_recorder(state, index), with_kwargs=True))
-        with ExitStack() as routes:
+        with hooks_registered(recorders), ExitStack() as routes:
             # A family outside the interface: every one of its modules (wanted or not) runs its adapter's forward,
             # which calls ours; its own forward under our implementation name could take a different path (Falcon's
             # eager branch adds ALiBi twice), so no layer is left to it.
@@ -629,9 +625,24 @@ def capture_attention(
             with attention_implementation(model, CAPTURE_IMPLEMENTATION):
                 yield state
     finally:
+        _ACTIVE.reset(token)
+
+
+@contextmanager
+def hooks_registered(registrations: Iterable[RemovableHandle]) -> Iterator[None]:
+    """Inside the block the hooks ``registrations`` registers are in place; every one is removed in ``finally``.
+
+    Give a generator (``(m.register_forward_hook(h) for m in modules)``): it registers inside the ``try``, so when
+    registering a later hook fails the earlier ones are removed too.
+    """
+    handles: list[RemovableHandle] = []
+    try:
+        for handle in registrations:
+            handles.append(handle)
+        yield
+    finally:
         for handle in handles:
             handle.remove()
-        _ACTIVE.reset(token)
 
 
 @contextmanager
@@ -651,12 +662,8 @@ def layer_checkpoints(model: nn.Module, checkpoint: Callable[[], None] | None) -
         check()
 
     modules = [module for members in attention_stacks(model).values() for module in members]
-    handles = [module.register_forward_pre_hook(hook) for module in modules]
-    try:
+    with hooks_registered(module.register_forward_pre_hook(hook) for module in modules):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _input_recorder(state: _CaptureState, layer: int) -> Callable[[nn.Module, tuple, dict], None]:

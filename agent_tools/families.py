@@ -193,10 +193,9 @@ def _layer_order(model: nn.Module, stack: str, named: list[tuple[str, nn.Module]
     # Modules without an index next to indexed ones (a vision tower's attention beside a language model's layers)
     # are not this stack's layers: they run uncaptured, with the same eager math.
     named = [pair for pair, index in zip(named, indices, strict=True) if index is not None]
-    indices = [index for index in indices if index is not None]
     known = [index for index in indices if index is not None]
     if sorted(known) != list(range(len(named))):
-        shown = ", ".join(f"{name}={index}" for (name, _), index in zip(named, indices, strict=True))
+        shown = ", ".join(f"{name}={index}" for (name, _), index in zip(named, known, strict=True))
         reason = (
             f"its {stack!r} attention modules carry layer indices that do not number 0..{len(named) - 1} "
             f"({shown}), as in a hybrid model whose other layers have no attention: the tools number a stack's "

@@ -112,10 +112,7 @@ def check_indices(values: Sequence[int] | None, count: int, name: str, *, where:
     seen: set[int] = set()
     duplicates: set[int] = set()
     for value in items:
-        if where:
-            check_index(value, count, name, where=where)
-        else:
-            check_index(value, count, name)
+        check_index(value, count, name, where=where)
         (duplicates if value in seen else seen).add(value)
     if duplicates:
         raise InvalidInputError(
@@ -495,8 +492,7 @@ class Inspector(Session):
         """What ``readout`` keeps of R patched variants of one input, batched so each batch's activations and output
         fit the budget (see :mod:`agent_tools.runner.patching`, :mod:`agent_tools.runner.readout`)."""
         positions = 1 if keep_last else encoded.length
-        budget_rows = patching.rows_per_batch(loaded, encoded.length, self.memory_budget, output_positions=positions)
-        rows = min(budget_rows, patching.BATCH_ROWS)
+        rows = patching.rows_per_batch(loaded, encoded.length, self.memory_budget, output_positions=positions)
         with guarded(loaded):
             return patching.patched_outputs(
                 loaded, encoded.input_ids, patches, readout=readout, sources=sources, keep_last=keep_last,
@@ -569,7 +565,7 @@ class Inspector(Session):
     ) -> tuple[torch.Tensor, ...]:
         """What ``readout`` keeps of the clean prompt's last-position logits with only each set's edges clean (exact
         edge patching, :mod:`agent_tools.runner.edge_patching`); rows batched within the memory budget."""
-        rows = min(patching.rows_per_batch(loaded, clean.length, self.memory_budget), patching.BATCH_ROWS)
+        rows = patching.rows_per_batch(loaded, clean.length, self.memory_budget)
         with guarded(loaded):
             return edge_patching.edge_patched_logits(
                 loaded, clean.input_ids, passes, sets, nodes, readout=readout, max_rows=rows

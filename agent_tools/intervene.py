@@ -10,14 +10,16 @@ model keeps its own implementation (sdpa). The projection's bias is shared by al
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 from agent_tools.analysis.ablation import masked_mean, replace_head_slices
+from agent_tools.capture import hooks_registered
 from agent_tools.families import find_attention_modules
 from agent_tools.layout import output_projection
 
@@ -51,10 +53,7 @@ def heads_ablated(
         raise ValueError(f"method must be one of {ABLATION_METHODS}, got {method!r}")
     if method != "zero" and (means is None or any(layer not in means for layer in heads)):
         raise ValueError(f"{method} ablation needs the replacement head outputs of every ablated layer")
-    width = num_heads * head_dim
-    projections = {
-        layer: output_projection(model, layer, in_features=width) for layer, chosen in heads.items() if chosen
-    }
+    projections = _projections(model, [layer for layer, chosen in heads.items() if chosen], num_heads * head_dim)
 
     def hook_for(layer: int):
         chosen = list(heads[layer])
@@ -82,7 +81,7 @@ def recorded_head_means(
 
     The dict yielded is filled by the forward run inside the block (the last forward wins).
     """
-    projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in layers}
+    projections = _projections(model, layers, num_heads * head_dim)
     means: dict[int, Tensor] = {}
 
     def hook_for(layer: int):
@@ -134,10 +133,7 @@ def heads_patched_joining(
         if count <= alive:
             raise ValueError(f"layer {layer}'s mask must add rows to the {alive} already running, got {count}")
         joining[layer], alive = count - alive, count
-    with (
-        _rows_joining(model, joining, num_heads=num_heads),
-        _patched_projections(model, masks, num_heads=num_heads, head_dim=head_dim, sources=sources),
-    ):
+    with head_sets_patched_joining(model, masks, joining, num_heads=num_heads, head_dim=head_dim, sources=sources):
         yield
 
 
@@ -151,26 +147,21 @@ def _rows_joining(model: nn.Module, joining: Mapping[int, int], *, num_heads: in
         extra = joining.get(layer, 0)
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            positional = bool(args) and isinstance(args[0], Tensor)
-            hidden = args[0] if positional else kwargs["hidden_states"]
+            hidden = block_input(args, kwargs)
             if extra:
                 hidden = torch.cat([hidden, hidden[:1].expand(extra, *hidden.shape[1:])])
             alibi = kwargs.get("alibi")
             if isinstance(alibi, Tensor) and alibi.shape[0] == num_heads and hidden.shape[0] > 1:
                 # BLOOM hands every block ALiBi as (B·H, 1, T), built once for the input's batch of one
                 kwargs = {**kwargs, "alibi": alibi.repeat(hidden.shape[0], 1, 1)}
-            if positional:
-                return (hidden, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": hidden}
+            return with_block_input(args, kwargs, hidden)
 
         return hook
 
-    handles = [blocks[layer].register_forward_pre_hook(join_for(layer), with_kwargs=True) for layer in blocks]
-    try:
+    with hooks_registered(
+        blocks[layer].register_forward_pre_hook(join_for(layer), with_kwargs=True) for layer in blocks
+    ):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -185,19 +176,13 @@ def row_zero_leaving(model: nn.Module, layer: int) -> Iterator[None]:
         raise ValueError(f"row 0 cannot leave at layer {layer}: the model has {layer} layers or fewer")
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        positional = bool(args) and isinstance(args[0], Tensor)
-        hidden = args[0] if positional else kwargs["hidden_states"]
+        hidden = block_input(args, kwargs)
         if hidden.shape[0] < 2:
             raise ValueError(f"row 0 cannot leave a batch of {hidden.shape[0]} row at layer {layer}")
-        if positional:
-            return (hidden[1:], *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": hidden[1:]}
+        return with_block_input(args, kwargs, hidden[1:])
 
-    handle = blocks[layer].register_forward_pre_hook(hook, with_kwargs=True)
-    try:
+    with hooks_registered([blocks[layer].register_forward_pre_hook(hook, with_kwargs=True)]):
         yield
-    finally:
-        handle.remove()
 
 
 @contextmanager
@@ -235,7 +220,7 @@ def head_sets_ablated_joining(
             if heads.get(layer):
                 mask = masks.setdefault(layer, {}).setdefault(method, torch.zeros(alive, num_heads, dtype=torch.bool))
                 mask[row, list(heads[layer])] = True
-    projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in layers}
+    projections = _projections(model, layers, num_heads * head_dim)
 
     def hook_for(layer: int):
         def hook(module: nn.Module, args: tuple) -> tuple:
@@ -276,6 +261,33 @@ def _block_of(model: nn.Module, path: list[str], layer: int) -> nn.Module:
     raise ValueError(f"layer {layer}'s attention module is not inside a list of blocks")
 
 
+def _projections(model: nn.Module, layers: Iterable[int], width: int) -> dict[int, nn.Module]:
+    """Layer -> its output projection (W_O), which takes ``width`` = H·D head features."""
+    return {layer: output_projection(model, layer, in_features=width) for layer in layers}
+
+
+def block_input(args: tuple, kwargs: dict) -> Tensor:
+    """The hidden states a block (or an attention module) was called with: its first argument or ``hidden_states=``."""
+    return args[0] if args and isinstance(args[0], Tensor) else kwargs["hidden_states"]
+
+
+def with_block_input(args: tuple, kwargs: dict, hidden: Tensor) -> tuple[tuple, dict]:
+    """A pre-hook's (args, kwargs) with the hidden states replaced by ``hidden``, where the call passed them."""
+    if args and isinstance(args[0], Tensor):
+        return (hidden, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": hidden}
+
+
+def first_output(output: Any) -> Any:
+    """A module's output tensor: the output itself, or the first item of a tuple (blocks, MLPs of some families)."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+def with_first_output(output: Any, value: Tensor) -> Any:
+    """``output`` with its tensor (:func:`first_output`) replaced by ``value``, in the same form."""
+    return (value, *output[1:]) if isinstance(output, tuple) else value
+
+
 @contextmanager
 def _patched_projections(
     model: nn.Module,
@@ -286,7 +298,7 @@ def _patched_projections(
     sources: Mapping[int, Tensor] | None,
 ) -> Iterator[None]:
     """Each layer's output projection replaces the heads ``masks[layer]`` marks, row by row."""
-    projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in masks}
+    projections = _projections(model, masks, num_heads * head_dim)
 
     def hook_for(layer: int):
         mask = masks[layer]
@@ -317,7 +329,7 @@ def recorded_head_inputs(model: nn.Module, layers: Sequence[int], *, num_heads: 
 
     What activation patching copies from the clean run into the corrupted one.
     """
-    projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in layers}
+    projections = _projections(model, layers, num_heads * head_dim)
     recorded: dict[int, Tensor] = {}
 
     def hook_for(layer: int):
@@ -344,11 +356,8 @@ def positions_gathered(head: nn.Module, index: Tensor) -> Iterator[None]:
         gather = index.to(hidden.device)[..., None].expand(-1, -1, hidden.shape[-1])  # (B, A, C)
         return (hidden.gather(1, gather), *args[1:])
 
-    handle = head.register_forward_pre_hook(hook)
-    try:
+    with hooks_registered([head.register_forward_pre_hook(hook)]):
         yield
-    finally:
-        handle.remove()
 
 
 @contextmanager
@@ -367,11 +376,8 @@ def contiguous_input(module: nn.Module | None) -> Iterator[None]:
     def hook(_module: nn.Module, args: tuple) -> tuple:
         return (args[0].contiguous(), *args[1:]) if args and isinstance(args[0], Tensor) else args
 
-    handle = module.register_forward_pre_hook(hook)
-    try:
+    with hooks_registered([module.register_forward_pre_hook(hook)]):
         yield
-    finally:
-        handle.remove()
 
 
 @contextmanager
@@ -406,26 +412,18 @@ def appended_rows(
         keep["output"] = output[0, length:].detach().clone()  # (K, F')
         return output[:, :length]
 
-    handles = [module.register_forward_pre_hook(pre_hook), module.register_forward_hook(hook)]
-    try:
+    with hooks_registered([module.register_forward_pre_hook(pre_hook), module.register_forward_hook(hook)]):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
 def _pre_hooks(projections: Mapping[int, nn.Module], hook_for: Callable[[int], Callable[..., Any]]) -> Iterator[None]:
     """Register ``hook_for(layer)`` as a forward pre-hook on each layer's projection for the block; every hook is
     removed in ``finally`` (also when registering a later one fails)."""
-    handles = []
-    try:
-        for layer, projection in projections.items():
-            handles.append(projection.register_forward_pre_hook(hook_for(layer)))
+    with hooks_registered(
+        projection.register_forward_pre_hook(hook_for(layer)) for layer, projection in projections.items()
+    ):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -477,7 +475,7 @@ def attribution_taps(
     """Inside the block, a forward keeps (by reference, in the autograd graph) every layer's head outputs before
     W_O, ``taps["heads"][layer]`` (B, T, H·D), and its MLP output, ``taps["mlp"][layer]`` (B, T, C); the input
     embeddings' output is made to require grad, so a backward reaches every tap without any weight needing one."""
-    projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in layers}
+    projections = _projections(model, layers, num_heads * head_dim)
     mlps = {layer: module for layer, module in mlp_modules(model).items() if layer in projections}
     taps: dict[str, dict[int, Tensor]] = {"heads": {}, "mlp": {}}
 
@@ -489,21 +487,17 @@ def attribution_taps(
 
     def mlp_hook(layer: int):
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            taps["mlp"][layer] = output[0] if isinstance(output, tuple) else output
+            taps["mlp"][layer] = first_output(output)
 
         return hook
 
     def embedding_hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
         return output if output.requires_grad else output.detach().requires_grad_(True)
 
-    handles = [embeddings.register_forward_hook(embedding_hook)]
-    handles += [module.register_forward_hook(mlp_hook(layer)) for layer, module in mlps.items()]
-    try:
-        with _pre_hooks(projections, head_hook):
-            yield taps
-    finally:
-        for handle in handles:
-            handle.remove()
+    registrations = [embeddings.register_forward_hook(embedding_hook)]
+    registrations += [module.register_forward_hook(mlp_hook(layer)) for layer, module in mlps.items()]
+    with hooks_registered(registrations), _pre_hooks(projections, head_hook):
+        yield taps
 
 
 @contextmanager
@@ -515,8 +509,7 @@ def residual_gradients_dropped(model: nn.Module, rows: Mapping[int, int]) -> Ite
 
     def pre_for(layer: int):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            hidden = args[0] if args and isinstance(args[0], Tensor) else kwargs["hidden_states"]
-            inputs[layer] = hidden
+            inputs[layer] = block_input(args, kwargs)
 
         return hook
 
@@ -524,24 +517,21 @@ def residual_gradients_dropped(model: nn.Module, rows: Mapping[int, int]) -> Ite
         row = rows[layer]
 
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
-            hidden = output[0] if isinstance(output, tuple) else output
+            hidden = first_output(output)
             change = hidden - inputs.pop(layer)
             chosen = torch.zeros(hidden.shape[0], 1, 1, dtype=hidden.dtype, device=hidden.device)
             chosen[row] = 1
-            dropped = hidden - chosen * change + chosen * change.detach()
-            return (dropped, *output[1:]) if isinstance(output, tuple) else dropped
+            return with_first_output(output, hidden - chosen * change + chosen * change.detach())
 
         return hook
 
-    handles = []
-    try:
+    def registrations() -> Iterator[RemovableHandle]:
         for layer in rows:
-            handles.append(blocks[layer].register_forward_pre_hook(pre_for(layer), with_kwargs=True))
-            handles.append(blocks[layer].register_forward_hook(post_for(layer)))
+            yield blocks[layer].register_forward_pre_hook(pre_for(layer), with_kwargs=True)
+            yield blocks[layer].register_forward_hook(post_for(layer))
+
+    with hooks_registered(registrations()):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -557,21 +547,14 @@ def mlp_outputs_replaced(model: nn.Module, replaced: Mapping[int, tuple[int, Ten
         row, source = replaced[layer]
 
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
-            hidden = output[0] if isinstance(output, tuple) else output
-            patched = hidden.clone()
-            patched[row] = source.to(device=hidden.device, dtype=hidden.dtype)
-            return (patched, *output[1:]) if isinstance(output, tuple) else patched
+            patched = first_output(output).clone()
+            patched[row] = source.to(device=patched.device, dtype=patched.dtype)
+            return with_first_output(output, patched)
 
         return hook
 
-    handles = []
-    try:
-        for layer in replaced:
-            handles.append(modules[layer].register_forward_hook(hook_for(layer)))
+    with hooks_registered(modules[layer].register_forward_hook(hook_for(layer)) for layer in replaced):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -591,7 +574,7 @@ def circuit_taps(
     (its q/k/v projection modules, ``taps["qkv"][layer]``, a list), its head outputs before W_O
     (``taps["heads"][layer]``, (B, T, H·D)), and the last block's output (``taps["final"][0]``). The embeddings'
     output is made to require grad; ``interpolate`` (when given) replaces it first (EAP-IG's interpolation)."""
-    projections = {layer: output_projection(model, layer, in_features=num_heads * head_dim) for layer in layers}
+    projections = _projections(model, layers, num_heads * head_dim)
     blocks = _blocks_from(model, 0)
     attentions = find_attention_modules(model)
     taps: dict[str, dict[int, Any]] = {"residual": {}, "read": {}, "qkv": {}, "heads": {}, "final": {}}
@@ -599,16 +582,16 @@ def circuit_taps(
 
     def block_pre(layer: int):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            taps["residual"][layer] = args[0] if args and isinstance(args[0], Tensor) else kwargs["hidden_states"]
+            taps["residual"][layer] = block_input(args, kwargs)
 
         return hook
 
     def block_post(module: nn.Module, args: tuple, output: Any) -> None:
-        taps["final"][0] = output[0] if isinstance(output, tuple) else output
+        taps["final"][0] = first_output(output)
 
     def attention_pre(layer: int):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            taps["read"][layer] = args[0] if args and isinstance(args[0], Tensor) else kwargs["hidden_states"]
+            taps["read"][layer] = block_input(args, kwargs)
 
         return hook
 
@@ -628,15 +611,14 @@ def circuit_taps(
         changed = interpolate(output) if interpolate is not None else output
         return changed if changed.requires_grad else changed.detach().requires_grad_(True)
 
-    handles = [embeddings.register_forward_hook(embedding_hook), blocks[last].register_forward_hook(block_post)]
-    try:
+    def registrations() -> Iterator[RemovableHandle]:
+        yield embeddings.register_forward_hook(embedding_hook)
+        yield blocks[last].register_forward_hook(block_post)
         for layer in layers:
-            handles.append(blocks[layer].register_forward_pre_hook(block_pre(layer), with_kwargs=True))
-            handles.append(attentions[layer].register_forward_pre_hook(attention_pre(layer), with_kwargs=True))
+            yield blocks[layer].register_forward_pre_hook(block_pre(layer), with_kwargs=True)
+            yield attentions[layer].register_forward_pre_hook(attention_pre(layer), with_kwargs=True)
             for index, module in enumerate(readers.get(layer, ())):
-                handles.append(module.register_forward_hook(reader_post(layer, index)))
-        with _pre_hooks(projections, head_hook):
-            yield taps
-    finally:
-        for handle in handles:
-            handle.remove()
+                yield module.register_forward_hook(reader_post(layer, index))
+
+    with hooks_registered(registrations()), _pre_hooks(projections, head_hook):
+        yield taps

@@ -27,8 +27,9 @@ from typing import Literal, TypeGuard, get_args
 import torch
 from torch import Tensor, nn
 
+from agent_tools.adapters import rotate_half
 from agent_tools.errors import UnsupportedModelError
-from agent_tools.families import ModelFacts, find_attention_modules, read_facts
+from agent_tools.families import ModelFacts, StackFacts, find_attention_modules, read_facts
 
 ProjectionLayout = Literal[
     "separate",
@@ -340,6 +341,18 @@ def _qkv_starts(layout: WeightLayout, facts: ModelFacts, head: int, kv_head: int
     return head * d_head, q_size + kv_head * d_head, q_size + kv_size + kv_head * d_head
 
 
+def _layer_projections(
+    model: nn.Module, layer: int, facts: ModelFacts | None, stack: str | None
+) -> tuple[ModelFacts, nn.Module, WeightLayout, StackFacts, list[nn.Module]]:
+    """The model's facts, layer ``layer``'s attention module, its weight layout, its stack's facts and its q/k/v
+    projection module(s) (one for a fused layout)."""
+    facts = facts if facts is not None else read_facts(model)
+    layout = weight_layout(facts)
+    attention = find_attention_modules(model, stack)[layer]
+    layout = _module_layout(layout, attention)
+    return facts, attention, layout, facts.stack(stack), [_child(attention, name) for name in layout.modules]
+
+
 def head_projections(
     model: nn.Module, layer: int, head: int, *, facts: ModelFacts | None = None, stack: str | None = None
 ) -> HeadProjections:
@@ -352,13 +365,8 @@ def head_projections(
         facts: the model's facts (``LoadedModel.facts``); read from the model when not given.
         stack: the attention stack ``layer`` and ``head`` count in (None = the model's default stack).
     """
-    facts = facts if facts is not None else read_facts(model)
-    layout = weight_layout(facts)
-    attention = find_attention_modules(model, stack)[layer]
-    layout = _module_layout(layout, attention)
-    heads = facts.stack(stack)
+    facts, attention, layout, heads, modules = _layer_projections(model, layer, facts, stack)
     d_head, kv_head = heads.head_dim, head // max(1, heads.num_heads // heads.num_kv_heads)
-    modules = [_child(attention, name) for name in layout.modules]
     q_module, k_module, v_module = modules if len(modules) == 3 else modules * 3
     q_start, k_start, v_start = _qkv_starts(layout, facts, head, kv_head)
     projection = output_projection(model, layer, in_features=heads.num_heads * d_head, stack=stack)
@@ -392,11 +400,7 @@ def qkv_reads(
     ``("K", kv_head)``/``("V", kv_head)`` the (module index, first output feature) of its ``head_dim`` slice.
     A gradient at a module's output sliced there, times the slice's weight, is the gradient at the residual as
     that head reads it through that path (find_circuit's receivers)."""
-    facts = facts if facts is not None else read_facts(model)
-    attention = find_attention_modules(model, stack)[layer]
-    layout = _module_layout(weight_layout(facts), attention)
-    heads = facts.stack(stack)
-    modules = [_child(attention, name) for name in layout.modules]
+    facts, _, layout, heads, modules = _layer_projections(model, layer, facts, stack)
     groups = max(1, heads.num_heads // heads.num_kv_heads)
     reads: dict[tuple[str, int], tuple[int, int]] = {}
     for head in range(heads.num_heads):
@@ -424,6 +428,4 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """
     rotary = cos.shape[-1]
     x_rot, x_pass = x[..., :rotary], x[..., rotary:]
-    half = rotary // 2
-    rotated_half = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
-    return torch.cat((x_rot * cos + rotated_half * sin, x_pass), dim=-1)
+    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)

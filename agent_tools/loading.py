@@ -51,10 +51,12 @@ from agent_tools.placement import (
     Placement,
     cache_key,
     check_fits,
+    disk_free,
     dtype_name,
     estimate_load_bytes,
     estimate_memory,
     from_pretrained_kwargs,
+    is_causal_lm,
     resolve_dtype,
 )
 from agent_tools.policy import BUNDLED_MODELS
@@ -362,11 +364,8 @@ def _check_writable(folder: Path) -> None:
 
 def _check_disk_space(folder: Path, needed: int, name: str) -> None:
     """Refuse a conversion that cannot fit on the cache's disk before any weight is dequantised."""
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
-        return
-    if free < needed:
+    free = disk_free(folder)
+    if free is not None and free < needed:
         msg = (
             f"converting {name!r} needs about {readable_size(needed)} in {folder}, which has {readable_size(free)} "
             f"free; free some space or set {CACHE_ENV} to a folder on another disk"
@@ -617,12 +616,17 @@ def _read_gguf_config(path: Path) -> Any:
 
 def _read_gguf(path: Path, dtype: torch.dtype, config: Any) -> tuple[Any, Any]:
     """Dequantise a GGUF file's weights into a model in ``dtype`` (on the CPU), with its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     folder, name = str(path.parent), path.name
+    # dequantize=True says what this conversion does, a plain dense model to save: transformers 5.2x would otherwise
+    # plan packed GGUF layers, and warn that packed weights are fastest in float32 when another dtype is asked for
+    unpacked = GgufConfig(dequantize=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, config=config, dtype=dtype, quantization_config=unpacked
+        )
     except Exception as exc:
         raise _gguf_read_error(name, exc) from exc
     return model, tokenizer
@@ -643,11 +647,6 @@ def _refuse_remote_code(folder: Path) -> None:
             "remote code is never run, so it is refused"
         )
         raise ModelRefusedError(msg, field="model")
-
-
-def _is_causal_lm(config: object) -> bool:
-    architectures = getattr(config, "architectures", None) or []
-    return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
 
 
 def _is_seq2seq_lm(config: object) -> bool:
@@ -690,7 +689,7 @@ def _from_pretrained(cls: Any, location: str, placement: Placement, *, local_onl
     except ValueError as exc:
         if placement.device_map is None and placement.quantization is None:
             raise
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = _first_line(exc)
         msg = f"could not place {location!r} with {placement.key}: {reason}; check --device-map, --max-memory"
         raise InvalidInputError(msg, field="device_map") from exc
 
@@ -725,7 +724,7 @@ def _load_from(
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     config = AutoConfig.from_pretrained(location, trust_remote_code=False, local_files_only=local_only)
-    causal = _is_causal_lm(config)
+    causal = is_causal_lm(config)
     estimate = _check_memory(config, placement, causal=causal, name=name, folder=folder)
     cls = AutoModelForCausalLM if causal else AutoModelForSeq2SeqLM if _is_seq2seq_lm(config) else AutoModel
     model = _from_pretrained(cls, location, placement, local_only=local_only, config=config)
@@ -736,33 +735,35 @@ def _load_from(
 def _load_source(source: ModelSource, placement: Placement) -> tuple[nn.Module, PreTrainedTokenizerBase, int | None]:
     """Load a source with a placement; return the model, its tokenizer and the pre-load memory estimate.
 
-    A GGUF file has no float dtype of its own, so ``auto`` converts it in float32 (the CPU's choice anyway).
+    A GGUF file has no float dtype of its own, so ``auto`` converts it in the CPU's choice (:func:`resolve_dtype`:
+    bfloat16 on bfloat16 hardware, else float32).
     """
+    if source.kind == "hub":
+        return _load_hub(source, placement)
+    assert source.path is not None
     if source.kind == "gguf":
-        assert source.path is not None
         folder = convert_gguf(source.path, resolve_dtype(placement, None))
-        try:
-            return _load_from(str(folder), placement, local_only=True, name=source.reference, folder=folder)
-        except AttentionToolError:
-            raise
-        except (OSError, ValueError, KeyError) as exc:  # the manifest matched, yet the files do not load
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise _delete_instruction(folder, f"it does not load: {reason}") from exc
-    if source.kind == "folder":
-        assert source.path is not None
+    else:
         _refuse_remote_code(source.path)
-        try:
-            return _load_from(str(source.path), placement, local_only=True, name=source.reference, folder=source.path)
-        except AttentionToolError:
-            raise
-        except (OSError, ValueError, KeyError) as exc:
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # transformers adds install advice
-            msg = (
-                f"could not load model folder {source.reference!r}: {reason} "
-                "Give a complete model folder (config, weights, tokenizer) of a supported family."
-            )
-            raise ModelNotFoundError(msg, field="model") from exc
-    return _load_hub(source, placement)
+        folder = source.path
+    try:
+        return _load_from(str(folder), placement, local_only=True, name=source.reference, folder=folder)
+    except AttentionToolError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        if source.kind == "gguf":  # the manifest matched, yet the files do not load
+            raise _delete_instruction(folder, f"it does not load: {_first_line(exc)}") from exc
+        raise unreadable_folder(source, exc) from exc
+
+
+def unreadable_folder(source: ModelSource, exc: Exception) -> ModelNotFoundError:
+    """A model folder (or config) that could not be read, named with the first line of why (transformers adds
+    install advice after it); describe_model refuses in the same words."""
+    msg = (
+        f"could not load model folder {source.reference!r}: {_first_line(exc)} "
+        "Give a complete model folder (config, weights, tokenizer) of a supported family."
+    )
+    return ModelNotFoundError(msg, field="model")
 
 
 def _load_hub(source: ModelSource, placement: Placement) -> tuple[nn.Module, PreTrainedTokenizerBase, int | None]:

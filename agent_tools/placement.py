@@ -383,10 +383,15 @@ def _default_causal(config: object) -> bool:
     """Architectures decide; without any, count the language-model head if the family has one (the upper bound)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    architectures = getattr(config, "architectures", None) or []
-    if architectures:
-        return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
+    if getattr(config, "architectures", None):
+        return is_causal_lm(config)
     return getattr(config, "model_type", None) in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def is_causal_lm(config: object) -> bool:
+    """Whether the config's architectures name a causal language model (``...ForCausalLM``, ``...LMHeadModel``)."""
+    architectures = getattr(config, "architectures", None) or []
+    return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
 
 
 def estimate_load_bytes(

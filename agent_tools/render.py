@@ -1,13 +1,14 @@
 """Pictures of attention (matplotlib, Agg): heatmaps with token labels, layer × head grids, curves and bars.
 
 Two kinds of entry point: ``attention_heatmap`` and ``grid_heatmap`` write a PNG file (the tools' ``png``
-option); ``attention_png``, ``grid_png``, ``heatmap_png``, ``heatmap_pair_png``, ``curves_png`` and ``bars_png``
+option); ``attention_png``, ``grid_png``, ``heatmaps_png``, ``curves_png`` and ``bars_png``
 return the PNG's bytes, which the ``analyze`` report draws once and shares between its files, its HTML page and
 the notebook.
 """
 
 from __future__ import annotations
 
+import base64
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,25 +34,32 @@ def _label(token: str, limit: int = 14) -> str:
     return shown if len(shown) <= limit else shown[: limit - 1] + "…"
 
 
-def _finish(fig: Any, ax: Any, image: Any, colorbar_label: str, path: str | Path) -> Path:
-    """Colour bar, layout, and the PNG written (its folder created)."""
-    fig.colorbar(image, ax=ax, label=colorbar_label, fraction=0.046, pad=0.04)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out) as partial:  # whole or absent: a kill mid-write leaves no truncated PNG under ``out``
-        fig.savefig(partial, dpi=DPI, format="png")
-    return out
+def _write_png(fig: Any, path: str | Path) -> Path:
+    """The figure (colour bar already added) laid out and written as a PNG (its folder created); then closed."""
+    try:
+        fig.tight_layout()
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out) as partial:  # whole or absent: a kill mid-write leaves no truncated PNG under ``out``
+            fig.savefig(partial, dpi=DPI, format="png")
+        return out
+    finally:
+        plt.close(fig)
 
 
 def png_bytes(fig: Any) -> bytes:
-    """The figure as PNG bytes (tight layout); the figure is closed."""
+    """The figure as PNG bytes (tight bounding box); the figure is closed."""
     try:
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
         return buffer.getvalue()
     finally:
         plt.close(fig)
+
+
+def png_uri(png: bytes) -> str:
+    """PNG bytes as a ``data:`` URI, for a picture inlined in HTML."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def _token_axes(ax: Any, query_tokens: Sequence[str], key_tokens: Sequence[str], *, fontsize: float = 7) -> None:
@@ -65,9 +73,13 @@ def _token_axes(ax: Any, query_tokens: Sequence[str], key_tokens: Sequence[str],
 
 
 def _attention_figure(
-    weights: Sequence[Sequence[float]], query_tokens: Sequence[str], key_tokens: Sequence[str], title: str
-) -> tuple[Any, Any, Any]:
-    """(figure, axes, image) of a (queries × keys) heatmap sized to the number of tokens."""
+    weights: Sequence[Sequence[float]],
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    title: str,
+    colorbar_label: str = "attention weight",
+) -> Any:
+    """A (queries × keys) heatmap with its colour bar, sized to the number of tokens."""
     rows, cols = len(query_tokens), len(key_tokens)
     size = max(4.0, min(22.0, 0.28 * max(rows, cols) + 2.5))
     fig, ax = plt.subplots(figsize=(size + 1.2, size))
@@ -76,7 +88,8 @@ def _attention_figure(
     ax.set_xlabel("key (token attended to)")
     ax.set_ylabel("query (token attending)")
     ax.set_title(title, fontsize=10)
-    return fig, ax, image
+    fig.colorbar(image, ax=ax, label=colorbar_label, fraction=0.046, pad=0.04)
+    return fig
 
 
 def attention_heatmap(
@@ -89,20 +102,14 @@ def attention_heatmap(
     colorbar_label: str = "attention weight",
 ) -> Path:
     """Write a (queries × keys) heatmap; rows are query tokens, columns the keys they read."""
-    fig, ax, image = _attention_figure(weights, query_tokens, key_tokens, title)
-    try:
-        return _finish(fig, ax, image, colorbar_label, path)
-    finally:
-        plt.close(fig)
+    return _write_png(_attention_figure(weights, query_tokens, key_tokens, title, colorbar_label), path)
 
 
 def attention_png(
     weights: Sequence[Sequence[float]], query_tokens: Sequence[str], key_tokens: Sequence[str], title: str
 ) -> bytes:
     """The same heatmap as :func:`attention_heatmap`, as PNG bytes."""
-    fig, ax, image = _attention_figure(weights, query_tokens, key_tokens, title)
-    fig.colorbar(image, ax=ax, label="attention weight", fraction=0.046, pad=0.04)
-    return png_bytes(fig)
+    return png_bytes(_attention_figure(weights, query_tokens, key_tokens, title))
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,7 @@ def _norm(gamma: float) -> Normalize:
     return Normalize(0.0, 1.0) if gamma == 1.0 else PowerNorm(gamma, 0.0, 1.0)
 
 
-def heatmap_pair_png(
+def heatmaps_png(
     panels: Sequence[HeatPanel], *, title: str | None = None, gamma: float = 1.0, panel_size: float = 3.6
 ) -> bytes:
     """One or more square attention maps side by side with a shared 0..1 colour bar; PNG bytes."""
@@ -143,11 +150,6 @@ def heatmap_pair_png(
     return png_bytes(fig)
 
 
-def heatmap_png(panel: HeatPanel, *, gamma: float = 1.0, panel_size: float = 3.6) -> bytes:
-    """One square attention map with a 0..1 colour bar; PNG bytes."""
-    return heatmap_pair_png([panel], gamma=gamma, panel_size=panel_size)
-
-
 @dataclass(frozen=True)
 class GridStyle:
     """How a layer × head grid is coloured and labelled."""
@@ -160,8 +162,8 @@ class GridStyle:
     annotation_colour: str = "white"  # black on a diverging map, whose middle is white
 
 
-def _grid_figure(values: Sequence[Sequence[float]], title: str, style: GridStyle) -> tuple[Any, Any, Any]:
-    """(figure, axes, image) of a layer × head grid."""
+def _grid_figure(values: Sequence[Sequence[float]], title: str, style: GridStyle) -> Any:
+    """A layer × head grid with its colour bar."""
     layers = len(values)
     heads = len(values[0]) if layers else 0
     fig, ax = plt.subplots(figsize=(max(4.0, 0.55 * heads + 2.5), max(3.0, 0.28 * layers + 1.5)))
@@ -185,7 +187,8 @@ def _grid_figure(values: Sequence[Sequence[float]], title: str, style: GridStyle
                     fontsize=5,
                     color=style.annotation_colour,
                 )
-    return fig, ax, image
+    fig.colorbar(image, ax=ax, label=style.colorbar_label, fraction=0.046, pad=0.04)
+    return fig
 
 
 def grid_heatmap(
@@ -200,19 +203,12 @@ def grid_heatmap(
     annotations: Sequence[Sequence[str]] | None = None,
 ) -> Path:
     """A layer × head grid of one number per head (entropy, sink share, role score), written to ``path``."""
-    style = GridStyle(colorbar_label, cmap, vmin, vmax, annotations)
-    fig, ax, image = _grid_figure(values, title, style)
-    try:
-        return _finish(fig, ax, image, colorbar_label, path)
-    finally:
-        plt.close(fig)
+    return _write_png(_grid_figure(values, title, GridStyle(colorbar_label, cmap, vmin, vmax, annotations)), path)
 
 
 def grid_png(values: Sequence[Sequence[float]], title: str, style: GridStyle) -> bytes:
     """The same grid as :func:`grid_heatmap`, as PNG bytes."""
-    fig, ax, image = _grid_figure(values, title, style)
-    fig.colorbar(image, ax=ax, label=style.colorbar_label, fraction=0.046, pad=0.04)
-    return png_bytes(fig)
+    return png_bytes(_grid_figure(values, title, style))
 
 
 @dataclass(frozen=True)

@@ -271,7 +271,6 @@ MODEL_FIELD_DESCRIPTION = (
 
 Detail = Literal["summary", "full"]
 DETAILS: tuple[str, ...] = get_args(Detail)
-DETAIL_DESCRIPTION = "full: all table rows"
 
 
 def _said_in_the_prompts(schema: dict[str, Any]) -> None:

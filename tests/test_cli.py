@@ -171,13 +171,17 @@ def test_loading_a_model_prints_no_progress_bar(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_the_one_time_gguf_conversion_says_one_line(tmp_path) -> None:
+    from agent_tools.placement import Placement, dtype_name, resolve_dtype
+
     result = run_cli_with_cache(
         tmp_path, "call", "show_attention", "--json", '{"text": "hi", "layer": 0, "head": 0}'
     )  # reads the weights (describe reads the config only)
     assert result.returncode == 0, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr  # no tqdm bar: not for dequantising, loading or writing shards
-    assert lines[0].startswith("converting SmolLM2-135M-Instruct.Q4_1 once: 513 MiB of float32 weights to ")
+    dtype = dtype_name(resolve_dtype(Placement()))  # auto: bfloat16 on a CPU with bfloat16 hardware, else float32
+    size = {"float32": 513, "bfloat16": 257}[dtype]  # 134.5 M parameters at 4 or 2 bytes
+    assert lines[0].startswith(f"converting SmolLM2-135M-Instruct.Q4_1 once: {size} MiB of {dtype} weights to ")
     assert lines[0].endswith(f"{tmp_path / 'gguf'}, ~20 s")
     again = run_cli_with_cache(tmp_path, "call", "show_attention", "--json", '{"text": "hi", "layer": 0, "head": 0}')
     assert again.returncode == 0 and again.stderr == ""  # converted once

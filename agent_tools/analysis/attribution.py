@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from agent_tools.analysis.norms import norm_shares
+
 LOW_VALUE_NORM = 0.9  # a token writes "little" when its ‖v W_O‖ is at most this fraction of the text's median
 SINK_LIKE_RATIO = 2.0  # ... and it is read "like a sink" when it receives ≥ 2× what uniform attention would give
 MIN_READERS = 4  # ... by at least this many later queries (as threshold_sinks requires)
@@ -150,11 +152,9 @@ def value_weighted_rows(weights: Tensor, value_norms: Tensor) -> Tensor:
     """(…, Tk) attention rows, (…, Tk) ‖v_j W_O^h‖ -> (…, Tk) each key's share of Σ_j ‖α_j v_j W_O^h‖.
 
     Kobayashi et al. (2020): a key that receives weight but writes a small vector contributes little; rows whose
-    total is zero give zeros.
+    total is zero give zeros (:func:`agent_tools.analysis.norms.norm_shares` of the weighted norms).
     """
-    weighted = weights.float() * value_norms.float()
-    total = weighted.sum(-1, keepdim=True)
-    return torch.where(total > 0, weighted / total.clamp_min(1e-30), torch.zeros_like(weighted))
+    return norm_shares(weights.float() * value_norms.float())
 
 
 def relative_value_norms(norms: Tensor, reference: Tensor) -> Tensor:

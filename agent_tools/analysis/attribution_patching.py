@@ -19,7 +19,6 @@ dims, ``L`` layers, ``C`` model width, ``V`` vocabulary.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -27,12 +26,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from agent_tools.analysis.ablation import TIE_MARGIN as TIE_MARGIN  # the one tie rule (patch_heads imports it here)
+from agent_tools.analysis.ablation import Baseline as Draws
 from agent_tools.analysis.attribution import spearman
 from agent_tools.analysis.metrics import chance_side
 
 LARGE_SPREADS = 3.0  # an effect is large when it is this many baseline spreads from the baseline mean ...
 LARGE_FLOOR = 0.05  # ... and at least this far (5% of the clean–corrupted gap), so a zero-spread baseline
-TIE_MARGIN = 0.02  # a top-token change between tokens whose probabilities differ by less than this is a tie
 MIN_RELATIVE_GAP = 0.25  # a clean–corrupted gap below this × the clean logits' standard deviation is refused
 
 EffectSize = Literal["large", "small"]
@@ -71,12 +71,12 @@ class Baseline:
 
 
 def baseline(values: Sequence[float], size: int) -> Baseline:
-    """The mean and sample standard deviation (n − 1; 0 for one draw) of the draws' effects."""
+    """The mean and sample standard deviation (n − 1; 0 for one draw) of the draws' effects (the ablation
+    baseline's :class:`~agent_tools.analysis.ablation.Baseline`, with the set size)."""
     if not values:
         raise ValueError("a baseline needs at least one draw")
-    mean = sum(values) / len(values)
-    spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return Baseline(mean=mean, spread=spread, draws=len(values), size=size)
+    drawn = Draws(tuple(values))
+    return Baseline(mean=drawn.mean, spread=drawn.spread, draws=drawn.draws, size=size)
 
 
 def effect_size(value: float, reference: Baseline) -> EffectSize:

@@ -28,6 +28,7 @@ import math
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, Protocol, TypeVar, get_args
 
 import torch
@@ -251,20 +252,8 @@ class Role:
     fallback: bool = False
 
 
-def _previous_token(layout: SequenceLayout) -> KeyPattern:
-    return KeyPattern(offsets=(-1,))
-
-
 def _next_token(layout: SequenceLayout) -> KeyPattern | None:
     return None if layout.causal else KeyPattern(offsets=(1,))  # a causal row cannot see i+1
-
-
-def _self(layout: SequenceLayout) -> KeyPattern:
-    return KeyPattern(offsets=(0,))
-
-
-def _first_token(layout: SequenceLayout) -> KeyPattern:
-    return KeyPattern(first_token=True)
 
 
 def _local(layout: SequenceLayout) -> KeyPattern:
@@ -276,28 +265,12 @@ def _flagged(flags: tuple[bool, ...]) -> KeyPattern | None:
     return KeyPattern(flags=flags) if any(flags[1:]) else None
 
 
-def _special_token(layout: SequenceLayout) -> KeyPattern | None:
-    return _flagged(layout.special)
-
-
-def _punctuation(layout: SequenceLayout) -> KeyPattern | None:
-    return _flagged(layout.punctuation)
-
-
 def _copy_offset(layout: SequenceLayout, offset: int) -> KeyPattern | None:
     """Second-copy queries reading ``i − N + offset`` (``offset`` 1: the token after the earlier copy)."""
     if layout.repeat is None:
         return None
     start, n = layout.repeat
     return KeyPattern(offsets=(offset - n,), rows=(start + n, start + 2 * n))
-
-
-def _induction(layout: SequenceLayout) -> KeyPattern | None:
-    return _copy_offset(layout, 1)
-
-
-def _duplicate_token(layout: SequenceLayout) -> KeyPattern | None:
-    return _copy_offset(layout, 0)
 
 
 # A head takes a role when its score reaches the role's threshold (each a share of attention, broad a share of
@@ -307,14 +280,14 @@ ROLES: dict[HeadRole, Role] = {
     for role in (
         Role(
             "previous_token",
-            _previous_token,
+            lambda _layout: KeyPattern(offsets=(-1,)),
             0.4,
             "mean A[i, i-1] over queries i >= max(1, skip)",
             ablation_check="probe_second_copy_loss",
         ),
         Role(
             "induction",
-            _induction,
+            partial(_copy_offset, offset=1),
             0.3,
             "probe: mean A[i, i-N+1] over queries i in the second copy (token after the earlier copy)",
             ablation_check="probe_second_copy_loss",
@@ -322,19 +295,19 @@ ROLES: dict[HeadRole, Role] = {
         ),
         Role(
             "duplicate_token",
-            _duplicate_token,
+            partial(_copy_offset, offset=0),
             0.3,
             "probe: mean A[i, i-N] over queries i in the second copy (the earlier copy itself)",
             measured_on="probe",
         ),
         Role(
             "first_token",
-            _first_token,
+            lambda _layout: KeyPattern(first_token=True),
             0.5,
             "mean A[i, 0] over queries i >= max(1, skip) (first-token / attention-sink share)",
             fallback=True,
         ),
-        Role("self", _self, 0.3, "mean A[i, i] over queries i >= skip"),
+        Role("self", lambda _layout: KeyPattern(offsets=(0,)), 0.3, "mean A[i, i] over queries i >= skip"),
         Role(
             "local",
             _local,
@@ -351,13 +324,13 @@ ROLES: dict[HeadRole, Role] = {
         Role("next_token", _next_token, 0.4, "mean A[i, i+1] over queries i >= skip (bidirectional models only)"),
         Role(
             "special_token",
-            _special_token,
+            lambda layout: _flagged(layout.special),
             0.3,
             "mean of sum A[i, j] over special keys j >= 1, j != i, over queries that can see one",
         ),
         Role(
             "punctuation",
-            _punctuation,
+            lambda layout: _flagged(layout.punctuation),
             0.3,
             "mean of sum A[i, j] over punctuation keys j >= 1, j != i, over queries that can see one",
         ),
@@ -532,22 +505,18 @@ def top_heads(scores: Mapping[int, Mapping[Name, Tensor]], role: Name, k: int) -
 
 
 def copy_losses(logits: Tensor, input_ids: Tensor, *, start: int, repeat_length: int) -> tuple[float, float]:
-    """Next-token loss (nats) on the first and on the second copy of a probe; (B, T, V), (B, T) -> (first, second).
+    """Next-token loss (nats) on the first and on the second copy of a probe; (B, T, V), (1 or B, T) -> (first,
+    second).
 
     Targets are the copies' tokens after their first (the first token of a copy cannot be predicted from the
     copy): positions ``start+1 .. start+N-1`` and ``start+N+1 .. start+2N-1``. An induction mechanism makes the
     second much lower than the first, which is random tokens and near ``log(vocab)``. With B > 1 rows the mean is
-    over the rows too (:func:`copy_losses_per_row` keeps them apart).
+    over the rows too (:func:`copy_losses_from` keeps them apart).
     """
-    first, second = copy_losses_per_row(logits, input_ids, start=start, repeat_length=repeat_length)
-    return float(first.mean()), float(second.mean())
-
-
-def copy_losses_per_row(logits: Tensor, input_ids: Tensor, *, start: int, repeat_length: int) -> tuple[Tensor, Tensor]:
-    """(B, T, V) logits, (1 or B, T) ids -> (B,) first- and (B,) second-copy mean losses (:func:`copy_losses`)."""
     ids = input_ids.to(logits.device).expand(logits.shape[0], -1)  # (B, T)
     losses = next_token_losses(logits, ids)  # (B, T-1): entry t-1 is the loss of token t
-    return copy_losses_from(losses, start=start, repeat_length=repeat_length)
+    first, second = copy_losses_from(losses, start=start, repeat_length=repeat_length)
+    return float(first.mean()), float(second.mean())
 
 
 def copy_losses_from(losses: Tensor, *, start: int, repeat_length: int) -> tuple[Tensor, Tensor]:

@@ -63,19 +63,9 @@ Logs are natural: entropies and divergences are in nats.
     exceeds_baseline                        chance_side(k = 2) = 1 over ≥ 2 random draws                     bool
                                             used by: profile_heads' "is a <role> head" verdicts
 
-The "sink" numbers are different measures and keep distinct names; each is defined here and only here:
-
-* ``first_token_share`` — the ``analyze`` grid's "sink share" (``QuantisedMaps``): mean weight on key 0 over
-  every row. A causal row 0 can only read key 0, so it always adds 1/T.
-* ``first_token_share_excluding_early_rows`` — ``profile_heads``' ``first_token`` role: the same mean over rows
-  that could have read something else (``i ≥ 1``), and past the ``skip`` early rows whose shares are forced.
-* ``sink_row_fraction`` — ``diagnose_collapse``'s ``sink_fraction``: how many rows put their *largest* weight
-  on the first token or a special token ([CLS], [SEP], BOS), not how much weight they put there.
-* ``threshold_sinks`` — ``trace_prompt_attention``'s sink segment: the keys that receive at least ``threshold``
-  of the attention of the later queries, averaged over heads and layers.
-* ``sink_column_share`` — a family with learned sink logits (GPT-OSS): the weight the extra softmax column takes,
-  so the real keys' weights sum to ``1 − sink_column_share``.
-* ``without_sink`` — segment shares renormalised with the sink segment left out (what the rest of the prompt gets).
+The "sink" numbers (``first_token_share``, ``first_token_share_excluding_early_rows``, ``sink_row_fraction``,
+``threshold_sinks``, ``sink_column_share``, ``without_sink``) are different measures and keep distinct names; each is
+defined here and only here (the table above, and each function's docstring says how it differs from the others).
 
 Streaming consumers (:mod:`agent_tools.consumers`) add the same per-row terms chunk by chunk; the tests check
 that their results equal these functions on whole maps. ``LayerAttention.row_entropy`` (capture) computes the
@@ -145,12 +135,13 @@ def normalised_from_entropy(entropy: Tensor, visible: Tensor) -> Tensor:
     return torch.where(count > 1, entropy / count.clamp_min(2).log(), torch.zeros_like(entropy))
 
 
-def normalised_entropy(weights: Tensor, allowed: Tensor | None = None) -> Tensor:
+def normalised_entropy(weights: Tensor, allowed: Tensor | None = None, *, entropy: Tensor | None = None) -> Tensor:
     """(..., q, k) weights, bool ``allowed`` broadcastable to them -> (..., q): ``H_i / ln n_i`` in [0, 1].
 
-    Without ``allowed`` every key counts as visible (``n_i = k``). Rows with one visible key give 0.
+    Without ``allowed`` every key counts as visible (``n_i = k``). Rows with one visible key give 0. ``entropy``:
+    the rows' :func:`attention_entropy` when the caller has it already.
     """
-    entropy = attention_entropy(weights)
+    entropy = attention_entropy(weights) if entropy is None else entropy
     if allowed is None:
         count = torch.full_like(entropy, weights.shape[-1])
     else:

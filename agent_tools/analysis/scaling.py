@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
 import torch
@@ -30,7 +30,7 @@ from agent_tools.analysis.metrics import (
     SATURATION,
     attention_entropy,
     masked_softmax,
-    normalised_from_entropy,
+    normalised_entropy,
     saturated,
     upcast,
 )
@@ -109,12 +109,7 @@ def row_measures(weights: Tensor, allowed: Tensor | None = None, *, saturation: 
     Half-precision weights are upcast to float32 first."""
     weights = upcast(weights)
     entropy = attention_entropy(weights)
-    count = (
-        torch.full_like(entropy, weights.shape[-1])
-        if allowed is None
-        else allowed.sum(-1).to(entropy.dtype).expand(entropy.shape)  # count before broadcasting over heads
-    )
-    normalised = normalised_from_entropy(entropy, count)
+    normalised = normalised_entropy(weights, allowed, entropy=entropy)
     top = weights.amax(-1)
     trace, frobenius = _jacobian_measures(weights)
     return RowMeasures(
@@ -277,75 +272,39 @@ def train_retrieval(
     Runs on one intra-op thread (restored afterwards): these ops are tiny, and on a shared CPU more threads only
     add contention. The result does not depend on it.
     """
-    setup = RetrievalSetup(
-        head_dim=head_dim, scaled=scaled, steps=steps, batch=batch, items=items, d_model=d_model, labels=labels,
-        gain=gain, learning_rate=learning_rate, log_every=log_every, seed=seed,
-    )  # fmt: skip
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    curves = [f.name for f in fields(ExperimentRun) if f.name not in ("head_dim", "scaled", "steps")]
+    logged: dict[str, list[float]] = {name: [] for name in curves}  # ExperimentRun's curves, by field
+    logged_steps: list[int] = []
     try:
         with torch.enable_grad():
-            return _train(setup, checkpoint)
+            init = torch.Generator().manual_seed(seed)
+            data = torch.Generator().manual_seed(seed + 1)
+            model = RetrievalAttention(d_model, head_dim, scaled=scaled, gain=gain, generator=init)
+            optimiser = torch.optim.SGD(model.parameters(), lr=learning_rate)
+            for step in range(steps + 1):
+                if checkpoint is not None:
+                    checkpoint()
+                contents, item_labels, query, target = retrieval_batch(batch, items, d_model, labels, data)
+                logits, weights = model(contents, item_labels, query, labels)
+                answer = item_labels[torch.arange(batch, device=item_labels.device), target]
+                loss = nn.functional.cross_entropy(logits, answer)
+                optimiser.zero_grad()
+                loss.backward()
+                if step % log_every == 0 or step == steps:
+                    logged_steps.append(step)
+                    with torch.no_grad():
+                        logged["loss"].append(float(loss))
+                        logged["accuracy"].append(float((logits.argmax(-1) == answer).float().mean()))
+                        logged["grad_norm_q"].append(float(model.w_q.grad.norm()))  # type: ignore[union-attr]
+                        logged["grad_norm_k"].append(float(model.w_k.grad.norm()))  # type: ignore[union-attr]
+                        logged["attention_entropy"].append(float(attention_entropy(weights).mean()))
+                        logged["saturated_fraction"].append(float(saturated(weights.max(-1).values).float().mean()))
+                        chosen = weights[torch.arange(batch, device=weights.device), target]
+                        logged["target_weight"].append(float(chosen.mean()))
+                if step < steps:
+                    optimiser.step()
     finally:
         torch.set_num_threads(threads)
-
-
-@dataclass(frozen=True)
-class RetrievalSetup:
-    """One training run of :func:`train_retrieval`: the model, the data and the optimiser settings."""
-
-    head_dim: int
-    scaled: bool
-    steps: int
-    batch: int
-    items: int
-    d_model: int
-    labels: int
-    gain: float
-    learning_rate: float
-    log_every: int
-    seed: int
-
-
-def _train(setup: RetrievalSetup, checkpoint: Callable[[], None] | None = None) -> ExperimentRun:
-    head_dim, scaled, steps, batch = setup.head_dim, setup.scaled, setup.steps, setup.batch
-    items, d_model, labels, log_every = setup.items, setup.d_model, setup.labels, setup.log_every
-    init = torch.Generator().manual_seed(setup.seed)
-    data = torch.Generator().manual_seed(setup.seed + 1)
-    model = RetrievalAttention(d_model, head_dim, scaled=scaled, gain=setup.gain, generator=init)
-    optimiser = torch.optim.SGD(model.parameters(), lr=setup.learning_rate)
-    logged: dict[str, list[float]] = {k: [] for k in ("loss", "accuracy", "q", "k", "entropy", "saturated", "target")}
-    logged_steps: list[int] = []
-    for step in range(steps + 1):
-        if checkpoint is not None:
-            checkpoint()
-        contents, item_labels, query, target = retrieval_batch(batch, items, d_model, labels, data)
-        logits, weights = model(contents, item_labels, query, labels)
-        answer = item_labels[torch.arange(batch, device=item_labels.device), target]
-        loss = nn.functional.cross_entropy(logits, answer)
-        optimiser.zero_grad()
-        loss.backward()
-        if step % log_every == 0 or step == steps:
-            logged_steps.append(step)
-            with torch.no_grad():
-                logged["loss"].append(float(loss))
-                logged["accuracy"].append(float((logits.argmax(-1) == answer).float().mean()))
-                logged["q"].append(float(model.w_q.grad.norm()))  # type: ignore[union-attr]
-                logged["k"].append(float(model.w_k.grad.norm()))  # type: ignore[union-attr]
-                logged["entropy"].append(float(attention_entropy(weights).mean()))
-                logged["saturated"].append(float(saturated(weights.max(-1).values).float().mean()))
-                logged["target"].append(float(weights[torch.arange(batch, device=weights.device), target].mean()))
-        if step < steps:
-            optimiser.step()
-    return ExperimentRun(
-        head_dim=head_dim,
-        scaled=scaled,
-        steps=logged_steps,
-        loss=logged["loss"],
-        accuracy=logged["accuracy"],
-        grad_norm_q=logged["q"],
-        grad_norm_k=logged["k"],
-        attention_entropy=logged["entropy"],
-        saturated_fraction=logged["saturated"],
-        target_weight=logged["target"],
-    )
+    return ExperimentRun(head_dim=head_dim, scaled=scaled, steps=logged_steps, **logged)

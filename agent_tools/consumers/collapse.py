@@ -39,7 +39,7 @@ from agent_tools.analysis.norms import (
     value_share_sums,
 )
 from agent_tools.capture import LayerAttention
-from agent_tools.consumers.host import accumulation_dtype, to_host
+from agent_tools.consumers.host import PendingSums, accumulation_dtype
 from agent_tools.layout import output_weight
 
 BOUND_TOLERANCE = {torch.float64: 1e-5, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
@@ -83,7 +83,7 @@ class HeadAccumulator:
         self.value_norms: Tensor | None = None  # (h, k) ‖v_j W_O^h‖
         self.value_share: Tensor | None = None  # (h, k) Σ rows of each key's share of Σ‖α v W_O‖
         self.output_norm: Tensor | None = None  # (h,) Σ rows of ‖head output‖
-        self._pending: dict[str, Tensor] = {}  # device-side sums of the blocks not yet flushed
+        self._pending = PendingSums()  # device-side sums of the blocks not yet flushed
 
     def add(
         self,
@@ -144,15 +144,9 @@ class HeadAccumulator:
         ]
         if output_norms is not None:  # Σ rows of ‖head output‖
             per_head.append(kept_sum(output_norms.to(dtype)))
-        self._accumulate("per_head", torch.stack(per_head))  # (n, h)
-        slack_min = slack.min(-1).values  # (h,)
-        previous = self._pending.get("slack")
-        self._pending["slack"] = slack_min if previous is None else torch.minimum(previous, slack_min)
+        self._pending.add("per_head", torch.stack(per_head))  # (n, h)
+        self._pending.minimum("slack", slack.min(-1).values)  # (h,)
         self._add_keys(weights, argmax, ones, value_norms, dtype)
-
-    def _accumulate(self, name: str, block: Tensor) -> None:
-        previous = self._pending.get(name)
-        self._pending[name] = block if previous is None else previous + block
 
     def _add_keys(
         self, weights: Tensor, argmax: Tensor, ones: Tensor, value_norms: Tensor | None, dtype: torch.dtype
@@ -164,23 +158,18 @@ class HeadAccumulator:
         per_key[0, :, :width] = torch.einsum("hqk,hq->hk", weights, ones.to(weights.dtype)).to(dtype)
         per_key[1].scatter_add_(1, argmax, ones)
         if value_norms is not None:
-            if "value_norms" not in self._pending and self.value_norms is None:
-                self._pending["value_norms"] = value_norms.to(dtype)  # (h, keys): the same for every chunk
+            if self.value_norms is None:
+                self._pending.first("value_norms", value_norms.to(dtype))  # (h, keys): the same for every chunk
             shares = value_share_sums(weights, value_norms[:, :width], rows=ones)
             per_key[2, :, :width] = shares.to(dtype)
-        self._accumulate("per_key", per_key)
+        self._pending.add("per_key", per_key)
 
     def flush(self) -> None:
         """Move the device-side sums of the blocks added since the last flush to the CPU totals, in one copy."""
         if not self._pending:
             return
-        names = sorted(self._pending)
-        shapes = [self._pending[name].shape for name in names]
-        flat = torch.cat([self._pending[name].reshape(-1).to(self._pending["per_head"].dtype) for name in names])
-        moved = to_host(flat).double()  # the layer's one device-to-host copy
-        self._pending = {}
-        parts = dict(zip(names, moved.split([math.prod(shape) for shape in shapes]), strict=True))
-        sums = parts["per_head"].view(shapes[names.index("per_head")])  # (n, h)
+        parts = self._pending.take()  # the layer's one device-to-host copy
+        sums = parts["per_head"]  # (n, h)
         self.entropy += sums[0]
         self.normalised += sums[1]
         self.max_weight += sums[2]
@@ -193,11 +182,11 @@ class HeadAccumulator:
         if sums.shape[0] > 8 + len(ROW_TARGETS):
             self.output_norm = sums[-1] if self.output_norm is None else self.output_norm + sums[-1]
         self.slack = torch.minimum(self.slack, parts["slack"])
-        per_key = parts["per_key"].view(shapes[names.index("per_key")])  # (2 or 3, h, keys)
+        per_key = parts["per_key"]  # (2 or 3, h, keys)
         self.column += per_key[0]
         self.argmax += per_key[1]
         if "value_norms" in parts:
-            self.value_norms = parts["value_norms"].view(shapes[names.index("value_norms")]).clone()
+            self.value_norms = parts["value_norms"].clone()
         if per_key.shape[0] > 2:
             self.value_share = per_key[2] if self.value_share is None else self.value_share + per_key[2]
 

@@ -15,6 +15,7 @@ from torch import Tensor
 from agent_tools.analysis.metrics import Received, received_attention
 from agent_tools.capture import LayerAttention
 from agent_tools.consumers.host import HOST, to_host
+from agent_tools.consumers.received import over_layers
 
 
 class CrossRowsConsumer:
@@ -43,8 +44,4 @@ class CrossRowsConsumer:
         return torch.stack([torch.cat(self._rows[layer], dim=1) for layer in sorted(self._rows)])
 
     def received(self) -> Received:
-        """Sums over layers, with ``readers`` averaged over the layers (rows that could read each key)."""
-        if self.sums is None:
-            raise RuntimeError("no layer was captured")
-        layers = len(self._rows)
-        return Received(self.sums.total, self.sums.count, self.sums.uniform, self.sums.readers / layers)
+        return over_layers(self.sums, len(self._rows))

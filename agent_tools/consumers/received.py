@@ -41,7 +41,11 @@ class ReceivedShareConsumer:
             self.sums = moved if self.sums is None else self.sums + moved
 
     def received(self) -> Received:
-        """Sums over layers, with ``readers`` averaged over the layers (rows that could read each key)."""
-        if self.sums is None:
-            raise RuntimeError("no layer was captured")
-        return Received(self.sums.total, self.sums.count, self.sums.uniform, self.sums.readers / len(self.layers))
+        return over_layers(self.sums, len(self.layers))
+
+
+def over_layers(sums: Received | None, layers: int) -> Received:
+    """Sums over ``layers`` layers, with ``readers`` averaged over them (rows that could read each key)."""
+    if sums is None:
+        raise RuntimeError("no layer was captured")
+    return Received(sums.total, sums.count, sums.uniform, sums.readers / layers)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from agent_tools.corpus.aggregate import DEFAULT_RESAMPLES, DEFAULT_SEED, summarise
-from agent_tools.corpus.flow import ErrorBudget, Progress, TooManyErrors
+from agent_tools.corpus.flow import EngineRun, ErrorBudget, Progress, TooManyErrors
 from agent_tools.corpus.local import run_local
 from agent_tools.corpus.page import render_page
 from agent_tools.corpus.ray_engine import ActorsKeptDying, RayOptions, check_ray, run_ray
@@ -125,12 +125,11 @@ def run_corpus(
         pending = (item for item in read_items(path) if item.index not in done)
         try:
             with Progress(max(count_items(path) - len(done), 0), enabled=progress, label=f"corpus {checked}") as bar:
+                run = EngineRun(session, checked, options, store, batch_size, budget, bar)
                 if engine == "ray":
-                    run_ray(session, checked, pending, options, store, batch_size=batch_size, budget=budget,
-                            progress=bar, ray_options=pool)  # fmt: skip
+                    run_ray(run, pending, pool)
                 else:
-                    run_local(session, checked, pending, options, store, batch_size=batch_size, budget=budget,
-                              progress=bar)  # fmt: skip
+                    run_local(run, pending)
         except (TooManyErrors, ActorsKeptDying):  # what came back is kept, and the run is marked incomplete
             finish(store, resamples=resamples, seed=seed, complete=False)
             raise

@@ -1,4 +1,5 @@
-"""What both engines share: batches of similar length, the error budget (``--max-errors``), the progress bar."""
+"""What both engines share: what a run gives them, batches of similar length, the error budget (``--max-errors``), the
+progress bar."""
 
 from __future__ import annotations
 
@@ -6,10 +7,15 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_tools.errors import InvalidInputError
 from agent_tools.runs.items import CorpusItem, ItemOutcome
+
+if TYPE_CHECKING:
+    from agent_tools.corpus.tasks import Task, TaskOptions
+    from agent_tools.inspector import Inspector
+    from agent_tools.runs.store import RunStore
 
 WINDOW_BATCHES = 8  # batches read ahead and sorted by length together
 
@@ -31,6 +37,20 @@ def _cut(window: list[CorpusItem], batch_size: int) -> Iterator[list[CorpusItem]
     ordered = sorted(window, key=lambda item: (item.size, item.index))
     for start in range(0, len(ordered), batch_size):
         yield ordered[start : start + batch_size]
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """What either engine is given: the session, the task and its options, the run folder every finished batch is
+    committed to, the batch size, the error budget and the progress bar."""
+
+    inspector: Inspector
+    task: Task
+    options: TaskOptions
+    store: RunStore
+    batch_size: int
+    budget: ErrorBudget
+    progress: Progress
 
 
 class TooManyErrors(InvalidInputError):

@@ -4,24 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent_tools.corpus.flow import ErrorBudget, Progress, batches_by_length
-from agent_tools.corpus.tasks import Task, TaskOptions, analyse
-from agent_tools.inspector import Inspector, current_call
+from agent_tools.corpus.flow import EngineRun, batches_by_length
+from agent_tools.corpus.tasks import analyse
+from agent_tools.inspector import current_call
 from agent_tools.runs.items import CorpusItem, ItemOutcome
-from agent_tools.runs.store import RunStore
 
 
-def run_local(
-    inspector: Inspector,
-    task: Task,
-    items: Iterable[CorpusItem],
-    options: TaskOptions,
-    store: RunStore,
-    *,
-    batch_size: int,
-    budget: ErrorBudget,
-    progress: Progress,
-) -> None:
+def run_local(run: EngineRun, items: Iterable[CorpusItem]) -> None:
     """Analyse every item in this process; each finished batch is committed before the next starts.
 
     Stops (raising :class:`~agent_tools.corpus.flow.TooManyErrors`) at the first bad row over the budget, after
@@ -29,15 +18,15 @@ def run_local(
     call's cancel flag and deadline between items.
     """
     call = current_call()
-    for batch in batches_by_length(items, batch_size):
+    for batch in batches_by_length(items, run.batch_size):
         outcomes: list[ItemOutcome] = []
         for item in batch:
             if call is not None:
                 call.check()
-            outcome = analyse(inspector, task, item, options)
+            outcome = analyse(run.inspector, run.task, item, run.options)
             outcomes.append(outcome)
-            progress.advance()
-            if budget.note([outcome]):
+            run.progress.advance()
+            if run.budget.note([outcome]):
                 break
-        store.write_part(outcomes)
-        budget.check()
+        run.store.write_part(outcomes)
+        run.budget.check()

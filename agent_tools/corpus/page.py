@@ -187,9 +187,7 @@ def _trace_sections(summary: dict[str, Any], table: Any) -> list[str]:
 def render_page(summary: dict[str, Any], table: Any, errors: Any) -> str:
     """The whole page for a run's summary, table and errors (pandas DataFrames)."""
     sections = _trace_sections(summary, table) if summary["task"] == "trace" else _head_sections(summary, table)
-    if summary["task"] != "trace" and not summary["heads"]:
-        sections = ['<p class="note">no item could be analysed</p>']
-    if summary["task"] == "trace" and not summary["segments"]:
+    if not summary["segments" if summary["task"] == "trace" else "heads"]:
         sections = ['<p class="note">no item could be analysed</p>']
     error_rows = errors.head(LISTED).to_dict("records") if len(errors) else []
     title = f"corpus {summary['task']} — {summary.get('model', '')}"

@@ -31,14 +31,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_tools.corpus.flow import ErrorBudget, Progress, batches_by_length
+from agent_tools.corpus.flow import EngineRun, batches_by_length
 from agent_tools.corpus.tasks import Task, TaskOptions, analyse
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector, current_call
 from agent_tools.loading import ModelPolicy
 from agent_tools.placement import Placement
 from agent_tools.runs.items import CorpusItem, ItemOutcome
-from agent_tools.runs.store import RunStore
 
 LOCAL_OBJECT_STORE = 256 * 1024**2  # items and results are small: a local Ray needs little shared memory
 WAIT_S = 5.0  # the driver wakes at least this often: to check the call's cancel flag and log progress
@@ -213,31 +212,20 @@ class Pool:
             raise ActorsKeptDying(msg, field="max_restarts")
 
 
-def run_ray(
-    inspector: Inspector,
-    task: Task,
-    items: Iterable[CorpusItem],
-    options: TaskOptions,
-    store: RunStore,
-    *,
-    batch_size: int,
-    budget: ErrorBudget,
-    progress: Progress,
-    ray_options: RayOptions,
-) -> None:
+def run_ray(run: EngineRun, items: Iterable[CorpusItem], ray_options: RayOptions) -> None:
     """Analyse every item on the actor pool; each batch that comes back is committed as it arrives.
 
     Raises :class:`ActorsKeptDying` past the pool's bounds and :class:`~agent_tools.corpus.flow.TooManyErrors`
     past the error budget, in both cases after committing every batch that came back.
     """
-    batches = deque(Batch([item.to_json() for item in batch]) for batch in batches_by_length(items, batch_size))
+    batches = deque(Batch([item.to_json() for item in batch]) for batch in batches_by_length(items, run.batch_size))
     if not batches:
         return
     import ray
 
     total = sum(len(batch.payloads) for batch in batches)
     started = _connect(ray_options)
-    actor_args = (ActorSession.of(inspector, ray_options.actor_cpus), task, options)
+    actor_args = (ActorSession.of(run.inspector, ray_options.actor_cpus), run.task, run.options)
     pool = Pool(ray_options, actor_args, batches)
     call = current_call()
     try:
@@ -255,17 +243,17 @@ def run_ray(
                 payloads = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:  # the actor's process died (killed, OOM, lost node)
                 pool.died(actor, batch, exc)
-                progress.describe(f"{pool.restarts} actor restarts")
+                run.progress.describe(f"{pool.restarts} actor restarts")
                 pool.submit()
                 pool.check()
                 continue
             outcomes = [ItemOutcome.from_json(payload) for payload in payloads]
-            store.write_part(outcomes)
+            run.store.write_part(outcomes)
             pool.done += len(outcomes)
-            progress.advance(len(outcomes))
+            run.progress.advance(len(outcomes))
             log.info("corpus: %d of %d items done, %d actor restarts", pool.done, total, pool.restarts)
-            budget.note(outcomes)
-            budget.check()
+            run.budget.note(outcomes)
+            run.budget.check()
             pool.idle.append(actor)
             pool.submit()
             pool.check()

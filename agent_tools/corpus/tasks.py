@@ -31,14 +31,6 @@ from agent_tools.tools import get_tool
 
 Task = Literal["profile", "trace", "collapse", "kv_cache", "retrieval", "position"]
 TASKS: tuple[str, ...] = get_args(Task)
-ROW_KEY = {  # what one row of the table is, per item
-    "profile": "head",
-    "collapse": "head",
-    "trace": "segment",
-    "kv_cache": "kv_head",
-    "retrieval": "head",
-    "position": "slot",
-}
 PROFILE_COLLAPSE_FIELDS = (
     "verdict",
     "concentration",
@@ -274,43 +266,28 @@ def _scalar_names(model: type[BaseModel]) -> set[str]:
     return {name for name, _ in _scalar_fields(model, TRACE_SKIPPED)}
 
 
-LONG_CONTEXT_COLUMNS: dict[str, list[tuple[str, ColumnType]]] = {
-    "kv_cache": [
-        ("layer", "int"),
-        ("kv_head", "int"),
-        ("loss_change", "float"),
-        ("top_token_agreement", "float"),
-        ("planned", "bool"),
-    ],
-    "retrieval": [("layer", "int"), ("head", "int"), ("score", "float")],
-    "position": [
-        ("slot", "int"),
-        ("start_token", "int"),
-        ("prompt_tokens", "int"),
-        ("relative_depth", "float"),
-        ("answer_logprob", "float"),
-        ("top_token_is_answer", "bool"),
-        ("attention_share", "float"),
-        ("best", "bool"),
-    ],
-}
+def _row_model(tool: str, rows: str) -> type[BaseModel]:
+    """The model of one row of a tool's report list ``rows`` (e.g. diagnose_collapse's ``heads``)."""
+    (model,) = get_args(get_tool(tool).output_model.model_fields[rows].annotation)
+    return cast(type[BaseModel], model)
 
 
 def columns(task: Task) -> list[tuple[str, ColumnType]]:
     """The table's columns and their types, from the tools' report models (a field added there joins the table)."""
     lead: list[tuple[str, ColumnType]] = [("item", "int"), ("id", "str"), ("num_tokens", "int")]
     if task == "trace":
-        segment = get_tool("trace_prompt_attention").output_model.model_fields["segments"].annotation
-        (segment_model,) = get_args(segment)
-        return [*lead, ("segment", "str"), *_scalar_fields(segment_model, TRACE_SKIPPED), ("read_most", "bool")]
-    if task in LONG_CONTEXT_COLUMNS:
-        return [*lead, *LONG_CONTEXT_COLUMNS[task]]
-    collapse_row = get_args(get_tool("diagnose_collapse").output_model.model_fields["heads"].annotation)[0]
-    collapse_fields = _scalar_fields(collapse_row)
+        segment = _row_model("trace_prompt_attention", "segments")
+        return [*lead, ("segment", "str"), *_scalar_fields(segment, TRACE_SKIPPED), ("read_most", "bool")]
+    if task == "kv_cache":  # kv_cache_rows: each KV head's report row (its query heads left out: not a scalar)
+        return [*lead, *_scalar_fields(_row_model("plan_kv_cache", "heads"))]
+    if task == "retrieval":
+        return [*lead, ("layer", "int"), ("head", "int"), ("score", "float")]
+    if task == "position":
+        return [*lead, *_scalar_fields(_row_model("position_sensitivity", "positions")), ("best", "bool")]
+    collapse_fields = _scalar_fields(_row_model("diagnose_collapse", "heads"))
     if task == "collapse":
         return [*lead, *collapse_fields, ("collapsed", "bool")]
-    head_profile = get_args(get_tool("profile_heads").output_model.model_fields["heads"].annotation)[0]
-    profile_fields = dict(_scalar_fields(head_profile))
+    profile_fields = dict(_scalar_fields(_row_model("profile_heads", "heads")))
     kinds = dict(collapse_fields)
     return [
         *lead,

@@ -173,24 +173,12 @@ def html_grids(result: AnalysisResult) -> dict[str, dict[str, Any]]:
     """The layer × head grids the page can colour, each with its range and a one-line description."""
     maps = result.maps
     grids: dict[str, dict[str, Any]] = {
-        "normalised entropy": {
-            "values": maps.normalised_entropy.tolist(),
-            "min": 0.0,
-            "max": 1.0,
-            "description": "mean entropy / ln(keys visible)",
-        },
-        "first-token share": {
-            "values": maps.first_token_share.tolist(),
-            "min": 0.0,
-            "max": 1.0,
-            "description": "mean attention on position 0",
-        },
-        "mean max weight": {
-            "values": maps.max_weight.tolist(),
-            "min": 0.0,
-            "max": 1.0,
-            "description": "mean of each query's largest weight",
-        },
+        name: {"values": values.tolist(), "min": 0.0, "max": 1.0, "description": description}
+        for name, values, description in (
+            ("normalised entropy", maps.normalised_entropy, "mean entropy / ln(keys visible)"),
+            ("first-token share", maps.first_token_share, "mean attention on position 0"),
+            ("mean max weight", maps.max_weight, "mean of each query's largest weight"),
+        )
     }
     role_grid = role_grid_values(result)
     if role_grid is not None:
@@ -202,10 +190,3 @@ def html_grids(result: AnalysisResult) -> dict[str, dict[str, Any]]:
             "description": "score of each head's primary role",
         }
     return grids
-
-
-def focus_head(result: AnalysisResult) -> tuple[int, int]:
-    """The most collapsed head (the one the focus tools and the neuron view examine)."""
-    flat = int(result.maps.normalised_entropy.flatten().argmin())
-    layer, head = divmod(flat, result.maps.entropy.shape[1])
-    return int(layer), int(head)

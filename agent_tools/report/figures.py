@@ -5,7 +5,7 @@ and the notebook all show the same pictures without drawing them again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -21,14 +21,13 @@ from agent_tools.render import (
     bars_png,
     curves_png,
     grid_png,
-    heatmap_pair_png,
-    heatmap_png,
+    heatmaps_png,
 )
 from agent_tools.report.content import role_grid_values, top_heads
 from agent_tools.report.job import AnalysisResult
 from agent_tools.report.long_context import plan_grid
 from agent_tools.report.story import STAGE_SHORT, build_story
-from agent_tools.tools.diagnose_collapse.models import CollapseReport
+from agent_tools.tools.diagnose_collapse.models import CollapseReport, HeadCollapseRow
 from agent_tools.tools.explain_scaling.models import ScalingReport
 from agent_tools.tools.find_retrieval_heads.models import FindRetrievalHeadsReport
 from agent_tools.tools.plan_kv_cache.models import PlanKvCacheReport
@@ -57,7 +56,7 @@ def _stage(result: AnalysisResult, number: int) -> bytes | None:
         return None
     name = views.stage_names[number - 1]
     title = f"{number}. {STAGE_SHORT.get(name, name)} (÷ {views.stage_divisors[number - 1]:.3g})"
-    return heatmap_png(HeatPanel(views.stage_weights[number - 1], views.labels, title), gamma=STAGE_GAMMA)
+    return heatmaps_png([HeatPanel(views.stage_weights[number - 1], views.labels, title)], gamma=STAGE_GAMMA)
 
 
 def _no_projections(result: AnalysisResult) -> bytes | None:
@@ -69,7 +68,7 @@ def _no_projections(result: AnalysisResult) -> bytes | None:
         HeatPanel(views.counterfactual, views.labels, "Q = K = V = x (no projections)"),
         HeatPanel(views.stage_weights[-1], views.labels, f"the real head {where}"),
     ]
-    return heatmap_pair_png(panels, gamma=STAGE_GAMMA)
+    return heatmaps_png(panels, gamma=STAGE_GAMMA)
 
 
 def _variance(result: AnalysisResult) -> bytes | None:
@@ -145,20 +144,28 @@ def _value_norms(result: AnalysisResult) -> bytes | None:
         shown = rows[:10]
     if not shown:
         return None
+    return contribution_bars(
+        shown,
+        lambda r: f"L{r.layer}H{r.head} → {r.dominant_position}:{r.dominant_token.strip() or repr(r.dominant_token)}",
+        title="What the collapsed key writes, relative to an ordinary key",
+        xlabel="contribution ratio = ‖α·v W_O‖ of the dominant key / ‖v W_O‖ of an ordinary key",
+    )
+
+
+def contribution_bars(
+    rows: Sequence[HeadCollapseRow], label: Callable[[HeadCollapseRow], str], *, title: str, xlabel: str
+) -> bytes:
+    """Each head's contribution ratio as a bar coloured by its verdict (its mean max weight noted), the no-op
+    threshold marked: the analyze story's value-norm picture and diagnose_collapse's key figure."""
     colour = {"writing_collapse": HARMFUL, "no_op_sink": SINK}
     bars = [
-        Bar(
-            f"L{r.layer}H{r.head} → {r.dominant_position}:{r.dominant_token.strip() or repr(r.dominant_token)}",
-            float(r.contribution_ratio or 0.0),
-            colour.get(r.verdict, OTHER),
-            f"max {r.mean_max_weight:.2f}",
-        )
-        for r in shown
+        Bar(label(r), float(r.contribution_ratio or 0.0), colour.get(r.verdict, OTHER), f"max {r.mean_max_weight:.2f}")
+        for r in rows
     ]
     return bars_png(
         bars,
-        title="What the collapsed key writes, relative to an ordinary key",
-        xlabel="contribution ratio = ‖α·v W_O‖ of the dominant key / ‖v W_O‖ of an ordinary key",
+        title=title,
+        xlabel=xlabel,
         threshold=(NO_OP_CONTRIBUTION, f"no-op below {NO_OP_CONTRIBUTION}"),
         legend=[(HARMFUL, "writes substantially (value norms)"), (SINK, "no-op sink")],
     )
@@ -169,7 +176,7 @@ def _induction(result: AnalysisResult) -> bytes | None:
     if probe is None:
         return None
     title = f"L{probe.layer}H{probe.head} on [BOS] + {probe.repeat_length} random tokens × 2"
-    return heatmap_png(HeatPanel(probe.weights, probe.labels, title), panel_size=5.0)
+    return heatmaps_png([HeatPanel(probe.weights, probe.labels, title)], panel_size=5.0)
 
 
 def _run_lines(experiment: ScalingExperimentReport, values: str) -> list[Series]:
@@ -331,8 +338,3 @@ def draw_pictures(result: AnalysisResult) -> dict[str, Picture]:
         pictures.setdefault(picture.name, picture)
     result.pictures.update(pictures)
     return result.pictures
-
-
-def story_pictures(result: AnalysisResult) -> set[str]:
-    """The names of the pictures the story shows (the others are the 'more pictures')."""
-    return {p.name for step in build_story(result) for p in step.pictures}

@@ -8,30 +8,28 @@ pictures are the ones :mod:`agent_tools.report.figures` drew once for the run.
 
 from __future__ import annotations
 
-import base64
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib.resources import files
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from agent_tools.render import png_uri
 from agent_tools.report.content import (
     SECTION_QUESTIONS,
     SECTION_TITLES,
-    focus_head,
     head_descriptions,
     html_grids,
     model_card,
     top_heads,
 )
-from agent_tools.report.figures import Picture, draw_pictures, story_pictures
+from agent_tools.report.figures import Picture, draw_pictures
 from agent_tools.report.glossary import glossary
-from agent_tools.report.job import AnalysisResult
+from agent_tools.report.job import AnalysisResult, most_collapsed_head
 from agent_tools.report.story import build_story, read_first
-from agent_tools.report.views import NeuronData
+from agent_tools.report.views import NeuronData, tensor_b64
 from agent_tools.schemas import Report
 
 CARD_TERMS = {"head_dim": "dk", "scaling": "scale", "scaling_ratio": "scale"}  # card key -> glossary key
@@ -56,7 +54,6 @@ class HtmlReport:
     grids: dict[str, dict[str, Any]]  # name -> {values: L×H floats, description, min?, max?, labels?}
     head_info: list[list[str]]  # L × H one-line description of each head
     sections: list[tuple[str, Report]] = field(default_factory=list)
-    plots: list[tuple[str, Path]] = field(default_factory=list)  # extra pictures given as files
     initial: tuple[int, int] = (0, 0)
     model_summary: str = ""
     read_first: str = ""
@@ -69,14 +66,11 @@ class HtmlReport:
     full_heads: list[tuple[int, int]] = field(default_factory=list)  # heads whose whole map the page embeds
 
 
-def _png_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
 def page_for(result: AnalysisResult) -> HtmlReport:
     """The page of one ``analyze`` run: every picture drawn once (or reused) and embedded."""
     pictures = draw_pictures(result)
-    in_story = story_pictures(result)
+    steps = build_story(result)
+    in_story = {p.name for step in steps for p in step.pictures}
     description = result.reports.get("describe_model")
     sections = [(SECTION_TITLES.get(n, n), r) for n, r in result.reports.items() if n != "describe_model"]
     timing = ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items())
@@ -89,10 +83,10 @@ def page_for(result: AnalysisResult) -> HtmlReport:
         grids=html_grids(result),
         head_info=head_descriptions(result),
         sections=sections,
-        initial=focus_head(result),
+        initial=most_collapsed_head(result.maps),
         model_summary=description.summary if description is not None else "",
         read_first=read_first(result),
-        story=[step.as_json() for step in build_story(result)],
+        story=[step.as_json() for step in steps],
         pictures=pictures,
         more_pictures=[name for name in pictures if name not in in_story],
         neuron=result.neuron,
@@ -105,7 +99,7 @@ def page_for(result: AnalysisResult) -> HtmlReport:
 def story_heads(result: AnalysisResult) -> list[tuple[int, int]]:
     """The heads whose whole map the page keeps: the focus head, then the story's pictured heads (at most
     :data:`FULL_MAP_HEADS`)."""
-    chosen = [focus_head(result)]
+    chosen = [most_collapsed_head(result.maps)]
     for _why, layer, head in top_heads(result):
         if (layer, head) not in chosen:
             chosen.append((layer, head))
@@ -141,28 +135,15 @@ def _maps_json(report: HtmlReport) -> dict[str, Any]:
     thumbs = thumbnails(maps, side) if side else None
     return {
         "full_heads": [[layer, head] for layer, head in heads],
-        "full_b64": base64.b64encode(full.contiguous().numpy().tobytes()).decode("ascii"),
+        "full_b64": tensor_b64(full),
         "thumb_side": side,
-        "thumbs_b64": base64.b64encode(thumbs.contiguous().numpy().tobytes()).decode("ascii")
-        if thumbs is not None
-        else None,
+        "thumbs_b64": tensor_b64(thumbs) if thumbs is not None else None,
     }
 
 
 def _neuron_json(neuron: NeuronData | None) -> dict[str, Any] | None:
-    if neuron is None:
-        return None
-    return {
-        "layer": neuron.layer,
-        "head": neuron.head,
-        "length": neuron.length,
-        "head_dim": neuron.head_dim,
-        "scale": neuron.scale,
-        "softcap": neuron.softcap,
-        "q": neuron.q_b64,
-        "k": neuron.k_b64,
-        "allowed": neuron.allowed_b64,
-    }
+    """The neuron view's numbers; the page reads the base64 arrays as ``q``, ``k`` and ``allowed``."""
+    return {key.removesuffix("_b64"): value for key, value in asdict(neuron).items()} if neuron is not None else None
 
 
 def _sections_json(report: HtmlReport) -> list[dict[str, Any]]:
@@ -180,10 +161,8 @@ def _sections_json(report: HtmlReport) -> list[dict[str, Any]]:
 def _pictures_json(report: HtmlReport) -> dict[str, dict[str, str]]:
     shown = {p["name"] for step in report.story for p in step["pictures"]} | set(report.more_pictures)
     found = {
-        name: {"src": _png_uri(p.png), "caption": p.caption} for name, p in report.pictures.items() if name in shown
+        name: {"src": png_uri(p.png), "caption": p.caption} for name, p in report.pictures.items() if name in shown
     }
-    for title, path in report.plots:
-        found[path.stem] = {"src": _png_uri(path.read_bytes()), "caption": title}
     return found
 
 
@@ -205,7 +184,7 @@ def render_html(report: HtmlReport) -> str:
         "initial": {"layer": report.initial[0], "head": report.initial[1]},
         "story": report.story,
         "pictures": _pictures_json(report),
-        "more_pictures": report.more_pictures + [path.stem for _, path in report.plots],
+        "more_pictures": report.more_pictures,
         "sections": _sections_json(report),
         "neuron": _neuron_json(report.neuron),
         "glossary": [t.as_json() for t in glossary()],

@@ -19,7 +19,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
 from pydantic import BaseModel, Field
 
 from agent_tools.analysis.collapse import rank_heads
@@ -31,7 +30,6 @@ from agent_tools.loading import LoadedModel
 from agent_tools.report.long_context import LONG_CONTEXT_TOKENS, U_CURVE_TOKENS, long_context_steps
 from agent_tools.report.views import (
     NeuronData,
-    ProbeHead,
     ProbeView,
     StageViews,
     neuron_data,
@@ -39,7 +37,7 @@ from agent_tools.report.views import (
     stage_views,
 )
 from agent_tools.runner.replay import RecordedCalls
-from agent_tools.schemas import Report, Token
+from agent_tools.schemas import Report, Rounded, Token
 from agent_tools.tools import TOOLS
 from agent_tools.tools.diagnose_collapse.models import HeadCollapseRow
 from agent_tools.tools.diagnose_collapse.plan import head_row
@@ -70,10 +68,10 @@ class AnalysisReport(BaseModel):
     tokens: list[Token]
     reports: dict[str, dict[str, Any]] = Field(description="tool name -> that tool's report")
     skipped: dict[str, str] = Field(default_factory=dict, description="steps that did not run, and why")
-    head_entropy: list[list[float]] = Field(description="layer × head mean attention entropy, nats")
-    head_normalised_entropy: list[list[float]]
-    head_sink_share: list[list[float]] = Field(description="layer × head mean weight on position 0")
-    head_max_weight: list[list[float]]
+    head_entropy: list[list[Rounded]] = Field(description="layer × head mean attention entropy, nats")
+    head_normalised_entropy: list[list[Rounded]]
+    head_sink_share: list[list[Rounded]] = Field(description="layer × head mean weight on position 0")
+    head_max_weight: list[list[Rounded]]
     story: list[dict[str, Any]] = Field(
         default_factory=list, description="the story's steps in order: key, title, question, sentences, pictures"
     )
@@ -138,9 +136,6 @@ class AnalysisResult:
     def to_report(self) -> AnalysisReport:
         from agent_tools.report.story import build_story  # the story reads this result: imported on use
 
-        def grid(tensor: torch.Tensor) -> list[list[float]]:
-            return [[round(float(v), 4) for v in row] for row in tensor.tolist()]
-
         return AnalysisReport(
             model=self.model,
             dtype=self.dtype,
@@ -149,42 +144,40 @@ class AnalysisResult:
             tokens=self.tokens,
             reports={name: r.model_dump(mode="json") for name, r in self.reports.items()},
             skipped=self.skipped,
-            head_entropy=grid(self.maps.entropy),
-            head_normalised_entropy=grid(self.maps.normalised_entropy),
-            head_sink_share=grid(self.maps.first_token_share),
-            head_max_weight=grid(self.maps.max_weight),
+            head_entropy=self.maps.entropy.tolist(),
+            head_normalised_entropy=self.maps.normalised_entropy.tolist(),
+            head_sink_share=self.maps.first_token_share.tolist(),
+            head_max_weight=self.maps.max_weight.tolist(),
             story=[step.as_json() for step in build_story(self)],
             timings={k: round(v, 3) for k, v in self.timings.items()},
         )
 
 
-def _most_collapsed_head(maps: QuantisedMaps) -> tuple[int, int]:
+def most_collapsed_head(maps: QuantisedMaps) -> tuple[int, int]:
+    """(layer, head) of the lowest mean normalised entropy: the head the focus tools and the neuron view examine."""
     flat = int(maps.normalised_entropy.flatten().argmin())
     return divmod(flat, maps.normalised_entropy.shape[1])
 
 
-def _whole_model_steps(text: str, model: str | None, layers: list[int] | None) -> list[tuple[str, dict]]:
-    """Steps over every head, which need nothing from the capture: they may share its pass."""
-    base: dict[str, Any] = {"text": text, "detail": "full"} | ({"model": model} if model else {})
-    steps = [
-        ("describe_model", {"detail": "full"} | ({"model": model} if model else {})),
-        ("diagnose_collapse", base | ({"layers": layers} if layers else {})),
-        ("profile_heads", base | ({"layers": layers} if layers else {})),
-    ]
-    return [(name, args) for name, args in steps if name in TOOLS]
-
-
-def _focus_steps(text: str, model: str | None, focus: tuple[int, int]) -> list[tuple[str, dict]]:
-    """Steps on the most collapsed head, chosen from the capture. The reconstruction applies the mask at every
-    stage, so each stage's picture of the first tokens shows exactly what those queries may read."""
-    layer, head = focus
-    base: dict[str, Any] = {"text": text, "detail": "full"} | ({"model": model} if model else {})
-    steps = [
-        ("explain_scaling", base | {"layer": layer}),
-        ("inspect_projections", base | {"layer": layer, "head": head}),
-        ("reconstruct_attention", base | {"layer": layer, "head": head, "mask_every_stage": True}),
-    ]
-    return [(name, args) for name, args in steps if name in TOOLS]
+def _plan_steps(
+    text: str, model: str | None, *, layers: list[int] | None = None, focus: tuple[int, int] | None = None
+) -> list[tuple[str, dict]]:
+    """The tools' calls on ``text``: over every head (``focus`` None: they need nothing from the capture, so they
+    may share its pass), or on the most collapsed head, chosen from the capture. The reconstruction applies the
+    mask at every stage, so each stage's picture of the first tokens shows exactly what those queries may read."""
+    with_model: dict[str, Any] = {"detail": "full"} | ({"model": model} if model else {})
+    base = with_model | {"text": text}
+    if focus is None:
+        every = base | ({"layers": layers} if layers else {})
+        steps = [("describe_model", with_model), ("diagnose_collapse", every), ("profile_heads", every)]
+    else:
+        layer, head = focus
+        steps = [
+            ("explain_scaling", base | {"layer": layer}),
+            ("inspect_projections", base | {"layer": layer, "head": head}),
+            ("reconstruct_attention", base | {"layer": layer, "head": head, "mask_every_stage": True}),
+        ]
+    return steps
 
 
 @dataclass
@@ -291,12 +284,21 @@ def _run_steps(
     """Run ``steps``; those whose tools declare a plan sharing one pass (with ``lead`` when given) stream from a
     single forward pass, timed as ``pass_name``. The rest, or all if the shared pass fails, run one by one.
     Returns the plans that shared the pass (their consumers hold what the pass gave them)."""
+    steps = _available(steps, outcomes)
     plans = _prepare_plans(inspector, steps, outcomes)
     done = _run_shared_pass(inspector, plans, outcomes, pass_name=pass_name, lead=lead, replay=replay)
     for name, arguments in steps:
         if name not in done and name not in outcomes.skipped:
             outcomes.attempt(name, partial(TOOLS[name], inspector, arguments))
     return {name: plans[name] for name in done}
+
+
+def _available(steps: list[tuple[str, dict]], outcomes: StepOutcomes) -> list[tuple[str, dict]]:
+    """The steps whose tool this build has; the others are skipped, saying so."""
+    for name, _arguments in steps:
+        if name not in TOOLS:
+            outcomes.skipped[name] = "tool not available in this build"
+    return [(name, arguments) for name, arguments in steps if name in TOOLS]
 
 
 def _head_maps(inspector: Inspector, loaded: LoadedModel, encoded: Encoded) -> QuantisedMaps:
@@ -331,41 +333,36 @@ def _induction_probe(inspector: Inspector, loaded: LoadedModel, outcomes: StepOu
     top = role.top[0]
     start = time.perf_counter()
     outcomes.say("drawing the induction head on its probe")
-    chosen = ProbeHead(top.layer, top.head, top.score, top.qualifies, role.threshold)
-    view = probe_view(inspector, loaded, chosen, seed=probe.seed, repeat_length=probe.repeat_length)
+    view = probe_view(inspector, loaded, top, role.threshold, seed=probe.seed, repeat_length=probe.repeat_length)
     outcomes.timings["induction_probe"] = time.perf_counter() - start
     return view
 
 
 def _long_context(
     inspector: Inspector,
+    loaded: LoadedModel,
     text: str,
     model: str | None,
     tokens: int,
     outcomes: StepOutcomes,
     asked: bool | None,
     threshold: int,
-    loaded: LoadedModel | None = None,
 ) -> None:
-    """The long-context steps: by length when ``asked`` is None, always when True, never when False."""
+    """The long-context steps: by length when ``asked`` is None, always when True, never when False. The U-curve's
+    prompt is sized with the model's own tokenizer, within its limit."""
     if asked is False:
         outcomes.skipped["long_context"] = "not asked for (--no-long-context)"
         return
-    count, limit = None, U_CURVE_TOKENS
-    if loaded is not None:  # the U-curve's prompt sized with the model's own tokenizer, within its limit
-        tokenizer = loaded.tokenizer
-        count = lambda prompt: len(tokenizer(prompt)["input_ids"])  # noqa: E731
-        limit = min(U_CURVE_TOKENS, inspector.limit_for(loaded))
+    tokenizer = loaded.tokenizer
+    count = lambda prompt: len(tokenizer(prompt)["input_ids"])  # noqa: E731
+    limit = min(U_CURVE_TOKENS, inspector.limit_for(loaded))
     steps = long_context_steps(text, model, tokens, threshold=0 if asked else threshold, count=count, limit=limit)
     if isinstance(steps, str):
         outcomes.skipped["long_context"] = steps
         return
     outcomes.say("measuring long-context heads")
-    for name, arguments in steps:
-        if name in TOOLS:
-            outcomes.attempt(name, partial(TOOLS[name], inspector, arguments))
-        else:
-            outcomes.skipped[name] = "tool not available in this build"
+    for name, arguments in _available(steps, outcomes):
+        outcomes.attempt(name, partial(TOOLS[name], inspector, arguments))
 
 
 def run_analysis(
@@ -403,11 +400,11 @@ def run_analysis(
     # inspect_projections and reconstruct_attention, on the most collapsed head (known only after that pass), from
     # that head's layer run again on the call the first pass recorded (no second pass through the layers before it).
     outcomes.say("capturing every head's attention")
-    whole = _whole_model_steps(text, model, layers)
+    whole = _plan_steps(text, model, layers=layers)
     with inspector.recorded_attention_calls(loaded) as calls:
         shared = _run_steps(inspector, whole, outcomes, pass_name="capture", lead=lead)
     outcomes.say("examining the most collapsed head")
-    focus = _focus_steps(text, model, _most_collapsed_head(maps))
+    focus = _plan_steps(text, model, focus=most_collapsed_head(maps))
     _run_steps(inspector, focus, outcomes, pass_name="focus_pass", replay=calls)
     calls.clear()  # the recorded hidden states go before the probe and the experiment
     probe = _induction_probe(inspector, loaded, outcomes)
@@ -415,7 +412,7 @@ def run_analysis(
         outcomes.attempt("scaling_experiment", partial(TOOLS["scaling_experiment"], inspector, EXPERIMENT_ARGUMENTS))
     elif not experiment:
         outcomes.skipped["scaling_experiment"] = "not asked for (--no-experiment)"
-    _long_context(inspector, text, model, encoded.length, outcomes, long_context, long_context_tokens, loaded)
+    _long_context(inspector, loaded, text, model, encoded.length, outcomes, long_context, long_context_tokens)
     return _result(loaded, encoded, maps, outcomes, shared=shared, probe=probe)
 
 
@@ -433,15 +430,6 @@ def _result(
         outcomes.skipped["interactive view"] = (
             f"text has {encoded.length} tokens; maps are kept up to {MAX_INTERACTIVE_TOKENS}"
         )
-    for name in (
-        "diagnose_collapse",
-        "explain_scaling",
-        "profile_heads",
-        "inspect_projections",
-        "reconstruct_attention",
-    ):
-        if name not in TOOLS:
-            outcomes.skipped[name] = "tool not available in this build"
     rebuilt = outcomes.reconstruction
     return AnalysisResult(
         model=loaded.name,

@@ -12,13 +12,11 @@ wraps the full HTML page (model view, attention view, neuron view) in an iframe.
 
 from __future__ import annotations
 
-import base64
 import html
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION
 from agent_tools.render import (
     Bar,
     CurvePanel,
@@ -28,14 +26,17 @@ from agent_tools.render import (
     bars_png,
     curves_png,
     grid_png,
-    heatmap_png,
+    heatmaps_png,
+    png_uri,
 )
+from agent_tools.report.figures import contribution_bars
 from agent_tools.report.glossary import Term, terms_in
 from agent_tools.report.job import ANALYSIS_VIEWS
 from agent_tools.schemas import Report, register_notebook_renderer
 
 if TYPE_CHECKING:
     from agent_tools.report.job import AnalysisResult
+    from agent_tools.report.story import StoryStep
 
 FINDINGS_SHOWN = 8
 STYLE = (
@@ -56,12 +57,14 @@ class KeyFigure:
     table: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
 def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
+
+
+def _figure(png: bytes, caption: str, attributes: str = "") -> str:
+    """A picture inlined in HTML with its caption."""
+    image = f"<img src='{png_uri(png)}' alt='{_e(caption)}'{attributes}>"
+    return f"<figure>{image}<figcaption>{_e(caption)}</figcaption></figure>"
 
 
 # --- key figures, one per report kind -------------------------------------------------------------------------
@@ -71,22 +74,11 @@ def _collapse_figure(report: Any) -> KeyFigure | None:
     rows = [r for r in report.heads if r.contribution_ratio is not None][:16]
     if not rows:
         return None
-    colour = {"writing_collapse": "#c92a2a", "no_op_sink": "#868e96"}
-    bars = [
-        Bar(
-            f"L{r.layer}H{r.head} ({r.verdict})",
-            float(r.contribution_ratio),
-            colour.get(r.verdict, "#3b5bdb"),
-            f"max {r.mean_max_weight:.2f}",
-        )
-        for r in rows
-    ]
-    png = bars_png(
-        bars,
+    png = contribution_bars(
+        rows,
+        lambda r: f"L{r.layer}H{r.head} ({r.verdict})",
         title="most collapsed heads: what the dominant key writes",
         xlabel="contribution ratio",
-        threshold=(NO_OP_CONTRIBUTION, f"no-op below {NO_OP_CONTRIBUTION}"),
-        legend=[("#c92a2a", "writes substantially (value norms)"), ("#868e96", "no-op sink")],
     )
     table = [(f"L{r.layer}H{r.head} {r.verdict}", f"ratio {r.contribution_ratio:.2f}") for r in rows]
     return KeyFigure(png, "contribution ratio of the most collapsed heads", table)
@@ -99,23 +91,18 @@ def _scaling_figure(report: Any) -> KeyFigure | None:
     marks = [(model, f"model {model:.3g}")]
     panels = [
         CurvePanel(
-            "entropy (nats)",
+            title,
             "β",
-            "entropy",
-            [Series("entropy", beta, [s.entropy for s in settings], marker="o")],
+            ylabel,
+            [Series(label, beta, [getattr(s, measure) for s in settings], marker="o")],
             log_x=True,
             marks=marks,
             legend=False,
-        ),
-        CurvePanel(
-            "Jacobian trace",
-            "β",
-            "1 − Σp²",
-            [Series("trace", beta, [s.jacobian_trace for s in settings], marker="o")],
-            log_x=True,
-            marks=marks,
-            legend=False,
-        ),
+        )
+        for title, ylabel, label, measure in (
+            ("entropy (nats)", "entropy", "entropy", "entropy"),
+            ("Jacobian trace", "1 − Σp²", "trace", "jacobian_trace"),
+        )
     ]
     table = [
         (f"β = {s.beta:.3g} ({s.kind})", f"entropy {s.entropy:.3f}, trace {s.jacobian_trace:.3f}") for s in settings
@@ -186,7 +173,7 @@ def _attention_figure(report: Any) -> KeyFigure | None:
             for key in row.top_keys:
                 weights[row.position][key.position] = key.weight
         caption = "each query's top keys (the rest left blank)"
-    png = heatmap_png(HeatPanel(weights, labels, f"L{report.layer}H{report.head}"), panel_size=4.5)
+    png = heatmaps_png([HeatPanel(weights, labels, f"L{report.layer}H{report.head}")], panel_size=4.5)
     table = [
         (f"{r.position}:{r.token}", ", ".join(f"{k.token!r} {k.weight:.2f}" for k in r.top_keys)) for r in report.rows
     ]
@@ -247,10 +234,7 @@ def report_html(report: Report) -> str:
     ]
     figure = key_figure(report)
     if figure is not None:
-        parts.append(
-            f"<figure><img src='{_uri(figure.png)}' alt='{_e(figure.caption)}'>"
-            f"<figcaption>{_e(figure.caption)}</figcaption></figure>"
-        )
+        parts.append(_figure(figure.png, figure.caption))
     if report.findings:
         rows = "".join(
             f"<tr><td>{_e(f.kind)}</td><td>{'' if f.layer is None else f.layer}</td>"
@@ -293,27 +277,15 @@ def _glossary_html(terms: list[Term]) -> str:
 def analysis_html(result: AnalysisResult) -> str:
     """The story with its pictures (drawn once), the findings per analysis, the glossary: an HTML fragment."""
     from agent_tools.report.content import SECTION_QUESTIONS, SECTION_TITLES
-    from agent_tools.report.figures import draw_pictures
     from agent_tools.report.story import build_story, read_first
 
-    pictures = draw_pictures(result)
+    steps = build_story(result)
     description = result.reports.get("describe_model")
     parts = [STYLE, f"<div class='ae-report'><h2>Attention of {_e(result.model)}</h2>"]
     if description is not None:
         parts.append(f"<p>{_e(description.summary)}</p>")
     parts.append(f"<p class='q'>{_e(read_first(result, where='notebook'))}</p>")
-    for step in build_story(result):
-        parts.append(
-            f"<h3>{step.number}. {_e(step.title)}</h3><p class='q'>{_e(step.question)}</p>"
-            f"<p>{_e(' '.join(step.sentences))}</p>"
-        )
-        for wanted in step.pictures:
-            picture = pictures.get(wanted.name)
-            if picture is not None:
-                parts.append(
-                    f"<figure><img src='{_uri(picture.png)}' alt='{_e(wanted.caption)}' "
-                    f"style='max-width:560px'><figcaption>{_e(wanted.caption)}</figcaption></figure>"
-                )
+    parts += [view.body_html() for view in _step_views(result, steps).values()]
     parts.append("<h3>What the analyses found</h3>")
     for name, report in result.reports.items():
         if name == "describe_model":
@@ -322,8 +294,7 @@ def analysis_html(result: AnalysisResult) -> str:
             f"<h4>{_e(SECTION_TITLES.get(name, name))}</h4><p class='q'>{_e(SECTION_QUESTIONS.get(name, ''))}</p>"
             f"<p>{_e(report.summary)}</p>"
         )
-    used = " ".join(" ".join(s.sentences) for s in build_story(result))
-    parts.append(_glossary_html(terms_in(used)))
+    parts.append(_glossary_html(terms_in(" ".join(" ".join(s.sentences) for s in steps))))
     return "".join(parts) + "</div>"
 
 
@@ -333,12 +304,13 @@ def analysis_markdown(result: AnalysisResult) -> str:
     from agent_tools.report.story import build_story
 
     lines = [f"## Attention of `{result.model}`", ""]
-    for step in build_story(result):
+    steps = build_story(result)
+    for step in steps:
         lines += [f"### {step.number}. {step.title}", f"*{step.question}*", "", " ".join(step.sentences), ""]
     for name, report in result.reports.items():
         if name != "describe_model":
             lines += [f"**{SECTION_TITLES.get(name, name)}**: {report.summary}", ""]
-    used = " ".join(" ".join(s.sentences) for s in build_story(result))
+    used = " ".join(" ".join(s.sentences) for s in steps)
     lines += ["**Glossary**", ""] + [f"- **{t.name}**: {t.formula} — {t.meaning}" for t in terms_in(used)]
     return "\n".join(lines)
 
@@ -352,34 +324,47 @@ class StepView:
     sentences: list[str]
     pictures: list[tuple[str, bytes]]  # (caption, PNG)
 
-    def _repr_html_(self) -> str:
-        figures = "".join(
-            f"<figure><img src='{_uri(png)}' alt='{_e(caption)}' style='max-width:560px'>"
-            f"<figcaption>{_e(caption)}</figcaption></figure>"
-            for caption, png in self.pictures
-        )
+    def body_html(self) -> str:
+        """The step's title, question, sentences and pictures (no style: the caller's page has it)."""
+        figures = "".join(_figure(png, caption, " style='max-width:560px'") for caption, png in self.pictures)
         return (
-            f"{STYLE}<div class='ae-report'><h3>{_e(self.title)}</h3><p class='q'>{_e(self.question)}</p>"
-            f"<p>{_e(' '.join(self.sentences))}</p>{figures}</div>"
+            f"<h3>{_e(self.title)}</h3><p class='q'>{_e(self.question)}</p><p>{_e(' '.join(self.sentences))}</p>"
+            f"{figures}"
         )
+
+    def _repr_html_(self) -> str:
+        return f"{STYLE}<div class='ae-report'>{self.body_html()}</div>"
 
     def _repr_markdown_(self) -> str:
         captions = "".join(f"\n- picture: {caption}" for caption, _ in self.pictures)
         return f"### {self.title}\n*{self.question}*\n\n{' '.join(self.sentences)}\n{captions}"
 
 
+def _step_views(result: AnalysisResult, steps: list[StoryStep]) -> dict[str, StepView]:
+    """Every step of the story with the pictures drawn for it (drawn once, :mod:`.figures`), by key."""
+    from agent_tools.report.figures import draw_pictures
+
+    pictures = draw_pictures(result)
+    return {
+        step.key: StepView(
+            f"{step.number}. {step.title}",
+            step.question,
+            step.sentences,
+            [(p.caption, pictures[p.name].png) for p in step.pictures if p.name in pictures],
+        )
+        for step in steps
+    }
+
+
 def step_view(result: AnalysisResult, key: str) -> StepView:
     """The story's step ``key`` (raw, scale, stages, no_projections, collapse, roles, training)."""
-    from agent_tools.report.figures import draw_pictures
     from agent_tools.report.story import build_story
 
-    steps = {step.key: step for step in build_story(result)}
-    if key not in steps:
-        msg = f"no story step {key!r} in this result; steps: {', '.join(steps)}"
+    views = _step_views(result, build_story(result))
+    if key not in views:
+        msg = f"no story step {key!r} in this result; steps: {', '.join(views)}"
         raise KeyError(msg)
-    step, pictures = steps[key], draw_pictures(result)
-    shown = [(p.caption, pictures[p.name].png) for p in step.pictures if p.name in pictures]
-    return StepView(f"{step.number}. {step.title}", step.question, step.sentences, shown)
+    return views[key]
 
 
 @dataclass(frozen=True)

@@ -7,39 +7,9 @@ import json
 from pathlib import Path
 
 from agent_tools.files import remove_stale_partials, write_atomic
-from agent_tools.report.content import (  # re-exported: the terminal and older callers import them from here
-    ROLE_ABBREVIATIONS,
-    SECTION_TITLES,
-    head_descriptions,
-    html_grids,
-    model_card,
-    role_grid_values,
-    top_heads,
-)
 from agent_tools.report.figures import draw_pictures
 from agent_tools.report.html import page_for, render_html
 from agent_tools.report.job import AnalysisResult
-
-__all__ = [
-    "ROLE_ABBREVIATIONS",
-    "SECTION_TITLES",
-    "head_descriptions",
-    "html_grids",
-    "model_card",
-    "role_grid_values",
-    "top_heads",
-    "write_outputs",
-    "write_pngs",
-]
-
-
-def write_pngs(result: AnalysisResult, out: Path) -> dict[str, Path]:
-    """Every picture of the run as ``<name>.png`` in ``out`` (drawn once, shared with the HTML page)."""
-    out.mkdir(parents=True, exist_ok=True)
-    written: dict[str, Path] = {}
-    for name, picture in draw_pictures(result).items():
-        written[name] = write_atomic(out / f"{name}.png", picture.png)
-    return written
 
 
 def write_outputs(result: AnalysisResult, out_dir: str | Path) -> dict[str, Path]:
@@ -54,7 +24,7 @@ def write_outputs(result: AnalysisResult, out_dir: str | Path) -> dict[str, Path
     remove_stale_partials(out)
     report = json.dumps(result.to_report().model_dump(mode="json"), indent=2, ensure_ascii=False)
     report_json = write_atomic(out / "report.json", report)
-    pngs = write_pngs(result, out)
+    pngs = {name: write_atomic(out / f"{name}.png", p.png) for name, p in draw_pictures(result).items()}
     html_path = write_atomic(out / "report.html", render_html(page_for(result)))
     result.written_to = out
     return {"json": report_json, "html": html_path, **pngs}

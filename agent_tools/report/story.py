@@ -19,7 +19,7 @@ not run is left out. The pictures are named here and drawn once by :mod:`agent_t
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION
@@ -76,14 +76,7 @@ class StoryStep:
     pictures: list[StoryPicture] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "number": self.number,
-            "title": self.title,
-            "question": self.question,
-            "sentences": self.sentences,
-            "pictures": [{"name": p.name, "caption": p.caption} for p in self.pictures],
-        }
+        return asdict(self)  # pictures as {name, caption}
 
 
 def _num(value: float) -> str:

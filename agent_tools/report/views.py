@@ -25,6 +25,7 @@ from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.probes import build_probe
 from agent_tools.schemas import Token
+from agent_tools.tools.profile_heads.models import TopHead
 from agent_tools.tools.reconstruct_attention import Reconstruction
 
 STORY_WINDOW = 32  # tokens shown in the stage pictures (rows and columns)
@@ -36,7 +37,7 @@ def _grid(weights: torch.Tensor, size: int) -> list[list[float]]:
     return [[round(float(v), 5) for v in row] for row in weights[:size, :size].tolist()]
 
 
-def _b64(tensor: torch.Tensor) -> str:
+def tensor_b64(tensor: torch.Tensor) -> str:
     """A tensor's bytes (little-endian, C order) as base64: how the page receives arrays."""
     return base64.b64encode(tensor.contiguous().numpy().tobytes()).decode("ascii")
 
@@ -125,28 +126,18 @@ def neuron_data(rebuilt: Reconstruction) -> NeuronData | None:
         head_dim=int(q.shape[-1]),
         scale=float(inputs.scaling),
         softcap=inputs.softcap,
-        q_b64=_b64(q.float().cpu()),
-        k_b64=_b64(k.float().cpu()),
-        allowed_b64=_b64(inputs.allowed().to(torch.uint8).cpu()),
+        q_b64=tensor_b64(q.float().cpu()),
+        k_b64=tensor_b64(k.float().cpu()),
+        allowed_b64=tensor_b64(inputs.allowed().to(torch.uint8).cpu()),
     )
 
 
-@dataclass(frozen=True)
-class ProbeHead:
-    """The head to draw on the probe, and what profile_heads measured of it."""
-
-    layer: int
-    head: int
-    share: float
-    qualifies: bool
-    threshold: float
-
-
 def probe_view(
-    inspector: Inspector, loaded: LoadedModel, chosen: ProbeHead, *, seed: int, repeat_length: int
+    inspector: Inspector, loaded: LoadedModel, chosen: TopHead, threshold: float, *, seed: int, repeat_length: int
 ) -> ProbeView | None:
     """One head's map on the seeded probe profile_heads measured induction on (the same seed gives the same
-    tokens); None when the probe cannot be built for this model."""
+    tokens), with what profile_heads measured of it (``chosen``, against the role's ``threshold``); None when the
+    probe cannot be built for this model."""
     try:
         probe = build_probe(inspector, loaded, repeat_length, seed)
         consumer = HeadMapConsumer(chosen.layer, chosen.head)
@@ -158,11 +149,11 @@ def probe_view(
         layer=chosen.layer,
         head=chosen.head,
         labels=[f"{t.position}:{t.text}" for t in probe.encoded.tokens],
-        weights=[[round(float(v), 5) for v in row] for row in weights.float().tolist()],
+        weights=_grid(weights.float(), len(probe.encoded.tokens)),
         start=probe.start,
         repeat_length=probe.repeat_length,
-        induction_share=chosen.share,
+        induction_share=chosen.score,
         seed=seed,
         qualifies=chosen.qualifies,
-        threshold=chosen.threshold,
+        threshold=threshold,
     )

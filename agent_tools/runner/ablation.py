@@ -21,8 +21,6 @@ from agent_tools.loading import LoadedModel
 from agent_tools.runner import patching
 from agent_tools.runner.forward import _mask_on_device, encoder_of, model_output, on_device
 
-ROWS_PER_BATCH = 64  # ablated rows per forward at most
-
 
 @dataclass(frozen=True)
 class AblationEffect:
@@ -81,11 +79,8 @@ def ablated_forward(
 def _run(loaded: LoadedModel, ids: Tensor, logits_to_keep: int | None = None) -> object:
     """The model on ``ids`` without a cache; an encoder–decoder's encoder alone. With ``logits_to_keep`` a
     language model's head sees only the last that many positions."""
-    if loaded.facts.is_encoder_decoder:
-        return encoder_of(loaded)(input_ids=ids)
-    if logits_to_keep is not None and loaded.facts.is_language_model:
-        return loaded.model(input_ids=ids, use_cache=False, logits_to_keep=logits_to_keep)
-    return loaded.model(input_ids=ids, use_cache=False)
+    keep = {"logits_to_keep": logits_to_keep} if logits_to_keep is not None and loaded.facts.is_language_model else {}
+    return patching.encoder_or_model(loaded, ids, {"use_cache": False, **keep})
 
 
 def _head_outputs(loaded: LoadedModel, ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
@@ -114,9 +109,9 @@ class HeadSetAblation:
 def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int | None = None) -> int:
     """How many ablated rows of ``length`` tokens fit one forward within ``budget`` bytes: their activations and
     their output (a vocabulary row at each position, or at the last ``output_positions`` only), at most
-    ``ROWS_PER_BATCH`` (the row size is :func:`agent_tools.runner.patching.row_bytes`)."""
+    :data:`~agent_tools.runner.patching.BATCH_ROWS` (see :func:`agent_tools.runner.patching.rows_per_batch`)."""
     outputs = length if output_positions is None else min(length, output_positions)
-    return min(ROWS_PER_BATCH, patching.rows_per_batch(loaded, length, budget, output_positions=outputs))
+    return patching.rows_per_batch(loaded, length, budget, output_positions=outputs)
 
 
 def mean_head_outputs(loaded: LoadedModel, input_ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
@@ -136,7 +131,7 @@ def ablated_rows(
     *,
     replacements: Mapping[AblationMethod, Mapping[int, Tensor]],
     reduce: Reduce,
-    max_rows: int = ROWS_PER_BATCH,
+    max_rows: int = patching.BATCH_ROWS,
     logits_to_keep: int | None = None,
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
     """(1, T) ids and R head sets -> what ``reduce`` keeps of the clean output and of each ablated row's.

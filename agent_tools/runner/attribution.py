@@ -30,7 +30,7 @@ from agent_tools.intervene import appended_rows, positions_gathered
 from agent_tools.layout import output_projection
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import locked, on_device
-from agent_tools.runner.generation import _cache_argument, _returned_cache
+from agent_tools.runner.generation import _cache_argument, cache_layers
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm")  # Llama-likes, GPT-2, OPT/NeoX, Phi
 GRADIENT_FLOATS_PER_TOKEN_LAYER = 16  # × model width: activations a backward pass keeps per token and layer
@@ -70,13 +70,6 @@ def _shares_prefix(loaded: LoadedModel) -> bool:
     return loaded.facts.sliding_window is None
 
 
-def _cache_layers(cache: Any) -> list[tuple[Tensor, Tensor]] | None:
-    layers = getattr(cache, "layers", None)
-    if not layers or not all(isinstance(getattr(layer, "keys", None), Tensor) for layer in layers):
-        return None
-    return [(layer.keys, layer.values) for layer in layers]
-
-
 def _prefix_cache(layers: list[tuple[Tensor, Tensor]], length: int, rows: int) -> Any:
     """A fresh cache holding the first ``length`` positions of the clean run, for ``rows`` rows."""
     from transformers import DynamicCache
@@ -109,7 +102,7 @@ def traced_answer(
     capture = capture_attention(loaded.model, consumers, query_chunk=query_chunk, checkpoint=checkpoint)
     with locked(loaded, checkpoint), torch.inference_mode(), capture:
         output = loaded.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-    cache = _cache_layers(_returned_cache(output)) if _shares_prefix(loaded) else None
+    cache = cache_layers(output) if _shares_prefix(loaded) else None
     return TracedAnswer(output.logits[0, -1].float().clone(), cache)
 
 
@@ -132,7 +125,7 @@ def _clean_run(
     index = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(answer))[None]  # (1, A)
     with positions_gathered(_head(loaded), index):
         output = loaded.model(input_ids=ids, use_cache=share)
-    return output.logits.float(), (_cache_layers(_returned_cache(output)) if share else None)
+    return output.logits.float(), (cache_layers(output) if share else None)
 
 
 def _variant_batch(

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from agent_tools.analysis.attribution_patching import grad_drop_scores, head_estimates, output_estimates
+from agent_tools.capture import hooks_registered
 from agent_tools.errors import InvalidInputError
 from agent_tools.intervene import attribution_taps, mlp_outputs_replaced, residual_gradients_dropped
 from agent_tools.loading import LoadedModel
@@ -215,11 +216,8 @@ def embedding_attribution(
 
     scale = _loss_scale(loaded)
     with loaded.lock, torch.inference_mode(False), torch.enable_grad():
-        handle = embeddings.register_forward_hook(keep)
-        try:
+        with hooks_registered([embeddings.register_forward_hook(keep)]):
             logits = loaded.model(input_ids=device_ids, use_cache=False, logits_to_keep=count).logits[0].float()
-        finally:
-            handle.remove()
         value = torch.log_softmax(logits, dim=-1).gather(-1, answer_ids[:, None]).sum()
         (grad,) = torch.autograd.grad(value * scale, [kept["embedded"]])
         grad = grad[0, :prompt].detach().double() / scale  # (T, C) over the prompt's positions

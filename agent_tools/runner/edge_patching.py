@@ -24,9 +24,18 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
+from agent_tools.capture import hooks_registered
 from agent_tools.families import find_attention_modules
-from agent_tools.intervene import _blocks_from, mlp_modules
+from agent_tools.intervene import (
+    _blocks_from,
+    block_input,
+    first_output,
+    mlp_modules,
+    with_block_input,
+    with_first_output,
+)
 from agent_tools.layout import output_projection, output_weight, qkv_reads, slice_weight
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.edge_attribution import EMBEDDINGS, EdgePasses
@@ -46,16 +55,6 @@ class _Norms:
     mlp: dict[int, nn.Module]  # layer -> the module whose output the MLP reads
 
 
-def _hidden(args: tuple, kwargs: dict) -> Tensor:
-    return args[0] if args and isinstance(args[0], Tensor) else kwargs["hidden_states"]
-
-
-def _replaced(args: tuple, kwargs: dict, value: Tensor) -> tuple[tuple, dict]:
-    if args and isinstance(args[0], Tensor):
-        return (value, *args[1:]), kwargs
-    return args, {**kwargs, "hidden_states": value}
-
-
 def reading_norms(loaded: LoadedModel, ids: Tensor) -> _Norms:
     """One probing forward of ``ids`` (1, T): per block, the child whose output its attention / MLP reads."""
     model = loaded.model
@@ -65,7 +64,6 @@ def reading_norms(loaded: LoadedModel, ids: Tensor) -> _Norms:
     outputs: dict[int, list[tuple[nn.Module, Tensor]]] = {layer: [] for layer in blocks}
     changing: dict[int, list[str]] = {layer: [] for layer in blocks}  # children that change what they are given
     reads: dict[tuple[str, int], Tensor] = {}
-    handles = []
 
     def child_post(layer: int, name: str, module: nn.Module):
         def hook(_m: nn.Module, args: tuple, output: Any) -> None:
@@ -79,26 +77,22 @@ def reading_norms(loaded: LoadedModel, ids: Tensor) -> _Norms:
 
     def reader_pre(kind: str, layer: int):
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
-            reads[(kind, layer)] = _hidden(args, kwargs)
+            reads[(kind, layer)] = block_input(args, kwargs)
 
         return hook
 
-    try:
+    def registrations() -> Iterator[RemovableHandle]:
         for layer, block in blocks.items():
             skip = {id(attentions[layer]), id(mlps.get(layer))}
             for name, child in block.named_children():
                 if id(child) not in skip:
-                    handles.append(child.register_forward_hook(child_post(layer, name, child)))
-            handles.append(
-                attentions[layer].register_forward_pre_hook(reader_pre("attention", layer), with_kwargs=True)
-            )
+                    yield child.register_forward_hook(child_post(layer, name, child))
+            yield attentions[layer].register_forward_pre_hook(reader_pre("attention", layer), with_kwargs=True)
             if layer in mlps:
-                handles.append(mlps[layer].register_forward_pre_hook(reader_pre("mlp", layer), with_kwargs=True))
-        with torch.inference_mode():
-            model(input_ids=on_device(loaded, ids), use_cache=False, logits_to_keep=1)
-    finally:
-        for handle in handles:
-            handle.remove()
+                yield mlps[layer].register_forward_pre_hook(reader_pre("mlp", layer), with_kwargs=True)
+
+    with hooks_registered(registrations()), torch.inference_mode():
+        model(input_ids=on_device(loaded, ids), use_cache=False, logits_to_keep=1)
 
     def source(kind: str, layer: int) -> nn.Module:
         read = reads.get((kind, layer))
@@ -215,7 +209,7 @@ def edges_patched(
 
     def block_pre(layer: int):
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
-            x = _hidden(args, kwargs)
+            x = block_input(args, kwargs)
             base = x.float() - before(layer, x, nodes_only=False)
             normed = norm(norms.attention[layer], base.to(x.dtype))
             state.corrections[(layer, "base", 0)] = normed
@@ -228,7 +222,7 @@ def edges_patched(
 
     def attention_pre(layer: int):
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-            return _replaced(args, kwargs, state.corrections[(layer, "base", 0)])
+            return with_block_input(args, kwargs, state.corrections[(layer, "base", 0)])
 
         return hook
 
@@ -259,7 +253,7 @@ def edges_patched(
     def mlp_norm_pre(layer: int):
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             if not state.calling:
-                state.mlp_read[layer] = (_hidden(args, kwargs), layer in state.heads)
+                state.mlp_read[layer] = (block_input(args, kwargs), layer in state.heads)
 
         return hook
 
@@ -269,22 +263,20 @@ def edges_patched(
             everything = before(layer, x, nodes_only=False, through=through)
             circuit = before(layer, x, nodes_only=True, through=through)
             read = norm(norms.mlp[layer], (x.float() - everything + circuit).to(x.dtype))
-            return _replaced(args, kwargs, read)
+            return with_block_input(args, kwargs, read)
 
         return hook
 
     def last_post(_m: nn.Module, _args: tuple, output: Any) -> Any:
-        hidden = output[0] if isinstance(output, tuple) else output
+        hidden = first_output(output)
         logits_receiver = len(passes.receivers) - 1
         changed = hidden.float() - before(len(layers), hidden, nodes_only=False) + clean_edges(logits_receiver, hidden)
-        changed = changed.to(hidden.dtype)
-        return (changed, *output[1:]) if isinstance(output, tuple) else changed
+        return with_first_output(output, changed.to(hidden.dtype))
 
-    handles = []
-    try:
+    def registrations() -> Iterator[RemovableHandle]:
         for layer in layers:
-            handles.append(blocks[layer].register_forward_pre_hook(block_pre(layer), with_kwargs=True))
-            handles.append(attentions[layer].register_forward_pre_hook(attention_pre(layer), with_kwargs=True))
+            yield blocks[layer].register_forward_pre_hook(block_pre(layer), with_kwargs=True)
+            yield attentions[layer].register_forward_pre_hook(attention_pre(layer), with_kwargs=True)
             modules, where = qkv_reads(model, layer, facts=facts)
             for module_index, module in enumerate(modules):
                 paths = [
@@ -292,17 +284,16 @@ def edges_patched(
                     for (kind, head), (i, start) in where.items()
                     if i == module_index
                 ]
-                handles.append(module.register_forward_hook(projection_post(layer, module_index, paths)))
+                yield module.register_forward_hook(projection_post(layer, module_index, paths))
             projection = output_projection(model, layer, in_features=heads * width)
-            handles.append(projection.register_forward_pre_hook(heads_pre(layer)))
+            yield projection.register_forward_pre_hook(heads_pre(layer))
             if layer in mlps:
-                handles.append(norms.mlp[layer].register_forward_pre_hook(mlp_norm_pre(layer), with_kwargs=True))
-                handles.append(mlps[layer].register_forward_pre_hook(mlp_pre(layer), with_kwargs=True))
-        handles.append(blocks[max(blocks)].register_forward_hook(last_post))
+                yield norms.mlp[layer].register_forward_pre_hook(mlp_norm_pre(layer), with_kwargs=True)
+                yield mlps[layer].register_forward_pre_hook(mlp_pre(layer), with_kwargs=True)
+        yield blocks[max(blocks)].register_forward_hook(last_post)
+
+    with hooks_registered(registrations()):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def edge_patched_logits(

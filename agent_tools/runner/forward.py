@@ -72,14 +72,9 @@ def captured_forward(
     stacks run the whole model with ``decoder_input_ids`` (1, n), what the decoder reads.
     """
     input_ids, attention_mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
-    model = loaded.model
-    extra: dict[str, Any] = {}
-    if loaded.facts.is_encoder_decoder and decoder_input_ids is None:
-        if stack not in (None, "encoder"):
-            raise ValueError(f"the {stack} stack of an encoder–decoder needs decoder_input_ids")
-        model = encoder_of(loaded)
-    elif decoder_input_ids is not None:
-        extra["decoder_input_ids"] = on_device(loaded, decoder_input_ids)
+    if loaded.facts.is_encoder_decoder and decoder_input_ids is None and stack not in (None, "encoder"):
+        raise ValueError(f"the {stack} stack of an encoder–decoder needs decoder_input_ids")
+    model, extra = stack_runner(loaded, decoder_input_ids)
     if not need_output and model is loaded.model:
         base = getattr(model, "base_model", None)
         model = base if isinstance(base, torch.nn.Module) else model
@@ -102,6 +97,16 @@ def captured_forward(
         except StopCapture:
             return None
         return output if need_output else None
+
+
+def stack_runner(loaded: LoadedModel, decoder_input_ids: Tensor | None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """What a pass runs and the arguments it adds: an encoder–decoder without ``decoder_input_ids`` runs its
+    encoder alone; with them (1, n) the whole model reads them on its decoder side."""
+    if loaded.facts.is_encoder_decoder and decoder_input_ids is None:
+        return encoder_of(loaded), {}
+    if decoder_input_ids is not None:
+        return loaded.model, {"decoder_input_ids": on_device(loaded, decoder_input_ids)}
+    return loaded.model, {}
 
 
 def encoder_of(loaded: LoadedModel) -> torch.nn.Module:

@@ -6,7 +6,7 @@ import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -61,6 +61,15 @@ def _returned_cache(output: object) -> object:
     return cache if cache is not None else getattr(output, "past_key_values", None)
 
 
+def cache_layers(output: object) -> list[tuple[Tensor, Tensor]] | None:
+    """Per layer the (B, Hkv, T, D) keys and values of the KV cache a forward returned (None: not a cache whose
+    layers hold plain tensors, so it cannot be sliced and reused)."""
+    layers = getattr(_returned_cache(output), "layers", None)
+    if not layers or not all(isinstance(getattr(layer, "keys", None), Tensor) for layer in layers):
+        return None
+    return [(layer.keys, layer.values) for layer in layers]
+
+
 def greedy_generate(
     loaded: LoadedModel,
     input_ids: Tensor,
@@ -94,43 +103,62 @@ def greedy_generate(
     """
     input_ids = on_device(loaded, input_ids)
     model = loaded.model
-    stops = stop_token_ids(loaded)
     cache_name = _cache_argument(model)
-    token_ids: list[int] = []
-    step_seconds: list[float] = []
-    stopped: StopReason = "max_new_tokens"
+
+    def step(token_input: Tensor, cache: object) -> Any:
+        return model(input_ids=token_input, use_cache=True, logits_to_keep=1, **{cache_name: cache})
+
     with locked(loaded, checkpoint), torch.inference_mode():
         start = time.perf_counter()
         consumers = [*prompt_consumers, *step_consumers]
         with capture_attention(model, consumers, query_chunk=query_chunk, checkpoint=checkpoint):
             output = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
         prompt_seconds = time.perf_counter() - start
-        first_logits = output.logits[0, -1].float().clone()  # (V,)
-        token = int(first_logits.argmax())
+        with capture_attention(model, list(step_consumers), checkpoint=checkpoint):
+            return _greedy_steps(
+                loaded, input_ids, output, step, prompt_seconds=prompt_seconds, max_new_tokens=max_new_tokens,
+                checkpoint=checkpoint, stop_when=stop_when, on_step=on_step,
+            )  # fmt: skip
+
+
+def _greedy_steps(
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    output: Any,
+    step: Callable[[Tensor, object], Any],
+    *,
+    prompt_seconds: float,
+    max_new_tokens: int,
+    checkpoint: Callable[[], None] | None,
+    stop_when: StopRule | None,
+    on_step: Callable[[int, int], None] | None = None,
+) -> Generation:
+    """The answer from the prompt's forward ``output`` on: argmax tokens, each fed alone to ``step(token (1, 1),
+    cache)`` with the cache the previous forward returned, until EOS, ``stop_when``'s reason or ``max_new_tokens``
+    (see :func:`greedy_generate`)."""
+    stops = stop_token_ids(loaded)
+    step_seconds: list[float] = []
+    first_logits = output.logits[0, -1].float().clone()  # (V,)
+    token = int(first_logits.argmax())
+    token_ids = [token]
+    if on_step is not None:
+        on_step(0, token)
+    cache = _returned_cache(output)
+    rule_stop = stop_when(token_ids) if stop_when is not None and token not in stops else None
+    while token not in stops and rule_stop is None and len(token_ids) < max_new_tokens:
+        if checkpoint is not None:
+            checkpoint()  # between steps, before the next token's forward
+        start = time.perf_counter()
+        output = step(torch.tensor([[token]], dtype=input_ids.dtype, device=input_ids.device), cache)  # (1, 1)
+        cache = _returned_cache(output)
+        token = int(output.logits[0, -1].argmax())
+        step_seconds.append(time.perf_counter() - start)
         token_ids.append(token)
         if on_step is not None:
-            on_step(0, token)
-        cache = _returned_cache(output)
-        rule_stop = stop_when(token_ids) if stop_when is not None and token not in stops else None
-        with capture_attention(model, list(step_consumers), checkpoint=checkpoint):
-            while token not in stops and rule_stop is None and len(token_ids) < max_new_tokens:
-                if checkpoint is not None:
-                    checkpoint()  # between steps, before the next token's forward
-                start = time.perf_counter()
-                step_input = torch.tensor([[token]], dtype=input_ids.dtype, device=input_ids.device)  # (1, 1)
-                output = model(input_ids=step_input, use_cache=True, logits_to_keep=1, **{cache_name: cache})
-                cache = _returned_cache(output)
-                token = int(output.logits[0, -1].argmax())
-                step_seconds.append(time.perf_counter() - start)
-                token_ids.append(token)
-                if on_step is not None:
-                    on_step(len(token_ids) - 1, token)
-                if stop_when is not None and token not in stops:
-                    rule_stop = stop_when(token_ids)
-        if token in stops:
-            stopped = "eos"
-        elif rule_stop is not None:
-            stopped = rule_stop
+            on_step(len(token_ids) - 1, token)
+        if stop_when is not None and token not in stops:
+            rule_stop = stop_when(token_ids)
+    stopped: StopReason = "eos" if token in stops else rule_stop if rule_stop is not None else "max_new_tokens"
     return Generation(
         prompt_length=int(input_ids.shape[-1]),
         token_ids=token_ids,
@@ -172,47 +200,21 @@ def seq2seq_generate(
     """
     input_ids, attention_mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
     model = loaded.model
-    stops = stop_token_ids(loaded)
     cache_name = _cache_argument(model)
-    token_ids: list[int] = []
-    step_seconds: list[float] = []
     with locked(loaded, checkpoint), torch.inference_mode(), layer_checkpoints(model, checkpoint):
         start = time.perf_counter()
         encoder_outputs = encoder_of(loaded)(input_ids=input_ids, attention_mask=attention_mask)
-        step_input = torch.tensor([[decoder_start_id(loaded)]], dtype=input_ids.dtype, device=input_ids.device)
-        output = model(
-            encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=step_input, use_cache=True
-        )
+
+        def step(token_input: Tensor, cache: object = None) -> Any:
+            cached = {} if cache is None else {cache_name: cache}
+            return model(
+                encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=token_input,
+                use_cache=True, **cached,
+            )  # fmt: skip
+
+        output = step(torch.tensor([[decoder_start_id(loaded)]], dtype=input_ids.dtype, device=input_ids.device))
         prompt_seconds = time.perf_counter() - start
-        first_logits = output.logits[0, -1].float().clone()  # (V,)
-        token = int(first_logits.argmax())
-        token_ids.append(token)
-        cache = _returned_cache(output)
-        rule_stop = stop_when(token_ids) if stop_when is not None and token not in stops else None
-        while token not in stops and rule_stop is None and len(token_ids) < max_new_tokens:
-            if checkpoint is not None:
-                checkpoint()
-            start = time.perf_counter()
-            step_input = torch.tensor([[token]], dtype=input_ids.dtype, device=input_ids.device)  # (1, 1)
-            output = model(
-                encoder_outputs=encoder_outputs,
-                attention_mask=attention_mask,
-                decoder_input_ids=step_input,
-                use_cache=True,
-                **{cache_name: cache},
-            )
-            cache = _returned_cache(output)
-            token = int(output.logits[0, -1].argmax())
-            step_seconds.append(time.perf_counter() - start)
-            token_ids.append(token)
-            if stop_when is not None and token not in stops:
-                rule_stop = stop_when(token_ids)
-    stopped: StopReason = "eos" if token in stops else rule_stop if rule_stop is not None else "max_new_tokens"
-    return Generation(
-        prompt_length=int(input_ids.shape[-1]),
-        token_ids=token_ids,
-        stopped=stopped,
-        first_logits=first_logits,
-        prompt_seconds=prompt_seconds,
-        step_seconds=step_seconds,
-    )
+        return _greedy_steps(
+            loaded, input_ids, output, step, prompt_seconds=prompt_seconds, max_new_tokens=max_new_tokens,
+            checkpoint=checkpoint, stop_when=stop_when,
+        )  # fmt: skip

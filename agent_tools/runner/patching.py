@@ -28,10 +28,10 @@ from agent_tools.intervene import (
 )
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import encoder_of, model_output, on_device
-from agent_tools.runner.generation import _cache_argument, _returned_cache
+from agent_tools.runner.generation import _cache_argument, cache_layers
 from agent_tools.runner.readout import Readout, stacked
 
-BATCH_ROWS = 64  # patched rows per forward at most (see the module docstring for why)
+BATCH_ROWS = 64  # patched (or ablated) rows per forward at most (see the module docstring for why)
 ROW_ACTIVATION_FLOATS = 24  # floats held per row, position and model width while a patched batch runs (estimate)
 
 
@@ -48,6 +48,14 @@ class HeadPatch:
     def __post_init__(self) -> None:
         if any(layer < self.layer for layer, _ in self.also):
             raise ValueError("a patch's extra heads must be in its layer or later ones (the row joins at its layer)")
+
+    @classmethod
+    def together(cls, heads: Sequence[tuple[int, int]]) -> HeadPatch:
+        """One row patching every (layer, head) of ``heads`` (any layers) together."""
+        ordered = sorted(heads)
+        first = ordered[0][0]
+        also = tuple(x for x in ordered if x[0] != first)
+        return cls(first, tuple(h for layer, h in ordered if layer == first), also=also)
 
     def by_layer(self) -> dict[int, list[int]]:
         """Layer -> the heads this row replaces there."""
@@ -70,7 +78,7 @@ def _keep(loaded: LoadedModel, keep_last: bool) -> dict[str, int]:
     return {"logits_to_keep": 1} if keep_last and loaded.facts.is_language_model else {}
 
 
-def _forward(loaded: LoadedModel, ids: Tensor, extra: dict[str, object]) -> object:
+def encoder_or_model(loaded: LoadedModel, ids: Tensor, extra: dict[str, object]) -> object:
     """The model on ``ids``; an encoder–decoder's encoder alone (its heads are the encoder stack's, measured on the
     encoder's output, as for an encoder-only model)."""
     if loaded.facts.is_encoder_decoder:
@@ -88,7 +96,7 @@ def recorded_run(
     layers = list(range(facts.num_layers))
     with loaded.lock, torch.inference_mode():
         with recorded_head_inputs(loaded.model, layers, num_heads=facts.num_heads, head_dim=facts.head_dim) as heads:
-            output, _ = model_output(_forward(loaded, ids, {"use_cache": False, **_keep(loaded, keep_last)}))
+            output, _ = model_output(encoder_or_model(loaded, ids, {"use_cache": False, **_keep(loaded, keep_last)}))
         kept = readout(output)[0][0] if readout is not None else output[0].float().clone()
         return RecordedRun(output=kept, heads=dict(heads))
 
@@ -123,11 +131,7 @@ def _prefix_cache(loaded: LoadedModel, ids: Tensor, prefix: int) -> list[tuple[T
     """The KV cache of the first ``prefix`` tokens (None when the model's cache cannot be reused this way)."""
     if prefix <= 0 or loaded.facts.sliding_window is not None:
         return None
-    output = loaded.model(input_ids=ids[:, :prefix], use_cache=True, logits_to_keep=1)
-    layers = getattr(_returned_cache(output), "layers", None)
-    if not layers or not all(isinstance(getattr(layer, "keys", None), Tensor) for layer in layers):
-        return None
-    return [(layer.keys, layer.values) for layer in layers]
+    return cache_layers(loaded.model(input_ids=ids[:, :prefix], use_cache=True, logits_to_keep=1))
 
 
 def _group_cache(cached: list[tuple[Tensor, Tensor]], patches: Sequence[HeadPatch]) -> object:
@@ -150,9 +154,10 @@ def _output_head(loaded: LoadedModel) -> torch.nn.Module | None:
 
 
 def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int = 1) -> int:
-    """How many patched rows of ``length`` tokens one forward may carry within ``budget`` bytes of activations and
-    of the batch's own output (``output_positions`` vocabulary rows per row, float32, while its readout runs)."""
-    return max(1, budget // max(row_bytes(loaded, length, output_positions=output_positions), 1))
+    """How many rows of ``length`` tokens one forward may carry within ``budget`` bytes of activations and of the
+    batch's own output (``output_positions`` vocabulary rows per row, float32, while its readout runs), at most
+    :data:`BATCH_ROWS` (patched, ablated and restricted rows alike)."""
+    return min(BATCH_ROWS, max(1, budget // max(row_bytes(loaded, length, output_positions=output_positions), 1)))
 
 
 def row_bytes(loaded: LoadedModel, length: int, *, output_positions: int = 1) -> int:
@@ -210,7 +215,7 @@ def patched_outputs(
                 else heads_patched_joining(loaded.model, masks, num_heads=heads, head_dim=width, sources=used)
             )
             with patching, contiguous_input(_output_head(loaded)):
-                output, _ = model_output(_forward(loaded, ids[:, skip:], extra))  # row 0: unpatched
+                output, _ = model_output(encoder_or_model(loaded, ids[:, skip:], extra))  # row 0: unpatched
             parts.append(tuple(kept[1:] for kept in readout(output)))  # this batch's rows, in ``group`` order
             del output
     if not parts:

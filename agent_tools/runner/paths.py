@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,7 +24,7 @@ from torch import Tensor
 from agent_tools.analysis.metrics import kl_divergence
 from agent_tools.capture import capture_attention
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import _mask_on_device, encoder_of, locked, on_device
+from agent_tools.runner.forward import _mask_on_device, locked, model_output, on_device, stack_runner
 
 EXPLAINED_PATH = "eager"  # what capture computes: the families' eager attention
 _POSITIONS_PER_BLOCK = 256  # float64 (positions, vocabulary) blocks on the CPU
@@ -66,20 +65,14 @@ def path_gap(
 ) -> PathGap:
     """Run the text through the model's default path and through the eager path; compare their outputs."""
     ids, mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
-    model = loaded.model
-    extra: dict[str, Any] = {}
-    if loaded.facts.is_encoder_decoder:
-        if decoder_input_ids is None:
-            model = encoder_of(loaded)
-        else:
-            extra["decoder_input_ids"] = on_device(loaded, decoder_input_ids)
+    model, extra = stack_runner(loaded, decoder_input_ids if loaded.facts.is_encoder_decoder else None)
     if _keeps_logits(model) and (mask is None or bool(mask.all())) and ids.shape[-1] > GAP_POSITIONS:
         extra["logits_to_keep"] = GAP_POSITIONS  # a long text: the last positions' logits, not (T, vocabulary) twice
     with locked(loaded, checkpoint), torch.inference_mode():
         default = default_implementation(loaded)
-        own = _output(model(input_ids=ids, attention_mask=mask, **extra))
+        own, _ = model_output(model(input_ids=ids, attention_mask=mask, **extra))
         with capture_attention(loaded.model, [], query_chunk=query_chunk, checkpoint=checkpoint):
-            eager = _output(model(input_ids=ids, attention_mask=mask, **extra))
+            eager, _ = model_output(model(input_ids=ids, attention_mask=mask, **extra))
     keep = None
     if mask is not None and decoder_input_ids is None and mask.shape == own.shape[:2]:
         keep = mask.bool().cpu().reshape(-1)  # padded positions have no meaningful output
@@ -112,11 +105,6 @@ def compare_outputs(
     if not logits or positions == 0:
         return PathGap(default, positions, numbers[0], None, None, None)
     return PathGap(default, positions, numbers[0], numbers[1] / positions, numbers[2], numbers[3] / positions)
-
-
-def _output(output: Any) -> Tensor:
-    logits = getattr(output, "logits", None)
-    return logits if logits is not None else output.last_hidden_state
 
 
 def _keeps_logits(model: torch.nn.Module) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agent_tools.capture import AttentionConsumer, capture_attention
+from agent_tools.capture import AttentionConsumer, capture_attention, hooks_registered
 from agent_tools.families import find_attention_modules
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import locked
@@ -51,12 +51,8 @@ def recorded_attention_calls(loaded: LoadedModel, *, limit_bytes: int) -> Iterat
         return hook
 
     modules = find_attention_modules(loaded.model)
-    handles = [m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(modules)]
-    try:
+    with hooks_registered(m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(modules)):
         yield calls
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def replayed_layer(

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from agent_tools.capture import hooks_registered
 from agent_tools.intervene import heads_patched_joining, row_zero_leaving
 from agent_tools.loading import LoadedModel
 from agent_tools.restricted_attention import heads_restricted
@@ -58,11 +59,8 @@ def _kept_head_input(model: nn.Module, keep: dict[str, Tensor]) -> Iterator[nn.M
         keep["hidden"] = hidden
         return (hidden[:, -1:].contiguous(), *args[1:])
 
-    handle = head.register_forward_pre_hook(hook)
-    try:
+    with hooks_registered([head.register_forward_pre_hook(hook)]):
         yield head
-    finally:
-        handle.remove()
 
 
 def _losses(model: nn.Module, head: nn.Module, hidden: Tensor, ids: Tensor, first: int) -> tuple[Tensor, Tensor]:

@@ -75,7 +75,10 @@ class Top:
         """The most important value left out (None when rows are not ranked by a number)."""
         if self.order in ("first", "spaced"):
             return None
-        values = [v for v in (self.key(r) for r in rest) if v is not None]
+        return self.most_important([v for v in (self.key(r) for r in rest) if v is not None])
+
+    def most_important(self, values: list[float]) -> float | None:
+        """The value this order ranks first (None for no values)."""
         if not values:
             return None
         best = {"largest": max, "smallest": min}.get(self.order)
@@ -117,15 +120,10 @@ def trim(report: BaseModel, rules: Sequence[Top]) -> list[Omitted]:
             if cutoff is not None:
                 cutoffs.append(cutoff)
         if kept < total:
-            best = None
-            if cutoffs:
-                best = {"largest": max, "smallest": min}.get(rule.order, lambda v: max(v, key=abs))(cutoffs)
-            omitted.append(Omitted(field=rule.field, kept=kept, total=total, order=rule.words(), cutoff=_round(best)))
+            best = rule.most_important(cutoffs)
+            cutoff = None if best is None else round(best, 4)
+            omitted.append(Omitted(field=rule.field, kept=kept, total=total, order=rule.words(), cutoff=cutoff))
     return omitted
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
 
 
 @dataclass(frozen=True)

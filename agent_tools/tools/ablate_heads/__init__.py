@@ -11,8 +11,6 @@ from agent_tools.tools.ablate_heads.models import (
     DESCRIPTION,
     AblateHeadsInput,
     AblationReport,
-    HeadRef,
-    PositionEffect,
     parse_heads,
 )
 from agent_tools.tools.ablate_heads.plan import ablate_heads
@@ -22,8 +20,6 @@ __all__ = [
     "SPEC",
     "AblateHeadsInput",
     "AblationReport",
-    "HeadRef",
-    "PositionEffect",
     "ablate_heads",
     "parse_heads",
 ]

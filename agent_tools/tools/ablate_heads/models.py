@@ -13,7 +13,7 @@ from agent_tools.analysis.ablation import BASELINE_DRAWS, TIE_MARGIN
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import check_index
 from agent_tools.intervene import AblationMethod
-from agent_tools.schemas import NextCall, Report, Rounded, Rounded6, TextInput, head_label
+from agent_tools.schemas import Report, Rounded, Rounded6, TextInput, head_label
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -169,7 +169,6 @@ class AblationReport(Report, StackReport):
         default=None, description="causal LM: every head's direct write into the target token's logit"
     )
     notes: list[str] = Field(default_factory=list, description="what could not be measured, and why")
-    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")
 
 
 def parse_heads(

@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 from agent_tools.analysis.ablation import BASELINE_SPREAD_MULTIPLE, EFFECT_FLOOR, TIE_MARGIN
 from agent_tools.schemas import Finding
-from agent_tools.tools.ablate_heads.models import AblationBaseline, DirectLogitAttribution, PositionEffect
+from agent_tools.tools.ablate_heads.models import (
+    AblationBaseline,
+    AblationReport,
+    DirectLogitAttribution,
+    PositionEffect,
+)
+from agent_tools.wording import listed, random_heads
 
 BEYOND_RULE = (
     f"beyond chance: more than max({BASELINE_SPREAD_MULTIPLE:g} × the draws' sd, {EFFECT_FLOOR:g}) from their mean"
@@ -36,32 +42,6 @@ class Ablated:
 
 
 @dataclass(frozen=True)
-class NextTokenEffect:
-    """A causal LM's next-token change under the ablation (unrounded; tokens as decoded text)."""
-
-    kl_last: float  # KL(P_clean ‖ P_ablated) at the last position, nats
-    kl_mean: float  # the same averaged over positions
-    peak_position: int  # the position with the largest KL
-    peak_token: str
-    kl_peak: float
-    top_clean: str  # most likely next token after the text, clean model
-    top_ablated: str  # the same with the heads ablated
-    top_change: str  # same / tie / flip (analysis.ablation.top_token_change; two ids can decode alike)
-    p_clean: float  # the clean top token's probability, clean model
-    p_ablated: float  # ... and with the heads ablated
-    p_new: float  # the ablated top token's probability with the heads ablated
-    loss_clean: float | None  # mean next-token loss on the text (None: a single token)
-    loss_ablated: float | None
-
-    @property
-    def loss_change(self) -> float | None:
-        """loss_ablated − loss_clean (> 0: the heads helped predict the text)."""
-        if self.loss_clean is None or self.loss_ablated is None:
-            return None
-        return self.loss_ablated - self.loss_clean
-
-
-@dataclass(frozen=True)
 class EmbeddingEffect:
     """An encoder's output change under the ablation, as 1 − cos (unrounded)."""
 
@@ -72,59 +52,57 @@ class EmbeddingEffect:
     peak: float
 
 
-def heads_shown(heads: Sequence[str]) -> str:
-    """The first eight labels, then how many more."""
-    return ", ".join(heads[:8]) + (f" and {len(heads) - 8} more" if len(heads) > 8 else "")
-
-
-def next_token_findings(largest: Sequence[PositionEffect]) -> list[Finding]:
-    """The three positions whose next-token distribution moved most."""
+def position_findings(largest: Sequence[PositionEffect], *, embedding: bool) -> list[Finding]:
+    """The three positions whose next-token distribution (an encoder: whose output embedding) moved most."""
     return [
         Finding(
-            kind="next_token_kl",
+            kind="embedding_change" if embedding else "next_token_kl",
             position=p.position,
             token=p.token,
             value=p.value,
-            detail=f"at position {p.position} {p.token!r} the next-token distribution moves by KL {p.value:.4g}",
+            detail=f"token {p.position} {p.token!r}'s output embedding turns by 1 − cos = {p.value:.4g}"
+            if embedding
+            else f"at position {p.position} {p.token!r} the next-token distribution moves by KL {p.value:.4g}",
         )
         for p in largest[:3]
     ]
 
 
-def _size_words(direction: str) -> str:
-    return {"raises": "beyond chance", "lowers": "beyond chance", "within": "within chance"}.get(direction, direction)
-
-
 def _baseline_words(baseline: AblationBaseline | None, unit: str) -> str:
     if baseline is None:
         return " (no random-head baseline: see notes)"
-    sets = "heads" if baseline.heads_per_draw == 1 else f"sets of {baseline.heads_per_draw} heads"
     mean, sd = baseline.effect
-    return f"; {baseline.draws} random {sets}: {mean:+.4f} ± {sd:.4f}{unit} — {_size_words(baseline.effect_direction)}"
+    chance = {"raises": "beyond chance", "lowers": "beyond chance", "within": "within chance"}
+    said = chance.get(baseline.effect_direction, baseline.effect_direction)
+    return f"; {random_heads(baseline.draws, baseline.heads_per_draw)}: {mean:+.4f} ± {sd:.4f}{unit} — {said}"
 
 
-def _top_text(effect: NextTokenEffect) -> str:
-    if effect.top_change == "same":
-        return f"the top next token stays {effect.top_clean!r} (p {effect.p_clean:.3f} -> {effect.p_ablated:.3f})"
-    if effect.top_change == "tie":
+def _top_text(report: AblationReport) -> str:
+    top_clean, top_ablated = report.top_token_clean, report.top_token_ablated
+    p_clean, p_ablated = report.top_token_probability_clean, report.top_token_probability_ablated
+    if report.top_token_change == "same":
+        return f"the top next token stays {top_clean!r} (p {p_clean:.3f} -> {p_ablated:.3f})"
+    if report.top_token_change == "tie":
         return (
-            f"the top next token becomes a tie, not a flip: {effect.top_ablated!r} p {effect.p_new:.3f} vs "
-            f"{effect.top_clean!r} {effect.p_ablated:.3f} under the ablation (within the {TIE_MARGIN} margin)"
+            f"the top next token becomes a tie, not a flip: {top_ablated!r} p {report.top_token_probability_new:.3f} "
+            f"vs {top_clean!r} {p_ablated:.3f} under the ablation (within the {TIE_MARGIN} margin)"
         )
     return (
-        f"the top next token flips from {effect.top_clean!r} to {effect.top_ablated!r} (p {effect.p_new:.3f} vs "
-        f"{effect.p_ablated:.3f} under the ablation)"
+        f"the top next token flips from {top_clean!r} to {top_ablated!r} (p {report.top_token_probability_new:.3f} "
+        f"vs {p_ablated:.3f} under the ablation)"
     )
 
 
-def next_token_summary(ablated: Ablated, effect: NextTokenEffect, baseline: AblationBaseline | None) -> str:
-    """The loss change in words against random heads, the KL against theirs, where it peaks, the top next token."""
-    who = f"Removing {heads_shown(ablated.heads)} ({ablated.how}) on {ablated.tokens} tokens"
-    if effect.loss_change is not None and effect.loss_clean is not None and effect.loss_ablated is not None:
-        way = "raises" if effect.loss_change > 0 else "lowers" if effect.loss_change < 0 else "leaves"
+def next_token_summary(ablated: Ablated, report: AblationReport, baseline: AblationBaseline | None) -> str:
+    """The loss change in words against random heads, the KL against theirs, where it peaks, the top next token:
+    from the report's (rounded) numbers."""
+    who = f"Removing {listed(ablated.heads, 8)} ({ablated.how}) on {ablated.tokens} tokens"
+    if report.loss_clean is not None and report.loss_ablated is not None:
+        change = report.loss_ablated - report.loss_clean
+        way = "raises" if change > 0 else "lowers" if change < 0 else "leaves"
         loss = (
-            f"{who} {way} the loss on the text by {abs(effect.loss_change):.4f} nats ({effect.loss_clean:.4f} -> "
-            f"{effect.loss_ablated:.4f}){_baseline_words(baseline, ' nats')}."
+            f"{who} {way} the loss on the text by {abs(change):.4f} nats ({report.loss_clean:.4f} -> "
+            f"{report.loss_ablated:.4f}){_baseline_words(baseline, ' nats')}."
         )
     else:
         loss = f"{who}: the text is one token, so no loss is measured."
@@ -135,10 +113,11 @@ def next_token_summary(ablated: Ablated, effect: NextTokenEffect, baseline: Abla
             f" (random: {baseline.kl_mean[0]:.4g} ± {baseline.kl_mean[1]:.4g}: "
             f"{size.get(baseline.kl_size or 'within', 'within the range of')} random heads)"
         )
+    peak = report.largest_effects[0]
     return (
-        f"{loss} KL of the next-token distribution {effect.kl_mean:.4g} nats on average{kl_base}, "
-        f"{effect.kl_last:.4g} at the last position (largest {effect.kl_peak:.4g} at position "
-        f"{effect.peak_position} {effect.peak_token!r}); {_top_text(effect)}."
+        f"{loss} KL of the next-token distribution {report.kl_mean:.4g} nats on average{kl_base}, "
+        f"{report.kl_last_position:.4g} at the last position (largest {peak.value:.4g} at position "
+        f"{peak.position} {peak.token!r}); {_top_text(report)}."
     )
 
 
@@ -146,33 +125,18 @@ def embedding_baseline_text(baseline: AblationBaseline | None) -> str:
     """The pooled embedding change against random heads'."""
     if baseline is None:
         return " No random-head baseline (see notes)."
-    sets = "heads" if baseline.heads_per_draw == 1 else f"sets of {baseline.heads_per_draw} heads"
     mean, sd = baseline.effect
     word = {"raises": "larger than", "lowers": "smaller than", "within": "within the range of"}
     return (
-        f" {baseline.draws} random {sets} turn it by {mean:.4g} ± {sd:.4g}: "
+        f" {random_heads(baseline.draws, baseline.heads_per_draw)} turn it by {mean:.4g} ± {sd:.4g}: "
         f"{word.get(baseline.effect_direction, 'within the range of')} random heads."
     )
-
-
-def embedding_findings(largest: Sequence[PositionEffect]) -> list[Finding]:
-    """The three tokens whose output embedding turned most."""
-    return [
-        Finding(
-            kind="embedding_change",
-            position=p.position,
-            token=p.token,
-            value=p.value,
-            detail=f"token {p.position} {p.token!r}'s output embedding turns by 1 − cos = {p.value:.4g}",
-        )
-        for p in largest[:3]
-    ]
 
 
 def embedding_summary(ablated: Ablated, effect: EmbeddingEffect) -> str:
     """How far the pooled embedding turns, per token on average, and which token turned most."""
     return (
-        f"Removing {heads_shown(ablated.heads)} ({ablated.how}) on {ablated.tokens} tokens turns the mean-pooled "
+        f"Removing {listed(ablated.heads, 8)} ({ablated.how}) on {ablated.tokens} tokens turns the mean-pooled "
         f"embedding by 1 − cos = {effect.pooled:.4g}; per token {effect.mean:.4g} on average, most at position "
         f"{effect.peak_position} {effect.peak_token!r} ({effect.peak:.4g})."
     )

@@ -7,6 +7,7 @@ import torch
 from agent_tools.ablation_check import ResampleSource, measure_head_sets, random_sets, resample_source
 from agent_tools.analysis.ablation import Baseline, compare_with_baseline, cosine_change, size_against, top_token_change
 from agent_tools.analysis.metrics import kl_divergence, next_token_losses
+from agent_tools.clean_corrupted import single_token
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
@@ -28,17 +29,14 @@ from agent_tools.tools.ablate_heads.narrative import (
     BEYOND_RULE,
     Ablated,
     EmbeddingEffect,
-    NextTokenEffect,
     dla_finding,
     dla_summary,
     embedding_baseline_text,
-    embedding_findings,
     embedding_summary,
-    next_token_findings,
     next_token_summary,
+    position_findings,
 )
 
-BEYOND = BEYOND_RULE
 DLA_HEADS_SHOWN = 5
 DLA_METHOD = (
     "each head's output z_h through its slice of W_O, then the final norm with its scale σ frozen at the clean run's "
@@ -95,7 +93,7 @@ def ablate_heads(inspector: Inspector, args: AblateHeadsInput) -> AblationReport
     baseline = _baseline(report.loss_change or 0.0, report.kl_mean, measured.effects, len(heads))
     report = report.model_copy(
         update={
-            "summary": next_token_summary(ablated, _numbers_of(report), baseline),
+            "summary": next_token_summary(ablated, report, baseline),
             "baseline": baseline,
             "notes": notes,
             "resample_source": ablated.resample_source,
@@ -147,28 +145,7 @@ def _baseline(effect: float, kl: float | None, draws: list, count: int) -> Ablat
         kl_mean=(kls.mean, kls.spread) if kls is not None else None,
         effect_direction=compare_with_baseline(effect, effects),
         kl_size=size_against(kl, kls) if kls is not None and kl is not None else None,
-        rule=BEYOND,
-    )
-
-
-def _numbers_of(report: AblationReport) -> NextTokenEffect:
-    """The report's own (rounded) numbers, for the summary written after the baseline is known."""
-    assert report.kl_mean is not None and report.kl_last_position is not None
-    peak = report.largest_effects[0]
-    return NextTokenEffect(
-        kl_last=report.kl_last_position,
-        kl_mean=report.kl_mean,
-        peak_position=peak.position,
-        peak_token=peak.token,
-        kl_peak=peak.value,
-        top_clean=report.top_token_clean or "",
-        top_ablated=report.top_token_ablated or "",
-        top_change=report.top_token_change or "same",
-        p_clean=report.top_token_probability_clean or 0.0,
-        p_ablated=report.top_token_probability_ablated or 0.0,
-        p_new=report.top_token_probability_new or 0.0,
-        loss_clean=report.loss_clean,
-        loss_ablated=report.loss_ablated,
+        rule=BEYOND_RULE,
     )
 
 
@@ -179,12 +156,7 @@ def _target_token(loaded: LoadedModel, text: str | None) -> int | None:
     if not loaded.facts.is_language_model:
         msg = f"target_token needs a causal LM; {loaded.name!r} has no next-token head"
         raise InvalidInputError(msg, field="target_token")
-    ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        pieces = [str(loaded.tokenizer.decode([i])) for i in ids]
-        msg = f"target_token {text!r} is {len(ids)} tokens ({pieces}) for {loaded.name!r}; give exactly one token"
-        raise InvalidInputError(msg, field="target_token")
-    return int(ids[0])
+    return single_token(loaded, text, "target_token")
 
 
 def _direct_logits(
@@ -237,9 +209,11 @@ def _next_calls(
     return calls
 
 
-def _largest(values: list[float], order: list[int], encoded: Encoded) -> list[PositionEffect]:
-    """The per-position effects at ``order`` (the largest first)."""
-    return [PositionEffect(position=p, token=encoded.tokens[p].text, value=values[p]) for p in order]
+def _largest(per_position: torch.Tensor, encoded: Encoded, top_k: int) -> tuple[list[float], list[PositionEffect]]:
+    """The (T,) per-position effects as floats, and the ``top_k`` largest as the report states them, largest first."""
+    values: list[float] = per_position.tolist()
+    order: list[int] = per_position.argsort(descending=True)[:top_k].tolist()
+    return values, [PositionEffect(position=p, token=encoded.tokens[p].text, value=values[p]) for p in order]
 
 
 def _decode(loaded: LoadedModel, token_id: int) -> str:
@@ -247,65 +221,49 @@ def _decode(loaded: LoadedModel, token_id: int) -> str:
 
 
 def _next_token_effect(
-    loaded: LoadedModel, encoded: Encoded, effect: AblationEffect, kl_values: list[float], peak: int
-) -> NextTokenEffect:
-    """The KL summary (per-position ``kl_values``, largest at ``peak``), the top next token clean vs ablated,
-    and the loss on the text."""
+    loaded: LoadedModel, encoded: Encoded, effect: AblationEffect, kl_values: list[float]
+) -> dict[str, object]:
+    """The report's KL summary (per-position ``kl_values``), the top next token clean vs ablated, and the loss on the
+    text."""
     clean_probs = torch.softmax(effect.clean[0, -1].double(), -1)  # (V,)
     ablated_probs = torch.softmax(effect.ablated[0, -1].double(), -1)  # (V,)
     change = top_token_change(clean_probs, ablated_probs)
-    top_clean, top_ablated = change.clean, change.ablated
-    loss_clean = loss_ablated = None
+    measured: dict[str, object] = {}
     if encoded.length > 1:
         loss_clean = float(next_token_losses(effect.clean, encoded.input_ids).mean())
         loss_ablated = float(next_token_losses(effect.ablated, encoded.input_ids).mean())
-    return NextTokenEffect(
-        kl_last=kl_values[-1],
-        kl_mean=sum(kl_values) / len(kl_values),
-        peak_position=peak,
-        peak_token=encoded.tokens[peak].text,
-        kl_peak=kl_values[peak],
-        top_clean=_decode(loaded, top_clean),
-        top_ablated=_decode(loaded, top_ablated),
-        top_change=change.kind,
-        p_clean=float(clean_probs[top_clean]),
-        p_ablated=float(ablated_probs[top_clean]),
-        p_new=change.p_new_top_ablated,
-        loss_clean=loss_clean,
-        loss_ablated=loss_ablated,
-    )
+        measured = {"loss_clean": loss_clean, "loss_ablated": loss_ablated, "loss_change": loss_ablated - loss_clean}
+    return measured | {
+        "kl_last_position": kl_values[-1],
+        "kl_mean": sum(kl_values) / len(kl_values),
+        "top_token_clean": _decode(loaded, change.clean),
+        "top_token_ablated": _decode(loaded, change.ablated),
+        "top_token_changed": change.kind != "same",
+        "top_token_change": change.kind,
+        "top_token_probability_clean": float(clean_probs[change.clean]),
+        "top_token_probability_ablated": float(ablated_probs[change.clean]),
+        "top_token_probability_new": change.p_new_top_ablated,
+    }
 
 
 def _next_token_report(
     loaded: LoadedModel, encoded: Encoded, effect: AblationEffect, ablated: Ablated, args: AblateHeadsInput
 ) -> AblationReport:
-    """A causal LM's report: KL of the next-token distribution, loss on the text, top next token."""
-    kl = kl_divergence(effect.clean[0], effect.ablated[0])  # (T,)
-    kl_values: list[float] = kl.tolist()
-    order: list[int] = kl.argsort(descending=True)[: args.top_k].tolist()
-    numbers = _next_token_effect(loaded, encoded, effect, kl_values, order[0])
-    largest = _largest(kl_values, order, encoded)
-    return AblationReport(
-        model=loaded.name,
-        summary=next_token_summary(ablated, numbers, None),
-        findings=next_token_findings(largest),
-        heads=list(ablated.heads),
-        method=args.method,
-        measure="next_token",
-        tokens=encoded.length,
-        kl_last_position=numbers.kl_last,
-        kl_mean=numbers.kl_mean,
-        loss_clean=numbers.loss_clean,
-        loss_ablated=numbers.loss_ablated,
-        loss_change=numbers.loss_change,
-        top_token_clean=numbers.top_clean,
-        top_token_ablated=numbers.top_ablated,
-        top_token_changed=numbers.top_change != "same",
-        top_token_change=numbers.top_change,
-        top_token_probability_clean=numbers.p_clean,
-        top_token_probability_ablated=numbers.p_ablated,
-        top_token_probability_new=numbers.p_new,
-        largest_effects=largest,
+    """A causal LM's report: KL of the next-token distribution, loss on the text, top next token (its summary is
+    written from these numbers once the baseline is known)."""
+    kl_values, largest = _largest(kl_divergence(effect.clean[0], effect.ablated[0]), encoded, args.top_k)  # (T,)
+    return AblationReport.model_validate(
+        {
+            "model": loaded.name,
+            "summary": "",
+            "findings": position_findings(largest, embedding=False),
+            "heads": list(ablated.heads),
+            "method": args.method,
+            "measure": "next_token",
+            "tokens": encoded.length,
+            "largest_effects": largest,
+        }
+        | _next_token_effect(loaded, encoded, effect, kl_values)
     )
 
 
@@ -313,10 +271,8 @@ def _embedding_report(
     loaded: LoadedModel, encoded: Encoded, effect: AblationEffect, ablated: Ablated, args: AblateHeadsInput
 ) -> AblationReport:
     """An encoder's report: how far the pooled and the per-token output embeddings turn (1 − cos)."""
-    per_token = cosine_change(effect.clean[0], effect.ablated[0])  # (T,)
-    values: list[float] = per_token.tolist()
-    order: list[int] = per_token.argsort(descending=True)[: args.top_k].tolist()
-    peak = order[0]
+    values, largest = _largest(cosine_change(effect.clean[0], effect.ablated[0]), encoded, args.top_k)  # (T,)
+    peak = largest[0].position
     numbers = EmbeddingEffect(
         pooled=float(cosine_change(effect.clean[0].mean(0), effect.ablated[0].mean(0))),
         mean=sum(values) / len(values),
@@ -324,11 +280,10 @@ def _embedding_report(
         peak_token=encoded.tokens[peak].text,
         peak=values[peak],
     )
-    largest = _largest(values, order, encoded)
     return AblationReport(
         model=loaded.name,
         summary=embedding_summary(ablated, numbers),
-        findings=embedding_findings(largest),
+        findings=position_findings(largest, embedding=True),
         heads=list(ablated.heads),
         method=args.method,
         measure="embedding",

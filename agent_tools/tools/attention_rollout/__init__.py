@@ -7,7 +7,7 @@ streaming :class:`~agent_tools.consumers.rollout.RolloutConsumer` and
 
 from __future__ import annotations
 
-from agent_tools.tools.attention_rollout.models import DESCRIPTION, AttentionRolloutInput, RolloutReport, SourceShare
+from agent_tools.tools.attention_rollout.models import DESCRIPTION, AttentionRolloutInput, RolloutReport
 from agent_tools.tools.attention_rollout.narrative import next_calls
 from agent_tools.tools.attention_rollout.plan import attention_rollout, plan_attention_rollout
 from agent_tools.tools.registry import ToolSpec, Top
@@ -16,7 +16,6 @@ __all__ = [
     "SPEC",
     "AttentionRolloutInput",
     "RolloutReport",
-    "SourceShare",
     "attention_rollout",
     "plan_attention_rollout",
 ]

@@ -13,9 +13,6 @@ from agent_tools.tools.corpus_summary.models import (
     DESCRIPTION,
     CorpusSummaryInput,
     CorpusSummaryReport,
-    DataFacts,
-    HeadEntry,
-    SegmentEntry,
 )
 from agent_tools.tools.corpus_summary.narrative import next_calls
 from agent_tools.tools.corpus_summary.plan import corpus_summary
@@ -25,9 +22,6 @@ __all__ = [
     "SPEC",
     "CorpusSummaryInput",
     "CorpusSummaryReport",
-    "DataFacts",
-    "HeadEntry",
-    "SegmentEntry",
     "corpus_summary",
 ]
 

@@ -14,7 +14,6 @@ from agent_tools.families import ModelFacts, StackFacts, read_facts
 from agent_tools.inspector import Inspector
 from agent_tools.loading import (  # the loader's own checks, so a bad source reads as it does when loading
     _CACHE_LOCK,
-    LoadedModel,
     ModelSource,
     _cached,
     _check_gguf_header,
@@ -22,6 +21,7 @@ from agent_tools.loading import (  # the loader's own checks, so a bad source re
     _refuse_remote_code,
     bundled_aliases,
     resolve_reference,
+    unreadable_folder,
 )
 from agent_tools.placement import (
     cache_key,
@@ -50,25 +50,10 @@ FACT_FIELDS = (  # ModelFacts read into the report under the same name
 )  # fmt: skip
 
 
-def attention_scale(facts: ModelFacts) -> Scale:
-    """The model's q·k factor against 1/sqrt(d_k), d_k the q·k width (head_dim except for MLA)."""
-    return Scale(
-        scaling=facts.scaling,
-        inverse_sqrt_head_dim=1 / math.sqrt(facts.qk_dim),
-        ratio=facts.scaling * math.sqrt(facts.qk_dim),
-    )
-
-
 def stack_description(stack: StackFacts) -> StackDescription:
     """One stack's facts as the report states them (built from the :class:`StackFacts` fields)."""
     ratio = stack.scaling * math.sqrt(stack.qk_dim)
     return StackDescription.model_validate(asdict(stack) | {"scaling_ratio": ratio, "causal": stack.is_causal})
-
-
-def cached_model(name: str, key: str) -> LoadedModel | None:
-    """The model already loaded under ``name`` with this placement (or registered in memory), else None."""
-    with _CACHE_LOCK:
-        return _cached(name, key)
 
 
 def source_config(source: ModelSource) -> object:
@@ -92,12 +77,7 @@ def source_config(source: ModelSource) -> object:
         )
         raise ModelNotFoundError(msg, field="model") from exc
     except (ValueError, KeyError) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        msg = (
-            f"could not load model folder {source.reference!r}: {reason} "
-            "Give a complete model folder (config, weights, tokenizer) of a supported family."
-        )
-        raise ModelNotFoundError(msg, field="model") from exc
+        raise unreadable_folder(source, exc) from exc
 
 
 @dataclass(frozen=True)
@@ -118,7 +98,10 @@ def _described(inspector: Inspector, reference: str | None) -> _Described:
     """The model already in memory under this session's placement; else its config on the meta device."""
     name = inspector.policy.check(reference)
     placement = inspector.placement
-    in_memory = inspector.served(name) or cached_model(name, cache_key(placement))
+    in_memory = inspector.served(name)
+    if in_memory is None:
+        with _CACHE_LOCK:  # the model already loaded under this name and placement (or registered in memory)
+            in_memory = _cached(name, cache_key(placement))
     if in_memory is not None:
         loaded = inspector.model(name)  # a cache hit: marks it served, reads nothing
         return _Described(
@@ -131,12 +114,7 @@ def _described(inspector: Inspector, reference: str | None) -> _Described:
         model = meta_model(config)
         facts = read_facts(model)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        msg = (
-            f"could not load model folder {source.reference!r}: {reason} "
-            "Give a complete model folder (config, weights, tokenizer) of a supported family."
-        )
-        raise ModelNotFoundError(msg, field="model") from exc
+        raise unreadable_folder(source, exc) from exc
     dtype = resolve_dtype(placement, config)
     device = resolve_device(placement) if placement.device_map is None else "auto"
     folder = source.path if source.kind == "folder" else None
@@ -168,7 +146,9 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
     """
     described = _described(inspector, args.model)
     f = described.facts
-    scale = attention_scale(f)
+    scale = Scale(  # the q·k factor against 1/sqrt(d_k), d_k the q·k width (head_dim except for MLA)
+        scaling=f.scaling, inverse_sqrt_head_dim=1 / math.sqrt(f.qk_dim), ratio=f.scaling * math.sqrt(f.qk_dim)
+    )
     stacks = [stack_description(stack) for stack in f.stacks]
     said = summary(described.name, f, scale)
     if f.is_encoder_decoder:

@@ -10,7 +10,6 @@ from agent_tools.tools.diagnose_collapse.models import (
     DESCRIPTION,
     CollapseReport,
     DiagnoseCollapseInput,
-    HeadCollapseRow,
 )
 from agent_tools.tools.diagnose_collapse.narrative import next_calls
 from agent_tools.tools.diagnose_collapse.plan import diagnose_collapse, plan_diagnose_collapse
@@ -20,7 +19,6 @@ __all__ = [
     "SPEC",
     "CollapseReport",
     "DiagnoseCollapseInput",
-    "HeadCollapseRow",
     "diagnose_collapse",
     "plan_diagnose_collapse",
 ]

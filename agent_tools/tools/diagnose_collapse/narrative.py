@@ -12,13 +12,16 @@ from dataclasses import dataclass
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION, CollapseKind, Verdict
 from agent_tools.schemas import Finding, NextCall, Severity, follow_up
 from agent_tools.tools.diagnose_collapse.models import (
+    AblationEffectRow,
     BaselineRow,
     CollapseCheck,
     CollapseCheckRow,
     CollapseReport,
     DiagnoseCollapseInput,
+    GroupCheckRow,
     HeadCollapseRow,
 )
+from agent_tools.wording import random_heads
 
 
 @dataclass(frozen=True)
@@ -155,35 +158,33 @@ def _baseline_text(baseline: BaselineRow | None, method: str, unit: str) -> str:
     pair = baseline.mean_ablation if method == "mean" else baseline.resample_ablation
     if pair is None:
         return "no baseline"
-    what = "heads" if baseline.heads_per_draw == 1 else f"sets of {baseline.heads_per_draw} heads"
-    return f"{baseline.draws} random {what}: {pair[0]:+.4f} ± {pair[1]:.4f}{unit}"
+    return f"{random_heads(baseline.draws, baseline.heads_per_draw)}: {pair[0]:+.4f} ± {pair[1]:.4f}{unit}"
 
 
 def _unit(check: CollapseCheck) -> str:
     return " nats" if check.measure == "next_token_loss" else " (1 − cos)"
 
 
-def _direction_words(row: CollapseCheckRow, check: CollapseCheck) -> str:
-    """Which way the loss moves when the head is removed, for the kinds that moved it."""
-    unit = _unit(check)
+def _moved(row: CollapseCheckRow | GroupCheckRow) -> AblationEffectRow | None:
+    """The ablation (mean or resample) that moved the measure most beyond chance; None when both stayed within."""
     moved = [e for e in (row.mean_ablation, row.resample_ablation) if e is not None and e.direction != "within"]
-    if not moved or check.measure != "next_token_loss":
-        return ""
-    e = max(moved, key=lambda x: abs(x.effect))
-    way = "raises" if e.direction == "raises" else "lowers"
-    return f"; removing it {way} the loss by {abs(e.effect):.4f}{unit}"
+    return max(moved, key=lambda x: abs(x.effect)) if moved else None
+
+
+def _effects(row: CollapseCheckRow | GroupCheckRow, unit: str) -> str:
+    """'mean-ablation +0.0001 nats, resample −0.0003'."""
+    resample = f", resample {_effect(row.resample_ablation.effect, '')}" if row.resample_ablation else ""
+    return f"mean-ablation {_effect(row.mean_ablation.effect, unit)}{resample}"
 
 
 def check_sentence(row: CollapseCheckRow, check: CollapseCheck, *, baseline: bool = True) -> str:
     """'L24H6 is a constant-output head (mean-ablation +0.0001 nats, resample −0.0003; 8 random heads:
-    0.0000 ± 0.0020)'."""
+    0.0000 ± 0.0020)', and which way the loss moves when the head is removed, for the kinds that moved it."""
     unit = _unit(check)
-    resample = f", resample {_effect(row.resample_ablation.effect, '')}" if row.resample_ablation else ""
     chance = f"; {_baseline_text(check.baseline, 'mean', unit)}" if baseline else ""
-    return (
-        f"{_where(row)} is {KIND_WORDS[row.kind]} (mean-ablation {_effect(row.mean_ablation.effect, unit)}{resample}"
-        f"{chance}){_direction_words(row, check)}"
-    )
+    moved = _moved(row) if check.measure == "next_token_loss" else None
+    way = "" if moved is None else f"; removing it {moved.direction} the loss by {abs(moved.effect):.4f}{unit}"
+    return f"{_where(row)} is {KIND_WORDS[row.kind]} ({_effects(row, unit)}{chance}){way}"
 
 
 def together_sentence(check: CollapseCheck) -> str:
@@ -192,16 +193,13 @@ def together_sentence(check: CollapseCheck) -> str:
     row = check.together
     if row is None:
         return ""
-    unit = _unit(check)
-    resample = f", resample {_effect(row.resample_ablation.effect, '')}" if row.resample_ablation else ""
-    moved = [e for e in (row.mean_ablation, row.resample_ablation) if e is not None and e.direction != "within"]
-    if not moved:
+    unit, moved = _unit(check), _moved(row)
+    if moved is None:
         verdict = "within chance"
     else:
-        e = max(moved, key=lambda x: abs(x.effect))
-        verdict = f"{e.direction} the loss beyond chance" if check.measure == "next_token_loss" else "beyond chance"
+        verdict = f"{moved.direction} the loss beyond chance" if check.measure == "next_token_loss" else "beyond chance"
     return (
-        f"Removing all {check.checked} together: mean-ablation {_effect(row.mean_ablation.effect, unit)}{resample} "
+        f"Removing all {check.checked} together: {_effects(row, unit)} "
         f"({_baseline_text(check.together_baseline, 'mean', unit)}) — {verdict}."
     )
 

@@ -7,32 +7,18 @@
 from __future__ import annotations
 
 from agent_tools.tools.explain_scaling.models import (
-    DEFAULT_TEMPERATURES,
     DESCRIPTION,
-    NULL_TEMPERATURE,
     ExplainScalingInput,
-    HeadScoreVariance,
-    ScaleSetting,
     ScalingReport,
-    SoftmaxSummary,
-    SyntheticRow,
-    Temperature,
 )
 from agent_tools.tools.explain_scaling.narrative import next_calls
 from agent_tools.tools.explain_scaling.plan import explain_scaling, plan_explain_scaling
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
-    "DEFAULT_TEMPERATURES",
-    "NULL_TEMPERATURE",
     "SPEC",
     "ExplainScalingInput",
-    "HeadScoreVariance",
-    "ScaleSetting",
     "ScalingReport",
-    "SoftmaxSummary",
-    "SyntheticRow",
-    "Temperature",
     "explain_scaling",
     "plan_explain_scaling",
 ]

@@ -7,10 +7,11 @@ consumers from one forward pass; run alone, :func:`explain_scaling` hands the sa
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 from torch import Tensor
 
-from agent_tools.analysis.scaling import SyntheticScaling, synthetic_scaling_demo
+from agent_tools.analysis.scaling import synthetic_scaling_demo
 from agent_tools.consumers.scaling import ScalingConsumer, SettingSums
 from agent_tools.errors import InvalidInputError
 from agent_tools.families import StackFacts
@@ -24,7 +25,6 @@ from agent_tools.tools.explain_scaling.models import (
     HeadScoreVariance,
     ScaleSetting,
     ScalingReport,
-    SoftmaxSummary,
     SyntheticRow,
 )
 from agent_tools.tools.explain_scaling.narrative import ScalingNumbers
@@ -68,29 +68,18 @@ def plan_explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> Pas
 def _head_rows(variances: dict[str, Tensor], heads: list[int], stack: StackFacts) -> list[HeadScoreVariance]:
     """Per head: measured Var(q·k) and Var(scaled), the two predictions and the q/k moments, rounded.
 
-    ``variances``: :meth:`ScalingConsumer.variances`, each entry (heads,) in the order of ``heads``.
+    ``variances``: :meth:`ScalingConsumer.variances`, each entry (heads,) in the order of ``heads``; its names are
+    the row's fields (``pairs`` is not stated).
     """
     rows = []
     for i, head in enumerate(heads):
-        raw = float(variances["raw_variance"][i])
-        iso = float(variances["predicted_isotropic"][i])
-        ind = float(variances["predicted_independent"][i])
-        rows.append(
-            HeadScoreVariance(
-                head=head,
-                kv_head=kv_head_of(stack, head),
-                raw_variance=raw,
-                scaled_variance=float(variances["scaled_variance"][i]),
-                predicted_isotropic=iso,
-                predicted_independent=ind,
-                ratio_isotropic=raw / iso if iso > 0 else math.inf,
-                ratio_independent=raw / ind if ind > 0 else math.inf,
-                q_variance=float(variances["q_variance"][i]),
-                k_variance=float(variances["k_variance"][i]),
-                q_mean_square=float(variances["q_mean_square"][i]),
-                k_mean_square=float(variances["k_mean_square"][i]),
-            )
-        )
+        row = {name: float(values[i]) for name, values in variances.items()}
+        raw, iso, ind = row["raw_variance"], row["predicted_isotropic"], row["predicted_independent"]
+        ratios = {
+            "ratio_isotropic": raw / iso if iso > 0 else math.inf,
+            "ratio_independent": raw / ind if ind > 0 else math.inf,
+        }
+        rows.append(HeadScoreVariance.model_validate(row | ratios | {"head": head, "kv_head": kv_head_of(stack, head)}))
     return rows
 
 
@@ -103,20 +92,6 @@ def _setting(setting: SettingSums) -> ScaleSetting:
         beta=setting.beta,
         entropy_derivative=derivative,
         **setting.means(),
-    )
-
-
-def _summary_of(means: dict[str, float]) -> SoftmaxSummary:
-    return SoftmaxSummary(**means)
-
-
-def _synthetic_row(demo: SyntheticScaling) -> SyntheticRow:
-    return SyntheticRow(
-        head_dim=demo.head_dim,
-        dot_variance=demo.dot_variance,
-        scaled_variance=demo.scaled_variance,
-        unscaled=_summary_of(demo.unscaled),
-        scaled=_summary_of(demo.scaled),
     )
 
 
@@ -141,7 +116,7 @@ def _measure(
         settings=settings,
         monotone_rows=consumer.monotone_rows,
         monotone_violations=consumer.monotone_violations,
-        synthetic=[_synthetic_row(d) for d in synthetic_scaling_demo()] if args.synthetic else [],
+        synthetic=[SyntheticRow.model_validate(asdict(d)) for d in synthetic_scaling_demo()] if args.synthetic else [],
     )
 
 

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from agent_tools.tools.find_circuit.models import (
     DESCRIPTION,
-    CircuitEdge,
-    CircuitNode,
     CircuitReport,
-    CurvePoint,
     FindCircuitInput,
 )
 from agent_tools.tools.find_circuit.plan import find_circuit

@@ -44,6 +44,7 @@ from agent_tools.tools.find_circuit.models import (
 )
 from agent_tools.tools.find_circuit.narrative import findings, sentence, summary
 from agent_tools.tools.find_circuit.picture import circuit_html, circuit_png
+from agent_tools.wording import head_name
 
 DRAWS = 5  # random edge sets per size
 SEED = 0
@@ -64,10 +65,6 @@ EMPTY_TOLERANCE = 0.02  # the empty edge set must reproduce the corrupted run's 
 Edge = tuple[int, int]  # (sender index, receiver index)
 
 
-def head_label(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
-
-
 def _groups(loaded: LoadedModel) -> int:
     return max(1, loaded.facts.num_heads // loaded.facts.num_kv_heads)
 
@@ -76,12 +73,12 @@ def _receiver_name(loaded: LoadedModel, receiver: Receiver) -> str:
     if receiver.kind == "direct":
         return "logits"
     if receiver.kind == "Q" or _groups(loaded) == 1:
-        return head_label(receiver.layer, receiver.head)
+        return head_name(receiver.layer, receiver.head)
     return f"L{receiver.layer}KV{receiver.head}"
 
 
 def _sender_name(sender: tuple[int, int]) -> str:
-    return "embeddings" if sender == EMBEDDINGS else head_label(*sender)
+    return "embeddings" if sender == EMBEDDINGS else head_name(*sender)
 
 
 def _receiver_heads(loaded: LoadedModel, receiver: Receiver) -> list[tuple[int, int]]:
@@ -106,13 +103,8 @@ def _complement_patch(loaded: LoadedModel, kept: set[tuple[int, int]]) -> HeadPa
     """One row corrupting every head not in ``kept`` (None: every head is kept)."""
     facts = loaded.facts
     every = [(layer, head) for layer in range(facts.num_layers) for head in range(facts.num_heads)]
-    rest = sorted(x for x in every if x not in kept)
-    if not rest:
-        return None
-    first = rest[0][0]
-    return HeadPatch(
-        first, tuple(head for layer, head in rest if layer == first), also=tuple(x for x in rest if x[0] != first)
-    )
+    rest = [x for x in every if x not in kept]
+    return HeadPatch.together(rest) if rest else None
 
 
 def _faithfulness(
@@ -371,7 +363,7 @@ def _graph_nodes(loaded: LoadedModel, passes: EdgePasses, edges: list[Edge]) -> 
         if sender == EMBEDDINGS:
             found.setdefault("embeddings", CircuitNode(name="embeddings", kind="embeddings"))
         else:
-            name = head_label(*sender)
+            name = head_name(*sender)
             found.setdefault(name, CircuitNode(name=name, kind="head", layer=sender[0], heads=[sender[1]]))
         receiver = passes.receivers[r]
         name = _receiver_name(loaded, receiver)

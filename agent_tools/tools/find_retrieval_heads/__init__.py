@@ -8,20 +8,16 @@ from __future__ import annotations
 
 from agent_tools.tools.find_retrieval_heads.models import (
     DESCRIPTION,
-    CausalCheck,
     FindRetrievalHeadsInput,
     FindRetrievalHeadsReport,
-    RetrievalHead,
 )
 from agent_tools.tools.find_retrieval_heads.plan import find_retrieval_heads
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SPEC",
-    "CausalCheck",
     "FindRetrievalHeadsInput",
     "FindRetrievalHeadsReport",
-    "RetrievalHead",
     "find_retrieval_heads",
 ]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from agent_tools.long_context import DEFAULT_ANSWER, DEFAULT_NEEDLE, DEFAULT_QUESTION
-from agent_tools.schemas import ModelInput, NextCall, Report, Rounded
+from agent_tools.schemas import ModelInput, Report, Rounded
 
 DESCRIPTION = (
     "Heads that fetch from far back: needle-in-a-haystack at several depths and lengths, a retrieval score per "
@@ -64,4 +64,3 @@ class FindRetrievalHeadsReport(Report):
     layer_scores: list[Rounded] = Field(description="per layer, the largest head score")
     score_grid: list[list[float]] = Field(description="layer x head mean retrieval scores (for a picture)")
     causal: CausalCheck
-    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

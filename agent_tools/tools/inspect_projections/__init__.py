@@ -10,29 +10,17 @@ from __future__ import annotations
 
 from agent_tools.tools.inspect_projections.models import (
     DESCRIPTION,
-    EFFECTIVE_RANK_DEFINITION,
-    CounterfactualRow,
     InspectProjectionsInput,
-    MatrixSpectrumReport,
-    NoProjectionCounterfactual,
     ProjectionReport,
-    SharedKVHead,
-    SubspaceAngles,
 )
 from agent_tools.tools.inspect_projections.narrative import next_calls
 from agent_tools.tools.inspect_projections.plan import inspect_projections, plan_inspect_projections
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
-    "EFFECTIVE_RANK_DEFINITION",
     "SPEC",
-    "CounterfactualRow",
     "InspectProjectionsInput",
-    "MatrixSpectrumReport",
-    "NoProjectionCounterfactual",
     "ProjectionReport",
-    "SharedKVHead",
-    "SubspaceAngles",
     "inspect_projections",
     "plan_inspect_projections",
 ]

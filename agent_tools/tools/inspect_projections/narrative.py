@@ -1,7 +1,7 @@
 """inspect_projections' words: the findings and the summary, written from numbers the plan has already computed.
 
 One function per finding kind; the summary is built from the same numbers. :class:`Measured` carries what
-the words need: the rounded report parts, and the W_Q·W_Kᵀ shares and the scale unrounded, as the text reads them.
+the words need: the report, and the W_Q·W_Kᵀ shares and the scale unrounded, as the text reads them.
 """
 
 from __future__ import annotations
@@ -12,42 +12,32 @@ from agent_tools.consumers.head_inputs import mask_phrase
 from agent_tools.schemas import Finding, NextCall, follow_up
 from agent_tools.tools.inspect_projections.models import (
     InspectProjectionsInput,
-    MatrixSpectrumReport,
-    NoProjectionCounterfactual,
     ProjectionReport,
     SharedKVHead,
-    SubspaceAngles,
 )
 
 
 @dataclass(frozen=True)
 class Measured:
-    """One head's measured projections: spectra, subspaces, the heads sharing its KV head, the counterfactual."""
+    """One head's report (spectra, subspaces, the heads sharing its KV head, the counterfactual) and the numbers its
+    words read unrounded: the W_Q·W_Kᵀ shares and the model's scale."""
 
-    layer: int
-    head: int
-    kv_head: int
-    family: str
-    head_dim: int
-    matrices: list[MatrixSpectrumReport]  # W_Q, W_K, W_V, W_O, QK circuit, OV circuit
-    angles: SubspaceAngles  # between W_Q and W_K
-    symmetric: float  # share of W_Q W_Kᵀ in its symmetric part, unrounded
-    identity: float  # cosine of W_Q W_Kᵀ with the identity, unrounded
-    scale: float  # the model's effective scale, unrounded
-    counterfactual: NoProjectionCounterfactual
-    shared: list[SharedKVHead]
+    report: ProjectionReport
+    symmetric: float  # share of W_Q W_Kᵀ in its symmetric part
+    identity: float  # cosine of W_Q W_Kᵀ with the identity
+    scale: float  # the model's effective scale
 
 
-def spectra_finding(m: Measured) -> Finding:
+def spectra_finding(r: ProjectionReport) -> Finding:
     """Effective ranks of the projections and circuits, and the projections' spectral norms."""
-    w_q, w_k, w_v, _, qk, ov = m.matrices
+    w_q, w_k, w_v, _, qk, ov = r.matrices
     return Finding(
         kind="projection_spectra",
-        layer=m.layer,
-        head=m.head,
+        layer=r.layer,
+        head=r.head,
         value=w_q.effective_rank,
         detail=(
-            f"effective rank of {m.head_dim} possible: W_Q {w_q.effective_rank:.1f}, W_K {w_k.effective_rank:.1f}, "
+            f"effective rank of {r.head_dim} possible: W_Q {w_q.effective_rank:.1f}, W_K {w_k.effective_rank:.1f}, "
             f"W_V {w_v.effective_rank:.1f}, QK circuit {qk.effective_rank:.1f}, "
             f"OV circuit {ov.effective_rank:.1f}; spectral norms W_Q {w_q.spectral_norm:.3g}, "
             f"W_K {w_k.spectral_norm:.3g}, W_V {w_v.spectral_norm:.3g}"
@@ -57,11 +47,11 @@ def spectra_finding(m: Measured) -> Finding:
 
 def subspaces_finding(m: Measured) -> Finding:
     """How much the input subspaces W_Q and W_K read overlap, against random subspaces."""
-    angles = m.angles
+    angles = m.report.query_key_angles
     return Finding(
         kind="query_key_subspaces",
-        layer=m.layer,
-        head=m.head,
+        layer=m.report.layer,
+        head=m.report.head,
         value=angles.mean_cos2,
         detail=(
             f"W_Q and W_K read input subspaces with mean cos² {angles.mean_cos2:.3f} (random: "
@@ -74,11 +64,11 @@ def subspaces_finding(m: Measured) -> Finding:
 
 def counterfactual_finding(m: Measured) -> Finding:
     """What attention would be with Q = K = V = x, against the model's."""
-    cf = m.counterfactual
+    cf = m.report.counterfactual
     return Finding(
         kind="no_projection_counterfactual",
-        layer=m.layer,
-        head=m.head,
+        layer=m.report.layer,
+        head=m.report.head,
         value=cf.self_argmax_fraction,
         detail=(
             f"with Q = K = V = x (scale {m.scale:.4g}, {mask_phrase(cf.mask)}) "
@@ -90,15 +80,15 @@ def counterfactual_finding(m: Measured) -> Finding:
     )
 
 
-def largest_effect_finding(m: Measured) -> Finding:
+def largest_effect_finding(r: ProjectionReport) -> Finding:
     """The query whose attention the projections change most."""
-    cf = m.counterfactual
+    cf = r.counterfactual
     worst = cf.max_js_position
     row = cf.rows[worst]
     return Finding(
         kind="largest_projection_effect",
-        layer=m.layer,
-        head=m.head,
+        layer=r.layer,
+        head=r.head,
         position=worst,
         token=row.token,
         value=cf.max_js_divergence,
@@ -128,32 +118,34 @@ def shared_kv_finding(shared: SharedKVHead, layer: int, kv_head: int) -> Finding
 
 def findings(m: Measured) -> list[Finding]:
     """Spectra, subspaces, the counterfactual, its largest effect, then one finding per head sharing the KV head."""
-    shared = [shared_kv_finding(s, m.layer, m.kv_head) for s in m.shared]
-    return [spectra_finding(m), subspaces_finding(m), counterfactual_finding(m), largest_effect_finding(m), *shared]
+    r = m.report
+    shared = [shared_kv_finding(s, r.layer, r.kv_head) for s in r.shared_kv_heads]
+    return [spectra_finding(r), subspaces_finding(m), counterfactual_finding(m), largest_effect_finding(r), *shared]
 
 
-def _sharing_text(m: Measured) -> str:
-    if not m.shared:
-        return f"It has its own K and V (no grouped-query attention in {m.family})."
-    closest = min(m.shared, key=lambda s: s.map_js_divergence)
+def _sharing_text(r: ProjectionReport) -> str:
+    shared = r.shared_kv_heads
+    if not shared:
+        return f"It has its own K and V (no grouped-query attention in {r.family})."
+    closest = min(shared, key=lambda s: s.map_js_divergence)
     return (
-        f"It shares KV head {m.kv_head} with heads {', '.join(str(s.head) for s in m.shared)}; the most "
+        f"It shares KV head {r.kv_head} with heads {', '.join(str(s.head) for s in shared)}; the most "
         f"similar is head {closest.head} (map JS {closest.map_js_divergence:.3f} nats, W_Q cosine "
         f"{closest.w_q_cosine:.3f})."
     )
 
 
-def summary(m: Measured) -> str:
+def summary(r: ProjectionReport) -> str:
     """Ranks, the W_Q/W_K overlap, the counterfactual and the KV sharing, in one paragraph."""
-    w_q, w_k, w_v = m.matrices[0], m.matrices[1], m.matrices[2]
-    cf, angles = m.counterfactual, m.angles
+    w_q, w_k, w_v = r.matrices[0], r.matrices[1], r.matrices[2]
+    cf, angles = r.counterfactual, r.query_key_angles
     return (
-        f"Layer {m.layer} head {m.head}: W_Q/W_K/W_V effective ranks {w_q.effective_rank:.1f}/"
-        f"{w_k.effective_rank:.1f}/{w_v.effective_rank:.1f} of {m.head_dim}; W_Q and W_K read subspaces with mean "
+        f"Layer {r.layer} head {r.head}: W_Q/W_K/W_V effective ranks {w_q.effective_rank:.1f}/"
+        f"{w_k.effective_rank:.1f}/{w_v.effective_rank:.1f} of {r.head_dim}; W_Q and W_K read subspaces with mean "
         f"cos² {angles.mean_cos2:.3f} (random {angles.random_mean_cos2:.3f}). Without projections (Q = K = V = x, "
         f"same scale and mask) {cf.self_argmax_fraction:.0%} of queries would attend mostly to themselves (model: "
         f"{cf.model_self_argmax_fraction:.0%}), entropy {cf.mean_entropy:.3f} vs {cf.model_mean_entropy:.3f} nats, "
-        f"mean JS divergence {cf.mean_js_divergence:.3f} nats. {_sharing_text(m)}"
+        f"mean JS divergence {cf.mean_js_divergence:.3f} nats. {_sharing_text(r)}"
     )
 
 

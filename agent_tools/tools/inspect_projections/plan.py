@@ -104,64 +104,49 @@ def _report(
     inspector: Inspector, args: InspectProjectionsInput, target: _Head, inputs: HeadInputs, stack: StackFacts
 ) -> ProjectionReport:
     p = inputs.projections
-    kv_head = kv_head_of(stack, target.head)
-    matrices = _matrices(p)
-    shared = _shared_kv_heads(target, inputs)
+    symmetric, identity = qk_symmetric_share(p.w_q, p.w_k), qk_identity_alignment(p.w_q, p.w_k)
     counterfactual = no_projection_attention(inputs.x, inputs.effective_scale, inputs.mask)  # (T, T)
     png_path = None
     if args.png:
         png_path = _counterfactual_png(
             inspector, target, counterfactual, inputs.effective_scale, text_digest(args.text)
         )
-    measured = Measured(
-        layer=target.layer,
-        head=target.head,
-        kv_head=kv_head,
-        family=p.family,
-        head_dim=p.d_head,
-        matrices=matrices,
-        angles=_angles("W_Q", "W_K", p.w_q, p.w_k),
-        symmetric=qk_symmetric_share(p.w_q, p.w_k),
-        identity=qk_identity_alignment(p.w_q, p.w_k),
-        scale=inputs.effective_scale,
-        counterfactual=_counterfactual(target, inputs, counterfactual, png_path),
-        shared=shared,
-    )
-    return ProjectionReport(
+    report = ProjectionReport(
         model=target.loaded.name,
-        summary=summary(measured),
-        findings=findings(measured),
+        summary="",
+        findings=[],
         layer=target.layer,
         head=target.head,
-        kv_head=kv_head,
+        kv_head=kv_head_of(stack, target.head),
         family=p.family,
         hidden_size=p.d_model,
         head_dim=p.d_head,
         tokens=target.encoded.query_tokens,
         effective_rank_definition=EFFECTIVE_RANK_DEFINITION,
-        matrices=matrices,
-        query_key_angles=measured.angles,
-        qk_symmetric_share=measured.symmetric,
-        qk_identity_alignment=measured.identity,
+        matrices=_matrices(p),
+        query_key_angles=_angles("W_Q", "W_K", p.w_q, p.w_k),
+        qk_symmetric_share=symmetric,
+        qk_identity_alignment=identity,
         heads_sharing_kv=sharing_kv(stack, target.head),
-        shared_kv_heads=shared,
-        counterfactual=measured.counterfactual,
+        shared_kv_heads=_shared_kv_heads(target, inputs),
+        counterfactual=_counterfactual(target, inputs, counterfactual, png_path),
         model_weight_error=inputs.errors["model_weights"],
     )
+    measured = Measured(report, symmetric, identity, inputs.effective_scale)
+    return report.model_copy(update={"summary": summary(report), "findings": findings(measured)})
 
 
 def _spectrum_report(
     name: str, spectrum: Spectrum, shape: list[int], bias: torch.Tensor | None
 ) -> MatrixSpectrumReport:
-    return MatrixSpectrumReport(
-        name=name,
-        shape=shape,
-        frobenius_norm=spectrum.frobenius_norm,
-        spectral_norm=spectrum.spectral_norm,
-        effective_rank=spectrum.effective_rank,
-        stable_rank=spectrum.stable_rank,
-        bias_norm=float(bias.norm()) if bias is not None else None,
-        singular_values=spectrum.singular_values.tolist(),
+    return MatrixSpectrumReport.model_validate(
+        vars(spectrum)  # the norms and ranks, by the row's names
+        | {
+            "name": name,
+            "shape": shape,
+            "bias_norm": float(bias.norm()) if bias is not None else None,
+            "singular_values": spectrum.singular_values.tolist(),
+        }
     )
 
 

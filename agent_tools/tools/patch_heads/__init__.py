@@ -6,29 +6,19 @@ evidence methods, :mod:`agent_tools.runner.patching`), ``narrative`` the summary
 
 from __future__ import annotations
 
-from agent_tools.clean_corrupted import single_token
 from agent_tools.tools.patch_heads.models import (
     DESCRIPTION,
-    HeadPatchResult,
-    HeadPositions,
-    LayerPatchResult,
     PatchHeadsInput,
     PatchReport,
-    PositionPatch,
 )
 from agent_tools.tools.patch_heads.plan import patch_heads
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SPEC",
-    "HeadPatchResult",
-    "HeadPositions",
-    "LayerPatchResult",
     "PatchHeadsInput",
     "PatchReport",
-    "PositionPatch",
     "patch_heads",
-    "single_token",
 ]
 
 SPEC = ToolSpec(

@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
-from agent_tools.schemas import ModelInput, NextCall, Report, Rounded
+from agent_tools.schemas import ModelInput, Report, Rounded
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -191,4 +191,3 @@ class PatchReport(Report, StackReport):
         default=None, description="with method attribution: how the estimate did against exact patching"
     )
     patched_runs: int = Field(description="patched variants run (rows of the batched forwards)")
-    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

@@ -10,9 +10,10 @@ from agent_tools.tools.patch_heads.models import (
     Baseline,
     HeadPatchResult,
     HeadPositions,
-    LayerPatchResult,
+    PatchReport,
     SetPatch,
 )
+from agent_tools.wording import head_name, head_names
 
 POSITIONS_SHOWN = 3
 NO_CHANGE = 0.005  # |restored| below half a percent moves the logit difference neither way
@@ -20,27 +21,21 @@ NO_CHANGE = 0.005  # |restored| below half a percent moves the logit difference 
 
 @dataclass(frozen=True)
 class Patched:
-    """What was patched and the logit differences it is measured against."""
+    """The report, and what its words read that it does not state so: the logit differences unrounded and how many
+    heads were patched (exactly or by estimate)."""
 
-    answer: str
-    wrong: str
+    report: PatchReport
     clean: float  # LD clean
     corrupted: float  # LD corrupted
     heads: int  # heads patched
-    top: list[HeadPatchResult]
-    layers: list[LayerPatchResult]
-    positions: list[HeadPositions]
-    single: Baseline  # one random head patched
-    top_set: SetPatch | None = None
-    attribution: AttributionCheck | None = None
 
     def toward(self, restored: float) -> str:
         """The direction of a restored fraction in words."""
         if abs(restored) < NO_CHANGE:
             return "no measurable change"
         if restored > 0:
-            return f"toward {self.answer!r}"
-        return f"the other way, toward {self.wrong!r}"
+            return f"toward {self.report.answer!r}"
+        return f"the other way, toward {self.report.wrong!r}"
 
 
 def _spread(reference: Baseline) -> str:
@@ -49,7 +44,7 @@ def _spread(reference: Baseline) -> str:
 
 def _sized(numbers: Patched, result: HeadPatchResult) -> str:
     """'large: one random head restores +0.1% ± 0.4% (261 heads)'."""
-    single = numbers.single
+    single = numbers.report.single_head_baseline
     return f"{result.size}: one random head {_spread(single)}, {single.draws} heads"
 
 
@@ -75,7 +70,9 @@ def _attribution_text(check: AttributionCheck) -> str:
         if check.missed is not None
         else ""
     )
-    saturated = f"; AtP* recomputed the saturated softmax of {_listed(check.saturated)}" if check.saturated else ""
+    saturated = (
+        f"; AtP* recomputed the saturated softmax of {head_names(check.saturated, 4)}" if check.saturated else ""
+    )
     return (
         f" Ranked by attribution patching ({check.estimated} heads estimated by gradients{saturated}; "
         f"{check.verified_top} "
@@ -84,49 +81,44 @@ def _attribution_text(check: AttributionCheck) -> str:
     )
 
 
-def _listed(labels: list[str], shown: int = 4) -> str:
-    """``"layer.head"`` labels as ``L1H0, L2H3`` (the first ``shown``, then how many more)."""
-    more = f" and {len(labels) - shown} more" if len(labels) > shown else ""
-    return ", ".join("L" + label.replace(".", "H") for label in labels[:shown]) + more
-
-
-def _head(result: HeadPatchResult) -> str:
-    return f"L{result.layer}H{result.head}"
+def _head(result: HeadPatchResult | HeadPositions) -> str:
+    return head_name(result.layer, result.head)
 
 
 def _positions_text(item: HeadPositions, tokens_first: int = POSITIONS_SHOWN) -> str:
     ranked = sorted(item.positions, key=lambda p: -abs(p.restored))[:tokens_first]
     shown = ", ".join(f"{p.position} {p.token!r} ({p.restored:.0%})" for p in ranked if abs(p.restored) >= 0.005)
-    return f"L{item.layer}H{item.head} at {shown}" if shown else f"L{item.layer}H{item.head} at no single position"
+    return f"{_head(item)} at {shown or 'no single position'}"
 
 
 def summary(numbers: Patched) -> str:
     """The logit differences, the heads that restore most, the layers, and where the top heads act."""
-    top = numbers.top[0]
-    rest = numbers.top[1:]
+    report = numbers.report
+    top, rest = report.top_heads[0], report.top_heads[1:]
     text = (
-        f"Logit difference {numbers.answer!r} − {numbers.wrong!r}: {numbers.clean:.3f} clean, {numbers.corrupted:.3f} "
+        f"Logit difference {report.answer!r} − {report.wrong!r}: {numbers.clean:.3f} clean, {numbers.corrupted:.3f} "
         f"corrupted. Copying one head's clean output into the corrupted run, {_head(top)} restores {top.restored:+.1%} "
         f"of it, {numbers.toward(top.restored)} ({_sized(numbers, top)})"
     )
     if rest:
         text += "; then " + ", ".join(f"{_head(r)} {r.restored:+.1%} ({r.size})" for r in rest)
     text += f" (of {numbers.heads} heads)."
-    if numbers.top_set is not None:
-        text += " " + _set_text(numbers, numbers.top_set)
+    if report.top_set is not None:
+        text += " " + _set_text(numbers, report.top_set)
     else:
         text += " Too few other heads to draw random sets of the same size: the top set is not sized."
-    if numbers.attribution is not None:
-        text += _attribution_text(numbers.attribution)
-    layers = sorted(numbers.layers, key=lambda r: -abs(r.restored))[:3]
+    if report.attribution is not None:
+        text += _attribution_text(report.attribution)
+    layers = sorted(report.layer_results, key=lambda r: -abs(r.restored))[:3]
     text += " By layer (all its heads at once): " + ", ".join(f"{r.layer} {r.restored:+.1%}" for r in layers) + "."
-    if numbers.positions:
-        text += " Per position: " + "; ".join(_positions_text(p) for p in numbers.positions) + "."
+    if report.positions:
+        text += " Per position: " + "; ".join(_positions_text(p) for p in report.positions) + "."
     return text
 
 
 def findings(numbers: Patched) -> list[Finding]:
     """One finding per top head, the layer that restores most, and where the top head acts."""
+    report = numbers.report
     rows = [
         Finding(
             kind="restores",
@@ -135,14 +127,14 @@ def findings(numbers: Patched) -> list[Finding]:
             value=r.restored,
             severity="high" if r.size == "large" else "low",
             detail=f"patching {head_label(r.layer, r.head)} restores {r.restored:+.1%} of the logit difference "
-            f"{numbers.answer!r} − {numbers.wrong!r}, {numbers.toward(r.restored)} (LD {r.logit_difference:.3f}; "
+            f"{report.answer!r} − {report.wrong!r}, {numbers.toward(r.restored)} (LD {r.logit_difference:.3f}; "
             f"{_sized(numbers, r)})" + (f"; attribution estimated {r.estimate:+.1%}" if r.estimate is not None else ""),
         )
-        for r in numbers.top
+        for r in report.top_heads
     ]
-    if numbers.top_set is not None:
-        rows.append(Finding(kind="top_set", value=numbers.top_set.restored, detail=_set_text(numbers, numbers.top_set)))
-    best = max(numbers.layers, key=lambda r: abs(r.restored))
+    if report.top_set is not None:
+        rows.append(Finding(kind="top_set", value=report.top_set.restored, detail=_set_text(numbers, report.top_set)))
+    best = max(report.layer_results, key=lambda r: abs(r.restored))
     rows.append(
         Finding(
             kind="layer_restores",
@@ -152,7 +144,7 @@ def findings(numbers: Patched) -> list[Finding]:
             f"{numbers.toward(best.restored)}",
         )
     )
-    for item in numbers.positions[:1]:
+    for item in report.positions[:1]:
         peak = max(item.positions, key=lambda p: abs(p.restored))
         rows.append(
             Finding(
@@ -162,12 +154,11 @@ def findings(numbers: Patched) -> list[Finding]:
                 position=peak.position,
                 token=peak.token,
                 value=peak.restored,
-                detail=f"L{item.layer}H{item.head} restores most at position {peak.position} {peak.token!r} "
-                f"({peak.restored:.1%})",
+                detail=f"{_head(item)} restores most at position {peak.position} {peak.token!r} ({peak.restored:.1%})",
             )
         )
-    if numbers.attribution is not None:
-        check = numbers.attribution
+    if report.attribution is not None:
+        check = report.attribution
         rows.append(
             Finding(
                 kind="attribution_check",

@@ -51,19 +51,6 @@ from agent_tools.tools.patch_heads.narrative import Patched, findings, summary
 MIN_LOGIT_GAP = 1e-4  # clean and corrupted logit differences closer than this leave nothing to restore
 
 
-def _encode_pair(inspector: Inspector, loaded: LoadedModel, args: PatchHeadsInput) -> tuple[Encoded, Encoded]:
-    return encode_pair(inspector, loaded, args.clean, args.corrupted)
-
-
-def _answer_ids(loaded: LoadedModel, args: PatchHeadsInput, clean: torch.Tensor, corrupted: torch.Tensor) -> tuple:
-    return answer_ids(loaded, args.answer, args.wrong, clean, corrupted)
-
-
-def _differences(chosen: torch.Tensor) -> torch.Tensor:
-    """(R, k) last-position logits of (answer, wrong, ...) -> (R,) logit(answer) − logit(wrong)."""
-    return (chosen[:, 0] - chosen[:, 1]).double()
-
-
 @dataclass(frozen=True)
 class _Pair:
     """The two prompts, where they first differ, the answer tokens and the logit differences to restore."""
@@ -88,7 +75,8 @@ class _Pair:
 
     def restored(self, read: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """What :attr:`readout` kept of R patched rows -> (R,) restored fractions, (R,) logit differences."""
-        differences = _differences(read[0].cpu())  # one copy; float64 only on the CPU
+        chosen = read[0].cpu()  # (R, k) logits of (answer, wrong, ...): one copy; float64 only on the CPU
+        differences = (chosen[:, 0] - chosen[:, 1]).double()  # (R,) logit(answer) − logit(wrong)
         return restored_fraction(differences, self.ld_clean, self.ld_corrupted), differences
 
 
@@ -101,7 +89,7 @@ def _pair(
 ) -> _Pair:
     """The answer tokens and logit differences of both runs ((V,) logits each); refuse a gap too small to divide by."""
     clean, corrupted = prompts
-    answer, wrong = _answer_ids(loaded, args, logits[0], logits[1])
+    answer, wrong = answer_ids(loaded, args.answer, args.wrong, logits[0], logits[1])
     ld_clean = float(logits[0][answer] - logits[0][wrong])
     ld_corrupted = float(logits[1][answer] - logits[1][wrong])
     threshold = max(MIN_LOGIT_GAP, minimum_gap(logits[0]))
@@ -113,8 +101,18 @@ def _pair(
             "restore; corrupt the information the answer depends on, or choose answer/wrong tokens that differ"
         )
         raise InvalidInputError(msg, field="corrupted")
-    first = int((clean.input_ids[0] != corrupted.input_ids[0]).nonzero()[0])
-    return _Pair(clean, corrupted, first, answer, wrong, ld_clean, ld_corrupted, threshold, sources, logits[1])
+    return _Pair(
+        clean,
+        corrupted,
+        _first_difference(prompts),
+        answer,
+        wrong,
+        ld_clean,
+        ld_corrupted,
+        threshold,
+        sources,
+        logits[1],
+    )
 
 
 def _exact_pair(loaded: LoadedModel, args: PatchHeadsInput, prompts: tuple) -> _Pair:
@@ -155,7 +153,7 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
     if not loaded.facts.is_language_model:
         raise InvalidInputError(f"model {loaded.name!r} has no next-token head; patch_heads needs a language model")
     layers = inspector.check_layers(loaded, args.layers, stack, "layers")
-    prompts = _encode_pair(inspector, loaded, args)
+    prompts = encode_pair(inspector, loaded, args.clean, args.corrupted)
     method = _method(loaded, args, layers, prompts[0].length - _first_difference(prompts))
     attribution = None
     if method == "attribution":
@@ -172,35 +170,23 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
     ranked = sorted(head_rows, key=lambda r: -abs(r.restored))
     chosen = {(r.layer, r.head) for r in ranked[: args.top_k]}
     single = _baseline([r.restored for r in sample if (r.layer, r.head) not in chosen], 1)
-    top = [r.model_copy(update={"size": effect_size(r.restored, _raw(single))}) for r in ranked[: args.top_k]]
+    sized = SizeBaseline(mean=single.mean, spread=single.spread, draws=single.draws, size=single.heads)
+    top = [r.model_copy(update={"size": effect_size(r.restored, sized)}) for r in ranked[: args.top_k]]
     top_set = _top_set(inspector, loaded, pair, layers, top)
     positions = _positions(inspector, loaded, pair, top) if args.per_position else []
-    numbers = Patched(
-        answer=str(loaded.tokenizer.decode([pair.answer])),
-        wrong=str(loaded.tokenizer.decode([pair.wrong])),
-        clean=pair.ld_clean,
-        corrupted=pair.ld_corrupted,
-        heads=len(layers) * loaded.facts.num_heads,
-        top=top,
-        layers=layer_rows,
-        positions=positions,
-        single=single,
-        top_set=top_set,
-        attribution=attribution,
-    )
     differing = (pair.clean.input_ids[0] != pair.corrupted.input_ids[0]).nonzero().flatten().tolist()
     set_rows = (1 + SET_DRAWS) if top_set is not None else 0
     mlp_rows = sum(r.mlp_exact is not None for r in attribution.layers) if attribution is not None else 0
-    return PatchReport(
+    report = PatchReport(
         model=loaded.name,
-        summary=summary(numbers),
-        findings=findings(numbers),
+        summary="",
+        findings=[],
         tokens=pair.clean.length,
         first_difference=pair.first,
         differing_positions=differing,
-        answer=numbers.answer,
+        answer=str(loaded.tokenizer.decode([pair.answer])),
         answer_id=pair.answer,
-        wrong=numbers.wrong,
+        wrong=str(loaded.tokenizer.decode([pair.wrong])),
         wrong_id=pair.wrong,
         logit_difference_clean=pair.ld_clean,
         logit_difference_corrupted=pair.ld_corrupted,
@@ -223,10 +209,8 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
         + len(top) * (pair.clean.length - pair.first) * bool(positions),
         next_calls=_next_calls(loaded, args, top),
     )
-
-
-def _raw(reference: Baseline) -> SizeBaseline:
-    return SizeBaseline(mean=reference.mean, spread=reference.spread, draws=reference.draws, size=reference.heads)
+    numbers = Patched(report, pair.ld_clean, pair.ld_corrupted, heads=len(layers) * loaded.facts.num_heads)
+    return report.model_copy(update={"summary": summary(numbers), "findings": findings(numbers)})
 
 
 def _baseline(values: list[float], size: int) -> Baseline:
@@ -257,15 +241,6 @@ def _patch_heads_exactly(
     return head_rows, layer_rows
 
 
-def _head_set(heads: list[tuple[int, int]]) -> HeadPatch:
-    """One row patching every head of ``heads`` (any layers) together."""
-    ordered = sorted(heads)
-    first = ordered[0][0]
-    return HeadPatch(
-        first, tuple(h for layer, h in ordered if layer == first), also=tuple(x for x in ordered if x[0] != first)
-    )
-
-
 def _top_set(
     inspector: Inspector, loaded: LoadedModel, pair: _Pair, layers: list[int], top: list[HeadPatchResult]
 ) -> SetPatch | None:
@@ -277,7 +252,7 @@ def _top_set(
         return None
     generator = random.Random(SEED)
     draws = [generator.sample(pool, len(chosen)) for _ in range(SET_DRAWS)]
-    patches = [_head_set(chosen)] + [_head_set(draw) for draw in draws]
+    patches = [HeadPatch.together(chosen)] + [HeadPatch.together(draw) for draw in draws]
     outputs = inspector.patched_outputs(
         loaded, pair.corrupted, patches, readout=pair.readout, sources=pair.sources, prefix=pair.first
     )
@@ -342,7 +317,7 @@ def _attribution(
 
     def metric(clean: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         if not resolved:
-            answer, wrong = _answer_ids(loaded, args, clean, logits[0].detach())
+            answer, wrong = answer_ids(loaded, args.answer, args.wrong, clean, logits[0].detach())
             resolved.update(answer=answer, wrong=wrong)
         return logits[:, resolved["answer"]] - logits[:, resolved["wrong"]]
 

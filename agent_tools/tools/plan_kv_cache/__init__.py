@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from agent_tools.tools.plan_kv_cache.models import (
     DESCRIPTION,
-    KvHeadEffect,
-    MemorySaving,
-    PlanCheck,
     PlanKvCacheInput,
     PlanKvCacheReport,
 )
@@ -20,9 +17,6 @@ from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SPEC",
-    "KvHeadEffect",
-    "MemorySaving",
-    "PlanCheck",
     "PlanKvCacheInput",
     "PlanKvCacheReport",
     "plan_kv_cache",

@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
-from agent_tools.schemas import NextCall, Report, Rounded, Rounded6, TextInput
+from agent_tools.schemas import Report, Rounded, Rounded6, TextInput
 
 DESCRIPTION = (
     "Which KV heads can keep only the first `sink` + last `window` tokens: loss change per head, a verified plan "
@@ -96,4 +96,3 @@ class PlanKvCacheReport(Report):
         "single-row run per plan step"
     )
     measured_on: str = Field(description="what the plan was measured on: it holds for texts like it, not in general")
-    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from agent_tools.tools.position_sensitivity.models import (
     DESCRIPTION,
-    PositionResult,
     PositionSensitivityInput,
     PositionSensitivityReport,
 )

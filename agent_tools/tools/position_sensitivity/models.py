@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from agent_tools.prompt_segments import SegmentSpec
-from agent_tools.schemas import ChatMessage, ModelInput, NextCall, Report, Rounded
+from agent_tools.schemas import ChatMessage, ModelInput, Report, Rounded
 
 DESCRIPTION = (
     "Moves one named segment through positions: the answer's log p and the segment's attention share at each. Use "
@@ -41,4 +41,3 @@ class PositionSensitivityReport(Report):
     worst_slot: int
     spread: Rounded = Field(description="best − worst answer log-probability, nats")
     shape: str = Field(description="u_shaped, flat, or other (see summary)")
-    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from agent_tools.schemas import Finding
+from agent_tools.tools.position_sensitivity.models import PositionSensitivityReport
 
 FLAT_NATS = 0.05  # a spread below this is called flat
 
@@ -19,46 +19,40 @@ def curve_shape(logprobs: Sequence[float]) -> str:
     return "other"
 
 
-@dataclass(frozen=True)
-class CurveNumbers:
-    moved: str
-    answer: str
-    slots: Sequence[int]
-    logprobs: Sequence[float]
-    shares: Sequence[float]
-    best: int
-    worst: int
-    last_slot: int
-
-
 def _where(slot: int, last: int) -> str:
     return "first" if slot == 0 else "last" if slot == last else f"slot {slot} of 0..{last}"
 
 
-def summary(n: CurveNumbers) -> str:
-    shape = curve_shape(n.logprobs)
+def summary(report: PositionSensitivityReport) -> str:
+    """The curve's shape, where the answer is likeliest and least likely, and the attention share's range."""
+    logprobs = [p.answer_logprob for p in report.positions]
+    shares = [p.attention_share for p in report.positions]
+    by_slot = {p.slot: p.answer_logprob for p in report.positions}
+    last = max(by_slot)  # the slots run from the first position to the last
     words = {
         "flat": "the answer hardly depends on where it sits",
         "u_shaped": "a U-curve: both ends beat every middle position",
         "other": "not a U-curve",
-    }[shape]
-    best, worst = n.logprobs[n.slots.index(n.best)], n.logprobs[n.slots.index(n.worst)]
+    }[curve_shape(logprobs)]
+    best, worst = by_slot[report.best_slot], by_slot[report.worst_slot]
     return (
-        f"Moving {n.moved!r} through {len(n.slots)} positions: log p({n.answer!r}) is best "
-        f"{_where(n.best, n.last_slot)} ({best:.3f}) and worst {_where(n.worst, n.last_slot)} ({worst:.3f}), spread "
-        f"{best - worst:.3f} nats — {words}. "
-        f"Attention on the segment ranges {min(n.shares):.3f}..{max(n.shares):.3f}."
+        f"Moving {report.moved!r} through {len(logprobs)} positions: log p({report.answer!r}) is best "
+        f"{_where(report.best_slot, last)} ({best:.3f}) and worst {_where(report.worst_slot, last)} ({worst:.3f}), "
+        f"spread {best - worst:.3f} nats — {words}. Attention on the segment ranges "
+        f"{min(shares):.3f}..{max(shares):.3f}."
     )
 
 
-def findings(n: CurveNumbers) -> list[Finding]:
+def findings(report: PositionSensitivityReport) -> list[Finding]:
+    """One finding per position: the answer's log-probability and the segment's attention share there."""
+    last = max(p.slot for p in report.positions)
     return [
         Finding(
             kind="position_effect",
-            severity="high" if slot in (n.best, n.worst) else "low",
-            value=logprob,
-            detail=f"{n.moved!r} at {_where(slot, n.last_slot)}: log p(answer) {logprob:.3f}, attention share "
-            f"{share:.3f}",
+            severity="high" if p.slot in (report.best_slot, report.worst_slot) else "low",
+            value=p.answer_logprob,
+            detail=f"{report.moved!r} at {_where(p.slot, last)}: log p(answer) {p.answer_logprob:.3f}, attention share "
+            f"{p.attention_share:.3f}",
         )
-        for slot, logprob, share in zip(n.slots, n.logprobs, n.shares, strict=True)
+        for p in report.positions
     ]

@@ -17,7 +17,7 @@ from agent_tools.tools.position_sensitivity.models import (
     PositionSensitivityInput,
     PositionSensitivityReport,
 )
-from agent_tools.tools.position_sensitivity.narrative import CurveNumbers, curve_shape, findings, summary
+from agent_tools.tools.position_sensitivity.narrative import curve_shape, findings, summary
 
 Prompt = str | list[ChatMessage]
 
@@ -136,22 +136,12 @@ def position_sensitivity(inspector: Inspector, args: PositionSensitivityInput) -
     values = [r.answer_logprob for r in results]
     best = results[max(range(len(values)), key=values.__getitem__)]
     worst = results[min(range(len(values)), key=values.__getitem__)]
-    numbers = CurveNumbers(
+    report = PositionSensitivityReport(
+        model=loaded.name,
+        summary="",
+        findings=[],
         moved=args.move,
         answer=str(loaded.tokenizer.decode(answer)),
-        slots=[r.slot for r in results],
-        logprobs=values,
-        shares=[r.attention_share for r in results],
-        best=best.slot,
-        worst=worst.slot,
-        last_slot=len(spans) - 1,
-    )
-    return PositionSensitivityReport(
-        model=loaded.name,
-        summary=summary(numbers),
-        findings=findings(numbers),
-        moved=args.move,
-        answer=numbers.answer,
         positions=results,
         best_slot=best.slot,
         worst_slot=worst.slot,
@@ -171,3 +161,4 @@ def position_sensitivity(inspector: Inspector, args: PositionSensitivityInput) -
             )
         ],
     )
+    return report.model_copy(update={"summary": summary(report), "findings": findings(report)})

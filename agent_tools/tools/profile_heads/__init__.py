@@ -16,15 +16,8 @@ from __future__ import annotations
 from agent_tools.tools.profile_heads.models import (
     DESCRIPTION,
     SAMPLE_TEXT,
-    AblationEvidence,
-    HeadProfile,
     HeadProfiles,
-    InductionCheck,
-    PatternReport,
-    ProbeInfo,
     ProfileHeadsInput,
-    RoleReport,
-    TopHead,
 )
 from agent_tools.tools.profile_heads.plan import detect_pattern, plan_profile_heads, profile_heads
 from agent_tools.tools.registry import ToolSpec, Top
@@ -32,15 +25,8 @@ from agent_tools.tools.registry import ToolSpec, Top
 __all__ = [
     "SAMPLE_TEXT",
     "SPEC",
-    "AblationEvidence",
-    "HeadProfile",
     "HeadProfiles",
-    "InductionCheck",
-    "PatternReport",
-    "ProbeInfo",
     "ProfileHeadsInput",
-    "RoleReport",
-    "TopHead",
     "detect_pattern",
     "plan_profile_heads",
     "profile_heads",

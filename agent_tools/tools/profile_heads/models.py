@@ -19,7 +19,7 @@ from agent_tools.analysis.heads import (
     RoleVerdict,
 )
 from agent_tools.probes import DEFAULT_PROBE_LENGTH
-from agent_tools.schemas import ModelInput, NextCall, Report, Rounded, Rounded6, ToolInput
+from agent_tools.schemas import ModelInput, Report, Rounded, Rounded6, ToolInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -252,4 +252,3 @@ class HeadProfiles(Report, StackReport):
     induction_check: InductionCheck | None = None
     patterns: list[PatternReport] = Field(default_factory=list, description="named patterns asked for")
     heads: list[HeadProfile]
-    next_calls: list[NextCall] = Field(default_factory=list, description="calls that would confirm or refute the lead")

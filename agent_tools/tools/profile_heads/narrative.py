@@ -13,6 +13,7 @@ from agent_tools.analysis.heads import HeadRole, SequenceLayout
 from agent_tools.analysis.metrics import Baseline
 from agent_tools.schemas import Finding, rounded
 from agent_tools.tools.profile_heads.models import AblationEvidence, HeadProfiles, RoleReport, TopHead
+from agent_tools.wording import head_names
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,6 @@ def _role_words(role: str) -> str:
 
 def _signed(value: float) -> str:
     return f"{round(value, 2) + 0.0:+.2f}"  # + 0.0: no "-0.00"
-
-
-def _heads_words(labels: list[str]) -> str:
-    """["1.0", "0.3"] -> "L1H0, L0H3"."""
-    return ", ".join("L{}H{}".format(*label.split(".")) for label in labels)
 
 
 def _a(words: str) -> str:
@@ -124,7 +120,7 @@ def induction_finding(losses: InductionLosses) -> Finding:
 
 
 def _joint_text(rise: float, heads: list[str], baseline: Baseline, exceeds: bool) -> str:
-    said = f"mean-ablating {_heads_words(heads)} together {'raises' if rise >= 0 else 'lowers'} it by {abs(rise):.2f}"
+    said = f"mean-ablating {head_names(heads)} together {'raises' if rise >= 0 else 'lowers'} it by {abs(rise):.2f}"
     if baseline.draws:
         said += f" ({baseline.draws} random sets of {len(heads)}: {_signed(baseline.mean)} ± {baseline.spread:.2f})"
     return said + ("" if exceeds else ", no more than random heads")

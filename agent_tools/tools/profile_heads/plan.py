@@ -10,13 +10,14 @@ random heads on one input, all as rows of one batched forward. Every forward goe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from agent_tools.analysis.ablation import cosine_change
 from agent_tools.analysis.heads import (
+    DEFAULT_LOCAL_WINDOW,
     DEFAULT_THRESHOLDS,
     HEAD_ROLES,
     NAMED_PATTERNS,
@@ -134,16 +135,24 @@ class _TextPass:
         return [self.consumer] + ([self.patterns] if self.patterns is not None else [])
 
 
+def _text_layout(
+    loaded: LoadedModel, encoded: Encoded, skip_queries: int | None, *, local_window: int = DEFAULT_LOCAL_WINDOW
+) -> SequenceLayout:
+    """The text's layout: its tokens, which are special, the model's mask and the queries skipped."""
+    tokens = encoded.tokens
+    return SequenceLayout.for_text(
+        [t.text for t in tokens],
+        [t.special for t in tokens],
+        causal=loaded.facts.is_causal,
+        skip_queries=skip_queries,
+        local_window=local_window,
+    )
+
+
 def _text_pass(
     loaded: LoadedModel, encoded: Encoded, args: ProfileHeadsInput, roles: list[HeadRole], patterns: list[PatternName]
 ) -> _TextPass:
-    layout = SequenceLayout.for_text(
-        [t.text for t in encoded.tokens],
-        [t.special for t in encoded.tokens],
-        causal=loaded.facts.is_causal,
-        skip_queries=args.skip_queries,
-        local_window=args.local_window,
-    )
+    layout = _text_layout(loaded, encoded, args.skip_queries, local_window=args.local_window)
     readers: dict[str, KeyReader] = {}
     for name in patterns:
         reader = NAMED_PATTERNS[name].build(layout, encoded.input_ids[0])
@@ -210,16 +219,25 @@ class _Measured:
     held_out: list[_TextPass] = field(default_factory=list)
 
 
-def _mean_spread(
-    runs: Sequence[Mapping[int, Mapping[Name, torch.Tensor]]], name: Name, layer: int
-) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
-    """Mean and population std (None for one run) of a name's (H,) scores over the runs that have it."""
-    values = [run[layer][name] for run in runs if layer in run and name in run[layer]]
-    if not values:
-        return None
-    stacked = torch.stack(values)  # (runs, H)
-    spread = stacked.std(0, correction=0) if len(values) > 1 else None
-    return stacked.mean(0), spread, len(values)
+def _aggregate(
+    runs: Sequence[Mapping[int, Mapping[Name, torch.Tensor]]], names: Sequence[Name], layers: Iterable[int]
+) -> tuple[dict[int, dict[Name, torch.Tensor]], dict[int, dict[Name, torch.Tensor]], dict[Name, int]]:
+    """Each name's (H,) mean and population std (two runs or more) over the runs (texts or probe seeds) that
+    measured it, layer by layer, and how many runs that is: (means, spreads, inputs)."""
+    means: dict[int, dict[Name, torch.Tensor]] = {}
+    spreads: dict[int, dict[Name, torch.Tensor]] = {}
+    inputs: dict[Name, int] = {}
+    for layer in layers:
+        for name in names:
+            values = [run[layer][name] for run in runs if layer in run and name in run[layer]]
+            if not values:
+                continue
+            stacked = torch.stack(values)  # (runs, H)
+            means.setdefault(layer, {})[name] = stacked.mean(0)
+            if len(values) > 1:
+                spreads.setdefault(layer, {})[name] = stacked.std(0, correction=0)
+            inputs[name] = len(values)
+    return means, spreads, inputs
 
 
 def _profile(inspector: Inspector, args: ProfileHeadsInput, setup: _Setup, text: _TextPass | None) -> HeadProfiles:
@@ -304,27 +322,24 @@ def _measure(inspector: Inspector, args: ProfileHeadsInput, setup: _Setup, text:
             measured.scores[layer].update(per_role)
         measured.held_out = _held_out_passes(inspector, args, setup, text_roles)
         runs = [p.consumer.scores() for p in (text, *measured.held_out)]
-        _aggregate(measured, runs, [r for r in text_roles if any(r in s for s in measured.scores.values())])
+        _add(measured, runs, [r for r in text_roles if any(r in s for s in measured.scores.values())])
     probe_roles = [r for r in setup.roles if ROLES[r].measured_on == "probe"]
     if probe_roles:
         _probe_pass(inspector, loaded, args, setup.layers, probe_roles, measured)
     return measured
 
 
-def _aggregate(
-    measured: _Measured, runs: Sequence[Mapping[int, Mapping[HeadRole, torch.Tensor]]], roles: Sequence[HeadRole]
+def _add(
+    measured: _Measured, runs: Sequence[Mapping[int, Mapping[HeadRole, torch.Tensor]]], roles: list[HeadRole]
 ) -> None:
-    """Each role's mean and spread over the runs (texts or probe seeds) that measured it."""
-    for layer in measured.scores:
-        for role in roles:
-            found = _mean_spread(runs, role, layer)
-            if found is None:
-                continue
-            mean, spread, count = found
-            measured.means.setdefault(layer, {})[role] = mean
-            if spread is not None:
-                measured.spreads.setdefault(layer, {})[role] = spread
-            measured.inputs[role] = count
+    """Record the roles' means, spreads and input counts over the runs (text roles and probe roles are different
+    roles)."""
+    means, spreads, inputs = _aggregate(runs, roles, measured.scores)
+    for layer, per_role in means.items():
+        measured.means.setdefault(layer, {}).update(per_role)
+    for layer, per_role in spreads.items():
+        measured.spreads.setdefault(layer, {}).update(per_role)
+    measured.inputs.update(inputs)
 
 
 def _encode_fitting(inspector: Inspector, loaded: LoadedModel, text: str) -> Encoded | None:
@@ -380,7 +395,7 @@ def _probe_pass(
             measured.probe_output = model_output(output)[0]
             measured.layouts["probe"] = layout
             measured.probe = probe
-    _aggregate(measured, runs, roles)
+    _add(measured, runs, roles)
     for layer, per_role in measured.means.items():
         measured.scores[layer].update({r: v for r, v in per_role.items() if r in roles})
 
@@ -433,21 +448,17 @@ def _evidence_input(role: HeadRole) -> MeasuredOn:
     return "probe" if ROLES[role].ablation_check == "probe_second_copy_loss" else ROLES[role].measured_on
 
 
+@dataclass
 class _Evidence:
     """Mean-ablation of single heads against random heads, per input: one recorded clean run gives every head's
     mean output, then one batched forward patches each tested head and each random head in a row of its own."""
 
-    def __init__(
-        self,
-        inspector: Inspector,
-        loaded: LoadedModel,
-        measured: _Measured,
-        text: _TextPass | None,
-        args: ProfileHeadsInput,
-        num_layers: int,
-    ) -> None:
-        self.inspector, self.loaded, self.measured, self.text = inspector, loaded, measured, text
-        self.args, self.num_layers = args, num_layers
+    inspector: Inspector
+    loaded: LoadedModel
+    measured: _Measured
+    text: _TextPass | None
+    args: ProfileHeadsInput
+    num_layers: int
 
     def measure(self, wanted: Mapping[HeadRole, list[Head]]) -> dict[tuple[MeasuredOn, int, int], AblationEvidence]:
         found: dict[tuple[MeasuredOn, int, int], AblationEvidence] = {}
@@ -612,25 +623,15 @@ def _pattern_reports(
         return []
     runs = [p.patterns.scores() if p.patterns is not None else {} for p in (text, *measured.held_out)]
     on_text = runs[0]
+    means, spreads, inputs = _aggregate(runs, patterns, measured.scores)
     reports = []
     for name in patterns:
-        means: dict[int, dict[str, torch.Tensor]] = {}
-        spreads: dict[int, torch.Tensor] = {}
-        count = 0
-        for layer in measured.scores:
-            found = _mean_spread(runs, name, layer)
-            if found is None:
-                continue
-            means[layer] = {name: found[0]}
-            count = found[2]
-            if found[1] is not None:
-                spreads[layer] = found[1]
         top = [
             PatternTop(
                 layer=layer,
                 head=head,
                 score=score,
-                spread=float(spreads[layer][head]) if layer in spreads else None,
+                spread=float(spreads[layer][name][head]) if name in spreads.get(layer, {}) else None,
                 score_on_text=float(on_text[layer][name][head]) if name in on_text.get(layer, {}) else None,
             )
             for layer, head, score in top_heads(means, name, top_k)
@@ -639,7 +640,7 @@ def _pattern_reports(
             PatternReport(
                 name=name,
                 formula=NAMED_PATTERNS[name].formula,
-                inputs=count,
+                inputs=inputs.get(name, 0),
                 uniform_baseline=_pattern_uniform(name, text),
                 top=top,
             )
@@ -741,12 +742,7 @@ def detect_pattern(
     stack = inspector.attention_stack(loaded, None)
     checked = inspector.check_layers(loaded, layers, stack, "layer")
     encoded = inspector.encode(loaded, text)
-    layout = SequenceLayout.for_text(
-        [t.text for t in encoded.tokens],
-        [t.special for t in encoded.tokens],
-        causal=loaded.facts.is_causal,
-        skip_queries=skip_queries,
-    )
+    layout = _text_layout(loaded, encoded, skip_queries)
     reader = user_pattern(pattern, encoded.input_ids[0])
     consumer = PatternScoreConsumer({"pattern": reader}, loaded.facts.num_heads, skip_queries=layout.skip_queries)
     inspector.run(loaded, encoded, [consumer], layers=checked, need_output=False)

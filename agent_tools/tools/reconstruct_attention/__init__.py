@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from agent_tools.tools.reconstruct_attention.models import (
     DESCRIPTION,
-    PARITY_TOLERANCE,
     AttentionReconstruction,
-    QueryTopKey,
     ReconstructAttentionInput,
-    StageReport,
 )
 from agent_tools.tools.reconstruct_attention.narrative import next_calls
 from agent_tools.tools.reconstruct_attention.plan import (
@@ -25,13 +22,10 @@ from agent_tools.tools.reconstruct_attention.plan import (
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
-    "PARITY_TOLERANCE",
     "SPEC",
     "AttentionReconstruction",
-    "QueryTopKey",
     "ReconstructAttentionInput",
     "Reconstruction",
-    "StageReport",
     "plan_reconstruct_attention",
     "plan_reconstruction",
     "reconstruct_attention",

@@ -1,8 +1,7 @@
 """reconstruct_attention's words: what each stage adds, the findings and the summary.
 
-Pure functions of numbers the plan has already computed (a :class:`Recipe` read from the pass, the rounded
-:class:`~.models.StageReport` per stage, a :class:`Rebuilt` of the errors and the decisive stage); one
-function per finding kind.
+Pure functions of numbers the plan has already computed (a :class:`Recipe` read from the pass, and the report's
+rounded :class:`~.models.StageReport` per stage and its parity errors); one function per finding kind.
 """
 
 from __future__ import annotations
@@ -39,18 +38,12 @@ class Recipe:
     sink_share: float | None = None  # mean weight that column takes on this text
 
 
-@dataclass(frozen=True)
-class Rebuilt:
-    """The measured outcome: the stage reports, the parity errors and the stage that moves the map most."""
-
-    layer: int
-    head: int
-    length: int  # tokens
-    stages: list[StageReport]
-    weight_error: float  # max |stage-5 weights − the model's|
-    score_error: float  # max |stage-4 scores − the model's pre-mask scores|
-    decisive: int  # index into ``stages``: the largest drop in masked JS from the stage before
-    drop: float  # that drop, nats
+def decisive_stage(stages: list[StageReport]) -> tuple[int, float]:
+    """(index into ``stages``, drop): the stage whose ingredient moves the map most towards the model's own (the
+    largest drop in masked JS divergence from the stage before, nats), the mask held fixed."""
+    drops = [(stages[i - 1].masked_js_to_model - stages[i].masked_js_to_model, i) for i in range(1, len(stages))]
+    drop, index = max(drops)
+    return index, drop
 
 
 def _positions_text(recipe: Recipe) -> str:
@@ -128,46 +121,48 @@ def stage_finding(report: StageReport, layer: int, head: int) -> Finding:
     )
 
 
-def decisive_finding(rebuilt: Rebuilt) -> Finding:
+def decisive_finding(report: AttentionReconstruction) -> Finding:
     """The ingredient that moves the map most towards the model's, the mask held fixed."""
-    before, after = rebuilt.stages[rebuilt.decisive - 1], rebuilt.stages[rebuilt.decisive]
+    decisive, drop = decisive_stage(report.stages)
+    before, after = report.stages[decisive - 1], report.stages[decisive]
     return Finding(
         kind="decisive_stage",
-        layer=rebuilt.layer,
-        head=rebuilt.head,
-        value=rounded(rebuilt.drop),
+        layer=report.layer,
+        head=report.head,
+        value=rounded(drop),
         detail=(
-            f"with the mask held fixed, stage {rebuilt.decisive + 1} ({after.name}) moves the map most towards "
+            f"with the mask held fixed, stage {decisive + 1} ({after.name}) moves the map most towards "
             f"the model's: JS divergence {before.masked_js_to_model:.3f} → {after.masked_js_to_model:.3f} nats"
         ),
     )
 
 
-def error_finding(rebuilt: Rebuilt) -> Finding:
+def error_finding(report: AttentionReconstruction) -> Finding:
     """How exactly stage 5 equals the model's own weights."""
     return Finding(
         kind="reconstruction_error",
-        layer=rebuilt.layer,
-        head=rebuilt.head,
-        value=rebuilt.weight_error,
+        layer=report.layer,
+        head=report.head,
+        value=report.model_weight_error,
         detail=(
-            f"stage {len(rebuilt.stages)} equals the model's weights to {rebuilt.weight_error:.1e} "
-            f"(stage-4 scores to {rebuilt.score_error:.1e})"
+            f"stage {len(report.stages)} equals the model's weights to {report.model_weight_error:.1e} "
+            f"(stage-4 scores to {report.positional_score_error:.1e})"
         ),
     )
 
 
-def findings(rebuilt: Rebuilt) -> list[Finding]:
+def findings(report: AttentionReconstruction) -> list[Finding]:
     """The decisive stage first, then one finding per stage, then the reconstruction error."""
-    stages = [stage_finding(report, rebuilt.layer, rebuilt.head) for report in rebuilt.stages]
-    return [decisive_finding(rebuilt), *stages, error_finding(rebuilt)]
+    stages = [stage_finding(stage, report.layer, report.head) for stage in report.stages]
+    return [decisive_finding(report), *stages, error_finding(report)]
 
 
-def summary(recipe: Recipe, rebuilt: Rebuilt) -> str:
+def summary(recipe: Recipe, report: AttentionReconstruction) -> str:
     """The entropy at every stage, the parity error and the decisive stage, in one paragraph."""
-    stages = rebuilt.stages
+    stages = report.stages
     first, last = stages[0], stages[-1]
-    before, after = stages[rebuilt.decisive - 1], stages[rebuilt.decisive]
+    decisive, _ = decisive_stage(stages)
+    before, after = stages[decisive - 1], stages[decisive]
     positions = "RoPE" if recipe.rotary_dims is not None else "positions (already in x)"
     if recipe.rotary_dims is None and recipe.terms:
         positions = "positions (as a score term)"
@@ -177,12 +172,12 @@ def summary(recipe: Recipe, rebuilt: Rebuilt) -> str:
     if recipe.sink is not None and recipe.sink_share is not None:
         sink = f" with the sink logit (it takes {recipe.sink_share:.1%})"
     return (
-        f"Layer {rebuilt.layer} head {rebuilt.head} rebuilt from its input on {rebuilt.length} tokens; mean entropy "
+        f"Layer {report.layer} head {report.head} rebuilt from its input on {len(report.tokens)} tokens; mean entropy "
         f"per stage: raw x·xᵀ {first.mean_entropy:.3f} nats (self-share {first.self_share:.2f}) → "
         f"÷sqrt(d_k = {recipe.head_dim}) {stages[1].mean_entropy:.3f} → W_Q/W_K {stages[2].mean_entropy:.3f} → "
         f"{positions} {stages[3].mean_entropy:.3f} → {terms}{mask_phrase(recipe.mask)}{softcap}, softmax{sink} "
-        f"{last.mean_entropy:.3f} = the model's map (max error {rebuilt.weight_error:.1e}). With the mask held "
-        f"fixed, stage {rebuilt.decisive + 1} ({after.name}) moves it most towards the model's map "
+        f"{last.mean_entropy:.3f} = the model's map (max error {report.model_weight_error:.1e}). With the mask held "
+        f"fixed, stage {decisive + 1} ({after.name}) moves it most towards the model's map "
         f"(JS {before.masked_js_to_model:.3f} → {after.masked_js_to_model:.3f} nats)."
     )
 

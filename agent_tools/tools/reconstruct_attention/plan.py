@@ -31,7 +31,6 @@ from agent_tools.tools.reconstruct_attention.models import (
     StageReport,
 )
 from agent_tools.tools.reconstruct_attention.narrative import (
-    Rebuilt,
     Recipe,
     findings,
     stage_descriptions,
@@ -186,23 +185,21 @@ def _stage_report(
         )
         for q, (key, weight) in enumerate(zip(measures.top_key.tolist(), measures.top_weight.tolist(), strict=True))
     ]
-    return StageReport(
-        stage=number,
-        name=stage.stage,
-        added=added,
-        scale=stage.scale,
-        divisor=stage.divisor,
-        masked=masked,
-        mean_entropy=measures.mean_entropy,
-        mean_normalised_entropy=measures.mean_normalised_entropy,
-        mean_max_weight=measures.mean_max_weight,
-        self_share=measures.self_share,
-        logit_std=measures.logit_std,
-        mean_js_to_model=js,
-        masked_js_to_model=masked_js,
-        top_key_agreement=top_key_agreement(stage.weights, model_map),
-        top_keys=top_keys,
-        png_path=png_path,
+    return StageReport.model_validate(
+        vars(measures)  # its entropy, peak, self-share and logit spread, by the row's names
+        | {
+            "stage": number,
+            "name": stage.stage,
+            "added": added,
+            "scale": stage.scale,
+            "divisor": stage.divisor,
+            "masked": masked,
+            "mean_js_to_model": js,
+            "masked_js_to_model": masked_js,
+            "top_key_agreement": top_key_agreement(stage.weights, model_map),
+            "top_keys": top_keys,
+            "png_path": png_path,
+        }
     )
 
 
@@ -217,30 +214,14 @@ def _stage_png(inspector: Inspector, rebuilt: _Head, number: int, stage: StageMa
     return str(path)
 
 
-def _decisive_stage(stages: list[StageReport]) -> tuple[float, int]:
-    """(drop, index): which ingredient moves the map most towards the model's own, the mask held fixed."""
-    drops = [(stages[i - 1].masked_js_to_model - stages[i].masked_js_to_model, i) for i in range(1, len(stages))]
-    return max(drops)
-
-
 def _report(rebuilt: _Head, recipe: Recipe, reports: list[StageReport]) -> AttentionReconstruction:
     inputs, facts = rebuilt.inputs, rebuilt.loaded.facts
-    drop, decisive = _decisive_stage(reports)
-    numbers = Rebuilt(
-        layer=rebuilt.layer,
-        head=rebuilt.head,
-        length=len(rebuilt.encoded.query_tokens),
-        stages=reports,
-        weight_error=inputs.errors["model_weights"],
-        score_error=inputs.errors["positional_scores"],
-        decisive=decisive,
-        drop=drop,
-    )
     stack = rebuilt.encoded.stack or facts.default_stack
-    return AttentionReconstruction(
+    weight_error = inputs.errors["model_weights"]
+    report = AttentionReconstruction(
         model=rebuilt.loaded.name,
-        summary=on_stack(stack, summary(recipe, numbers)),
-        findings=findings(numbers),
+        summary="",
+        findings=[],
         attention=stack,
         layer=rebuilt.layer,
         head=rebuilt.head,
@@ -254,12 +235,13 @@ def _report(rebuilt: _Head, recipe: Recipe, reports: list[StageReport]) -> Atten
         softcap=inputs.softcap,
         tokens=rebuilt.encoded.query_tokens,
         stages=reports,
-        positional_score_error=numbers.score_error,
-        model_weight_error=numbers.weight_error,
-        matches_model=numbers.weight_error <= PARITY_TOLERANCE,
+        positional_score_error=inputs.errors["positional_scores"],
+        model_weight_error=weight_error,
+        matches_model=weight_error <= PARITY_TOLERANCE,
         score_terms=list(inputs.terms),
         head_sinks=_head_sinks(inputs),
     )
+    return report.model_copy(update={"summary": on_stack(stack, summary(recipe, report)), "findings": findings(report)})
 
 
 def _head_sinks(inputs: HeadInputs) -> list[HeadSinkShare]:

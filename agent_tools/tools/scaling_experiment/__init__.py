@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from agent_tools.tools.registry import ToolSpec, Top
 from agent_tools.tools.scaling_experiment.models import (
-    CURVE_POINTS,
     DESCRIPTION,
-    VANISHED,
-    ExperimentCurve,
     ScalingExperimentInput,
     ScalingExperimentReport,
 )
@@ -19,10 +16,7 @@ from agent_tools.tools.scaling_experiment.narrative import next_calls
 from agent_tools.tools.scaling_experiment.plan import scaling_experiment
 
 __all__ = [
-    "CURVE_POINTS",
     "SPEC",
-    "VANISHED",
-    "ExperimentCurve",
     "ScalingExperimentInput",
     "ScalingExperimentReport",
     "scaling_experiment",

@@ -1,13 +1,12 @@
 """scaling_experiment's words: the summary, findings and task text, written from the finished training curves.
 
-Pure functions of :class:`ExperimentNumbers` (and single curves), so the text can be read (and changed) without
+Pure functions of the report's numbers (and single curves), so the text can be read (and changed) without
 training anything.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from agent_tools.analysis.metrics import SATURATION
 from agent_tools.schemas import Finding, NextCall, follow_up
@@ -19,22 +18,9 @@ from agent_tools.tools.scaling_experiment.models import (
 )
 
 
-@dataclass(frozen=True)
-class ExperimentNumbers:
-    """The experiment's settings and its four runs (small/large d_k, with/without 1/sqrt(d_k))."""
-
-    items: int
-    labels: int
-    steps: int
-    learning_rate: float
-    seed: int
-    small_head_dim: int
-    large_head_dim: int
-    curves: list[ExperimentCurve]
-
-    def curve(self, head_dim: int, *, scaled: bool) -> ExperimentCurve:
-        """The run at ``head_dim``, with or without the scale."""
-        return next(c for c in self.curves if c.head_dim == head_dim and c.scaled == scaled)
+def _curve(report: ScalingExperimentReport, head_dim: int, *, scaled: bool) -> ExperimentCurve:
+    """The run at ``head_dim``, with or without the scale."""
+    return next(c for c in report.runs if c.head_dim == head_dim and c.scaled == scaled)
 
 
 def task(d_model: int, labels: int, gain: float) -> str:
@@ -61,16 +47,17 @@ def run_finding(c: ExperimentCurve) -> Finding:
     )
 
 
-def findings(n: ExperimentNumbers) -> list[Finding]:
+def findings(report: ScalingExperimentReport) -> list[Finding]:
     """One finding per run, in the order the runs were trained."""
-    return [run_finding(c) for c in n.curves]
+    return [run_finding(c) for c in report.runs]
 
 
-def summary(n: ExperimentNumbers) -> str:
-    """The set-up, the four final losses, and how the unscaled large-d_k run starts saturated and stalls."""
-    small, large = n.small_head_dim, n.large_head_dim
-    small_scaled, large_scaled = n.curve(small, scaled=True), n.curve(large, scaled=True)
-    small_raw, large_raw = n.curve(small, scaled=False), n.curve(large, scaled=False)
+def summary(n: ScalingExperimentReport) -> str:
+    """The set-up, the four final losses, and how the unscaled large-d_k run starts saturated and stalls (from a
+    report whose runs are filled in: small d_k first)."""
+    small, large = n.runs[0].head_dim, n.runs[-1].head_dim
+    small_scaled, large_scaled = _curve(n, small, scaled=True), _curve(n, large, scaled=True)
+    small_raw, large_raw = _curve(n, small, scaled=False), _curve(n, large, scaled=False)
     return (
         f"One attention head retrieving the label of 1 of {n.items} items ({n.steps} SGD steps, lr "
         f"{n.learning_rate:g}, seed {n.seed}; chance loss {math.log(n.labels):.2f}). With 1/sqrt(d_k) the final "

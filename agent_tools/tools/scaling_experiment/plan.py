@@ -21,7 +21,6 @@ from agent_tools.tools.scaling_experiment.models import (
     ScalingExperimentInput,
     ScalingExperimentReport,
 )
-from agent_tools.tools.scaling_experiment.narrative import ExperimentNumbers
 
 D_MODEL = 32  # width of the items and the query
 LABELS = 16  # classes an item can carry
@@ -84,20 +83,10 @@ def scaling_experiment(inspector: Inspector, args: ScalingExperimentInput) -> Sc
     if args.small_head_dim >= args.large_head_dim:
         msg = f"small_head_dim {args.small_head_dim} must be below large_head_dim {args.large_head_dim}"
         raise InvalidInputError(msg, field="small_head_dim")
-    numbers = ExperimentNumbers(
-        items=args.items,
-        labels=LABELS,
-        steps=args.steps,
-        learning_rate=args.learning_rate,
-        seed=args.seed,
-        small_head_dim=args.small_head_dim,
-        large_head_dim=args.large_head_dim,
-        curves=[_curve(run) for run in _train_runs(args)],
-    )
-    return ScalingExperimentReport(
+    report = ScalingExperimentReport(
         model="synthetic single-head retrieval model (no pretrained model)",
-        summary=narrative.summary(numbers),
-        findings=narrative.findings(numbers),
+        summary="",
+        findings=[],
         task=narrative.task(D_MODEL, LABELS, GAIN),
         d_model=D_MODEL,
         items=args.items,
@@ -110,5 +99,6 @@ def scaling_experiment(inspector: Inspector, args: ScalingExperimentInput) -> Sc
         chance_loss=math.log(LABELS),
         answer_gain=GAIN,
         confident_wrong_loss=math.log(math.exp(GAIN) + LABELS - 1),
-        runs=numbers.curves,
+        runs=[_curve(run) for run in _train_runs(args)],
     )
+    return report.model_copy(update={"summary": narrative.summary(report), "findings": narrative.findings(report)})

@@ -7,11 +7,11 @@
 from __future__ import annotations
 
 from agent_tools.tools.registry import ToolSpec, Top
-from agent_tools.tools.show_attention.models import DESCRIPTION, AttentionView, QueryRow, ShowAttentionInput
+from agent_tools.tools.show_attention.models import DESCRIPTION, AttentionView, ShowAttentionInput
 from agent_tools.tools.show_attention.narrative import next_calls
 from agent_tools.tools.show_attention.plan import held_bytes, show_attention
 
-__all__ = ["SPEC", "AttentionView", "QueryRow", "ShowAttentionInput", "held_bytes", "show_attention"]
+__all__ = ["SPEC", "AttentionView", "ShowAttentionInput", "held_bytes", "show_attention"]
 
 SPEC = ToolSpec(
     name="show_attention",

@@ -1,0 +1,30 @@
+"""Phrases several tools' sentences write the same way: a head's name, short lists, the random-head baseline.
+
+Base layer: pure string functions of plain values (no torch, no pydantic), so every narrative can use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def head_name(layer: int, head: int) -> str:
+    """``L3H0``: a head as sentences name it (an argument takes ``3.0``, :func:`agent_tools.schemas.head_label`)."""
+    return f"L{layer}H{head}"
+
+
+def listed(items: Sequence[str], shown: int | None = None) -> str:
+    """The items, comma-separated: the first ``shown`` (None: all), then how many more."""
+    if shown is None or len(items) <= shown:
+        return ", ".join(items)
+    return ", ".join(items[:shown]) + f" and {len(items) - shown} more"
+
+
+def head_names(labels: Sequence[str], shown: int | None = None) -> str:
+    """``"layer.head"`` labels as ``L1H0, L2H3`` (the first ``shown``, then how many more)."""
+    return listed(["L" + label.replace(".", "H") for label in labels], shown)
+
+
+def random_heads(draws: int, per_draw: int) -> str:
+    """``8 random heads``, or ``8 random sets of 3 heads``: what a baseline removed or patched."""
+    return f"{draws} random " + ("heads" if per_draw == 1 else f"sets of {per_draw} heads")
