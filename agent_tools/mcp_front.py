@@ -42,7 +42,7 @@ from typing import Any, BinaryIO
 
 from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import read_prompt_file, render_tool_mentions
-from agent_tools.tool_declarations import agent_schema, tool_declarations
+from agent_tools.tool_declarations import agent_schema, model_choices, tool_declarations
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ _MAX_EXACT_INT = 2**53  # ids beyond it are left to the SDK
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 
 
-def server_instructions(tools: list[str], default_model: str) -> str:
+def server_instructions(tools: list[str], policy: ModelPolicy) -> str:
     """The server's instructions: how to use the tools served, in a few lines (``prompts/mcp_instructions.md``).
 
     The full system prompt (the tool catalogue and the reasoning rules) stays one ``prompts/get`` away, as the
@@ -78,7 +78,7 @@ def server_instructions(tools: list[str], default_model: str) -> str:
     """
     template = render_tool_mentions(read_prompt_file(INSTRUCTIONS_FILE).template, tools)
     listed = ", ".join(f"`{name}`" for name in tools)
-    return template.replace("{tools}", listed).replace("{default_model}", default_model)
+    return template.replace("{tools}", listed).replace("{models}", model_choices(policy))
 
 
 def valid_id(value: Any) -> bool:
@@ -443,7 +443,7 @@ class StdioFront:
             return None
         accepted, latest = versions
         negotiated = requested if requested in accepted else latest
-        instructions = server_instructions(self.names, self.policy.default)
+        instructions = server_instructions(self.names, self.policy)
         return _dumps(initialize_result(negotiated, instructions, self.server_version))
 
     def _tool_listing(self) -> str | None:

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
 from agent_tools.errors import InvalidInputError
+from agent_tools.policy import ModelPolicy
 from agent_tools.settings import DEFAULT_MODEL
-from agent_tools.tool_declarations import preferred_order, served_names, tool_declarations
+from agent_tools.tool_declarations import model_choices, preferred_order, served_names, tool_declarations
 
 if TYPE_CHECKING:  # LangChain loads when a template is built: the MCP server's first answers do without it
     from langchain_core.prompts import BasePromptTemplate, ChatPromptTemplate
@@ -83,13 +84,15 @@ def read_prompt_file(name: str) -> PromptFile:
 SHARED_ARGUMENTS_HEADING = "Arguments the tools share"
 
 
-def shared_arguments(*, default_model: str = DEFAULT_MODEL) -> list[str]:
-    """The "Arguments" block of the MCP instructions (the system prompt has the same lines; a test holds): what the
-    arguments every tool repeats mean, said once so that their schemas carry types alone. One line per bullet;
-    ``call TOOL --help`` shows the lines naming the tool's arguments."""
+def shared_arguments(*, models: str | None = None) -> list[str]:
+    """The "Arguments" block of the MCP instructions (the system prompt has the same lines; a test holds): the
+    forms and meanings of the arguments the tools share, said once so that their schemas carry their JSON types
+    alone (:func:`agent_tools.tool_declarations.shared_forms`). One line per bullet; ``call TOOL --help`` shows the
+    lines naming the tool's arguments. ``models``: the ``model`` line's choices (default: the bundled models')."""
     text = read_prompt_file(INSTRUCTIONS_FILE).template
     block = text[text.index(SHARED_ARGUMENTS_HEADING) :].split("\n\n", 1)[0]
-    return [line.replace("{default_model}", default_model) for line in block.splitlines()[1:]]
+    choices = model_choices(ModelPolicy.bundled_only()) if models is None else models
+    return [line.replace("{models}", choices) for line in block.splitlines()[1:]]
 
 
 def render_tool_mentions(text: str, tools: Iterable[str] | None = None) -> str:
@@ -126,20 +129,26 @@ def tool_catalogue(tools: Iterable[str] | None = None) -> str:
 
 
 def system_prompt_template(*, tools: Iterable[str] | None = None) -> BasePromptTemplate:
-    """The system prompt as a LangChain template with the tool list filled in; ``default_model`` stays a variable
-    (with the bundled default as its value unless you pass another)."""
+    """The system prompt as a LangChain template with the tool list filled in; ``default_model`` and ``models``
+    (the ``model`` argument's choices) stay variables, with the bundled models' values unless you pass others."""
     from langchain_core.prompts import PromptTemplate
 
     served = served_names(tools)
     text = render_tool_mentions(read_prompt_file(SYSTEM_PROMPT_FILE).template, served)
     return PromptTemplate.from_template(text).partial(
-        tool_catalogue=tool_catalogue(served), default_model=DEFAULT_MODEL
+        tool_catalogue=tool_catalogue(served),
+        default_model=DEFAULT_MODEL,
+        models=model_choices(ModelPolicy.bundled_only()),
     )
 
 
-def system_prompt(*, tools: Iterable[str] | None = None, default_model: str | None = None) -> str:
-    """The system prompt for an attention-explainer agent, listing exactly the tools served."""
-    return system_prompt_template(tools=tools).format(default_model=default_model or DEFAULT_MODEL)
+def system_prompt(
+    *, tools: Iterable[str] | None = None, default_model: str | None = None, policy: ModelPolicy | None = None
+) -> str:
+    """The system prompt for an attention-explainer agent, listing exactly the tools served; ``policy``: the
+    models the session allows (default: the bundled ones, with ``default_model`` as the default)."""
+    policy = policy or ModelPolicy.bundled_only(default_model or DEFAULT_MODEL)
+    return system_prompt_template(tools=tools).format(default_model=policy.default, models=model_choices(policy))
 
 
 def topic_file(topic: Topic) -> PromptFile:

@@ -71,6 +71,15 @@ def model_field_description(policy: ModelPolicy) -> str:
     return ""  # the allowed models are the schema's enum; omitted = the session's default
 
 
+def model_choices(policy: ModelPolicy) -> str:
+    """What ``model`` may name in this session, as the prompts' "Arguments" line says it (``{models}``): the
+    allowed references, the default first, or any reference (the advertised schemas say only "a string")."""
+    if policy.allowed is None:
+        return model_field_description(policy)
+    names = [f"`{policy.default}` (default)", *(f"`{name}`" for name in sorted(policy.allowed - {policy.default}))]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def hidden_arguments(entry: dict[str, Any], policy: ModelPolicy) -> list[str]:
     """The arguments a session accepts but leaves out of the schema: the advanced ones, and ``attention`` when
     every allowed model has one attention stack."""
@@ -82,22 +91,68 @@ def hidden_arguments(entry: dict[str, Any], policy: ModelPolicy) -> list[str]:
 
 
 def agent_schema(entry: dict[str, Any], policy: ModelPolicy) -> dict[str, Any]:
-    """A tool's input schema as the session's agent sees it: the declared schema with ``model`` narrowed to the
-    allow-list and the unadvertised arguments left out — the JSON form of
-    :func:`agent_tools.surfaces.agent_input_model` (a test checks both agree for every tool); a new dict each call.
-    Standard library only: the MCP server's stdio front lists the tools with it before the SDK is imported."""
+    """A tool's input schema as the session's agent sees it: the declared schema without the unadvertised
+    arguments, in :func:`shared_forms` (``model`` a string: its choices are the instructions' line) — the JSON form
+    of :func:`agent_tools.surfaces.agent_input_schema` (a test checks both agree for every tool); a new dict each
+    call. Standard library only: the MCP server's stdio front lists the tools with it before the SDK is imported."""
     schema = deepcopy(entry["input_schema"])
     properties: dict[str, Any] = schema.get("properties", {})
-    hidden = hidden_arguments(entry, policy)
-    for name in hidden:
+    for name in hidden_arguments(entry, policy):
         del properties[name]
-    if hidden:  # open: the schema must not refuse the arguments it leaves out (ToolInput.model_json_schema)
-        schema.pop("additionalProperties", None)
-    if "model" in properties:  # the choices without "type" (portable.untyped_choices)
-        if policy.allowed is None:
-            properties["model"] = {"description": model_field_description(policy), "type": "string"}
-        elif len(policy.allowed) == 1:  # as pydantic writes a one-value Literal
-            properties["model"] = {"const": next(iter(policy.allowed))}
-        else:
-            properties["model"] = {"enum": sorted(policy.allowed)}
-    return schema
+    if "model" in properties:
+        description = model_field_description(policy)
+        properties["model"] = {"description": description, "type": "string"} if description else {"type": "string"}
+    return shared_forms(schema)
+
+
+# The arguments whose forms and meanings the prompts' "Arguments the tools share" block defines, once for every
+# tool (``prompts/mcp_instructions.md``, the same lines in ``prompts/system.md``; tests/test_prompts.py holds each
+# name to a line there): agents are shown each as its JSON type alone.
+SHARED_ARGUMENTS = frozenset(
+    {
+        "detail", "model", "text", "layer", "head", "layers", "heads", "prompt", "prompt_a", "prompt_b", "segments",
+        "answer", "wrong", "target_token", "resample_text", "target", "checks", "attention",
+    }
+)  # fmt: skip
+# What a shared argument's advertised form keeps of its declared one besides the type: what the tool itself says
+# of it (its own description and default, how many items or how large).
+_OWN_KEYWORDS = ("description", "default", "minItems", "maxItems", "minimum", "maximum")
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
+
+
+def json_type(node: dict[str, Any]) -> dict[str, Any]:
+    """What kind of JSON value a (``$ref``-free) schema node takes, and nothing about its form: ``{"type": ...}``,
+    or an ``anyOf`` of those for a union; choices (``enum``, ``const``) by the type of their values."""
+    if "anyOf" in node:
+        kinds: list[dict[str, Any]] = []
+        for kind in map(json_type, node["anyOf"]):
+            if kind not in kinds:
+                kinds.append(kind)
+        return {"anyOf": kinds} if len(kinds) > 1 else kinds[0]
+    if "type" in node:
+        return {"type": node["type"]}
+    choices = node["enum"] if "enum" in node else [node["const"]] if "const" in node else []
+    types = sorted({_JSON_TYPES[type(choice)] for choice in choices})
+    if not types:
+        return {}
+    return {"type": types[0]} if len(types) == 1 else {"anyOf": [{"type": kind} for kind in types]}
+
+
+def shared_forms(schema: dict[str, Any]) -> dict[str, Any]:
+    """A tool's input schema as agents are shown it (a new dict): each argument in :data:`SHARED_ARGUMENTS` as its
+    JSON type with what the tool says of it, and the schema open (no ``additionalProperties``).
+
+    The forms those arguments take — the chat messages, the head and segment forms, the stacks, the models a
+    session allows — are written once in the instructions, not in every tool (issue 28: 10 KB for 18 tools'
+    descriptions and schemas). A looser schema, never a wrong one: what it shows accepts every value the tool
+    accepts, and the tool's own validation (the declared schema, also what ``call`` checks before a model loads)
+    refuses the rest with a message naming the valid forms or names."""
+    shown = {key: value for key, value in schema.items() if key != "additionalProperties"}
+    if "properties" in schema:
+        shown["properties"] = {
+            name: {**json_type(node), **{k: node[k] for k in _OWN_KEYWORDS if k in node}}
+            if name in SHARED_ARGUMENTS
+            else node
+            for name, node in schema["properties"].items()
+        }
+    return shown

@@ -32,7 +32,7 @@ def run_conversation(
     dispatcher = dispatcher or ToolDispatcher()
     tools = dispatcher.tools()
     messages: list[Message] = [
-        {"role": "system", "content": system_prompt(tools=dispatcher.specs)},
+        {"role": "system", "content": system_prompt(tools=dispatcher.specs, policy=dispatcher.inspector.policy)},
         {"role": "user", "content": question},
     ]
     for _ in range(max_turns):

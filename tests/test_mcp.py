@@ -27,14 +27,15 @@ from mcp import Client, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 from mcp_process import ENV, OLD_CLIENT_PYTHON, ROOT, http_server, server_command
+from pydantic import ValidationError
 
 from agent_tools.cli import build_parser
 from agent_tools.inspector import Inspector
-from agent_tools.loading import BUNDLED_MODELS, ModelPolicy
+from agent_tools.loading import ModelPolicy
 from agent_tools.prompts import TOPICS
-from agent_tools.surfaces import agent_input_model, concise_text
+from agent_tools.surfaces import agent_input_model, agent_input_schema, concise_text
 from agent_tools.surfaces.mcp_server import OUTPUT_SCHEMA_BUDGET, build_server, input_schema, output_schema
-from agent_tools.surfaces.portable import compact_schema, portable_schema
+from agent_tools.surfaces.portable import compact_schema
 from agent_tools.tools import TOOLS, get_tool
 
 pytestmark = pytest.mark.real_model
@@ -43,7 +44,7 @@ SHOW = get_tool("show_attention")
 LONG_CALLS = ("profile_heads", "ablate_heads", "patch_heads", "compare_prompts", "trace_prompt_attention")
 GENERATE = "trace_prompt_attention with target='generate'"
 LONG_TEXT = "the cat sat on the mat . " * 400  # ~2,800 tokens: diagnose_collapse runs for many seconds
-TOOLS_LIST_BUDGET = 32_000  # issue 28's target, met with 18 tools (31.1 KB; see tests/test_budgets.py)
+TOOLS_LIST_BUDGET = 32_000  # issue 28's target, met with 18 tools (22.6 KB; see tests/test_budgets.py)
 OUTPUT_SCHEMAS_BUDGET = 10 * 1024  # all 18 output schemas: the core fields, the others typed while they fit (9.6 KB)
 INSTRUCTIONS_BUDGET = 3 * 1024
 
@@ -182,16 +183,14 @@ def test_input_and_output_schemas(transcript, name) -> None:
     tool = next(t for t in transcript.tools if t.name == name)
     assert tool.description == spec.description
     declared = agent_input_model(spec, ModelPolicy.bundled_only())
-    assert tool.input_schema == portable_schema(declared, "mcp") and "$ref" not in json.dumps(tool.input_schema)
-    assert tool.input_schema["type"] == "object"
-    lists_all = set(spec.input_model.model_fields) == set(tool.input_schema["properties"])
-    assert tool.input_schema.get("additionalProperties") is (False if lists_all else None)  # open: hidden ones pass
+    assert tool.input_schema == agent_input_schema(spec, ModelPolicy.bundled_only())
+    assert "$ref" not in json.dumps(tool.input_schema) and tool.input_schema["type"] == "object"
+    assert "additionalProperties" not in tool.input_schema  # open: hidden ones pass, validation names the rest
     jsonschema.validate(spec.example, tool.input_schema)
-    if "model" in tool.input_schema["properties"]:  # the allow-list, as an enum: no paths
-        model = tool.input_schema["properties"]["model"]
-        assert sorted(model.get("enum") or model["anyOf"][0]["enum"]) == sorted(BUNDLED_MODELS)
-        with pytest.raises(jsonschema.ValidationError):
-            jsonschema.validate({**spec.example, "model": "/etc/passwd"}, tool.input_schema)
+    if "model" in tool.input_schema["properties"]:  # a string: the allow-list is the instructions' `model` line
+        assert tool.input_schema["properties"]["model"] == {"type": "string"}
+        with pytest.raises(ValidationError, match="minilm-l6"):  # no paths: the server's validation refuses them
+            declared.model_validate({**spec.example, "model": "/etc/passwd"})
     assert tool.output_schema == output_schema(spec) and tool.output_schema["type"] == "object"
     jsonschema.Draft202012Validator.check_schema(tool.output_schema)
     assert {"model", "summary", "findings"} <= set(tool.output_schema["properties"])

@@ -159,9 +159,10 @@ def test_a_tool_selection_lists_the_same_tools_as_the_sdk() -> None:
 
 
 def test_the_instructions_are_the_prompt_file_with_the_tools_served() -> None:
-    text = server_instructions(["show_attention", "describe_model"], "minilm-l6")
-    assert "`show_attention`, `describe_model`" in text and "minilm-l6" in text
-    assert "{tools}" not in text and "{default_model}" not in text
+    text = server_instructions(["show_attention", "describe_model"], ModelPolicy.bundled_only("minilm-l6"))
+    assert "`show_attention`, `describe_model`" in text
+    assert "`model`: `minilm-l6` (default) or `smollm2-135m-instruct`." in text  # the session's allow-list
+    assert "{tools}" not in text and "{models}" not in text
 
 
 # --- what the front leaves to the SDK ----------------------------------------------------------------------------

@@ -13,10 +13,9 @@ import pytest
 from agent_tools.inspector import Inspector
 from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import system_prompt
-from agent_tools.surfaces import agent_input_model
+from agent_tools.surfaces import agent_input_schema
 from agent_tools.surfaces.declarations import agent_schema, build_declarations, declarations_text
 from agent_tools.surfaces.mcp_server import declared_tool, mcp_tool
-from agent_tools.surfaces.portable import portable_schema
 from agent_tools.tool_declarations import DECLARATIONS_FILE, tool_declarations
 from agent_tools.tools import TOOLS
 
@@ -38,10 +37,10 @@ def test_the_declarations_file_is_what_the_registry_declares() -> None:
 
 @pytest.mark.parametrize("policy", POLICIES, ids=["bundled", "extra", "one", "any"])
 def test_agent_schemas_from_data_equal_the_live_input_models(policy: ModelPolicy) -> None:
-    """The JSON narrowing (``model`` to the allow-list, advanced and one-stack ``attention`` left out) is the same
-    schema the LangChain and OpenAI surfaces build from the pydantic models."""
+    """The JSON narrowing (advanced and one-stack ``attention`` left out, the shared arguments in their compact
+    forms) is the same schema the OpenAI surface builds from the pydantic models."""
     for name, spec in TOOLS.items():
-        live = portable_schema(agent_input_model(spec, policy), "mcp")
+        live = agent_input_schema(spec, policy)
         assert agent_schema(tool_declarations()[name], policy) == live, name
         assert list(agent_schema(tool_declarations()[name], policy)["properties"]) == list(live["properties"]), name
         listed = declared_tool(name, policy)

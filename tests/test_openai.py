@@ -9,6 +9,7 @@ import pytest
 
 from agent_tools.inspector import Inspector
 from agent_tools.loading import BUNDLED_MODELS, ModelPolicy
+from agent_tools.prompts import system_prompt
 from agent_tools.surfaces.openai import ToolDispatcher, dispatch, inline_refs, openai_tools, parse_arguments
 from agent_tools.tools import TOOLS, get_tool
 
@@ -33,9 +34,9 @@ def test_every_tool_in_openai_format(strict: bool) -> None:
         assert function.get("strict", False) is strict
         parameters = function["parameters"]
         assert parameters["type"] == "object"
-        # closed when it lists every argument the tool takes (strict forms close every object); open otherwise,
-        # so that it does not refuse the arguments it leaves out
-        if strict or set(spec.input_model.model_fields) == set(parameters["properties"]):
+        # strict forms close every object; the plain form is open (it leaves advanced arguments out, and the
+        # shared arguments' compact forms are looser than the tool: its validation refuses what they let through)
+        if strict:
             assert parameters["additionalProperties"] is False
         else:
             assert "additionalProperties" not in parameters
@@ -48,14 +49,23 @@ def test_every_tool_in_openai_format(strict: bool) -> None:
         jsonschema.Draft202012Validator.check_schema(parameters)
         if not strict:
             jsonschema.validate(spec.example, parameters)
-        if "model" in parameters["properties"]:
+        if "model" in parameters["properties"] and strict:  # the allow-list: strict forms keep every enum
             assert sorted(enum_of(parameters["properties"]["model"])) == sorted(BUNDLED_MODELS)
+        elif "model" in parameters["properties"]:  # a string: the allow-list is the prompts' `model` line
+            assert parameters["properties"]["model"] == {"type": "string"}
 
 
 def test_selection_and_policy() -> None:
-    declared = openai_tools(tools=["show_attention"], policy=ModelPolicy(frozenset({"minilm-l6"}), "minilm-l6"))
-    (only,) = declared
+    policy = ModelPolicy(frozenset({"minilm-l6"}), "minilm-l6")
+    (only,) = openai_tools(tools=["show_attention"], policy=policy, strict=True)
     assert enum_of(only["function"]["parameters"]["properties"]["model"]) == ["minilm-l6"]
+    (plain,) = openai_tools(tools=["show_attention"], policy=policy)  # the choices are said in the system prompt
+    assert plain["function"]["parameters"]["properties"]["model"] == {"type": "string"}
+    assert "`model`: `minilm-l6` (default)." in system_prompt(tools=["show_attention"], policy=policy)
+    refused = ToolDispatcher(Inspector(policy=policy), tools=["show_attention"]).dispatch(
+        "show_attention", {"text": "a b", "layer": 0, "head": 0, "model": "/etc/passwd"}
+    )  # what the plain schema lets through, the tool refuses before loading anything, naming the allowed ones
+    assert refused["error"] == "model_refused" and "allowed: minilm-l6" in refused["message"]
     with pytest.raises(ValueError, match="unknown tool"):
         openai_tools(tools=["nope"])
     dispatcher = ToolDispatcher(tools=["show_attention"], strict=True)

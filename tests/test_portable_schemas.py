@@ -16,8 +16,9 @@ from openai.lib._pydantic import _ensure_strict_json_schema
 from pydantic import BaseModel, Field
 
 from agent_tools.analysis.heads import DEFAULT_THRESHOLDS, HEAD_ROLES
+from agent_tools.errors import InvalidInputError
 from agent_tools.loading import ModelPolicy
-from agent_tools.surfaces import agent_input_model
+from agent_tools.surfaces import agent_input_model, agent_input_schema
 from agent_tools.surfaces.portable import (
     FLAVOURS,
     GEMINI_KEYWORDS,
@@ -27,6 +28,7 @@ from agent_tools.surfaces.portable import (
     portable_schema,
     restore_omitted,
 )
+from agent_tools.tool_declarations import SHARED_ARGUMENTS, json_type
 from agent_tools.tools import TOOLS
 from agent_tools.tools.profile_heads.models import ProfileHeadsInput, RoleThresholds
 
@@ -183,6 +185,67 @@ def test_gemini_function_declaration_rules_hold(key: str) -> None:
     checked = gemini_as_json_schema(schema)
     jsonschema.Draft202012Validator.check_schema(checked)
     jsonschema.validate(TOOLS[MODELS[key][0]].example, checked)
+
+
+# --- what agents are shown: the shared arguments' compact forms ----------------------------------------------
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is Paris?"}]
+SPANS = [{"name": "doc", "text": "Paris", "occurrence": 1}, {"name": "ask", "start": 0, "end": 5, "message": 1}]
+# Every form of every shared argument (tool_declarations.SHARED_ARGUMENTS) the tools accept: each branch of a union,
+# each way to write a head or a segment, each choice.
+SHARED_VALUES: dict[str, list[Any]] = {
+    "detail": ["summary", "full"],
+    "model": sorted(BUNDLED.allowed or ()),
+    "text": ["The cat sat on the mat."],
+    "layer": [0],
+    "head": [1],
+    "layers": [[0, 1]],
+    "heads": [["0.1", "L0H1", "0.*", "0:1", [0, 1], {"layer": 0, "head": 1}]],
+    "prompt": ["Where is Paris?", CHAT],
+    "prompt_a": ["Where is Paris?", CHAT],
+    "prompt_b": ["Where is Rome?", CHAT],
+    "segments": [SPANS],
+    "answer": [" Paris"],
+    "wrong": [" Rome"],
+    "target_token": [" Paris"],
+    "resample_text": ["A dog ran in the park."],
+    "target": ["last", "generate"],
+    "checks": [["causal", "gradient", "value"], []],
+    "attention": ["self", "encoder", "decoder", "cross"],
+}
+
+
+OWN_KEYWORDS = ("description", "default", "minItems", "maxItems", "minimum", "maximum")  # what a tool says of one
+
+
+def test_every_shared_argument_has_its_values_here() -> None:
+    assert set(SHARED_VALUES) == SHARED_ARGUMENTS
+
+
+@pytest.mark.parametrize("name", list(TOOLS))
+def test_what_agents_are_shown_accepts_every_form_the_tool_accepts(name: str) -> None:
+    """The advertised schema is looser than the tool, never stricter: every value of a shared argument that the
+    tool's validation takes (each chat-message, head and segment form, each choice) validates against what the
+    agent is shown, for every policy (``attention`` is shown where a model may have several stacks)."""
+    spec = TOOLS[name]
+    for policy in (BUNDLED, ModelPolicy(None)):
+        shown = agent_input_schema(spec, policy)
+        jsonschema.Draft202012Validator.check_schema(shown)
+        assert "additionalProperties" not in shown  # open: the tool's validation names what it refuses
+        for argument in SHARED_ARGUMENTS & set(shown["properties"]):
+            taken = 0
+            for value in SHARED_VALUES[argument]:
+                arguments = {**spec.example, argument: value}
+                try:
+                    spec.parse(arguments)
+                except InvalidInputError:
+                    continue  # another argument of the example rules this value out (a segment to move, ...)
+                jsonschema.validate(arguments, shown)
+                taken += 1
+            assert taken, (argument, "no form of it was tried")
+            if argument != "model":  # (the model's choices are the session's: the instructions' `model` line)
+                declared = portable_schema(spec.input_model, "mcp")["properties"][argument]
+                own = {k: v for k, v in declared.items() if k in OWN_KEYWORDS}
+                assert shown["properties"][argument] == {**json_type(declared), **own}, argument
 
 
 # --- the converters on constructed models -------------------------------------------------------------------

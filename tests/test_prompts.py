@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 
 from agent_tools.errors import InvalidInputError
-from agent_tools.policy import ModelPolicy
+from agent_tools.mcp_front import server_instructions
+from agent_tools.policy import BUNDLED_MODELS, ModelPolicy
 from agent_tools.prompts import (
     SYSTEM_PROMPT_FILE,
     TOPICS,
@@ -31,8 +35,9 @@ from agent_tools.prompts import (
     system_prompt_template,
     tool_catalogue,
 )
+from agent_tools.settings import DEFAULT_MODEL
 from agent_tools.surfaces.declarations import agent_schema
-from agent_tools.tool_declarations import tool_declarations
+from agent_tools.tool_declarations import SHARED_ARGUMENTS, model_choices, tool_declarations
 from agent_tools.tools import TOOLS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,11 +74,15 @@ def test_the_shared_arguments_are_said_once_for_every_surface() -> None:
     """Issue 28: what the arguments every tool repeats mean (forms, ranges, defaults) is said once, in the MCP
     instructions and in the same words in the system prompt the LangChain and OpenAI surfaces use, so their schemas
     carry the types alone. Every argument that two or more tools show without a description is explained there."""
-    lines = shared_arguments(default_model="{default_model}")
+    lines = shared_arguments(models="{models}")
     block = "\n".join(lines)
     assert block in read_prompt_file("mcp_instructions.md").template
     assert block in read_prompt_file(SYSTEM_PROMPT_FILE).template
-    assert "\n".join(shared_arguments(default_model="minilm-l6")) in system_prompt(default_model="minilm-l6")
+    policy = ModelPolicy.bundled_only("minilm-l6", extra=("./mine",))
+    rendered = "\n".join(shared_arguments(models=model_choices(policy)))
+    assert rendered in system_prompt(policy=policy)
+    assert "`model`: `minilm-l6` (default), `./mine` or `smollm2-135m-instruct`." in rendered
+    assert "\n".join(shared_arguments()) in system_prompt(default_model=DEFAULT_MODEL)  # the bundled models
     assert '"layer": 18, "head": 6' in block and "0-based" in block and '"18.6"' in block and "[18]" in block
     undescribed: dict[str, int] = {}
     for entry in tool_declarations().values():
@@ -84,6 +93,42 @@ def test_the_shared_arguments_are_said_once_for_every_surface() -> None:
     assert {"detail", "model", "text", "layer", "head", "layers", "prompt"} <= set(shared)
     for name in [*shared, "heads", "segments", "answer", "attention", "prompt_a", "prompt_b"]:
         assert f"`{name}`" in block, name
+
+
+def _choices_and_fields(node: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """Every string choice (``enum``/``const``) and every object field name anywhere in a schema node."""
+    choices = {c for c in [*node.get("enum", ()), node.get("const")] if isinstance(c, str)}
+    fields = set(node.get("properties", {}))
+    items = [node["items"]] if isinstance(node.get("items"), dict) else []
+    for child in [*node.get("properties", {}).values(), *node.get("anyOf", ()), *items]:
+        more = _choices_and_fields(child)
+        choices, fields = choices | more[0], fields | more[1]
+    return choices, fields
+
+
+def test_every_form_agents_are_not_shown_is_in_the_block() -> None:
+    """Agents are shown each shared argument as its JSON type alone (``tool_declarations.shared_forms``): the block
+    must say every form it takes, so that an agent reading ``tools/list`` and the instructions can write every
+    valid call. Each choice of a shared argument (quoted), each field of its objects (chat messages, head objects,
+    segments), each nested length limit and each allowed model is in the instructions' block."""
+    block = "\n".join(shared_arguments())
+    assert {f"`{name}`" for name in SHARED_ARGUMENTS} <= set(re.findall(r"`[a-z_]+`", block))
+    checked = set()
+    for entry in tool_declarations().values():
+        shown = agent_schema(entry, ModelPolicy(None))["properties"]  # every argument some session shows
+        for name in SHARED_ARGUMENTS & set(shown):
+            declared = entry["input_schema"]["properties"][name]
+            choices, fields = _choices_and_fields(declared)
+            for choice in choices:
+                assert f'"{choice}"' in block, (name, choice)
+            for field in fields:
+                assert re.search(rf"\b{field}\b", block), (name, field)
+            for limit in re.findall(r'"maxLength": (\d+)', json.dumps(declared.get("items", {}))):
+                assert f"≤ {limit} characters" in block, (name, limit)
+            checked.add(name)
+    assert {"prompt", "segments", "heads", "checks", "target", "detail", "attention"} <= checked
+    instructions = server_instructions(list(tool_declarations()), ModelPolicy.bundled_only())
+    assert all(f"`{model}`" in instructions for model in BUNDLED_MODELS)
 
 
 def test_system_prompt_lists_every_declared_tool() -> None:

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from agent_tools.errors import InvalidInputError
+from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import shared_arguments
 from agent_tools.settings import DEFAULT_MODEL, cache_dir
-from agent_tools.tool_declarations import tool_declarations
+from agent_tools.tool_declarations import model_choices, tool_declarations
 from agent_tools.usage import HEAD_PAIR, INTEGER, long_text_advice, shown, type_fix
 
 
@@ -119,7 +120,8 @@ def tool_help(name: str, entry: dict[str, Any], *, width: int = 100) -> str:
             facts.append(row["range"])
         lines.append(f"  {row['name']}: " + ", ".join(facts))
         lines += textwrap.wrap(row["description"], width, initial_indent="      ", subsequent_indent="      ")
-    shared = [line for line in shared_arguments() if any(f"`{row['name']}`" in line for row in rows)]
+    lines_for_any_model = shared_arguments(models=model_choices(ModelPolicy()))  # ``call`` takes any reference
+    shared = [line for line in lines_for_any_model if any(f"`{row['name']}`" in line for row in rows)]
     if shared:  # what the arguments every tool repeats mean, said once (the prompts' "Arguments")
         lines += ["", "shared arguments:"]
         lines += [wrapped for line in shared for wrapped in textwrap.wrap(line, width, subsequent_indent="    ")]

@@ -25,7 +25,7 @@ from agent_tools.policy import ModelPolicy
 from agent_tools.schemas import SEVERITIES, NextCall, Report
 from agent_tools.tool_declarations import SINGLE_STACK as SINGLE_STACK
 from agent_tools.tool_declarations import model_field_description as model_field_description
-from agent_tools.tool_declarations import served_names
+from agent_tools.tool_declarations import served_names, shared_forms
 
 if TYPE_CHECKING:  # the tools import torch: this package's import stays light (the MCP server starts without it)
     from agent_tools.tools.registry import ToolSpec
@@ -46,10 +46,11 @@ def select_tools(names: Iterable[str] | None = None) -> list[ToolSpec]:
 def agent_input_model(spec: ToolSpec, policy: ModelPolicy) -> type[BaseModel]:
     """The tool's input model as this session's agent sees it.
 
-    When the policy is an allow-list, ``model`` becomes an enum of the allowed references (so a client shows
-    the choices and the schema refuses paths). The tool's ``advanced`` arguments, and ``attention`` when every
-    allowed model has a single attention stack (the bundled models do), are left out of the schema to keep the
-    tool list small; they are still accepted. Validation otherwise is the declared model's, unchanged.
+    When the policy is an allow-list, ``model`` becomes an enum of the allowed references (validation refuses
+    paths; LangChain's and OpenAI strict schemas show the choices, :func:`agent_input_schema` a string). The
+    tool's ``advanced`` arguments, and ``attention`` when every allowed model has a single attention stack (the
+    bundled models do), are left out of the schema to keep the tool list small; they are still accepted.
+    Validation otherwise is the declared model's, unchanged.
     """
     declared: type[BaseModel] = spec.input_model
     hidden = [name for name in spec.advanced if name in declared.model_fields]
@@ -58,6 +59,15 @@ def agent_input_model(spec: ToolSpec, policy: ModelPolicy) -> type[BaseModel]:
     if "model" not in declared.model_fields and not hidden:
         return declared
     return _narrowed_input_model(declared, policy.allowed, policy.default, tuple(hidden))
+
+
+def agent_input_schema(spec: ToolSpec, policy: ModelPolicy) -> dict[str, Any]:
+    """The input schema this session's agent is shown (MCP ``inputSchema``, the plain OpenAI ``parameters``):
+    :func:`agent_input_model` in the ``mcp`` flavour with the shared arguments in their compact forms
+    (:func:`agent_tools.tool_declarations.shared_forms`; their forms are the instructions' "Arguments" lines)."""
+    from agent_tools.surfaces.portable import portable_schema
+
+    return shared_forms(portable_schema(agent_input_model(spec, policy), "mcp"))
 
 
 @cache

@@ -5,9 +5,9 @@ a session's agent sees, built from them without importing a tool.
     python -m agent_tools.surfaces.declarations --check   # exit 1 when the file differs from the registry
 
 :func:`agent_schema` (in :mod:`agent_tools.tool_declarations`, standard library only, re-exported here) is the MCP
-``inputSchema`` of a tool for a session's :class:`~agent_tools.policy.ModelPolicy`: the declared schema with
-``model`` narrowed to the allow-list and the unadvertised arguments left out — the JSON form of
-:func:`agent_tools.surfaces.agent_input_model` (a test checks both agree for every tool).
+``inputSchema`` of a tool for a session's :class:`~agent_tools.policy.ModelPolicy`: the declared schema with the
+unadvertised arguments left out and the shared arguments as their JSON types — the JSON form of
+:func:`agent_tools.surfaces.agent_input_schema` (a test checks both agree for every tool).
 """
 
 from __future__ import annotations

@@ -75,10 +75,9 @@ from agent_tools.mcp_front import (
 from agent_tools.mcp_front import server_instructions as server_instructions
 from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import TOPICS, Topic, explanation_template, system_prompt, topic_file
-from agent_tools.surfaces import agent_input_model, concise_text, error_text, heap
+from agent_tools.surfaces import agent_input_schema, concise_text, error_text, heap
 from agent_tools.surfaces.declarations import OUTPUT_SCHEMA_BUDGET as OUTPUT_SCHEMA_BUDGET
 from agent_tools.surfaces.declarations import output_schema
-from agent_tools.surfaces.portable import portable_schema
 from agent_tools.tool_declarations import served_names
 
 if TYPE_CHECKING:  # the inspector and the tools import torch: they load in the background (see Backend)
@@ -111,9 +110,9 @@ CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
 
 # --- schemas ---------------------------------------------------------------------------------------------------
 def input_schema(spec: ToolSpec, inspector: Inspector) -> dict[str, Any]:
-    """The JSON schema of the tool's arguments as this session's agent sees them (``model`` narrowed to the
-    allow-list), in the ``mcp`` flavour: every ``$ref`` inlined (some clients cannot resolve references)."""
-    return portable_schema(agent_input_model(spec, inspector.policy), "mcp")
+    """The JSON schema of the tool's arguments as this session's agent sees them (:func:`agent_input_schema`:
+    ``$ref``-free, some clients cannot resolve references; the shared arguments in their compact forms)."""
+    return agent_input_schema(spec, inspector.policy)
 
 
 def mcp_tool(spec: ToolSpec, inspector: Inspector) -> types.Tool:
@@ -188,11 +187,11 @@ def build_server(
     names = served_names(tools)
     backend = Backend(make_inspector, names, preload=preload)
     tool_handlers = _tool_handlers(backend, policy, text_content, call_timeout)
-    prompt_handlers = _prompt_handlers(names, policy.default)
+    prompt_handlers = _prompt_handlers(names, policy)
     return Server(
         SERVER_NAME,
         version=__version__,
-        instructions=server_instructions(names, policy.default),
+        instructions=server_instructions(names, policy),
         lifespan=_lifespan(backend),
         on_list_tools=tool_handlers[0],
         on_call_tool=tool_handlers[1],
@@ -457,7 +456,7 @@ def stopped_text(tool: str, error: CallCancelledError) -> str:
     return f"Error [{error.kind}]: {error.message.rstrip('.')}. Nothing was computed; {tool} can be called again."
 
 
-def _prompt_handlers(tool_names: list[str], default_model: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _prompt_handlers(tool_names: list[str], policy: ModelPolicy) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``prompts/list`` and ``prompts/get``: the system prompt and one explanation template per topic,
     mentioning only the tools served. Built at the first prompts request (LangChain's templates take a moment
     to import: ``initialize`` does not wait for them)."""
@@ -487,7 +486,7 @@ def _prompt_handlers(tool_names: list[str], default_model: str) -> tuple[Callabl
 
     @cache
     def system_text() -> str:
-        return system_prompt(tools=tool_names, default_model=default_model)
+        return system_prompt(tools=tool_names, policy=policy)
 
     async def list_prompts(_ctx: RequestContext, _params: types.PaginatedRequestParams | None) -> Any:
         return types.ListPromptsResult(prompts=list(prompts().values()))

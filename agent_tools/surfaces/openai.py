@@ -8,8 +8,10 @@
         messages.append(dispatcher.tool_message(call))  # {"role": "tool", "tool_call_id": ..., "content": JSON}
 
 The schemas are the tools' pydantic input models with ``$ref``s inlined and titles dropped (portable across
-providers that accept OpenAI-style declarations); ``openai_tools(strict=True)`` / ``ToolDispatcher(strict=True)``
-give and serve them in OpenAI's strict form (see :mod:`agent_tools.surfaces.portable`). A result is the report
+providers that accept OpenAI-style declarations), the arguments the tools share as their JSON types: their forms
+and the models allowed are in the system prompt's "Arguments" (``system_prompt(policy=...)``), and the tools
+validate them as before. ``openai_tools(strict=True)`` / ``ToolDispatcher(strict=True)`` give and serve every form
+in OpenAI's strict form (see :mod:`agent_tools.surfaces.portable`). A result is the report
 as JSON; a failure the agent can fix is ``{"error": kind, "message": ..., "field": ...}`` with a message naming
 what is valid. Bugs raise.
 """
@@ -25,7 +27,7 @@ from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy
 from agent_tools.placement import make_placement
 from agent_tools.schemas import Report
-from agent_tools.surfaces import agent_input_model, concise_text, error_text, select_tools
+from agent_tools.surfaces import agent_input_model, agent_input_schema, concise_text, error_text, select_tools
 from agent_tools.surfaces.portable import inline_refs, portable_schema, restore_omitted
 
 __all__ = ["ToolDispatcher", "dispatch", "inline_refs", "openai_tools", "parse_arguments"]
@@ -36,19 +38,21 @@ def openai_tools(
 ) -> list[dict[str, Any]]:
     """Every declared tool (or the named subset) in the OpenAI ``tools`` format.
 
-    ``policy`` narrows the ``model`` argument to its allow-list (default: the bundled models). ``strict=True``
-    declares each function ``"strict": true`` with its schema in strict form (every property required, the
-    optional ones nullable); serve its calls with ``ToolDispatcher(strict=True)``, which reads a ``null`` for an
-    optional argument as "not given".
+    ``policy``: the models allowed (default: the bundled ones), an enum in the strict form; the plain form shows
+    ``model`` as a string, the choices being the system prompt's (``system_prompt(policy=policy)``).
+    ``strict=True`` declares each function ``"strict": true`` with its schema in strict form (every property
+    required, the optional ones nullable); serve its calls with ``ToolDispatcher(strict=True)``, which reads a
+    ``null`` for an optional argument as "not given".
     """
     policy = policy or ModelPolicy.bundled_only()
     declared = []
     for spec in select_tools(tools):
-        model = agent_input_model(spec, policy)
         function: dict[str, Any] = {"name": spec.name, "description": spec.description}
         if strict:
             function["strict"] = True
-        function["parameters"] = portable_schema(model, "openai-strict" if strict else "mcp")
+            function["parameters"] = portable_schema(agent_input_model(spec, policy), "openai-strict")
+        else:
+            function["parameters"] = agent_input_schema(spec, policy)
         declared.append({"type": "function", "function": function})
     return declared
 

@@ -5,8 +5,10 @@ Pydantic writes full JSON Schema (2020-12): ``$ref``/``$defs``, ``exclusiveMinim
 flavour per family of clients:
 
 - ``"mcp"``: the schema with every ``$ref`` inlined (no ``$defs``), titles dropped and a string ``enum`` or
-  ``const`` without its ``"type": "string"`` (the choices alone say it; the other flavours write the type) —
-  what an MCP client reads as ``inputSchema``; also the plain OpenAI-style ``parameters``.
+  ``const`` without its ``"type": "string"`` (the choices alone say it; the other flavours write the type) — the
+  declared form (``tool_declarations.json``, what ``call`` checks). What an MCP client reads as ``inputSchema``,
+  also the plain OpenAI-style ``parameters``, is this with the shared arguments as their JSON types
+  (:func:`agent_tools.surfaces.agent_input_schema`; the prompts define their forms once).
 - ``"openai-strict"``: OpenAI strict function calling (``"strict": true``): every object closed
   (``additionalProperties: false``) with every property required, an optional property nullable (the model
   sends ``null`` for "not given"; :func:`restore_omitted` turns those nulls back into the defaults), no

@@ -36,7 +36,6 @@ class HeadRef(BaseModel):
 HEAD_FORMS = (
     '"18.8" (layer 18 head 8; "L18H8" works too, "18.*" = every head of layer 18), [18, 8] or {"layer": 18, "head": 8}'
 )
-HEADS_DESCRIPTION = 'each "18.8" (layer 18, head 8), "18.*", [18, 8] or {"layer": 18, "head": 8}'
 HeadPair = Annotated[list[int], Field(min_length=2, max_length=2)]
 
 
@@ -76,12 +75,12 @@ HeadsArgument = Annotated[list[str | HeadRef | HeadPair], BeforeValidator(head_f
 
 
 class AblateHeadsInput(TextInput, StackInput):
-    heads: HeadsArgument = Field(min_length=1, description=HEADS_DESCRIPTION)
+    heads: HeadsArgument = Field(min_length=1)  # the forms: the prompts' "Arguments" block, HEAD_FORMS in errors
     method: AblationMethod = Field(
         default="mean",
         description="mean: output → its mean over positions; resample: → its output on resample_text; zero: → 0",
     )
-    resample_text: str | None = Field(default=None, min_length=1, description="omitted = the text shuffled")
+    resample_text: str | None = Field(default=None, min_length=1)
     baseline_draws: int = Field(
         default=BASELINE_DRAWS, ge=2, le=64, description="random sets of as many heads ablated for comparison"
     )
@@ -90,7 +89,7 @@ class AblateHeadsInput(TextInput, StackInput):
     target_token: str | None = Field(
         default=None,
         min_length=1,
-        description="the token the logit attribution explains; omitted = the top one",
+        description="the token the logit attribution explains",
     )
 
 

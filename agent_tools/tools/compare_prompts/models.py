@@ -9,9 +9,7 @@ from agent_tools.prompt_segments import SegmentSpec
 from agent_tools.schemas import ChatMessage, ModelInput, NextCall, Report, Rounded
 from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack, StackReport
 from agent_tools.traced_prompt.models import (
-    ANSWER_DESCRIPTION,
     ANSWER_STOP_DESCRIPTION,
-    CHECKS_DESCRIPTION,
     DEFAULT_ANSWER_STOP,
     DEFAULT_SINK_THRESHOLD,
     FILLER_DESCRIPTION,
@@ -19,7 +17,6 @@ from agent_tools.traced_prompt.models import (
     MAX_IG_STEPS,
     NEUTRAL_DESCRIPTION,
     SINK_DESCRIPTION,
-    TARGET_DESCRIPTION,
     AnswerStop,
     Check,
     MeasuredTrace,
@@ -40,7 +37,7 @@ class ComparePromptsInput(ModelInput):
     prompt_b: str | list[ChatMessage]
     segments_a: list[SegmentSpec] | None = Field(default=None, description="named segments of prompt_a")
     segments_b: list[SegmentSpec] | None = Field(default=None, description="the same names compare")
-    target: Target = Field(default="last", description=TARGET_DESCRIPTION)
+    target: Target = "last"
     max_new_tokens: int = Field(
         default=16,
         ge=1,
@@ -49,8 +46,8 @@ class ComparePromptsInput(ModelInput):
     )
     answer_stop: AnswerStop = Field(default=DEFAULT_ANSWER_STOP, description=ANSWER_STOP_DESCRIPTION)
     sink_threshold: float = Field(default=DEFAULT_SINK_THRESHOLD, gt=0, le=1, description=SINK_DESCRIPTION)
-    checks: list[Check] | None = Field(default=None, description=CHECKS_DESCRIPTION)
-    answer: str | None = Field(default=None, min_length=1, description=ANSWER_DESCRIPTION)
+    checks: list[Check] | None = None
+    answer: str | None = Field(default=None, min_length=1)
     neutral_token: str | None = Field(default=None, min_length=1, description=NEUTRAL_DESCRIPTION)
     ig_steps: int = Field(default=32, ge=2, le=MAX_IG_STEPS, description=IG_STEPS_DESCRIPTION)
     exclude_filler: bool = Field(default=True, description=FILLER_DESCRIPTION)

@@ -33,11 +33,7 @@ class DiagnoseCollapseInput(TextInput, StackInput):
     top_k: int = Field(default=10, ge=1, le=2000, description="heads listed")
     png: bool = Field(default=False, description="write a layer × head PNG (artifact)")
     causal_check: bool = Field(default=True, description="ablate each collapsed head vs random heads")
-    resample_text: str | None = Field(
-        default=None,
-        min_length=1,
-        description="what resample-ablation copies from, as long or longer; omitted = the text shuffled",
-    )
+    resample_text: str | None = Field(default=None, min_length=1)
     max_checked: int = Field(
         default=MAX_CHECKED_HEADS, ge=1, le=32, description="collapsed heads checked at most, most collapsed first"
     )

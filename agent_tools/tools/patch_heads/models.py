@@ -22,8 +22,8 @@ METHOD_DESCRIPTION = (
 )
 CLEAN_DESCRIPTION = "e.g. '… John gave a drink to'"
 CORRUPTED_DESCRIPTION = "one fact changed, same token length: '… Mary gave a drink to'"
-ANSWER_DESCRIPTION = "the clean answer, one token; omitted = the top one"
-WRONG_DESCRIPTION = "the corrupted answer, one token; omitted = its top one"
+ANSWER_DESCRIPTION = "the clean answer, one token"
+WRONG_DESCRIPTION = "the corrupted answer, one token"
 
 
 class PatchHeadsInput(ModelInput, StackInput):

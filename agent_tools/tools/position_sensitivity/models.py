@@ -17,7 +17,7 @@ class PositionSensitivityInput(ModelInput):
     prompt: str | list[ChatMessage]
     segments: list[SegmentSpec] = Field(min_length=2, max_length=16, description="the movable pieces (documents)")
     move: str = Field(description="the segment to move")
-    answer: str | None = Field(default=None, description="omitted = the top token")
+    answer: str | None = None
     positions: int = Field(default=5, ge=2, le=16, description="positions tried")
 
 

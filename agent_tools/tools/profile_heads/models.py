@@ -23,7 +23,7 @@ from agent_tools.schemas import ModelInput, Report, Rounded, Rounded6, ToolInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
-    "Every head's role (previous_token, induction, first_token, local, …) over several texts, top heads per role "
+    "Every head's role (previous_token, induction, …) over several texts, top heads per role "
     "checked by ablation vs random heads. Use to find heads of a kind."
 )
 SAMPLE_TEXT = (

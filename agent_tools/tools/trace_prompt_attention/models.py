@@ -10,9 +10,7 @@ from agent_tools.prompt_segments import SegmentSpec
 from agent_tools.schemas import ChatMessage, Finding, ModelInput, NextCall, Report, Rounded, rounded
 from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack, StackReport
 from agent_tools.traced_prompt.models import (
-    ANSWER_DESCRIPTION,
     ANSWER_STOP_DESCRIPTION,
-    CHECKS_DESCRIPTION,
     DEFAULT_ANSWER_STOP,
     DEFAULT_SINK_THRESHOLD,
     FILLER_DESCRIPTION,
@@ -20,7 +18,6 @@ from agent_tools.traced_prompt.models import (
     MAX_IG_STEPS,
     NEUTRAL_DESCRIPTION,
     SINK_DESCRIPTION,
-    TARGET_DESCRIPTION,
     AnswerStop,
     Check,
     MeasuredTrace,
@@ -41,7 +38,7 @@ SEGMENTS_DESCRIPTION = "spans to name"
 class TracePromptInput(ModelInput):
     prompt: str | list[ChatMessage]
     segments: list[SegmentSpec] | None = Field(default=None, description=SEGMENTS_DESCRIPTION)
-    target: Target = Field(default="last", description=TARGET_DESCRIPTION)
+    target: Target = "last"
     max_new_tokens: int = Field(
         default=16,
         ge=1,
@@ -51,8 +48,8 @@ class TracePromptInput(ModelInput):
     answer_stop: AnswerStop = Field(default=DEFAULT_ANSWER_STOP, description=ANSWER_STOP_DESCRIPTION)
     top_k: int = Field(default=3, ge=1, le=10, description="most-read tokens listed per segment")
     sink_threshold: float = Field(default=DEFAULT_SINK_THRESHOLD, gt=0, le=1, description=SINK_DESCRIPTION)
-    checks: list[Check] | None = Field(default=None, description=CHECKS_DESCRIPTION)
-    answer: str | None = Field(default=None, min_length=1, description=ANSWER_DESCRIPTION)
+    checks: list[Check] | None = None
+    answer: str | None = Field(default=None, min_length=1)
     neutral_token: str | None = Field(default=None, min_length=1, description=NEUTRAL_DESCRIPTION)
     ig_steps: int = Field(default=32, ge=2, le=MAX_IG_STEPS, description=IG_STEPS_DESCRIPTION)
     exclude_filler: bool = Field(default=True, description=FILLER_DESCRIPTION)
