@@ -29,7 +29,6 @@ CHECKS: tuple[str, ...] = get_args(Check)
 DEFAULT_CHECKS: tuple[Check, ...] = ("causal", "value")
 MAX_IG_STEPS = 256
 
-TARGET_DESCRIPTION = "last: the next token; generate: an answer (answer_stop)"
 ANSWER_STOP_DESCRIPTION = "line: turn end or first line break; tokens: max_new_tokens"
 SINK_DESCRIPTION = (
     "a token read by at least 4 later queries that receives, on average over them and all layers and heads, at "
@@ -38,11 +37,6 @@ SINK_DESCRIPTION = (
 )
 
 
-CHECKS_DESCRIPTION = (
-    "causal: Δ log p(answer) with the segment removed; value: ‖α·v·W_O‖ share; gradient: approximates removal, "
-    "slow; omitted = causal, value"
-)
-ANSWER_DESCRIPTION = "omitted = the model's own"
 NEUTRAL_DESCRIPTION = (
     "the single token that replaces a segment's tokens in the neutral replacement and the gradient baseline; "
     "omitted = a space, else '.', else the tokenizer's unknown or padding token"
