@@ -430,7 +430,6 @@ class DebertaV2Adapter(FamilyAdapter):
 
 
 ADAPTERS: tuple[FamilyAdapter, ...] = (BloomAdapter(), MptAdapter(), FalconAdapter(), DebertaV2Adapter())
-ADAPTED_FAMILIES: tuple[str, ...] = tuple(adapter.family for adapter in ADAPTERS)
 
 
 def adapter_for(module: nn.Module) -> FamilyAdapter | None:

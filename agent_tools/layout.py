@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Literal, TypeGuard, get_args
+from typing import Literal, TypeGuard
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +43,6 @@ ProjectionLayout = Literal[
     "falcon_multi_query",
     "falcon_grouped",
 ]
-PROJECTION_LAYOUTS: tuple[str, ...] = get_args(ProjectionLayout)
 QKVStorage = Literal["separate", "fused_blocks", "fused_per_head", "fused_grouped"]
 
 

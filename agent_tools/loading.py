@@ -126,9 +126,7 @@ def _package_folder(package: str) -> Path | None:
 
 def resolve_reference(reference: str | None) -> ModelSource:
     """Turn an alias, path or hub id into a :class:`ModelSource` without touching the network."""
-    ref = (reference or DEFAULT_MODEL).strip()
-    if not ref:
-        ref = DEFAULT_MODEL
+    ref = (reference or DEFAULT_MODEL).strip() or DEFAULT_MODEL
     if ref in BUNDLED_MODELS:
         bundled = BUNDLED_MODELS[ref]
         folder = _package_folder(bundled.package)

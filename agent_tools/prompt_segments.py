@@ -29,7 +29,7 @@ import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -42,7 +42,6 @@ from agent_tools.schemas import ROLES, ChatMessage, ToolInput
 SegmentKind = Literal[
     "system", "user", "assistant", "text", "named", "inserted", "template", "special", "sink", "generated"
 ]
-SEGMENT_KINDS: tuple[str, ...] = get_args(SegmentKind)
 # Segments no caller may name: they are made here.
 RESERVED_NAMES = ("template", "special", "sink", "generated", "text")
 CONTENT_KINDS = frozenset({"system", "user", "assistant", "text", "named", "inserted"})

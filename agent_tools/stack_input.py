@@ -8,14 +8,13 @@ and how deep each is, is :class:`~agent_tools.families.ModelFacts`'s to say; the
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from agent_tools.schemas import ToolInput
 
 AttentionStack = Literal["self", "encoder", "decoder", "cross"]
-ATTENTION_STACKS: tuple[str, ...] = get_args(AttentionStack)
 
 # What the stacks are is said once in the prompts (prompts/mcp_instructions.md "Arguments"); the schema (shown only
 # for a model with more than one stack) names the default.

@@ -393,6 +393,9 @@ class _Picker:
         return tensor.index_select(0, self.index)
 
 
-def output_grams_for(model: torch.nn.Module, layers: Sequence[int], num_heads: int) -> dict[int, Tensor]:
-    """(H, D, D) Gram matrices of each requested layer's output projection, for :class:`CollapseConsumer`."""
-    return {layer: head_output_grams(output_weight(model, layer), num_heads) for layer in layers}
+def output_grams_for(
+    model: torch.nn.Module, layers: Sequence[int], num_heads: int, *, stack: str | None = None
+) -> dict[int, Tensor]:
+    """(H, D, D) Gram matrices of each requested layer's output projection in ``stack`` (None: the model's default
+    stack), for :class:`CollapseConsumer`."""
+    return {layer: head_output_grams(output_weight(model, layer, stack=stack), num_heads) for layer in layers}

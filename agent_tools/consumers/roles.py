@@ -201,9 +201,7 @@ class RoleScoreConsumer(ShareScoreConsumer):
     """The registry's roles on one sequence, streamed (see :class:`ShareScoreConsumer`)."""
 
     def __init__(self, layout: SequenceLayout, roles: Sequence[HeadRole], num_heads: int) -> None:
-        self.layout = layout
         self.roles = tuple(roles)
-        self.num_heads = num_heads
         super().__init__(lambda: RoleAccumulator(layout, self.roles, num_heads))
 
     def scores(self) -> dict[int, dict[HeadRole, Tensor]]:

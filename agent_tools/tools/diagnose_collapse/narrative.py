@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION, CollapseKind, Verdict
 from agent_tools.schemas import Finding, NextCall, Severity, follow_up
@@ -116,7 +117,7 @@ def describe(row: HeadCollapseRow) -> str:
 
 
 # Value-side verdicts never decide severity on their own: a positional or query-dependent head is worth a look, a
-# collapse is low until its removal is measured (then KIND_SEVERITY says how much it matters).
+# collapse is low until its removal is measured (then KINDS says how much it matters).
 SEVERITY: dict[Verdict, Severity] = {
     "writing_collapse": "low",
     "positional": "medium",
@@ -124,26 +125,22 @@ SEVERITY: dict[Verdict, Severity] = {
     "no_op_sink": "low",
     "not_collapsed": "low",
 }
-KIND_SEVERITY: dict[CollapseKind, Severity] = {
-    "harmful": "high",
-    "load_bearing": "medium",
-    "mixed": "medium",
-    "constant_output": "low",
-    "no_op_sink": "low",
-}
-KIND_WORDS: dict[CollapseKind, str] = {
-    "harmful": "harmful",
-    "load_bearing": "load-bearing",
-    "mixed": "mixed (the two ablations disagree)",
-    "constant_output": "a constant-output head",
-    "no_op_sink": "a no-op sink",
-}
-KIND_PLURAL: dict[CollapseKind, str] = {
-    "harmful": "harmful",
-    "load_bearing": "load-bearing",
-    "mixed": "mixed",
-    "constant_output": "constant-output heads",
-    "no_op_sink": "no-op sinks",
+
+
+class _Kind(NamedTuple):
+    severity: Severity
+    words: str  # "L24H6 is {words}"
+    plural: str  # "3 more {plural}"
+    moved: bool  # removing the head moved the loss beyond chance
+
+
+# In the order the checked heads are reported: those whose removal moved the loss first.
+KINDS: dict[CollapseKind, _Kind] = {
+    "harmful": _Kind("high", "harmful", "harmful", moved=True),
+    "load_bearing": _Kind("medium", "load-bearing", "load-bearing", moved=True),
+    "mixed": _Kind("medium", "mixed (the two ablations disagree)", "mixed", moved=True),
+    "constant_output": _Kind("low", "a constant-output head", "constant-output heads", moved=False),
+    "no_op_sink": _Kind("low", "a no-op sink", "no-op sinks", moved=False),
 }
 MAX_NAMED = 12  # checked heads named in the findings (all of them, up to this many)
 
@@ -184,7 +181,7 @@ def check_sentence(row: CollapseCheckRow, check: CollapseCheck, *, baseline: boo
     chance = f"; {_baseline_text(check.baseline, 'mean', unit)}" if baseline else ""
     moved = _moved(row) if check.measure == "next_token_loss" else None
     way = "" if moved is None else f"; removing it {moved.direction} the loss by {abs(moved.effect):.4f}{unit}"
-    return f"{_where(row)} is {KIND_WORDS[row.kind]} ({_effects(row, unit)}{chance}){way}"
+    return f"{_where(row)} is {KINDS[row.kind].words} ({_effects(row, unit)}{chance}){way}"
 
 
 def together_sentence(check: CollapseCheck) -> str:
@@ -212,7 +209,7 @@ def check_finding(row: CollapseCheckRow, check: CollapseCheck, heads: dict) -> F
         norms = f" Value norms (not evidence of effect): contribution ratio {value_side.contribution_ratio:.2f}."
     return Finding(
         kind=row.kind,
-        severity=KIND_SEVERITY[row.kind],
+        severity=KINDS[row.kind].severity,
         layer=row.layer,
         head=row.head,
         position=value_side.dominant_position if value_side is not None else None,
@@ -276,8 +273,8 @@ def baseline_finding(check: CollapseCheck) -> Finding:
 
 def ordered_checks(check: CollapseCheck) -> list[CollapseCheckRow]:
     """Checked heads, those whose removal moved the loss first (harmful, load-bearing, mixed), by |effect|."""
-    rank = {"harmful": 0, "load_bearing": 1, "mixed": 2, "constant_output": 3, "no_op_sink": 4}
-    return sorted(check.heads, key=lambda r: (rank[r.kind], -abs(r.mean_ablation.effect)))
+    rank = list(KINDS)
+    return sorted(check.heads, key=lambda r: (rank.index(r.kind), -abs(r.mean_ablation.effect)))
 
 
 def findings(numbers: CollapseNumbers, *, top_k: int) -> list[Finding]:
@@ -349,7 +346,7 @@ def _value_sentence(numbers: CollapseNumbers) -> str:
 def _check_summary(check: CollapseCheck) -> str:
     """What removing the collapsed heads did: the heads that moved the loss first, then the others by kind."""
     ordered = ordered_checks(check)
-    moved = [r for r in ordered if r.kind in ("harmful", "load_bearing", "mixed")]
+    moved = [r for r in ordered if KINDS[r.kind].moved]
     quiet = [r for r in ordered if r not in moved]
     what = "next-token loss" if check.measure == "next_token_loss" else "the output embedding"
     of = "" if check.checked == check.collapsed else f" (of {check.collapsed})"
@@ -364,7 +361,7 @@ def _check_summary(check: CollapseCheck) -> str:
     if rest:
         kinds: dict[str, int] = {}
         for r in rest:
-            kinds[KIND_PLURAL[r.kind]] = kinds.get(KIND_PLURAL[r.kind], 0) + 1
+            kinds[KINDS[r.kind].plural] = kinds.get(KINDS[r.kind].plural, 0) + 1
         tail = "; " + ", ".join(f"{n} more {k}" for k, n in kinds.items())
     harmful = sum(1 for r in check.heads if r.kind == "harmful")
     verdict = (
@@ -405,7 +402,7 @@ def next_calls(args: DiagnoseCollapseInput, report: CollapseReport) -> list[Next
     map, and rebuild it to see which ingredient makes it collapse."""
     moved = []
     if report.check is not None:
-        moved = [(r.layer, r.head) for r in report.check.heads if r.kind in ("harmful", "load_bearing", "mixed")]
+        moved = [(r.layer, r.head) for r in report.check.heads if KINDS[r.kind].moved]
     concentrated = [(r.layer, r.head) for r in report.heads if r.verdict != "not_collapsed"]
     focus = moved or concentrated or [(r.layer, r.head) for r in report.heads[:1]]
     if not focus:

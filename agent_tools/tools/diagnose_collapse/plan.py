@@ -23,13 +23,11 @@ from agent_tools.ablation_check import (
 from agent_tools.analysis.ablation import Baseline, compare_with_baseline
 from agent_tools.analysis.collapse import COLLAPSED_VERDICTS, HeadCollapse, collapse_kind, rank_heads
 from agent_tools.analysis.metrics import sink_key_mask
-from agent_tools.analysis.norms import head_output_grams
-from agent_tools.consumers.collapse import CollapseConsumer
+from agent_tools.consumers.collapse import CollapseConsumer, output_grams_for
 from agent_tools.errors import InvalidInputError
 from agent_tools.families import StackFacts
 from agent_tools.inspector import Encoded, Inspector, PassPlan, kv_head_of, text_digest
 from agent_tools.intervene import AblationMethod
-from agent_tools.layout import output_weight
 from agent_tools.loading import LoadedModel
 from agent_tools.render import grid_heatmap
 from agent_tools.schemas import Token, head_label
@@ -71,7 +69,7 @@ def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) ->
         msg = f"{what} is {len(keys)} token; collapse needs at least 2 tokens so a query can choose between keys"
         raise InvalidInputError(msg, field="text")
     sinks = sink_key_mask([t.special for t in keys])  # (keys,): position 0 and the special tokens
-    grams = stack_output_grams(loaded.model, layers, stack)
+    grams = output_grams_for(loaded.model, layers, stack.num_heads, stack=stack.name)
     consumer = CollapseConsumer(sinks, heads=heads, threshold=args.threshold, output_grams=grams)
 
     def finish(_output: object) -> CollapseReport:
@@ -80,13 +78,6 @@ def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) ->
         )
 
     return PassPlan(loaded, encoded, [consumer], finish, layers=layers)
-
-
-def stack_output_grams(model: torch.nn.Module, layers: Sequence[int], stack: StackFacts) -> dict[int, torch.Tensor]:
-    """(H, D, D) Gram matrices of each requested layer's output projection in ``stack`` (for value-side norms)."""
-    return {
-        layer: head_output_grams(output_weight(model, layer, stack=stack.name), stack.num_heads) for layer in layers
-    }
 
 
 def head_row(stats: HeadCollapse, tokens: Sequence[Token], kv_head: int) -> HeadCollapseRow:

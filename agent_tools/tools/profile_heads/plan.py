@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -80,6 +81,7 @@ from agent_tools.tools.profile_heads.narrative import (
 
 Scores = dict[int, dict[HeadRole, torch.Tensor]]  # layer -> role -> (H,) scores
 Head = tuple[int, int]  # (layer, head)
+_N = TypeVar("_N", bound=str)  # a role or a pattern name
 # The smallest rise that counts as an effect, per metric, when the random heads all give the same number.
 EFFECT_FLOORS: dict[EvidenceMetric, float] = {
     "second_copy_loss_change": 0.01,
@@ -93,32 +95,23 @@ def profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> HeadProfiles
     return inspector.execute(plan_profile_heads(inspector, args))
 
 
-def _check_roles(roles: list[HeadRole] | None) -> list[HeadRole]:
-    """The roles asked for, in :data:`HEAD_ROLES` order; an empty or repeated list is refused."""
-    if roles is None:
-        return list(HEAD_ROLES)
-    if not roles:
-        msg = f"roles is empty; give some of {', '.join(HEAD_ROLES)} or omit it"
-        raise InvalidInputError(msg, field="roles")
-    if len(set(roles)) != len(roles):
-        duplicates = sorted({r for r in roles if roles.count(r) > 1})
-        msg = f"roles lists {duplicates} more than once; give each role once"
-        raise InvalidInputError(msg, field="roles")
-    return [r for r in HEAD_ROLES if r in roles]
-
-
-def _check_patterns(patterns: Sequence[str] | None) -> list[PatternName]:
-    """Named patterns, each once; a name outside the documented set is refused with the valid names (a caller
-    that skips pydantic's enum still gets a tool error)."""
-    names = list(patterns or [])
-    unknown = [name for name in names if name not in NAMED_PATTERNS]
+def _check_names(names: Sequence[_N] | None, valid: Sequence[_N], field: str, *, default: Sequence[_N]) -> list[_N]:
+    """The roles or patterns asked for, each once, in ``valid``'s order (``default`` when omitted); an unknown or
+    repeated name, or an empty list where the default is not empty, is refused with the valid names (a caller that
+    skips pydantic's enum still gets a tool error)."""
+    if names is None:
+        return list(default)
+    what = field.removesuffix("s")
+    if not names and default:
+        raise InvalidInputError(f"{field} is empty; give some of {', '.join(valid)} or omit it", field=field)
+    unknown = [name for name in names if name not in valid]
     if unknown:
-        msg = f"unknown pattern {unknown[0]!r}; valid patterns: {', '.join(NAMED_PATTERNS)}"
-        raise InvalidInputError(msg, field="patterns")
+        msg = f"unknown {what} {unknown[0]!r}; valid {field}: {', '.join(valid)}"
+        raise InvalidInputError(msg, field=field)
     if len(set(names)) != len(names):
-        msg = "patterns lists a name more than once; give each pattern once"
-        raise InvalidInputError(msg, field="patterns")
-    return [name for name in NAMED_PATTERNS if name in names]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        raise InvalidInputError(f"{field} lists {duplicates} more than once; give each {what} once", field=field)
+    return [name for name in valid if name in names]
 
 
 @dataclass(frozen=True)
@@ -189,7 +182,9 @@ def plan_profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> PassPla
     stack = inspector.attention_stack(loaded, args.attention)
     inspector.require_stack(loaded, stack, ("self", "encoder"), STACK_REFUSAL)
     layers = inspector.check_layers(loaded, args.layers, stack, "layer")
-    setup = _Setup(loaded, layers, _check_roles(args.roles), _check_patterns(args.patterns), stack.num_layers)
+    roles = _check_names(args.roles, HEAD_ROLES, "roles", default=HEAD_ROLES)
+    patterns = _check_names(args.patterns, list(NAMED_PATTERNS), "patterns", default=[])
+    setup = _Setup(loaded, layers, roles, patterns, stack.num_layers)
     text_roles = [r for r in setup.roles if r in TEXT_ROLES]
     if not text_roles and not setup.patterns:
         return PassPlan(loaded, None, [], lambda _output: _profile(inspector, args, setup, None))
