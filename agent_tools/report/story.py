@@ -35,6 +35,7 @@ from agent_tools.tools.plan_kv_cache.models import PlanKvCacheReport
 from agent_tools.tools.position_sensitivity.models import PositionSensitivityReport
 from agent_tools.tools.profile_heads.models import HeadProfiles
 from agent_tools.tools.reconstruct_attention.models import AttentionReconstruction
+from agent_tools.tools.reconstruct_attention.narrative import decisive_stage
 from agent_tools.tools.scaling_experiment.models import VANISHED, ScalingExperimentReport
 
 if TYPE_CHECKING:
@@ -176,20 +177,13 @@ def scale_step(result: AnalysisResult) -> StoryStep | None:
 # --- 3. the projections, one by one -------------------------------------------------------------------------
 
 
-def _decisive(stages: list[Any]) -> tuple[int, float]:
-    """(index, drop): the stage whose ingredient moves the map most towards the model's (mask held fixed)."""
-    drops = [(stages[i - 1].masked_js_to_model - stages[i].masked_js_to_model, i) for i in range(1, len(stages))]
-    drop, index = max(drops)
-    return index, drop
-
-
 def stages_step(result: AnalysisResult) -> StoryStep | None:
     """The reconstruction's stages side by side and the ingredient that changes the map most."""
     rebuilt = result.report("reconstruct_attention", AttentionReconstruction)
     if rebuilt is None:
         return None
     stages = rebuilt.stages
-    index, _drop = _decisive(stages)
+    index, _drop = decisive_stage(stages)
     before, after = stages[index - 1], stages[index]
     entropies = " → ".join(f"{STAGE_SHORT[s.name]} {s.mean_entropy:.2f}" for s in stages)
     return StoryStep(

@@ -16,7 +16,7 @@ from agent_tools.tools.compare_prompts.narrative import Comparison, narrate
 from agent_tools.traced_prompt.evidence import EvidenceRequest
 from agent_tools.traced_prompt.evidence import prepare as prepare_evidence
 from agent_tools.traced_prompt.measure import check_traceable
-from agent_tools.traced_prompt.models import MeasuredTrace, TokenProbability
+from agent_tools.traced_prompt.models import MeasuredTrace, TokenProbability, generation_arguments, prompt_argument
 from agent_tools.traced_prompt.run import TraceRun, trace
 
 COMPARED = {  # SegmentComparison's column -> the trace's field, one column per variant (_a, _b)
@@ -38,7 +38,7 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
     """
     loaded = inspector.model(args.model)
     variants = (("prompt_a", args.prompt_a, args.segments_a), ("prompt_b", args.prompt_b, args.segments_b))
-    request = _request(args)
+    request = EvidenceRequest.of(args)
     for field, prompt, named in variants:  # both variants valid (text, segments, checks) before either runs
         segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field)
         if not loaded.facts.is_encoder_decoder:  # an encoder–decoder's cross-attention trace runs no checks
@@ -81,9 +81,11 @@ def _next_calls(model: str, args: ComparePromptsInput, comparison: Comparison) -
         ("A", comparison.a, args.prompt_a, args.segments_a),
         ("B", comparison.b, args.prompt_b, args.segments_b),
     ):
-        arguments: dict = {"model": model, "prompt": _argument(prompt), "target": args.target}
-        if args.target == "generate":
-            arguments |= {"answer_stop": args.answer_stop, "max_new_tokens": args.max_new_tokens}
+        arguments: dict = {
+            "model": model,
+            "prompt": prompt_argument(prompt),
+            **generation_arguments(args.target, args.answer_stop, args.max_new_tokens),
+        }
         if args.answer is not None:
             arguments["answer"] = args.answer
         if named:
@@ -104,10 +106,6 @@ def _next_calls(model: str, args: ComparePromptsInput, comparison: Comparison) -
     return calls
 
 
-def _argument(prompt: str | list[ChatMessage]) -> str | list[dict]:
-    return prompt if isinstance(prompt, str) else [m.model_dump() for m in prompt]
-
-
 def _trace(
     inspector: Inspector,
     loaded: LoadedModel,
@@ -124,19 +122,9 @@ def _trace(
         target=args.target,
         max_new_tokens=args.max_new_tokens,
         sink_threshold=args.sink_threshold,
-        evidence=_request(args),
+        evidence=EvidenceRequest.of(args),
         attention=args.attention,
         answer_stop=args.answer_stop,
-    )
-
-
-def _request(args: ComparePromptsInput) -> EvidenceRequest:
-    return EvidenceRequest.of(
-        args.checks,
-        answer=args.answer,
-        neutral_token=args.neutral_token,
-        ig_steps=args.ig_steps,
-        exclude_filler=args.exclude_filler,
     )
 
 

@@ -28,13 +28,7 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
     removing / neutralising each segment, value-weighted shares with filler set apart, integrated gradients.
     """
     loaded = inspector.model(args.model)
-    request = EvidenceRequest.of(
-        args.checks,
-        answer=args.answer,
-        neutral_token=args.neutral_token,
-        ig_steps=args.ig_steps,
-        exclude_filler=args.exclude_filler,
-    )
+    request = EvidenceRequest.of(args)
     run = trace(
         inspector,
         loaded,
