@@ -148,14 +148,14 @@ def check_new_tokens(value: int) -> int:
     return value
 
 
+def kv_head_of(stack: StackFacts, head: int) -> int:
+    """The KV head query head ``head`` of ``stack`` reads (:meth:`~agent_tools.families.KvGrouping.kv_head_of`)."""
+    return stack.kv_head_of(head)
+
+
 def stack_where(loaded: LoadedModel, stack: StackFacts) -> str:
     """The end of a range error: ' of the decoder stack' on an encoder–decoder, nothing on a single-stack model."""
     return f" of the {stack.name} stack" if loaded.facts.is_encoder_decoder else ""
-
-
-def kv_head_of(stack: StackFacts, head: int) -> int:
-    """The KV head query head ``head`` of ``stack`` reads (transformers' ``repeat_kv`` layout)."""
-    return head // max(1, stack.num_heads // stack.num_kv_heads)
 
 
 class Inspector(Session):
