@@ -163,7 +163,6 @@ class Inspector(Session):
 
     # --- tokenising ---------------------------------------------------------------------------------
     render_messages = staticmethod(encoding.render_messages)
-    answer_input = staticmethod(encoding.answer_input)  # what a decoder reads to reproduce a generation
 
     def encode(self, loaded: LoadedModel, text: str, *, add_special_tokens: bool = True) -> Encoded:
         """Tokenise with offsets, enforcing the token limit (the model's positions or the session's)."""

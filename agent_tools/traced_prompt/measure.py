@@ -23,6 +23,7 @@ from agent_tools.consumers.received import ReceivedShareConsumer
 from agent_tools.consumers.rollout import RolloutConsumer
 from agent_tools.consumers.segment_shares import SegmentAccumulator
 from agent_tools.consumers.value_rows import ValueRowConsumer
+from agent_tools.encoding import answer_input
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
@@ -224,7 +225,7 @@ def seq2seq_trace_pass(
         loaded, encoded, max_new_tokens=steps, stop_when=stop_when if target == "generate" else None
     )
     cross = inspector.attention_stack(loaded, "cross")
-    decoded = encoded.on_stack(cross.name, inspector.answer_input(loaded, encoded, generation))
+    decoded = encoded.on_stack(cross.name, answer_input(loaded, encoded, generation))
     rows = CrossRowsConsumer()
     inspector.run(loaded, decoded, [rows], need_output=False)
     rollout = RolloutConsumer()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agent_tools.ablation_check import ResampleSource, measure_head_sets, random_sets, resample_source
+from agent_tools.ablation_check import ResampleSource, baseline_of, measure_head_sets, random_sets, resample_source
 from agent_tools.analysis.ablation import Baseline, compare_with_baseline, cosine_change, size_against, top_token_change
 from agent_tools.analysis.metrics import kl_divergence, next_token_losses
 from agent_tools.clean_corrupted import single_token
@@ -136,7 +136,7 @@ def _baseline(effect: float, kl: float | None, draws: list, count: int) -> Ablat
     """The named heads' effect (and KL) against the random draws' (None without draws)."""
     if not draws:
         return None
-    effects = Baseline(tuple(d.effect for d in draws))
+    effects = baseline_of(draws)
     kls = Baseline(tuple(d.kl_mean for d in draws)) if kl is not None else None
     return AblationBaseline(
         draws=len(draws),

@@ -7,9 +7,8 @@ from typing import Any
 from agent_tools.analysis.metrics import kl_divergence
 from agent_tools.analysis.segments import share_changes
 from agent_tools.inspector import Inspector
-from agent_tools.loading import LoadedModel
-from agent_tools.prompt_segments import SegmentSpec, segment_prompt
-from agent_tools.schemas import ChatMessage, NextCall
+from agent_tools.prompt_segments import segment_prompt
+from agent_tools.schemas import NextCall
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.compare_prompts.models import ComparePromptsInput, PromptComparison, SegmentComparison
 from agent_tools.tools.compare_prompts.narrative import Comparison, narrate
@@ -43,8 +42,21 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
         segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field)
         if not loaded.facts.is_encoder_decoder:  # an encoder–decoder's cross-attention trace runs no checks
             prepare_evidence(inspector, loaded, segmented, request)
-    run_a = _trace(inspector, loaded, args, args.prompt_a, args.segments_a)
-    run_b = _trace(inspector, loaded, args, args.prompt_b, args.segments_b)
+    run_a, run_b = (
+        trace(
+            inspector,
+            loaded,
+            prompt,
+            named,
+            target=args.target,
+            max_new_tokens=args.max_new_tokens,
+            sink_threshold=args.sink_threshold,
+            evidence=request,
+            attention=args.attention,
+            answer_stop=args.answer_stop,
+        )
+        for _, prompt, named in variants
+    )
     comparison = compare(run_a, run_b, generated=args.target == "generate")
     summary, findings = narrate(comparison)
     a, b = comparison.a, comparison.b
@@ -104,28 +116,6 @@ def _next_calls(model: str, args: ComparePromptsInput, comparison: Comparison) -
             why = f"variant {name} alone, segment by segment: what its answer reads around {lead!r}"
         calls.append(NextCall(tool="trace_prompt_attention", arguments=arguments, why=why))
     return calls
-
-
-def _trace(
-    inspector: Inspector,
-    loaded: LoadedModel,
-    args: ComparePromptsInput,
-    prompt: str | list[ChatMessage],
-    named: list[SegmentSpec] | None,
-) -> TraceRun:
-    """One variant through the shared traced pass, with the comparison's target and sink threshold."""
-    return trace(
-        inspector,
-        loaded,
-        prompt,
-        named,
-        target=args.target,
-        max_new_tokens=args.max_new_tokens,
-        sink_threshold=args.sink_threshold,
-        evidence=EvidenceRequest.of(args),
-        attention=args.attention,
-        answer_stop=args.answer_stop,
-    )
 
 
 def compare(run_a: TraceRun, run_b: TraceRun, *, generated: bool) -> Comparison:
