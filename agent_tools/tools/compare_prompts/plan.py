@@ -16,7 +16,7 @@ from agent_tools.traced_prompt.evidence import EvidenceRequest
 from agent_tools.traced_prompt.evidence import prepare as prepare_evidence
 from agent_tools.traced_prompt.measure import check_traceable
 from agent_tools.traced_prompt.models import MeasuredTrace, TokenProbability, generation_arguments, prompt_argument
-from agent_tools.traced_prompt.run import TraceRun, trace
+from agent_tools.traced_prompt.run import TraceRun, trace, trace_options
 
 COMPARED = {  # SegmentComparison's column -> the trace's field, one column per variant (_a, _b)
     "share_without_sink": "share_without_sink",
@@ -43,19 +43,7 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
         if not loaded.facts.is_encoder_decoder:  # an encoder–decoder's cross-attention trace runs no checks
             prepare_evidence(inspector, loaded, segmented, request)
     run_a, run_b = (
-        trace(
-            inspector,
-            loaded,
-            prompt,
-            named,
-            target=args.target,
-            max_new_tokens=args.max_new_tokens,
-            sink_threshold=args.sink_threshold,
-            evidence=request,
-            attention=args.attention,
-            answer_stop=args.answer_stop,
-        )
-        for _, prompt, named in variants
+        trace(inspector, loaded, p, named, evidence=request, **trace_options(args)) for _, p, named in variants
     )
     comparison = compare(run_a, run_b, generated=args.target == "generate")
     summary, findings = narrate(comparison)
