@@ -98,13 +98,11 @@ def trace(
         traced = trace_pass(
             inspector,
             loaded,
-            prompt,
-            named,
+            segmented,
             target=target,
             max_new_tokens=max_new_tokens,
             sink_threshold=sink_threshold,
             value_grams=prepared.value_grams,
-            segmented=segmented,
             keep_cache=prepared.causal and target == "last",
             stop_when=stop_rule(loaded, answer_stop) if target == "generate" else None,
         )
