@@ -169,15 +169,11 @@ class Inspector(Session):
         return encoding.encode(loaded, text, limit=self.limit_for(loaded), add_special_tokens=add_special_tokens)
 
     # --- validation -----------------------------------------------------------------------------------
-    def check_layer(self, loaded: LoadedModel, layer: int, stack: StackFacts | None = None) -> int:
-        """A layer index of ``stack`` (None = the default stack), or an error naming that stack's range."""
-        if stack is None:
-            return check_index(layer, loaded.facts.num_layers, "layer")
+    def check_layer(self, loaded: LoadedModel, layer: int, stack: StackFacts) -> int:
+        """A layer index of ``stack``, or an error naming that stack's range."""
         return check_index(layer, stack.num_layers, "layer", where=stack_where(loaded, stack))
 
-    def check_head(self, loaded: LoadedModel, head: int, stack: StackFacts | None = None) -> int:
-        if stack is None:
-            return check_index(head, loaded.facts.num_heads, "head")
+    def check_head(self, loaded: LoadedModel, head: int, stack: StackFacts) -> int:
         return check_index(head, stack.num_heads, "head", where=stack_where(loaded, stack))
 
     def check_layers(
