@@ -161,13 +161,15 @@ def encode(loaded: LoadedModel, text: str, *, limit: int, add_special_tokens: bo
     return Encoded(input_ids=ids, attention_mask=mask, tokens=tokens, offsets=offsets, text=text)
 
 
+def decode(loaded: LoadedModel, ids: list[int], *, skip_special_tokens: bool = False) -> str:
+    """The tokenizer's text for ``ids`` (``LoadedModel.tokenizer`` is typed ``object``: any tokenizer)."""
+    return str(loaded.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+
 def id_tokens(loaded: LoadedModel, ids: list[int]) -> list[Token]:
     """Tokens of ids with no text behind them, each decoded on its own."""
     special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
-    return [
-        Token(position=i, text=str(loaded.tokenizer.decode([t])), token_id=t, special=t in special)
-        for i, t in enumerate(ids)
-    ]
+    return [Token(position=i, text=decode(loaded, [t]), token_id=t, special=t in special) for i, t in enumerate(ids)]
 
 
 def encode_ids(loaded: LoadedModel, ids: list[int]) -> Encoded:

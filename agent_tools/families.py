@@ -45,8 +45,28 @@ _NON_TEXT_INPUTS = {
 _CROSS_NAMES = ("cross", "encdec", "encoder_attn")
 
 
+class KvGrouping:
+    """Grouped-query attention's one rule, for a stack and for a model: query head h reads KV head h // groups."""
+
+    num_heads: int
+    num_kv_heads: int
+
+    @property
+    def kv_groups(self) -> int:
+        """Query heads per KV head (1 without grouped-query attention)."""
+        return max(1, self.num_heads // self.num_kv_heads)
+
+    def kv_head_of(self, head: int) -> int:
+        """The KV head a query head reads (transformers' ``repeat_kv`` layout)."""
+        return head // self.kv_groups
+
+    def heads_sharing_kv(self, kv_head: int) -> list[int]:
+        """The query heads that read KV head ``kv_head``."""
+        return list(range(kv_head * self.kv_groups, (kv_head + 1) * self.kv_groups))
+
+
 @dataclass(frozen=True)
-class StackFacts:
+class StackFacts(KvGrouping):
     """One attention stack: its depth, heads, widths, scale, mask kind and the score terms its family adds."""
 
     name: str
@@ -61,7 +81,7 @@ class StackFacts:
 
 
 @dataclass(frozen=True)
-class ModelFacts:
+class ModelFacts(KvGrouping):
     """Architecture facts about a model's attention, read from its config and modules.
 
     The flat fields describe the model's default stack (``"self"``, or ``"encoder"`` for an encoder–decoder);
@@ -90,18 +110,6 @@ class ModelFacts:
     is_encoder_decoder: bool
     stacks: tuple[StackFacts, ...]
     main_input: str  # what the model's forward reads: "input_ids" (text), or e.g. "input_features" (Whisper audio)
-
-    @property
-    def kv_groups(self) -> int:
-        """Query heads per KV head (1 without grouped-query attention)."""
-        return self.num_heads // self.num_kv_heads
-
-    def kv_head_of(self, head: int) -> int:
-        """The KV head a query head reads (transformers' ``repeat_kv`` layout)."""
-        return head // self.kv_groups
-
-    def heads_sharing_kv(self, kv_head: int) -> list[int]:
-        return list(range(kv_head * self.kv_groups, (kv_head + 1) * self.kv_groups))
 
     @property
     def stack_names(self) -> tuple[str, ...]:

@@ -148,14 +148,14 @@ def check_new_tokens(value: int) -> int:
     return value
 
 
+def kv_head_of(stack: StackFacts, head: int) -> int:
+    """The KV head query head ``head`` of ``stack`` reads (:meth:`~agent_tools.families.KvGrouping.kv_head_of`)."""
+    return stack.kv_head_of(head)
+
+
 def stack_where(loaded: LoadedModel, stack: StackFacts) -> str:
     """The end of a range error: ' of the decoder stack' on an encoder–decoder, nothing on a single-stack model."""
     return f" of the {stack.name} stack" if loaded.facts.is_encoder_decoder else ""
-
-
-def kv_head_of(stack: StackFacts, head: int) -> int:
-    """The KV head query head ``head`` of ``stack`` reads (transformers' ``repeat_kv`` layout)."""
-    return head // max(1, stack.num_heads // stack.num_kv_heads)
 
 
 class Inspector(Session):
@@ -163,22 +163,17 @@ class Inspector(Session):
 
     # --- tokenising ---------------------------------------------------------------------------------
     render_messages = staticmethod(encoding.render_messages)
-    answer_input = staticmethod(encoding.answer_input)  # what a decoder reads to reproduce a generation
 
     def encode(self, loaded: LoadedModel, text: str, *, add_special_tokens: bool = True) -> Encoded:
         """Tokenise with offsets, enforcing the token limit (the model's positions or the session's)."""
         return encoding.encode(loaded, text, limit=self.limit_for(loaded), add_special_tokens=add_special_tokens)
 
     # --- validation -----------------------------------------------------------------------------------
-    def check_layer(self, loaded: LoadedModel, layer: int, stack: StackFacts | None = None) -> int:
-        """A layer index of ``stack`` (None = the default stack), or an error naming that stack's range."""
-        if stack is None:
-            return check_index(layer, loaded.facts.num_layers, "layer")
+    def check_layer(self, loaded: LoadedModel, layer: int, stack: StackFacts) -> int:
+        """A layer index of ``stack``, or an error naming that stack's range."""
         return check_index(layer, stack.num_layers, "layer", where=stack_where(loaded, stack))
 
-    def check_head(self, loaded: LoadedModel, head: int, stack: StackFacts | None = None) -> int:
-        if stack is None:
-            return check_index(head, loaded.facts.num_heads, "head")
+    def check_head(self, loaded: LoadedModel, head: int, stack: StackFacts) -> int:
         return check_index(head, stack.num_heads, "head", where=stack_where(loaded, stack))
 
     def check_layers(

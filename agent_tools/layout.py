@@ -328,7 +328,7 @@ def _qkv_starts(layout: WeightLayout, facts: ModelFacts, head: int, kv_head: int
     """The first output feature of the head's query, key and value slices in its layout's module(s)."""
     d_head = facts.head_dim
     if layout.storage == "fused_grouped":  # view(B, T, Hkv, g + 2, D): g query heads, the key, the value
-        groups = facts.num_heads // facts.num_kv_heads
+        groups = facts.kv_groups
         base = kv_head * (groups + 2) * d_head
         return base + (head % groups) * d_head, base + groups * d_head, base + (groups + 1) * d_head
     if layout.storage == "separate":
@@ -365,7 +365,7 @@ def head_projections(
         stack: the attention stack ``layer`` and ``head`` count in (None = the model's default stack).
     """
     facts, attention, layout, heads, modules = _layer_projections(model, layer, facts, stack)
-    d_head, kv_head = heads.head_dim, head // max(1, heads.num_heads // heads.num_kv_heads)
+    d_head, kv_head = heads.head_dim, heads.kv_head_of(head)
     q_module, k_module, v_module = modules if len(modules) == 3 else modules * 3
     q_start, k_start, v_start = _qkv_starts(layout, facts, head, kv_head)
     projection = output_projection(model, layer, in_features=heads.num_heads * d_head, stack=stack)
@@ -400,7 +400,7 @@ def qkv_reads(
     A gradient at a module's output sliced there, times the slice's weight, is the gradient at the residual as
     that head reads it through that path (find_circuit's receivers)."""
     facts, _, layout, heads, modules = _layer_projections(model, layer, facts, stack)
-    groups = max(1, heads.num_heads // heads.num_kv_heads)
+    groups = heads.kv_groups
     reads: dict[tuple[str, int], tuple[int, int]] = {}
     for head in range(heads.num_heads):
         q_start, k_start, v_start = _qkv_starts(layout, facts, head, head // groups)

@@ -175,12 +175,10 @@ def _plan_sentence(report: PlanKvCacheReport) -> str:
     )
 
 
-def _where(slot: int, last: int) -> str:
-    return "first" if slot == 0 else "last" if slot == last else f"slot {slot} of 0..{last}"
-
-
 def u_curve_sentence(report: PositionSensitivityReport) -> str:
     """The U-curve in words: best and worst position of the needle, the spread, the shape."""
+    from agent_tools.tools.position_sensitivity.narrative import where  # called once the report exists
+
     by_slot = {p.slot: p for p in report.positions}
     last = max(by_slot)
     best, worst = by_slot[report.best_slot], by_slot[report.worst_slot]
@@ -191,8 +189,8 @@ def u_curve_sentence(report: PositionSensitivityReport) -> str:
     }[report.shape]
     return (
         f"Moving the needle sentence through {len(by_slot)} positions among four parts of this text "
-        f"({best.prompt_tokens} tokens), log p of {report.answer.strip()!r} is best {_where(best.slot, last)} "
-        f"(depth {best.relative_depth:.2f}, {best.answer_logprob:.3f} nats) and worst {_where(worst.slot, last)} "
+        f"({best.prompt_tokens} tokens), log p of {report.answer.strip()!r} is best {where(best.slot, last)} "
+        f"(depth {best.relative_depth:.2f}, {best.answer_logprob:.3f} nats) and worst {where(worst.slot, last)} "
         f"(depth {worst.relative_depth:.2f}, {worst.answer_logprob:.3f} nats): spread {report.spread:.3f} nats, "
         f"{shape}."
     )

@@ -35,7 +35,9 @@ from agent_tools.tools.plan_kv_cache.models import PlanKvCacheReport
 from agent_tools.tools.position_sensitivity.models import PositionSensitivityReport
 from agent_tools.tools.profile_heads.models import HeadProfiles
 from agent_tools.tools.reconstruct_attention.models import AttentionReconstruction
+from agent_tools.tools.reconstruct_attention.narrative import decisive_stage
 from agent_tools.tools.scaling_experiment.models import VANISHED, ScalingExperimentReport
+from agent_tools.wording import head_name
 
 if TYPE_CHECKING:
     from agent_tools.report.job import AnalysisResult
@@ -84,10 +86,6 @@ def _num(value: float) -> str:
     if abs(value) >= 1000:
         return f"{float(f'{value:.3g}'):,.0f}"
     return f"{value:.3g}"
-
-
-def _head(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
 
 
 # --- 1. the raw dot product ---------------------------------------------------------------------------------
@@ -176,29 +174,22 @@ def scale_step(result: AnalysisResult) -> StoryStep | None:
 # --- 3. the projections, one by one -------------------------------------------------------------------------
 
 
-def _decisive(stages: list[Any]) -> tuple[int, float]:
-    """(index, drop): the stage whose ingredient moves the map most towards the model's (mask held fixed)."""
-    drops = [(stages[i - 1].masked_js_to_model - stages[i].masked_js_to_model, i) for i in range(1, len(stages))]
-    drop, index = max(drops)
-    return index, drop
-
-
 def stages_step(result: AnalysisResult) -> StoryStep | None:
     """The reconstruction's stages side by side and the ingredient that changes the map most."""
     rebuilt = result.report("reconstruct_attention", AttentionReconstruction)
     if rebuilt is None:
         return None
     stages = rebuilt.stages
-    index, _drop = _decisive(stages)
+    index, _drop = decisive_stage(stages)
     before, after = stages[index - 1], stages[index]
     entropies = " → ".join(f"{STAGE_SHORT[s.name]} {s.mean_entropy:.2f}" for s in stages)
     return StoryStep(
         key="stages",
         number=3,
         title="Adding the pieces one by one",
-        question=f"Which ingredient makes {_head(rebuilt.layer, rebuilt.head)} attend the way it does?",
+        question=f"Which ingredient makes {head_name(rebuilt.layer, rebuilt.head)} attend the way it does?",
         sentences=[
-            f"Rebuilding {_head(rebuilt.layer, rebuilt.head)} (the most collapsed head) from its input, the mean "
+            f"Rebuilding {head_name(rebuilt.layer, rebuilt.head)} (the most collapsed head) from its input, the mean "
             f"entropy per stage in nats is {entropies}; stage 5 equals the model's own map (error "
             f"{rebuilt.model_weight_error:.1e}).",
             f"The ingredient that changes the map most is {STAGE_INGREDIENTS[after.name]} (stage {after.stage}): "
@@ -227,7 +218,7 @@ def no_projection_step(result: AnalysisResult) -> StoryStep | None:
     if projections is None:
         return None
     cf, angles = projections.counterfactual, projections.query_key_angles
-    where = _head(projections.layer, projections.head)
+    where = head_name(projections.layer, projections.head)
     return StoryStep(
         key="no_projections",
         number=4,
@@ -258,7 +249,7 @@ def _writing_sentence(row: HeadCollapseRow) -> str:
             f"ordinary key's ‖v W_O‖ (contribution ratio {row.contribution_ratio:.2f} ≥ {NO_OP_CONTRIBUTION})"
         )
     return (
-        f"{_head(row.layer, row.head)} collapses onto {row.dominant_position}:{row.dominant_token!r} whatever the "
+        f"{head_name(row.layer, row.head)} collapses onto {row.dominant_position}:{row.dominant_token!r} whatever the "
         f"query (mean max weight {row.mean_max_weight:.3f}){values}"
     )
 
@@ -269,7 +260,7 @@ def _check_sentences(check: CollapseCheck) -> list[str]:
     named = "; ".join(check_sentence(r, check) for r in ordered[:3])
     more = ""
     if len(ordered) > 3:
-        more = f" ({len(ordered) - 3} more checked: {', '.join(_head(r.layer, r.head) for r in ordered[3:])})"
+        more = f" ({len(ordered) - 3} more checked: {', '.join(head_name(r.layer, r.head) for r in ordered[3:])})"
     harmful = [r for r in check.heads if r.kind == "harmful"]
     sentences = [
         f"Removing each collapsed head shows whether it matters ({check.checked} of {check.collapsed} checked, "
@@ -288,7 +279,7 @@ def _other_verdicts(rows: list[HeadCollapseRow]) -> str:
     dependent = [r for r in rows if r.verdict == "query_dependent"]
     parts = []
     if positional:
-        names = ", ".join(_head(r.layer, r.head) for r in positional[:4])
+        names = ", ".join(head_name(r.layer, r.head) for r in positional[:4])
         parts.append(f"{len(positional)} positional ({names}: they read the previous token or themselves — a job)")
     if dependent:
         parts.append(f"{len(dependent)} sharp but query-dependent (the chosen key changes with the query)")
@@ -316,7 +307,7 @@ def collapse_step(result: AnalysisResult) -> StoryStep | None:
         sentences.append("Removing the heads was not measured, so nothing here says whether a collapse matters.")
     if writing:
         named = "; ".join(_writing_sentence(r) for r in writing[:3])
-        more = f" ({len(writing) - 3} more: {', '.join(_head(r.layer, r.head) for r in writing[3:])})"
+        more = f" ({len(writing) - 3} more: {', '.join(head_name(r.layer, r.head) for r in writing[3:])})"
         sentences.append(
             f"Value side (norms, not effects): {named}{more if len(writing) > 3 else ''}. Such a head writes about "
             "the same vector at every position."
@@ -355,7 +346,7 @@ def _role_tops(profile: Any) -> str:
         if qualified:
             top = qualified[0]
             spread = f" ± {top.spread:.2f}" if top.spread is not None else ""
-            said = f"{role.role.replace('_', '-')} {_head(top.layer, top.head)} ({top.score:.2f}{spread}"
+            said = f"{role.role.replace('_', '-')} {head_name(top.layer, top.head)} ({top.score:.2f}{spread}"
             evidence = top.ablation
             if (
                 top.verdict in ("is_role", "attends_only")
@@ -374,7 +365,7 @@ def _role_tops(profile: Any) -> str:
 
 def _induction_sentence(result: AnalysisResult, probe: ProbeView) -> str:
     """The top induction head on its probe, and what it does on the text instead."""
-    where = _head(probe.layer, probe.head)
+    where = head_name(probe.layer, probe.head)
     setting = (
         f"Induction is measured on a probe of {probe.repeat_length} random tokens repeated once, where copying is "
         "the only way to predict the second copy"
@@ -406,7 +397,7 @@ def roles_step(result: AnalysisResult) -> StoryStep | None:
         sentences.append(_induction_sentence(result, probe))
         pictures.append(
             StoryPicture(
-                "story-6-induction-probe", f"{_head(probe.layer, probe.head)} on the probe (seed {probe.seed})"
+                "story-6-induction-probe", f"{head_name(probe.layer, probe.head)} on the probe (seed {probe.seed})"
             )
         )
     if check is not None:

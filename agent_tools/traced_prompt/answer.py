@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import re
 
+from agent_tools.encoding import decode
 from agent_tools.loading import LoadedModel
 from agent_tools.runner import StopReason, StopRule
 from agent_tools.traced_prompt.models import AnswerStop
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 _SENTENCE_BREAK = re.compile(r"\S.*?[.!?][\"')\]]*\s", re.DOTALL)
-
-
-def _decode(loaded: LoadedModel, ids: list[int]) -> str:
-    return str(loaded.tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def _line_break(text: str) -> bool:
@@ -35,7 +32,7 @@ def stop_rule(loaded: LoadedModel, stop: AnswerStop) -> StopRule | None:
         return None
 
     def rule(ids: list[int]) -> StopReason | None:
-        text = _decode(loaded, ids)
+        text = decode(loaded, ids, skip_special_tokens=True)
         if _line_break(text):
             return "line"
         if stop == "sentence" and _SENTENCE_BREAK.search(text):
@@ -50,10 +47,10 @@ def measured_ids(loaded: LoadedModel, ids: list[int], stopped: str | None) -> li
     is only whitespace, or the first token after a sentence end); the whole answer when nothing else is left."""
     if len(ids) <= 1:
         return list(ids)
-    last = _decode(loaded, ids[-1:])
+    last = decode(loaded, ids[-1:], skip_special_tokens=True)
     if stopped == "eos" or (stopped in ("line", "sentence") and not last.strip()):
         return list(ids[:-1])
-    if stopped == "sentence" and _SENTENCE_END.search(_decode(loaded, ids[:-1]).rstrip()):
+    if stopped == "sentence" and _SENTENCE_END.search(decode(loaded, ids[:-1], skip_special_tokens=True).rstrip()):
         return list(ids[:-1])
     return list(ids)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -57,21 +58,15 @@ class EvidenceRequest:
     exclude_filler: bool = True
 
     @classmethod
-    def of(
-        cls,
-        checks: Sequence[Check] | None,
-        *,
-        answer: str | None = None,
-        neutral_token: str | None = None,
-        ig_steps: int = 32,
-        exclude_filler: bool = True,
-    ) -> EvidenceRequest:
-        """A request from tool arguments; a repeated check is refused."""
+    def of(cls, args: Any) -> EvidenceRequest:
+        """A request from a tool's arguments (``checks``, ``answer``, ``neutral_token``, ``ig_steps``,
+        ``exclude_filler``: trace_prompt_attention's and compare_prompts'); a repeated check is refused."""
+        checks: Sequence[Check] | None = args.checks
         if checks is not None and len(set(checks)) != len(checks):
             msg = f"checks lists a check twice; give each of {', '.join(CHECKS)} at most once"
             raise InvalidInputError(msg, field="checks")
         chosen: tuple[Check, ...] = DEFAULT_CHECKS if checks is None else tuple(c for c in CHECK_ORDER if c in checks)
-        return cls(chosen, checks is not None, answer, neutral_token, ig_steps, exclude_filler)
+        return cls(chosen, checks is not None, args.answer, args.neutral_token, args.ig_steps, args.exclude_filler)
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,14 @@ from agent_tools.consumers.received import ReceivedShareConsumer
 from agent_tools.consumers.rollout import RolloutConsumer
 from agent_tools.consumers.segment_shares import SegmentAccumulator
 from agent_tools.consumers.value_rows import ValueRowConsumer
+from agent_tools.encoding import answer_input
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.prompt_segments import CONTENT_KINDS, Segment, SegmentedPrompt, SegmentSpec, segment_prompt
+from agent_tools.prompt_segments import CONTENT_KINDS, Segment, SegmentedPrompt
 from agent_tools.runner import Generation, StopRule
 from agent_tools.runner.attribution import TracedAnswer
-from agent_tools.schemas import ROLES, ChatMessage
+from agent_tools.schemas import ROLES
 from agent_tools.traced_prompt.models import DEFAULT_SINK_THRESHOLD, SegmentTier, Target
 
 
@@ -151,26 +152,22 @@ class _TracePass:
 def trace_pass(
     inspector: Inspector,
     loaded: LoadedModel,
-    prompt: str | list[ChatMessage],
-    named: list[SegmentSpec] | None,
+    segmented: SegmentedPrompt,
     *,
     target: Target = "last",
     max_new_tokens: int = 16,
     sink_threshold: float = DEFAULT_SINK_THRESHOLD,
     value_grams: dict[int, Tensor] | None = None,
-    segmented: SegmentedPrompt | None = None,
     keep_cache: bool = False,
     stop_when: StopRule | None = None,
 ) -> TracedPrompt:
-    """Segment the prompt and run it through the inspector: one captured forward, or greedy generation.
+    """Run a segmented prompt (validated by :func:`check_traceable`) through the inspector: one captured forward,
+    or greedy generation.
 
     ``value_grams`` (layer -> (H, D, D) output-projection Grams) adds the value-weighted rows and key norms;
-    ``segmented`` reuses a segmentation already made (the caller validated it); ``keep_cache`` keeps the prompt
-    forward's KV cache (target 'last') so the causal checks need not run the clean prompt again.
+    ``keep_cache`` keeps the prompt forward's KV cache (target 'last') so the causal checks need not run the clean
+    prompt again.
     """
-    segmented = (
-        segmented if segmented is not None else check_traceable(segment_prompt(inspector, loaded, prompt, named))
-    )
     encoded = segmented.encoded
     length = encoded.length
     inspector.check_budget(3 * length * length * 4, "attention rollout over the prompt")
@@ -224,7 +221,7 @@ def seq2seq_trace_pass(
         loaded, encoded, max_new_tokens=steps, stop_when=stop_when if target == "generate" else None
     )
     cross = inspector.attention_stack(loaded, "cross")
-    decoded = encoded.on_stack(cross.name, inspector.answer_input(loaded, encoded, generation))
+    decoded = encoded.on_stack(cross.name, answer_input(loaded, encoded, generation))
     rows = CrossRowsConsumer()
     inspector.run(loaded, decoded, [rows], need_output=False)
     rollout = RolloutConsumer()

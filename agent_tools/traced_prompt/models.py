@@ -6,12 +6,13 @@ and ``trace_prompt_attention``'s report is it plus the summary, findings, views 
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from collections.abc import Sequence
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
 from agent_tools.inspector import MAX_NEW_TOKENS
-from agent_tools.schemas import KeyWeight, Rounded, Rounded6
+from agent_tools.schemas import ChatMessage, KeyWeight, Rounded, Rounded6
 from agent_tools.segment_attribution import CausalAttribution
 
 Target = Literal["last", "generate"]
@@ -28,6 +29,24 @@ Check = Literal["causal", "gradient", "value"]
 CHECKS: tuple[str, ...] = get_args(Check)
 DEFAULT_CHECKS: tuple[Check, ...] = ("causal", "value")
 MAX_IG_STEPS = 256
+
+
+def messages_argument(messages: Sequence[ChatMessage | dict]) -> list[dict[str, Any]]:
+    """Chat messages as a follow-up call's argument: plain dicts."""
+    return [dict(m) if isinstance(m, dict) else m.model_dump() for m in messages]
+
+
+def prompt_argument(prompt: str | Sequence[ChatMessage]) -> str | list[dict[str, Any]]:
+    """A prompt as a follow-up call's argument: the text, or the messages as plain dicts."""
+    return prompt if isinstance(prompt, str) else messages_argument(prompt)
+
+
+def generation_arguments(target: Target, answer_stop: AnswerStop, max_new_tokens: int) -> dict[str, Any]:
+    """target, and for 'generate' the stop rule and cap, so a follow-up call measures the same answer."""
+    if target != "generate":
+        return {"target": target}
+    return {"target": target, "answer_stop": answer_stop, "max_new_tokens": max_new_tokens}
+
 
 ANSWER_STOP_DESCRIPTION = "line: turn end or first line break; tokens: max_new_tokens"
 SINK_DESCRIPTION = (

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from agent_tools.analysis.segments import leading_segment, top_positions
+from agent_tools.encoding import decode
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import Segment
 from agent_tools.schemas import KeyWeight
@@ -70,7 +71,7 @@ def measured_trace(
     prompt, names = traced.prompt, traced.prompt.names
     length, logits, generation = traced.prompt.encoded.length, traced.answer_logits, traced.generation
     generated = _generated_rows(loaded, traced, numbers) if traced.target == "generate" else None
-    text = _decode(loaded, traced.generated_ids, skip_special_tokens=True) if generated is not None else None
+    text = decode(loaded, traced.generated_ids, skip_special_tokens=True) if generated is not None else None
     sink, lead = prompt.index("sink"), numbers.lead
     return MeasuredTrace(
         target=traced.target,
@@ -92,7 +93,7 @@ def measured_trace(
         answer_stop=answer_stop if traced.target == "generate" else None,
         stopped=generation.stopped if generation is not None else None,
         seconds_per_token=s if generation is not None and (s := generation.seconds_per_token) else None,
-        neutral_token=_decode(loaded, [neutral_id]) if neutral_id is not None else None,
+        neutral_token=decode(loaded, [neutral_id]) if neutral_id is not None else None,
         **_evidence_fields(traced, numbers, evidence, checked, answer),
     )
 
@@ -101,10 +102,10 @@ def measured_answer(
     loaded: LoadedModel, traced: TracedPrompt, evidence: Evidence, max_new_tokens: int
 ) -> MeasuredAnswer:
     """The answer the checks measured, decoded, and what it covers in words."""
-    tokens = [_decode(loaded, [i]) for i in evidence.answer_ids]
+    tokens = [decode(loaded, [i]) for i in evidence.answer_ids]
     stopped = traced.generation.stopped if traced.generation is not None else None
     return MeasuredAnswer(
-        text=_decode(loaded, evidence.answer_ids),
+        text=decode(loaded, evidence.answer_ids),
         tokens=tokens,
         covers=covers(
             target=traced.target,
@@ -234,14 +235,9 @@ def _next_tokens(loaded: LoadedModel, logits: Tensor) -> list[TokenProbability]:
     probabilities = torch.softmax(logits.double(), -1)
     values, indices = probabilities.topk(NEXT_TOKENS_SHOWN)
     return [
-        TokenProbability(token=_decode(loaded, [int(i)]), token_id=int(i), probability=v)
+        TokenProbability(token=decode(loaded, [int(i)]), token_id=int(i), probability=v)
         for v, i in zip(values.tolist(), indices.tolist(), strict=True)
     ]
-
-
-def _decode(loaded: LoadedModel, ids: list[int], *, skip_special_tokens: bool = False) -> str:
-    """The tokenizer's text for ``ids`` (``LoadedModel.tokenizer`` is typed ``object``: any tokenizer)."""
-    return str(loaded.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
 
 def _short(text: str, limit: int = TEXT_SHOWN) -> str:
@@ -254,7 +250,7 @@ def _token_text(loaded: LoadedModel, traced: TracedPrompt, position: int) -> str
     tokens = traced.prompt.encoded.tokens
     if position < len(tokens):
         return tokens[position].text
-    return _decode(loaded, [traced.generated_ids[position - len(tokens)]])
+    return decode(loaded, [traced.generated_ids[position - len(tokens)]])
 
 
 def _segment_positions(traced: TracedPrompt, segment: Segment) -> list[int]:
@@ -379,7 +375,7 @@ def _generated_rows(loaded: LoadedModel, traced: TracedPrompt, numbers: TraceNum
             GeneratedToken(
                 step=step,
                 position=first + step,
-                token=_decode(loaded, [token_id]),
+                token=decode(loaded, [token_id]),
                 token_id=token_id,
                 read_most=names[step_lead.best],
                 read_most_share=float(step_shares[step_lead.best]),

@@ -8,6 +8,7 @@ the numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
@@ -45,6 +46,13 @@ class TraceRun:
     verdict: Verdict
     answer: MeasuredAnswer
     measured: MeasuredTrace
+
+
+def trace_options(args: Any) -> dict[str, Any]:
+    """:func:`trace`'s options from a prompt tool's arguments (``target``, ``max_new_tokens``, ``sink_threshold``,
+    ``attention``, ``answer_stop``: the fields trace_prompt_attention and compare_prompts share)."""
+    fields = ("target", "max_new_tokens", "sink_threshold", "attention", "answer_stop")
+    return {name: getattr(args, name) for name in fields}
 
 
 def trace(
@@ -90,13 +98,11 @@ def trace(
         traced = trace_pass(
             inspector,
             loaded,
-            prompt,
-            named,
+            segmented,
             target=target,
             max_new_tokens=max_new_tokens,
             sink_threshold=sink_threshold,
             value_grams=prepared.value_grams,
-            segmented=segmented,
             keep_cache=prepared.causal and target == "last",
             stop_when=stop_rule(loaded, answer_stop) if target == "generate" else None,
         )

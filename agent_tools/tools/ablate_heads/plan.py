@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from agent_tools.ablation_check import ResampleSource, measure_head_sets, random_sets, resample_source
+from agent_tools.ablation_check import ResampleSource, baseline_of, measure_head_sets, random_sets, resample_source
 from agent_tools.analysis.ablation import Baseline, compare_with_baseline, cosine_change, size_against, top_token_change
 from agent_tools.analysis.metrics import kl_divergence, next_token_losses
 from agent_tools.clean_corrupted import single_token
+from agent_tools.encoding import decode
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
@@ -136,7 +137,7 @@ def _baseline(effect: float, kl: float | None, draws: list, count: int) -> Ablat
     """The named heads' effect (and KL) against the random draws' (None without draws)."""
     if not draws:
         return None
-    effects = Baseline(tuple(d.effect for d in draws))
+    effects = baseline_of(draws)
     kls = Baseline(tuple(d.kl_mean for d in draws)) if kl is not None else None
     return AblationBaseline(
         draws=len(draws),
@@ -172,7 +173,7 @@ def _direct_logits(
 
     order = grid.abs().flatten().argsort(descending=True)[:DLA_HEADS_SHOWN].tolist()
     return DirectLogitAttribution(
-        token=_decode(loaded, token),
+        token=decode(loaded, [token]),
         token_id=token,
         logit=found.logit,
         heads_total=float(grid.sum()),
@@ -216,10 +217,6 @@ def _largest(per_position: torch.Tensor, encoded: Encoded, top_k: int) -> tuple[
     return values, [PositionEffect(position=p, token=encoded.tokens[p].text, value=values[p]) for p in order]
 
 
-def _decode(loaded: LoadedModel, token_id: int) -> str:
-    return str(loaded.tokenizer.decode([token_id]))
-
-
 def _next_token_effect(
     loaded: LoadedModel, encoded: Encoded, effect: AblationEffect, kl_values: list[float]
 ) -> dict[str, object]:
@@ -236,8 +233,8 @@ def _next_token_effect(
     return measured | {
         "kl_last_position": kl_values[-1],
         "kl_mean": sum(kl_values) / len(kl_values),
-        "top_token_clean": _decode(loaded, change.clean),
-        "top_token_ablated": _decode(loaded, change.ablated),
+        "top_token_clean": decode(loaded, [change.clean]),
+        "top_token_ablated": decode(loaded, [change.ablated]),
         "top_token_changed": change.kind != "same",
         "top_token_change": change.kind,
         "top_token_probability_clean": float(clean_probs[change.clean]),

@@ -7,17 +7,16 @@ from typing import Any
 from agent_tools.analysis.metrics import kl_divergence
 from agent_tools.analysis.segments import share_changes
 from agent_tools.inspector import Inspector
-from agent_tools.loading import LoadedModel
-from agent_tools.prompt_segments import SegmentSpec, segment_prompt
-from agent_tools.schemas import ChatMessage, NextCall
+from agent_tools.prompt_segments import segment_prompt
+from agent_tools.schemas import NextCall
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.compare_prompts.models import ComparePromptsInput, PromptComparison, SegmentComparison
 from agent_tools.tools.compare_prompts.narrative import Comparison, narrate
 from agent_tools.traced_prompt.evidence import EvidenceRequest
 from agent_tools.traced_prompt.evidence import prepare as prepare_evidence
 from agent_tools.traced_prompt.measure import check_traceable
-from agent_tools.traced_prompt.models import MeasuredTrace, TokenProbability
-from agent_tools.traced_prompt.run import TraceRun, trace
+from agent_tools.traced_prompt.models import MeasuredTrace, TokenProbability, generation_arguments, prompt_argument
+from agent_tools.traced_prompt.run import TraceRun, trace, trace_options
 
 COMPARED = {  # SegmentComparison's column -> the trace's field, one column per variant (_a, _b)
     "share_without_sink": "share_without_sink",
@@ -38,13 +37,14 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
     """
     loaded = inspector.model(args.model)
     variants = (("prompt_a", args.prompt_a, args.segments_a), ("prompt_b", args.prompt_b, args.segments_b))
-    request = _request(args)
+    request = EvidenceRequest.of(args)
     for field, prompt, named in variants:  # both variants valid (text, segments, checks) before either runs
         segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field)
         if not loaded.facts.is_encoder_decoder:  # an encoder–decoder's cross-attention trace runs no checks
             prepare_evidence(inspector, loaded, segmented, request)
-    run_a = _trace(inspector, loaded, args, args.prompt_a, args.segments_a)
-    run_b = _trace(inspector, loaded, args, args.prompt_b, args.segments_b)
+    run_a, run_b = (
+        trace(inspector, loaded, p, named, evidence=request, **trace_options(args)) for _, p, named in variants
+    )
     comparison = compare(run_a, run_b, generated=args.target == "generate")
     summary, findings = narrate(comparison)
     a, b = comparison.a, comparison.b
@@ -81,9 +81,11 @@ def _next_calls(model: str, args: ComparePromptsInput, comparison: Comparison) -
         ("A", comparison.a, args.prompt_a, args.segments_a),
         ("B", comparison.b, args.prompt_b, args.segments_b),
     ):
-        arguments: dict = {"model": model, "prompt": _argument(prompt), "target": args.target}
-        if args.target == "generate":
-            arguments |= {"answer_stop": args.answer_stop, "max_new_tokens": args.max_new_tokens}
+        arguments: dict = {
+            "model": model,
+            "prompt": prompt_argument(prompt),
+            **generation_arguments(args.target, args.answer_stop, args.max_new_tokens),
+        }
         if args.answer is not None:
             arguments["answer"] = args.answer
         if named:
@@ -102,42 +104,6 @@ def _next_calls(model: str, args: ComparePromptsInput, comparison: Comparison) -
             why = f"variant {name} alone, segment by segment: what its answer reads around {lead!r}"
         calls.append(NextCall(tool="trace_prompt_attention", arguments=arguments, why=why))
     return calls
-
-
-def _argument(prompt: str | list[ChatMessage]) -> str | list[dict]:
-    return prompt if isinstance(prompt, str) else [m.model_dump() for m in prompt]
-
-
-def _trace(
-    inspector: Inspector,
-    loaded: LoadedModel,
-    args: ComparePromptsInput,
-    prompt: str | list[ChatMessage],
-    named: list[SegmentSpec] | None,
-) -> TraceRun:
-    """One variant through the shared traced pass, with the comparison's target and sink threshold."""
-    return trace(
-        inspector,
-        loaded,
-        prompt,
-        named,
-        target=args.target,
-        max_new_tokens=args.max_new_tokens,
-        sink_threshold=args.sink_threshold,
-        evidence=_request(args),
-        attention=args.attention,
-        answer_stop=args.answer_stop,
-    )
-
-
-def _request(args: ComparePromptsInput) -> EvidenceRequest:
-    return EvidenceRequest.of(
-        args.checks,
-        answer=args.answer,
-        neutral_token=args.neutral_token,
-        ig_steps=args.ig_steps,
-        exclude_filler=args.exclude_filler,
-    )
 
 
 def compare(run_a: TraceRun, run_b: TraceRun, *, generated: bool) -> Comparison:

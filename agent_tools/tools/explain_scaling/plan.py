@@ -15,7 +15,7 @@ from agent_tools.analysis.scaling import synthetic_scaling_demo
 from agent_tools.consumers.scaling import ScalingConsumer, SettingSums
 from agent_tools.errors import InvalidInputError
 from agent_tools.families import StackFacts
-from agent_tools.inspector import Inspector, PassPlan, kv_head_of
+from agent_tools.inspector import Inspector, PassPlan
 from agent_tools.loading import LoadedModel
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.explain_scaling import narrative
@@ -79,7 +79,7 @@ def _head_rows(variances: dict[str, Tensor], heads: list[int], stack: StackFacts
             "ratio_isotropic": raw / iso if iso > 0 else math.inf,
             "ratio_independent": raw / ind if ind > 0 else math.inf,
         }
-        rows.append(HeadScoreVariance.model_validate(row | ratios | {"head": head, "kv_head": kv_head_of(stack, head)}))
+        rows.append(HeadScoreVariance.model_validate(row | ratios | {"head": head, "kv_head": stack.kv_head_of(head)}))
     return rows
 
 

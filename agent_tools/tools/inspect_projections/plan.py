@@ -33,7 +33,7 @@ from agent_tools.analysis.projections import (
 from agent_tools.consumers.head_inputs import HeadInputs, describe_mask
 from agent_tools.families import StackFacts
 from agent_tools.head_inputs_pass import plan_head_inputs
-from agent_tools.inspector import Encoded, Inspector, PassPlan, kv_head_of, text_digest
+from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
 from agent_tools.layout import HeadProjections, head_projections
 from agent_tools.loading import LoadedModel
 from agent_tools.render import attention_heatmap
@@ -68,13 +68,6 @@ CROSS_REFUSAL = (
 )
 
 
-def sharing_kv(stack: StackFacts, head: int) -> list[int]:
-    """The query heads of ``stack`` that read the same KV head as ``head``."""
-    groups = max(1, stack.num_heads // stack.num_kv_heads)
-    kv_head = kv_head_of(stack, head)
-    return list(range(kv_head * groups, (kv_head + 1) * groups))
-
-
 def inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> ProjectionReport:
     """Compare one head's W_Q, W_K, W_V, W_O (norms, singular values, effective rank, principal angles), the
     query heads sharing its KV head, and the attention it would have with Q = K = V = the layer's input."""
@@ -89,7 +82,7 @@ def plan_inspect_projections(inspector: Inspector, args: InspectProjectionsInput
     layer = inspector.check_layer(loaded, args.layer, stack)
     head = inspector.check_head(loaded, args.head, stack)
     encoded = inspector.encode_on(loaded, args.text, stack)
-    others = [h for h in sharing_kv(stack, head) if h != head]
+    others = [h for h in stack.heads_sharing_kv(stack.kv_head_of(head)) if h != head]
     capture = plan_head_inputs(inspector, loaded, encoded, layer, [head, *others])
     target = _Head(loaded, encoded, layer, head, others)
 
@@ -117,7 +110,7 @@ def _report(
         findings=[],
         layer=target.layer,
         head=target.head,
-        kv_head=kv_head_of(stack, target.head),
+        kv_head=stack.kv_head_of(target.head),
         family=p.family,
         hidden_size=p.d_model,
         head_dim=p.d_head,
@@ -127,7 +120,7 @@ def _report(
         query_key_angles=_angles("W_Q", "W_K", p.w_q, p.w_k),
         qk_symmetric_share=symmetric,
         qk_identity_alignment=identity,
-        heads_sharing_kv=sharing_kv(stack, target.head),
+        heads_sharing_kv=stack.heads_sharing_kv(stack.kv_head_of(target.head)),
         shared_kv_heads=_shared_kv_heads(target, inputs),
         counterfactual=_counterfactual(target, inputs, counterfactual, png_path),
         model_weight_error=inputs.errors["model_weights"],

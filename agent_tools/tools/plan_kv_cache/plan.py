@@ -61,10 +61,7 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
     length = encoded.length
     scored = check_short_cache(length, args.sink, args.window)
     layers = sorted(check_indices(args.layers, facts.num_layers, "layers"))
-    groups = facts.num_heads // facts.num_kv_heads
-    units = [
-        (layer, tuple(range(kv * groups, (kv + 1) * groups))) for layer in layers for kv in range(facts.num_kv_heads)
-    ]
+    units = [(layer, tuple(facts.heads_sharing_kv(kv))) for layer in layers for kv in range(facts.num_kv_heads)]
     measured = short_cache_losses(inspector, loaded, encoded.input_ids, units, sink=args.sink, window=args.window)
     changes = (measured.rows - measured.clean_rows).double().mean(-1).tolist()  # over the scored predictions
     agreement = (measured.top == measured.clean_top[None]).double().mean(-1).tolist()

@@ -19,7 +19,8 @@ def curve_shape(logprobs: Sequence[float]) -> str:
     return "other"
 
 
-def _where(slot: int, last: int) -> str:
+def where(slot: int, last: int) -> str:
+    """Where slot ``slot`` of 0..``last`` sits, in words: first, last, or its number."""
     return "first" if slot == 0 else "last" if slot == last else f"slot {slot} of 0..{last}"
 
 
@@ -37,7 +38,7 @@ def summary(report: PositionSensitivityReport) -> str:
     best, worst = by_slot[report.best_slot], by_slot[report.worst_slot]
     return (
         f"Moving {report.moved!r} through {len(logprobs)} positions: log p({report.answer!r}) is best "
-        f"{_where(report.best_slot, last)} ({best:.3f}) and worst {_where(report.worst_slot, last)} ({worst:.3f}), "
+        f"{where(report.best_slot, last)} ({best:.3f}) and worst {where(report.worst_slot, last)} ({worst:.3f}), "
         f"spread {best - worst:.3f} nats — {words}. Attention on the segment ranges "
         f"{min(shares):.3f}..{max(shares):.3f}."
     )
@@ -51,7 +52,7 @@ def findings(report: PositionSensitivityReport) -> list[Finding]:
             kind="position_effect",
             severity="high" if p.slot in (report.best_slot, report.worst_slot) else "low",
             value=p.answer_logprob,
-            detail=f"{report.moved!r} at {_where(p.slot, last)}: log p(answer) {p.answer_logprob:.3f}, attention share "
+            detail=f"{report.moved!r} at {where(p.slot, last)}: log p(answer) {p.answer_logprob:.3f}, attention share "
             f"{p.attention_share:.3f}",
         )
         for p in report.positions

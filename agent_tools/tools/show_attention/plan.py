@@ -11,7 +11,7 @@ import torch
 from agent_tools.analysis.maps import top_keys
 from agent_tools.analysis.metrics import attention_entropy, normalised_entropy, received_attention, threshold_sinks
 from agent_tools.consumers.head_map import HeadMapConsumer
-from agent_tools.inspector import Encoded, Inspector, kv_head_of, text_digest
+from agent_tools.inspector import Encoded, Inspector, text_digest
 from agent_tools.loading import LoadedModel
 from agent_tools.render import attention_heatmap
 from agent_tools.schemas import KeyWeight, Token
@@ -97,7 +97,7 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
         attention=stack.name,
         layer=layer,
         head=head,
-        kv_head=kv_head_of(stack, head),
+        kv_head=stack.kv_head_of(head),
         tokens=keys,
         rows=rows,
         mean_entropy=view.mean_entropy,

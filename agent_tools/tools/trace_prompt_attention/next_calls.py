@@ -18,15 +18,14 @@ from agent_tools.schemas import ROLES, ChatMessage, NextCall
 from agent_tools.tools.trace_prompt_attention.models import PromptTrace
 from agent_tools.traced_prompt.evidence import EvidenceRequest
 from agent_tools.traced_prompt.measure import TracedPrompt
-from agent_tools.traced_prompt.models import DEFAULT_ANSWER_STOP, AnswerStop, Target
-
-
-def _messages(prompt: Sequence[ChatMessage | dict]) -> list[dict[str, Any]]:
-    return [dict(m) if isinstance(m, dict) else m.model_dump() for m in prompt]
-
-
-def _as_argument(prompt: str | Sequence[ChatMessage]) -> str | list[dict[str, Any]]:
-    return prompt if isinstance(prompt, str) else _messages(prompt)
+from agent_tools.traced_prompt.models import (
+    DEFAULT_ANSWER_STOP,
+    AnswerStop,
+    Target,
+    generation_arguments,
+    messages_argument,
+    prompt_argument,
+)
 
 
 def prompt_without(traced: TracedPrompt, prompt: str | Sequence[ChatMessage], name: str) -> Any:
@@ -41,7 +40,7 @@ def prompt_without(traced: TracedPrompt, prompt: str | Sequence[ChatMessage], na
     if isinstance(prompt, str):  # cut exactly the segment's characters (a gap: the text outside the named spans)
         rest = _cut(prompt, _owned_characters(traced, name))
         return rest if rest.strip() else None
-    messages = _messages(prompt)
+    messages = messages_argument(prompt)
     if segment.kind in ROLES and segment.message is not None and not segment.gap:
         kept = [m for i, m in enumerate(messages) if i != segment.message]
         return kept or None
@@ -97,20 +96,13 @@ def _content_start(traced: TracedPrompt, message: int) -> int | None:
     return next((s.char_start for s in traced.prompt.segments if s.kind in ROLES and s.message == message), None)
 
 
-def _generation_arguments(target: Target, answer_stop: AnswerStop, max_new_tokens: int) -> dict[str, Any]:
-    """target, and for 'generate' the stop rule and cap, so a follow-up measures the same answer."""
-    if target != "generate":
-        return {"target": target}
-    return {"target": target, "answer_stop": answer_stop, "max_new_tokens": max_new_tokens}
-
-
 def _trace_arguments(
     report: PromptTrace,
     prompt: str | Sequence[ChatMessage],
     named: Sequence[SegmentSpec] | None,
     generation: dict[str, Any],
 ) -> dict[str, Any]:
-    arguments: dict[str, Any] = {"model": report.model, "prompt": _as_argument(prompt), **generation}
+    arguments: dict[str, Any] = {"model": report.model, "prompt": prompt_argument(prompt), **generation}
     if named:
         arguments["segments"] = [spec.model_dump(exclude_none=True) for spec in named]
     return arguments
@@ -129,12 +121,12 @@ def trace_next_calls(
 ) -> list[NextCall]:
     """Up to three calls that test the trace's lead from another side."""
     calls: list[NextCall] = []
-    generation = _generation_arguments(target, answer_stop, max_new_tokens)
+    generation = generation_arguments(target, answer_stop, max_new_tokens)
     lead = report.moves_most or report.read_most
     without = prompt_without(traced, prompt, lead)
     if without is not None:
         verb = "moves with" if report.moves_most else "reads"
-        arguments = {"model": report.model, "prompt_a": _as_argument(prompt), "prompt_b": without, **generation}
+        arguments = {"model": report.model, "prompt_a": prompt_argument(prompt), "prompt_b": without, **generation}
         if request.answer is not None:
             arguments["answer"] = request.answer
         calls.append(

@@ -14,7 +14,7 @@ from agent_tools.tools.trace_prompt_attention.models import PromptTrace, TracePr
 from agent_tools.tools.trace_prompt_attention.narrative import narrate
 from agent_tools.tools.trace_prompt_attention.next_calls import trace_next_calls
 from agent_tools.traced_prompt.evidence import EvidenceRequest
-from agent_tools.traced_prompt.run import TraceRun, trace
+from agent_tools.traced_prompt.run import TraceRun, trace, trace_options
 
 
 def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> PromptTrace:
@@ -28,25 +28,9 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
     removing / neutralising each segment, value-weighted shares with filler set apart, integrated gradients.
     """
     loaded = inspector.model(args.model)
-    request = EvidenceRequest.of(
-        args.checks,
-        answer=args.answer,
-        neutral_token=args.neutral_token,
-        ig_steps=args.ig_steps,
-        exclude_filler=args.exclude_filler,
-    )
+    request = EvidenceRequest.of(args)
     run = trace(
-        inspector,
-        loaded,
-        args.prompt,
-        args.segments,
-        target=args.target,
-        max_new_tokens=args.max_new_tokens,
-        top_k=args.top_k,
-        sink_threshold=args.sink_threshold,
-        evidence=request,
-        attention=args.attention,
-        answer_stop=args.answer_stop,
+        inspector, loaded, args.prompt, args.segments, top_k=args.top_k, evidence=request, **trace_options(args)
     )
     report = trace_report(loaded, run)
     report.next_calls = trace_next_calls(
