@@ -253,7 +253,9 @@ def test_index_checks_are_linear_and_capped_by_the_model(monkeypatch) -> None:
 
     calls: list[int] = []
     real = inspector_module.check_index
-    monkeypatch.setattr(inspector_module, "check_index", lambda v, n, name: calls.append(v) or real(v, n, name))
+    monkeypatch.setattr(
+        inspector_module, "check_index", lambda v, n, name, **kw: calls.append(v) or real(v, n, name, **kw)
+    )
     with pytest.raises(AttentionToolError, match="layers lists 100,000 items but there are only 30; give each"):
         check_indices(list(range(30)) * 3333 + [0] * 10, 30, "layers")
     assert calls == []  # refused on its length, before looking at any item
