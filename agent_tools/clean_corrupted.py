@@ -42,6 +42,7 @@ def encode_pair(inspector: Inspector, loaded: LoadedModel, clean: str, corrupted
     if first.length < 2:
         msg = "the prompts are 1 token; give at least 2 so heads have something to read"
         raise InvalidInputError(msg, field="clean")
+    inspector.explains(loaded, first)  # the report's path gap is the clean prompt's
     return first, second
 
 

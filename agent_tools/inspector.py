@@ -168,6 +168,11 @@ class Inspector(Session):
         """Tokenise with offsets, enforcing the token limit (the model's positions or the session's)."""
         return encoding.encode(loaded, text, limit=self.limit_for(loaded), add_special_tokens=add_special_tokens)
 
+    def explains(self, loaded: LoadedModel, encoded: Encoded) -> None:
+        """Record ``encoded`` as the input this call explains, for a tool whose passes do not go through
+        :meth:`run` (patching a clean/corrupted pair): the report's attention-path gap is measured on it."""
+        self._ran(loaded, encoded.input_ids, encoded.attention_mask, None)
+
     # --- validation -----------------------------------------------------------------------------------
     def check_layer(self, loaded: LoadedModel, layer: int, stack: StackFacts) -> int:
         """A layer index of ``stack``, or an error naming that stack's range."""

@@ -24,7 +24,13 @@ from typing import Any
 import torch
 
 from agent_tools.capture import layer_checkpoints
-from agent_tools.errors import CallCancelledError, DeadlineExceededError, InvalidInputError, ResourceLimitError
+from agent_tools.errors import (
+    CallCancelledError,
+    DeadlineExceededError,
+    InvalidInputError,
+    ResourceLimitError,
+    UnsupportedModelError,
+)
 from agent_tools.files import write_atomic
 from agent_tools.loading import LoadedModel, ModelPolicy, load_model
 from agent_tools.placement import Placement, attention_block_bytes, query_chunk_rows
@@ -161,6 +167,24 @@ class Session:
     def served(self, name: str) -> LoadedModel | None:
         """The model this session handed out as ``name`` (None if it never did): reports state its dtype/device."""
         return self._served.get(name)
+
+    def float16_overflow(self, reference: str | None) -> UnsupportedModelError | None:
+        """Why a call on model ``reference`` failed when float16's range is the cause: the model is float16 and its
+        own forward on the last input the call ran is not finite (None otherwise: then the failure is a bug)."""
+        try:
+            loaded = load_model(self.policy.check(reference), self.placement)  # the cached model, if it loaded
+        except Exception:  # the caller re-raises its own error
+            return None
+        context = current_call()
+        last = (context.inputs if context is not None else self._last_input).get(loaded.name)
+        if loaded.dtype != torch.float16 or last is None or paths.own_output_finite(loaded, *last):
+            return None
+        msg = (
+            f"model {loaded.name!r} overflows float16 on this input: its own forward gives non-finite outputs "
+            "(float16 holds magnitudes up to 65,504), so no number about it would mean anything; the operator can "
+            "load it in bfloat16 (float32's range) or float32 (--dtype)"
+        )
+        return UnsupportedModelError(msg, field="model")
 
     def limit_for(self, loaded: LoadedModel) -> int:
         limits = [v for v in (loaded.facts.max_positions, self.token_limit) if v]

@@ -23,6 +23,7 @@ import torch
 from crafted import circuit_tokenizer, induction_circuit
 from families import build_family, tiny_tokenizer
 
+from agent_tools.errors import UnsupportedModelError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import Placement, forget_model, load_model, register_model
 from agent_tools.tools import get_tool
@@ -154,3 +155,52 @@ def test_on_a_device_map_the_traces_causal_check_equals_the_in_memory_model(
     assert [(r.segment, r.chosen) for r in on_disk.checked] == [(r.segment, r.chosen) for r in in_memory.checked]
     for disk, memory in zip(on_disk.checked, in_memory.checked, strict=True):
         assert (disk.exact, disk.estimate) == pytest.approx((memory.exact, memory.estimate), abs=ROUNDING)
+
+
+OVERFLOW_CALLS = {
+    "find_circuit": CIRCUIT,
+    "patch_heads": CIRCUIT,
+    "show_attention": {"text": CIRCUIT["clean"], "layer": 1, "head": 0},
+    "ablate_heads": {"text": CIRCUIT["clean"], "heads": ["0.0"]},
+}
+
+
+@pytest.mark.parametrize("tool", sorted(OVERFLOW_CALLS))
+def test_a_float16_overflow_is_a_tool_error_naming_the_precision(tool: str, inspector: Inspector) -> None:
+    """The hand-set circuit's scores of 1e5 overflow float16: its own forward is NaN, so every number would be.
+    Each tool answers with an UnsupportedModelError naming float16 and the precisions that hold (before: a
+    RuntimeError "non-finite number", or "atol must be greater than or equal to zero, but got -nan")."""
+    register_model("circuit-overflow-f16", induction_circuit().to(torch.float16), circuit_tokenizer())
+    with pytest.raises(UnsupportedModelError, match=r"'circuit-overflow-f16' overflows float16 on this input") as info:
+        get_tool(tool)(inspector, {**OVERFLOW_CALLS[tool], "model": "circuit-overflow-f16"})
+    assert "bfloat16 (float32's range) or float32 (--dtype)" in info.value.message and info.value.field == "model"
+
+
+def test_a_bug_on_a_finite_model_still_raises(inspector: Inspector, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The overflow diagnosis only names float16 when the model's own forward is not finite: a float32 model's
+    failure stays the bug it is, and so does a float16 model's whose forward is finite."""
+    register_model("circuit-finite-f32", induction_circuit(), circuit_tokenizer())
+    register_model("finite-llama-f16", build_family("llama").to(torch.float16), tiny_tokenizer())
+    spec = get_tool("show_attention")
+
+    def broken(data: object) -> object:  # the pass ran (its input recorded), then the report fails
+        raise RuntimeError("a bug")
+
+    for model, text in (("circuit-finite-f32", CIRCUIT["clean"]), ("finite-llama-f16", PAIR["clean"])):
+        monkeypatch.setattr(spec.output_model, "model_validate", broken)
+        with pytest.raises(RuntimeError, match="a bug"):
+            spec(inspector, {"text": text, "layer": 1, "head": 0, "model": model})
+        monkeypatch.undo()
+
+
+def test_a_pair_tools_path_gap_is_measured_on_its_own_clean_prompt(inspector: Inspector) -> None:
+    """patch_heads runs its clean prompt through patching passes, not through the inspector's captured run; the
+    report's attention-path gap is still measured on that prompt, never on the text an earlier call ran."""
+    model = build_family("llama")
+    model.set_attn_implementation("sdpa")  # the model's own path differs from the eager one explained: a gap
+    register_model("gap-llama", model, tiny_tokenizer())
+    longer = "the cat sat on the mat because it was tired and the dog ran to the park after lunch"
+    get_tool("show_attention")(inspector, {"text": longer, "layer": 0, "head": 0, "model": "gap-llama"})
+    report = get_tool("patch_heads")(inspector, {**PAIR, **ANSWERS, "model": "gap-llama", "method": "exact"})
+    clean_tokens = inspector.encode(inspector.model("gap-llama"), PAIR["clean"]).length
+    assert report.attention_path is not None and report.attention_path.tokens == clean_tokens

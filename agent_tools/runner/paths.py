@@ -79,6 +79,20 @@ def path_gap(
     return compare_outputs(eager, own, default=default, keep=keep, logits=_has_logits(model, own))
 
 
+def own_output_finite(
+    loaded: LoadedModel, input_ids: Tensor, attention_mask: Tensor | None, decoder_input_ids: Tensor | None = None
+) -> bool:
+    """Whether the model's own forward on these inputs gives finite outputs (a language model's last positions'
+    logits: a non-finite value anywhere earlier reaches them through attention)."""
+    ids, mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
+    model, extra = stack_runner(loaded, decoder_input_ids if loaded.facts.is_encoder_decoder else None)
+    if _keeps_logits(model) and (mask is None or bool(mask.all())) and ids.shape[-1] > GAP_POSITIONS:
+        extra["logits_to_keep"] = GAP_POSITIONS
+    with locked(loaded, None), torch.inference_mode():
+        output, _ = model_output(model(input_ids=ids, attention_mask=mask, **extra))
+    return bool(torch.isfinite(output).all())
+
+
 def compare_outputs(
     eager: Tensor, own: Tensor, *, default: str, keep: Tensor | None = None, logits: bool = True
 ) -> PathGap:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector, PassPlan, check_list_lengths
+from agent_tools.errors import AttentionToolError, InvalidInputError
+from agent_tools.inspector import CallContext, Inspector, PassPlan, call_scope, check_list_lengths, current_call
 from agent_tools.schemas import MAX_NEXT_CALLS, NextCall, Omitted, Report
 from agent_tools.usage import type_fix
 
@@ -166,7 +167,17 @@ class ToolSpec(Generic[In, Out]):
 
     def __call__(self, inspector: Inspector, arguments: dict[str, Any] | In) -> Out:
         parsed = self.parse(self.resolved(inspector, arguments))
-        return self.check(self.run(inspector, parsed), inspector, arguments=parsed)
+        # a call of its own when the surface opened none, so the report's path gap is never another call's text
+        with nullcontext() if current_call() is not None else call_scope(CallContext()):
+            try:
+                return self.check(self.run(inspector, parsed), inspector, arguments=parsed)
+            except AttentionToolError:
+                raise
+            except Exception as exc:  # a bug, unless a float16 model overflowed on the input (the operator's dtype)
+                overflow = inspector.float16_overflow(getattr(parsed, "model", None))
+                if overflow is not None:
+                    raise overflow from exc
+                raise
 
     def resolved(self, inspector: Inspector, arguments: dict[str, Any] | In) -> dict[str, Any] | In:
         """The arguments with every text handle (``"@text:..."``, from an earlier report's next calls) replaced

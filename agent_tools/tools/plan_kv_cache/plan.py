@@ -58,6 +58,7 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
         msg = f"context_length {context} is outside 1..{limit}, the tokens {loaded.name!r} takes here"
         raise ResourceLimitError(msg, field="context_length")
     encoded = inspector.encode(loaded, args.text)
+    inspector.explains(loaded, encoded)  # its passes are masked ones: the report's path gap is this text's
     length = encoded.length
     scored = check_short_cache(length, args.sink, args.window)
     layers = sorted(check_indices(args.layers, facts.num_layers, "layers"))
