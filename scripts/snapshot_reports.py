@@ -3,7 +3,8 @@
     python scripts/snapshot_reports.py OUT_DIR            # one JSON file per tool + analyze.json
     python scripts/snapshot_reports.py OUT_DIR --compare BEFORE_DIR [--only show_attention,analyze]
 
-A behaviour-preserving change must leave every file identical (``--compare`` lists the ones that differ).
+A behaviour-preserving change must leave every file identical (``--compare`` lists the ones that differ). Every call
+runs in its own call scope, so ``--only`` gives the same files as a full run (a report's path gap is its own text's).
 Artifact paths are written relative to the artifact folder so two runs in different folders compare equal.
 """
 
@@ -17,6 +18,11 @@ from pathlib import Path
 
 
 def _write(out: Path, only: list[str] | None) -> None:
+    import torch
+
+    # one thread: in bfloat16 (dtype auto on a CPU with bfloat16 hardware) the matmuls' rounding follows the
+    # thread count, and two runs at 1 and 2 threads differed in ablation baselines by 5 %
+    torch.set_num_threads(1)
     from agent_tools.inspector import Inspector
     from agent_tools.report.job import run_analysis
     from agent_tools.tools import TOOLS
