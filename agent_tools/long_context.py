@@ -16,7 +16,7 @@ from torch import Tensor
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.patching import ROW_ACTIVATION_FLOATS, rows_per_batch
+from agent_tools.runner.patching import row_bytes, rows_per_batch
 from agent_tools.runner.short_cache import RestrictedLosses, restricted_pass, unit_losses
 from agent_tools.session import guarded
 from agent_tools.settings import readable_size
@@ -44,12 +44,13 @@ def restricted_rows(inspector: Inspector, loaded: LoadedModel, length: int) -> i
     """Rows one masked pass may carry within the call's memory budget (at least 2: the unrestricted row and one)."""
     rows = min(rows_per_batch(loaded, length, inspector.memory_budget), MAX_RESTRICTED_ROWS)
     if rows < 2:
-        per_token = loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS * 4  # bytes per row and position
-        most = inspector.memory_budget // (2 * per_token)
+        most = length
+        while most > 2 and 2 * row_bytes(loaded, most) > inspector.memory_budget:
+            most = most * 9 // 10  # row_bytes grows with length² on an eager model: search rather than divide
         msg = (
-            f"a masked pass over {length} tokens needs two rows of about {readable_size(length * per_token)} of "
-            f"activations each, over the budget of {readable_size(inspector.memory_budget)}; use a text of at most "
-            f"{most} tokens (or a larger memory budget)"
+            f"a masked pass over {length} tokens needs two rows of about {readable_size(row_bytes(loaded, length))} "
+            f"each (activations, and one layer's attention scores on an eager model), over the budget of "
+            f"{readable_size(inspector.memory_budget)}; use a text of at most {most} tokens (or a larger memory budget)"
         )
         raise ResourceLimitError(msg, field="text")
     return rows

@@ -20,6 +20,7 @@ from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy, load_model
 from agent_tools.schemas import DETAILS, Finding, NextCall, Report
 from agent_tools.session import HANDLE_AFTER_CHARS, TextStore
+from agent_tools.settings import DEFAULT_MEMORY_BUDGET
 from agent_tools.surfaces import CONTENT_LIMIT, agent_input_model, agent_input_schema, clip_words, concise_text
 from agent_tools.surfaces.openai import openai_tools
 from agent_tools.tools import TOOLS
@@ -350,14 +351,17 @@ def test_text_handles_replace_long_strings_and_resolve_back(tmp_path) -> None:
         TextStore(tmp_path).resolve({"text": "@text:../../etc/passwd"})  # only 16 hex digits name a text
 
 
-def _tiny_arguments(name: str, text: str) -> dict[str, Any]:
-    """The tool's example on the tiny llama: text fields swapped for ``text``, indices clipped into its range."""
-    arguments: dict[str, Any] = {**TOOLS[name].example, "model": "tiny-llama"}
+def _tiny_arguments(
+    name: str, text: str, *, model: str = "tiny-llama", other: str | None = None, pieces: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """The tool's example on ``model`` (the tiny llama): text fields swapped for ``text`` (the second prompt of a
+    pair: ``other``, else ``text`` with cat for dog; position_sensitivity moves ``pieces`` of it), indices clipped."""
+    arguments: dict[str, Any] = {**TOOLS[name].example, "model": model}
     for key in list(arguments):
         if key in {"text", "prompt", "prompt_a", "clean"}:
             arguments[key] = text
         elif key in {"prompt_b", "corrupted"}:
-            arguments[key] = text.replace("cat", "dog")
+            arguments[key] = other if other is not None else text.replace("cat", "dog")
         elif key in {"layer", "up_to_layer", "head"}:
             arguments[key] = 1
         elif key == "layers":
@@ -369,22 +373,23 @@ def _tiny_arguments(name: str, text: str) -> dict[str, Any]:
         elif key == "max_new_tokens":
             arguments[key] = 2
     if name in {"patch_heads", "find_circuit"}:  # two answers whose logit difference the pair moves
-        arguments |= _moved_answers(arguments["clean"], arguments["corrupted"])
+        arguments |= _moved_answers(arguments["clean"], arguments["corrupted"], model)
     if name == "plan_kv_cache":  # a short cache the tiny text outlasts, within the tiny model's 64 positions
         arguments |= {"sink": 1, "window": 4, "context_length": 64}
     if name == "find_retrieval_heads":
         arguments["lengths"] = [min(int(v), 48) for v in arguments.get("lengths", [48])]
     if name == "position_sensitivity":  # movable pieces of the tiny text
-        pieces = [{"name": "first", "text": "the cat was tired"}, {"name": "second", "text": "the dog sat"}]
-        arguments |= {"segments": pieces, "move": "second", "answer": "mat"}
+        first, second = pieces or ("the cat was tired", "the dog sat")
+        named = [{"name": "first", "text": first}, {"name": "second", "text": second}]
+        arguments |= {"segments": named, "move": "second", "answer": "mat"}
     if name == "compare_prompts":  # plain text (the tiny tokenizer has no chat template) is one segment
         arguments["checks"] = ["value"]
     return arguments
 
 
-def _moved_answers(clean: str, corrupted: str) -> dict[str, str]:
+def _moved_answers(clean: str, corrupted: str, model: str = "tiny-llama") -> dict[str, str]:
     """The two one-token words whose logit difference the tiny llama's clean/corrupted pair moves most apart."""
-    loaded = load_model("tiny-llama")
+    loaded = load_model(model)
     tokenizer = loaded.tokenizer
     with torch.inference_mode():
         logits = [loaded.model(**tokenizer(t, return_tensors="pt")).logits[0, -1] for t in (clean, corrupted)]
@@ -433,7 +438,8 @@ def _strings(value: Any) -> list[str]:
 # --- long inputs: 8,192 tokens (2,000 a prompt for compare_prompts), on a tiny model with room for them ---------
 
 LONG_TOKENS = 8192
-REFUSED_AT_8192 = {"inspect_projections", "reconstruct_attention"}  # 8.5 GiB of maps, over the 2 GiB default
+# refused before the pass, over the 2 GiB default: 8.5 GiB of maps; find_circuit's EAP-IG backward 20 GiB
+REFUSED_AT_8192 = {"inspect_projections", "reconstruct_attention", "find_circuit"}
 
 
 @pytest.fixture(scope="module")
@@ -470,13 +476,20 @@ def test_budgets_hold_at_8192_tokens(name: str, long_model, tmp_path) -> None:
     def text(tokens: int, shift: int = 0) -> str:  # the tiny tokenizer: one token a word, plus BOS
         return " ".join(words[(i * 7 + shift) % len(words)] for i in range(tokens - 1))
 
-    arguments = _tiny_arguments(name, text(LONG_TOKENS)) | {"model": "tiny-long"}
+    long = text(LONG_TOKENS)
+    spoken = long.split()
+    pieces = (" ".join(spoken[:4]), " ".join(spoken[6:9]))  # disjoint verbatim spans of the long text
+    other = " ".join([*spoken[:-2], spoken[-1], spoken[-2]])  # a pair that differs near its end, as pairs do
+    arguments = _tiny_arguments(name, long, model="tiny-long", other=other, pieces=pieces)
+    if name == "patch_heads":  # exact rows (attribution's backward over 8,192 tokens is refused: 4 GiB of maps)
+        arguments["method"] = "exact"
     if name == "compare_prompts":
         arguments |= {"prompt_a": text(2000), "prompt_b": text(2000, 1)}
-    if name == "patch_heads":
-        arguments["corrupted"] = text(LONG_TOKENS, 1)
+    # plan_kv_cache's masked rows each hold one layer's eager scores (2 GiB at 8,192 tokens on this eager model;
+    # the default model's sdpa holds none): a budget for two rows, as its refusal below 2 rows asks
+    budget = 6 * 1024**3 if name == "plan_kv_cache" else DEFAULT_MEMORY_BUDGET
     try:
-        report = TOOLS[name](Inspector(artifact_dir=tmp_path), arguments)
+        report = TOOLS[name](Inspector(artifact_dir=tmp_path, memory_budget=budget), arguments)
     except AttentionToolError as exc:  # refused before the pass (its maps would not fit the memory budget)
         assert name in REFUSED_AT_8192 and exc.kind == "resource_limit" and "budget" in exc.message, exc.message
         return

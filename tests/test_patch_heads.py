@@ -237,3 +237,26 @@ def test_patched_rows_keep_only_what_the_metric_reads(tiny_models, inspector: In
     (losses,) = patched_outputs(loaded, ids, patches, readout=PositionLosses(ids), sources=sources, keep_last=False)
     assert losses.shape == (rows, ids.shape[-1] - 1)
     torch.testing.assert_close(losses.double(), next_token_losses(full, ids.expand(rows, -1)), atol=1e-6, rtol=0)
+
+
+def test_a_rows_size_counts_one_layers_scores_where_attention_is_eager(tiny_models) -> None:
+    """Eager attention holds a layer's (heads, T, T) scores and weights in float32 while a row runs; sdpa's kernels
+    never do. At 8,192 tokens on a 4-head model that is 2 GiB a row against 3 MiB of activations: batches sized
+    without it allocated 65 GiB (the 8,192-token budget test of patch_heads)."""
+    from agent_tools.runner.patching import ROW_ACTIVATION_FLOATS, row_bytes, rows_per_batch
+
+    loaded = tiny_models["llama"]
+    facts = loaded.facts
+    vocabulary = loaded.model.get_output_embeddings().weight.shape[0]
+    activations = (100 * facts.hidden_size * ROW_ACTIVATION_FLOATS + vocabulary) * 4
+    maps = 2 * facts.num_heads * 100 * 100 * 4
+    config = loaded.model.config
+    before = config._attn_implementation
+    try:
+        config._attn_implementation = "eager"
+        assert row_bytes(loaded, 100) == activations + maps
+        assert rows_per_batch(loaded, 8192, 2 * 1024**3) == 1  # ≥ 1 row, never a batch of 64 over the budget
+        config._attn_implementation = "sdpa"
+        assert row_bytes(loaded, 100) == activations
+    finally:
+        config._attn_implementation = before

@@ -29,6 +29,7 @@ from agent_tools.intervene import (
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import encoder_of, model_output, on_device
 from agent_tools.runner.generation import _cache_argument, cache_layers
+from agent_tools.runner.paths import default_implementation
 from agent_tools.runner.readout import Readout, stacked
 
 BATCH_ROWS = 64  # patched (or ablated) rows per forward at most (see the module docstring for why)
@@ -161,11 +162,14 @@ def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_posi
 
 
 def row_bytes(loaded: LoadedModel, length: int, *, output_positions: int = 1) -> int:
-    """Bytes one row of ``length`` tokens holds while its batch runs: its activations, and ``output_positions``
-    vocabulary rows of its output (float32)."""
+    """Bytes one row of ``length`` tokens holds while its batch runs: its activations, ``output_positions``
+    vocabulary rows of its output (float32), and, where the model's own attention is eager, one layer's scores and
+    weights (2 × heads × length², float32: sdpa's CPU and CUDA kernels never hold them; at 8,192 tokens on a
+    4-head model they are 2 GiB a row, which the activations alone put at 3 MiB)."""
     weight = getattr(_output_head(loaded), "weight", None)
     vocabulary = int(weight.shape[0]) if isinstance(weight, Tensor) else 0
-    return (length * loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS + output_positions * vocabulary) * 4
+    maps = 2 * loaded.facts.num_heads * length * length if default_implementation(loaded) == "eager" else 0
+    return (length * loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS + output_positions * vocabulary + maps) * 4
 
 
 def patched_outputs(
