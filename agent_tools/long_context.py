@@ -44,9 +44,12 @@ def restricted_rows(inspector: Inspector, loaded: LoadedModel, length: int) -> i
     """Rows one masked pass may carry within the call's memory budget (at least 2: the unrestricted row and one)."""
     rows = min(rows_per_batch(loaded, length, inspector.memory_budget), MAX_RESTRICTED_ROWS)
     if rows < 2:
-        most = length
-        while most > 2 and 2 * row_bytes(loaded, most) > inspector.memory_budget:
-            most = most * 9 // 10  # row_bytes grows with length² on an eager model: search rather than divide
+        low, high = 1, length  # the longest text whose two rows fit (row_bytes grows with length² when eager)
+        while low < high:
+            middle = (low + high + 1) // 2
+            fits = 2 * row_bytes(loaded, middle) <= inspector.memory_budget
+            low, high = (middle, high) if fits else (low, middle - 1)
+        most = low
         msg = (
             f"a masked pass over {length} tokens needs two rows of about {readable_size(row_bytes(loaded, length))} "
             f"each (activations, and one layer's attention scores on an eager model), over the budget of "

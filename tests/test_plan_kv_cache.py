@@ -245,9 +245,11 @@ def test_bad_input_names_the_valid_range(circuit: LoadedModel, inspector: Inspec
         tool(inspector, {**base, "sink": 1, "window": 2, "tolerance": -0.01})
     with pytest.raises(ResourceLimitError, match=r"outside 1\.\.64"):
         tool(inspector, {**base, "sink": 1, "window": 2, "context_length": 100})
-    # two rows of 7 tokens x hidden x 24 floats x 4 bytes; the budget holds two rows of 3 tokens at most
-    per_token = circuit.facts.hidden_size * 24 * 4
+    # a row of n tokens: n x hidden x 24 floats, the output's vocabulary row and, eager, 2 x heads x n² scores
+    # (float32); a budget of exactly two rows of 3 tokens names 3 as the longest text
+    facts, vocabulary = circuit.facts, circuit.model.get_output_embeddings().weight.shape[0]
+    three = (3 * facts.hidden_size * 24 + vocabulary + 2 * facts.num_heads * 9) * 4
     with pytest.raises(ResourceLimitError, match=r"over the budget.*a text of at most 3 tokens"):
-        tool(Inspector(memory_budget=2 * 3 * per_token + 1), {**base, "sink": 1, "window": 2})
+        tool(Inspector(memory_budget=2 * three), {**base, "sink": 1, "window": 2})
     with pytest.raises(ResourceLimitError, match=r"at most 64 tokens"):
         tool(inspector, {**base, "text": " ".join(["cat"] * 70), "sink": 1, "window": 2})
