@@ -172,11 +172,10 @@ class Session:
         """Why a call on model ``reference`` failed when float16's range is the cause: the model is float16 and its
         own forward on the last input the call ran is not finite (None otherwise: then the failure is a bug)."""
         try:
-            loaded = load_model(self.policy.check(reference), self.placement)  # the cached model, if it loaded
+            loaded = self.model(reference)  # the cached model, if it loaded
         except Exception:  # the caller re-raises its own error
             return None
-        context = current_call()
-        last = (context.inputs if context is not None else self._last_input).get(loaded.name)
+        last = self._inputs().get(loaded.name)
         if loaded.dtype != torch.float16 or last is None or paths.own_output_finite(loaded, *last):
             return None
         msg = (
@@ -198,8 +197,7 @@ class Session:
             return None
         default = paths.default_implementation(loaded)
         path = AttentionPath(explained=paths.EXPLAINED_PATH, model_default=default)
-        context = current_call()
-        last = (context.inputs if context is not None else self._last_input).get(name)
+        last = self._inputs().get(name)
         if default == paths.EXPLAINED_PATH or last is None:
             return path
         input_ids, mask, decoder = last
@@ -220,8 +218,12 @@ class Session:
     def _ran(
         self, loaded: LoadedModel, input_ids: torch.Tensor, mask: torch.Tensor | None, decoder: torch.Tensor | None
     ) -> None:
+        self._inputs()[loaded.name] = (input_ids, mask, decoder)
+
+    def _inputs(self) -> dict[str, tuple[Any, Any, Any]]:
+        """Model name -> the last input it ran: the current call's, or outside a call scope the session's."""
         context = current_call()
-        (context.inputs if context is not None else self._last_input)[loaded.name] = (input_ids, mask, decoder)
+        return context.inputs if context is not None else self._last_input
 
     # --- budgets -------------------------------------------------------------------------------------
     def check_budget(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -64,10 +65,7 @@ def path_gap(
     checkpoint: Callable[[], None] | None = None,
 ) -> PathGap:
     """Run the text through the model's default path and through the eager path; compare their outputs."""
-    ids, mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
-    model, extra = stack_runner(loaded, decoder_input_ids if loaded.facts.is_encoder_decoder else None)
-    if _keeps_logits(model) and (mask is None or bool(mask.all())) and ids.shape[-1] > GAP_POSITIONS:
-        extra["logits_to_keep"] = GAP_POSITIONS  # a long text: the last positions' logits, not (T, vocabulary) twice
+    ids, mask, model, extra = _own_pass(loaded, input_ids, attention_mask, decoder_input_ids)
     with locked(loaded, checkpoint), torch.inference_mode():
         default = default_implementation(loaded)
         own, _ = model_output(model(input_ids=ids, attention_mask=mask, **extra))
@@ -84,13 +82,22 @@ def own_output_finite(
 ) -> bool:
     """Whether the model's own forward on these inputs gives finite outputs (a language model's last positions'
     logits: a non-finite value anywhere earlier reaches them through attention)."""
+    ids, mask, model, extra = _own_pass(loaded, input_ids, attention_mask, decoder_input_ids)
+    with locked(loaded, None), torch.inference_mode():
+        output, _ = model_output(model(input_ids=ids, attention_mask=mask, **extra))
+    return bool(torch.isfinite(output).all())
+
+
+def _own_pass(
+    loaded: LoadedModel, input_ids: Tensor, attention_mask: Tensor | None, decoder_input_ids: Tensor | None
+) -> tuple[Tensor, Tensor | None, torch.nn.Module, dict[str, Any]]:
+    """The ids and mask on the model's device, what runs them (an encoder–decoder without decoder ids: its
+    encoder) and its arguments; a long unpadded text keeps only its last positions' logits, not (T, vocabulary)."""
     ids, mask = on_device(loaded, input_ids), _mask_on_device(loaded, attention_mask)
     model, extra = stack_runner(loaded, decoder_input_ids if loaded.facts.is_encoder_decoder else None)
     if _keeps_logits(model) and (mask is None or bool(mask.all())) and ids.shape[-1] > GAP_POSITIONS:
         extra["logits_to_keep"] = GAP_POSITIONS
-    with locked(loaded, None), torch.inference_mode():
-        output, _ = model_output(model(input_ids=ids, attention_mask=mask, **extra))
-    return bool(torch.isfinite(output).all())
+    return ids, mask, model, extra
 
 
 def compare_outputs(
