@@ -168,22 +168,21 @@ class Session:
         """The model this session handed out as ``name`` (None if it never did): reports state its dtype/device."""
         return self._served.get(name)
 
-    def float16_overflow(self, reference: str | None) -> UnsupportedModelError | None:
-        """Why a call on model ``reference`` failed when float16's range is the cause: the model is float16 and its
-        own forward on the last input the call ran is not finite (None otherwise: then the failure is a bug)."""
-        try:
-            loaded = self.model(reference)  # the cached model, if it loaded
-        except Exception:  # the caller re-raises its own error
-            return None
-        last = self._inputs().get(loaded.name)
-        if loaded.dtype != torch.float16 or last is None or paths.own_output_finite(loaded, *last):
-            return None
-        msg = (
-            f"model {loaded.name!r} overflows float16 on this input: its own forward gives non-finite outputs "
-            "(float16 holds magnitudes up to 65,504), so no number about it would mean anything; the operator can "
-            "load it in bfloat16 (float32's range) or float32 (--dtype)"
-        )
-        return UnsupportedModelError(msg, field="model")
+    def float16_overflow(self) -> UnsupportedModelError | None:
+        """Why the current call failed when float16's range is the cause: a float16 model it ran whose own forward
+        on that input is not finite (None otherwise: then the failure is a bug). Loads nothing: only the models
+        the call ran, on their recorded inputs."""
+        for name, last in self._inputs().items():
+            loaded = self._served.get(name)
+            if loaded is None or loaded.dtype != torch.float16 or paths.own_output_finite(loaded, *last):
+                continue
+            msg = (
+                f"model {loaded.name!r} overflows float16 on this input: its own forward gives non-finite outputs "
+                "(float16 holds magnitudes up to 65,504), so no number about it would mean anything; the operator "
+                "can load it in bfloat16 (float32's range) or float32 (--dtype)"
+            )
+            return UnsupportedModelError(msg, field="model")
+        return None
 
     def limit_for(self, loaded: LoadedModel) -> int:
         limits = [v for v in (loaded.facts.max_positions, self.token_limit) if v]

@@ -174,7 +174,7 @@ class ToolSpec(Generic[In, Out]):
             except AttentionToolError:
                 raise
             except Exception as exc:  # a bug, unless a float16 model overflowed on the input (the operator's dtype)
-                overflow = inspector.float16_overflow(getattr(parsed, "model", None))
+                overflow = inspector.float16_overflow()
                 if overflow is not None:
                     raise overflow from exc
                 raise
