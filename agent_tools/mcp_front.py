@@ -41,13 +41,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from agent_tools.policy import ModelPolicy
-from agent_tools.prompts import read_prompt_file, render_tool_mentions
+from agent_tools.prompts import INSTRUCTIONS_FILE, read_prompt_file, render_tool_mentions
 from agent_tools.tool_declarations import agent_schema, model_choices, tool_declarations
 
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "attention-explainer"
-INSTRUCTIONS_FILE = "mcp_instructions.md"
 # Every tool only reads its inputs and writes at most a new file in the session's folder.
 TOOL_ANNOTATIONS: dict[str, bool] = {"destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
 # What the SDK's server advertises for the handlers it has (tools and prompts, lists that never change).
@@ -134,9 +133,8 @@ def wire_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def tool_listing(names: Iterable[str], policy: ModelPolicy) -> dict[str, Any]:
-    """The ``tools/list`` result for the tools served under ``policy``, as the SDK server writes it (and lists it:
-    :func:`agent_tools.surfaces.mcp_server.declared_tool`). No title: clients show the name (18 titles were 540
-    bytes of ``tools/list``)."""
+    """The ``tools/list`` result for the tools served under ``policy``, as the SDK server writes it (and lists it).
+    No title: clients show the name (18 titles were 540 bytes of ``tools/list``)."""
     declared = tool_declarations()
     tools = [
         {

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 from agent_tools.errors import InvalidInputError
 from agent_tools.policy import ModelPolicy
 from agent_tools.settings import DEFAULT_MODEL
-from agent_tools.tool_declarations import model_choices, preferred_order, served_names, tool_declarations
+from agent_tools.tool_declarations import model_choices, served_names, tool_declarations
 
 if TYPE_CHECKING:  # LangChain loads when a template is built: the MCP server's first answers do without it
     from langchain_core.prompts import BasePromptTemplate, ChatPromptTemplate
@@ -107,16 +107,6 @@ def render_tool_mentions(text: str, tools: Iterable[str] | None = None) -> str:
     return "\n".join(kept) + ("\n" if text.endswith("\n") else "")
 
 
-def mentioned_tools(text: str) -> list[str]:
-    """The tool names a prompt text marks with ``[[...]]`` (checked against the planned tool names in tests)."""
-    return sorted(set(TOOL_MARKER.findall(text)))
-
-
-def planned_tool_names() -> tuple[str, ...]:
-    """Tools the prompts may mention: the declared ones plus the planned ones not written yet."""
-    return tuple(dict.fromkeys((*preferred_order(), *tool_declarations())))
-
-
 def tool_catalogue(tools: Iterable[str] | None = None) -> str:
     """One Markdown bullet per served tool: name, description, arguments (required ones marked)."""
     lines = []
@@ -168,7 +158,3 @@ def explanation_template(
     human = render_tool_mentions(topic_file(topic).template, served)
     system = SystemMessage(content=system_prompt(tools=served, default_model=default_model))
     return ChatPromptTemplate.from_messages([system, ("human", human)])
-
-
-def explanation_templates(*, tools: Iterable[str] | None = None) -> dict[str, ChatPromptTemplate]:
-    return {topic: explanation_template(topic, tools=tools) for topic in TOPICS}

@@ -55,14 +55,10 @@ def declaration_sizes() -> dict[str, int]:
 def mcp_tools_list() -> dict[str, Any] | str:
     """The MCP server's ``tools/list`` result, or why it could not be built (the MCP extra is optional)."""
     try:
-        from agent_tools.surfaces.mcp_server import mcp_tool
+        from agent_tools.mcp_front import tool_listing
     except ImportError as exc:
         return f"MCP surface not importable: {exc}"
-    inspector = Inspector(policy=ModelPolicy.bundled_only())
-    tools = [
-        mcp_tool(spec, inspector).model_dump(mode="json", by_alias=True, exclude_none=True) for spec in TOOLS.values()
-    ]
-    return {"tools": tools}
+    return tool_listing(TOOLS, ModelPolicy.bundled_only())
 
 
 def answer_sizes(inspector: Inspector) -> list[dict[str, Any]]:

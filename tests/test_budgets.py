@@ -316,12 +316,9 @@ def _owners(report: BaseModel, path: str) -> int:
 
 
 def test_tools_list_is_small() -> None:
-    from agent_tools.surfaces.mcp_server import mcp_tool
+    from agent_tools.mcp_front import tool_listing
 
-    inspector = Inspector(policy=ModelPolicy.bundled_only())
-    listed = [
-        mcp_tool(spec, inspector).model_dump(mode="json", by_alias=True, exclude_none=True) for spec in TOOLS.values()
-    ]
+    listed = tool_listing(TOOLS, ModelPolicy.bundled_only())["tools"]
     assert size({"tools": listed}) <= TOOLS_LIST_BUDGET, f"{size({'tools': listed})} bytes (target {TOOLS_LIST_TARGET})"
 
 

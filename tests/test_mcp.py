@@ -34,7 +34,8 @@ from agent_tools.inspector import Inspector
 from agent_tools.loading import ModelPolicy
 from agent_tools.prompts import TOPICS
 from agent_tools.surfaces import agent_input_model, agent_input_schema, concise_text
-from agent_tools.surfaces.mcp_server import OUTPUT_SCHEMA_BUDGET, build_server, input_schema, output_schema
+from agent_tools.surfaces.declarations import OUTPUT_SCHEMA_BUDGET, output_schema
+from agent_tools.surfaces.mcp_server import build_server
 from agent_tools.surfaces.portable import compact_schema
 from agent_tools.tools import TOOLS, get_tool
 
@@ -230,7 +231,7 @@ def test_output_schema_is_looser_never_wrong() -> None:
     assert schema["properties"]["num_layers"] == {"type": "integer"}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"model": "m", "summary": "s", "num_layers": "thirty"}, schema)
-    assert input_schema(spec, Inspector())["type"] == "object"
+    assert agent_input_schema(spec, Inspector().policy)["type"] == "object"
 
 
 # --- calling every tool ----------------------------------------------------------------------------------

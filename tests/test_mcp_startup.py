@@ -9,14 +9,14 @@ import sys
 import textwrap
 
 import pytest
+from mcp import types
 
-from agent_tools.inspector import Inspector
+from agent_tools.mcp_front import tool_listing
 from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import system_prompt
 from agent_tools.surfaces import agent_input_schema
-from agent_tools.surfaces.declarations import agent_schema, build_declarations, declarations_text
-from agent_tools.surfaces.mcp_server import declared_tool, mcp_tool
-from agent_tools.tool_declarations import DECLARATIONS_FILE, tool_declarations
+from agent_tools.surfaces.declarations import build_declarations, declarations_text, output_schema
+from agent_tools.tool_declarations import DECLARATIONS_FILE, agent_schema, tool_declarations
 from agent_tools.tools import TOOLS
 
 POLICIES = [
@@ -43,8 +43,12 @@ def test_agent_schemas_from_data_equal_the_live_input_models(policy: ModelPolicy
         live = agent_input_schema(spec, policy)
         assert agent_schema(tool_declarations()[name], policy) == live, name
         assert list(agent_schema(tool_declarations()[name], policy)["properties"]) == list(live["properties"]), name
-        listed = declared_tool(name, policy)
-        assert listed == mcp_tool(spec, Inspector(policy=policy)), name
+        listed = types.Tool.model_validate(tool_listing([name], policy)["tools"][0])  # what tools/list says
+        assert (listed.description, listed.input_schema, listed.output_schema) == (
+            spec.description,
+            live,
+            output_schema(spec),
+        ), name
 
 
 def test_the_system_prompt_lists_every_tool_with_its_arguments() -> None:

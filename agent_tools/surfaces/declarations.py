@@ -1,13 +1,8 @@
-"""Write and read the tools' declarations as data (``agent_tools/tool_declarations.json``), and the input schema
-a session's agent sees, built from them without importing a tool.
+"""Write the tools' declarations as data (``agent_tools/tool_declarations.json``), which
+:mod:`agent_tools.tool_declarations` reads without importing a tool, and size the output schemas they advertise.
 
     python -m agent_tools.surfaces.declarations           # rewrite the file from the registry (after a tool edit)
     python -m agent_tools.surfaces.declarations --check   # exit 1 when the file differs from the registry
-
-:func:`agent_schema` (in :mod:`agent_tools.tool_declarations`, standard library only, re-exported here) is the MCP
-``inputSchema`` of a tool for a session's :class:`~agent_tools.policy.ModelPolicy`: the declared schema with the
-unadvertised arguments left out and the shared arguments as their JSON types — the JSON form of
-:func:`agent_tools.surfaces.agent_input_schema` (a test checks both agree for every tool).
 """
 
 from __future__ import annotations
@@ -20,8 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from agent_tools.surfaces.portable import compact_schema
 from agent_tools.tool_declarations import DECLARATIONS_FILE
-from agent_tools.tool_declarations import agent_schema as agent_schema  # stdlib-only: the stdio front uses it
-from agent_tools.tool_declarations import hidden_arguments as hidden_arguments
 
 if TYPE_CHECKING:
     from agent_tools.tools.registry import ToolSpec

@@ -62,22 +62,18 @@ from pydantic import ValidationError
 from agent_tools import __version__
 from agent_tools.errors import AttentionToolError, CallCancelledError, DeadlineExceededError, InvalidInputError
 from agent_tools.files import os_error_message
-from agent_tools.mcp_front import INSTRUCTIONS_FILE as INSTRUCTIONS_FILE
 from agent_tools.mcp_front import (
     MAX_LINE_BYTES,
     SERVER_NAME,
-    TOOL_ANNOTATIONS,
     RpcProblem,
     read_message,
+    server_instructions,
     tool_listing,
     valid_id,
 )
-from agent_tools.mcp_front import server_instructions as server_instructions
 from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import TOPICS, Topic, explanation_template, system_prompt, topic_file
-from agent_tools.surfaces import agent_input_schema, concise_text, error_text, heap
-from agent_tools.surfaces.declarations import OUTPUT_SCHEMA_BUDGET as OUTPUT_SCHEMA_BUDGET
-from agent_tools.surfaces.declarations import output_schema
+from agent_tools.surfaces import concise_text, error_text, heap
 from agent_tools.tool_declarations import served_names
 
 if TYPE_CHECKING:  # the inspector and the tools import torch: they load in the background (see Backend)
@@ -106,30 +102,6 @@ DEFAULT_MAX_SESSIONS = 64  # HTTP sessions open at once; the SDK's 10,000 idle s
 DEFAULT_SESSION_IDLE_SECONDS = 600.0  # an HTTP session with no request for this long is closed (SDK: 30 min)
 # The SDK's loggers that say something per request or per session at INFO; the server keeps their warnings.
 CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
-
-
-# --- schemas ---------------------------------------------------------------------------------------------------
-def input_schema(spec: ToolSpec, inspector: Inspector) -> dict[str, Any]:
-    """The JSON schema of the tool's arguments as this session's agent sees them (:func:`agent_input_schema`:
-    ``$ref``-free, some clients cannot resolve references; the shared arguments in their compact forms)."""
-    return agent_input_schema(spec, inspector.policy)
-
-
-def mcp_tool(spec: ToolSpec, inspector: Inspector) -> types.Tool:
-    """The MCP declaration of one tool from its live spec (the server lists :func:`declared_tool`, its twin)."""
-    return types.Tool(
-        name=spec.name,
-        description=spec.description,
-        input_schema=input_schema(spec, inspector),
-        output_schema=output_schema(spec),
-        annotations=types.ToolAnnotations.model_validate(TOOL_ANNOTATIONS),
-    )
-
-
-def declared_tool(name: str, policy: ModelPolicy) -> types.Tool:
-    """The MCP declaration of one tool from its declaration data, without importing it: the entry the stdio front
-    lists (:func:`~agent_tools.mcp_front.tool_listing`), which is also the server's ``tools/list``."""
-    return types.Tool.model_validate(tool_listing([name], policy)["tools"][0])
 
 
 def _text_blocks(report_text: str, structured: dict[str, Any], mode: TextContentMode) -> list[types.TextContent]:
