@@ -342,7 +342,7 @@ def test_limits_are_configurable_on_every_surface(tmp_path, capsys) -> None:
         ["mcp", "--token-limit", "7", "--memory-budget", "3"],
     ):
         args = parser.parse_args([*argv, "--artifacts", str(tmp_path)])
-        session = session_inspector(args, cli.session_from_args(args))
+        session = session_inspector(args)
         assert (session.token_limit, session.memory_budget) == (7, 3 * 1024**2)
         assert session.policy.allowed is not None  # the server's allow-list
     defaults = cli.session_from_args(parser.parse_args(["describe"]))

@@ -138,19 +138,12 @@ def artifact_folder(args: argparse.Namespace) -> Path | None:
     return Path(chosen).expanduser() if chosen else cache_dir() / "artifacts"
 
 
-def session_inspector(args: argparse.Namespace, base: Inspector) -> Inspector:
+def session_inspector(args: argparse.Namespace) -> Inspector:
     """The server's inspector: an allow-list policy, the artifact folder (or none), the CLI's token limit,
     memory budget and placement (the placement flags after ``mcp`` override the global ones)."""
-    from agent_tools.inspector import Inspector
+    from agent_tools.cli.session_args import session_from_args
 
-    return Inspector(
-        policy=server_policy(args),
-        token_limit=base.token_limit,
-        memory_budget=base.memory_budget,
-        artifact_dir=artifact_folder(args),
-        placement=base.placement,
-        allowed_data=base.allowed_data,
-    )
+    return session_from_args(args, policy=server_policy(args), artifact_dir=artifact_folder(args))
 
 
 def _protocol_fd() -> int:
@@ -225,13 +218,10 @@ def serve(args: argparse.Namespace) -> int:
     once (over stdio before the MCP SDK is imported: :mod:`agent_tools.mcp_front`), while the inspector (torch,
     transformers, the tools) is built in the background from the global options, the policy and folder from
     ``mcp``'s own."""
-    from agent_tools.cli.session_args import memory_budget_from_args, session_from_args
+    from agent_tools.cli.session_args import memory_budget_from_args
 
     memory_budget_from_args(args)  # a bad global option is refused here, at once (exit 2)
-
-    def make_session() -> Inspector:
-        return session_inspector(args, session_from_args(args))
-
+    make_session = partial(session_inspector, args)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.transport == "stdio":
         try:

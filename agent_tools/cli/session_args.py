@@ -4,7 +4,7 @@ that the console script and the subcommands that build their own session (``mcp`
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent_tools.cli.placement_options import placement_from_args
 from agent_tools.errors import InvalidInputError
@@ -26,15 +26,17 @@ def memory_budget_from_args(args: argparse.Namespace) -> int:
     return budget
 
 
-def session_from_args(args: argparse.Namespace) -> Inspector:
-    """The inspector the global options describe: artifact folder, token limit, memory budget, placement."""
+def session_from_args(args: argparse.Namespace, **overrides: Any) -> Inspector:
+    """The inspector the global options describe: artifact folder, token limit, memory budget, placement;
+    ``overrides`` are other :class:`~agent_tools.inspector.Inspector` arguments (``mcp``: its policy and folder)."""
     budget = memory_budget_from_args(args)
     from agent_tools.inspector import Inspector
 
-    return Inspector(
-        artifact_dir=args.artifacts or default_artifact_dir(),
-        token_limit=args.token_limit,
-        memory_budget=budget,
-        placement=placement_from_args(args),
-        allowed_data=args.allow_data,
-    )
+    options = {
+        "artifact_dir": args.artifacts or default_artifact_dir(),
+        "token_limit": args.token_limit,
+        "memory_budget": budget,
+        "placement": placement_from_args(args),
+        "allowed_data": args.allow_data,
+    }
+    return Inspector(**{**options, **overrides})

@@ -78,9 +78,9 @@ def _say(keyword: str, value: Any) -> str:
 
 def portable_schema(model: type[BaseModel], flavour: Flavour) -> dict[str, Any]:
     """``model``'s JSON schema in the given flavour (see the module docstring); a new dict on every call."""
-    schema = inline_refs(model.model_json_schema())
     if flavour == "mcp":
-        return untyped_choices(schema)
+        return compact_schema(model.model_json_schema(), recursive="raise", untyped_choices=True)
+    schema = inline_refs(model.model_json_schema())
     if flavour == "openai-strict":
         return _strict(schema, "")
     if flavour == "gemini":
@@ -93,40 +93,27 @@ _SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
 _SCHEMA_VALUES = frozenset({"items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else"})
 
 
-def _ref_counts(node: Any, counts: dict[str, int]) -> dict[str, int]:
-    if isinstance(node, dict):
-        if isinstance(node.get("$ref"), str):
-            name = node["$ref"].rsplit("/", 1)[-1]
-            counts[name] = counts.get(name, 0) + 1
-        for value in node.values():
-            _ref_counts(value, counts)
-    elif isinstance(node, list):
-        for value in node:
-            _ref_counts(value, counts)
-    return counts
-
-
 def compact_schema(
     schema: dict[str, Any],
     *,
     drop: frozenset[str] = frozenset({"title"}),
-    shared_defs: bool = False,
     recursive: Literal["keep", "raise"] = "keep",
+    untyped_choices: bool = False,
 ) -> dict[str, Any]:
     """``schema`` with its local ``$ref`` s inlined and the keywords in ``drop`` removed (annotations such as
-    titles and descriptions: the same instances stay valid).
+    titles and descriptions: the same instances stay valid); a new dict.
 
     Keywords are recognised by position (``properties`` holds names, not keywords), so a report field called
-    ``description`` stays. ``shared_defs`` keeps a definition used more than once under
-    ``$defs`` (one copy, referenced) instead of repeating it. A recursive definition is kept as a reference, or
-    with ``recursive="raise"`` refused with a ``ValueError`` naming the cycle (it has no ``$ref``-free form). The
-    one ``$ref`` inliner of the project: every flavour here and the MCP output schemas use it. Nullable fields
-    stay ``anyOf`` branches of one ``type`` each (a ``type`` list is less portable: the MCP Inspector flags it,
-    Gemini's dialect rejects it).
+    ``description`` stays. A recursive definition is kept as a reference (under ``$defs``), or with
+    ``recursive="raise"`` refused with a ``ValueError`` naming the cycle (it has no ``$ref``-free form).
+    ``untyped_choices`` drops ``"type": "string"`` beside an ``enum`` or ``const`` of strings (JSON Schema: the
+    choices alone constrain the value; 16 bytes each, about 40 in the tools' declarations). The one ``$ref``
+    inliner of the project: every flavour here and the MCP output schemas use it. Nullable fields stay ``anyOf``
+    branches of one ``type`` each (a ``type`` list is less portable: the MCP Inspector flags it, Gemini's dialect
+    rejects it).
     """
     definitions: dict[str, Any] = schema.get("$defs", {})
-    counts = _ref_counts(schema, {})
-    shared = {name for name, count in counts.items() if count > 1} if shared_defs else set()
+    referenced: set[str] = set()  # the recursive definitions, kept as references
 
     def walk(node: Any, expanding: tuple[str, ...]) -> Any:
         if not isinstance(node, dict):
@@ -137,16 +124,18 @@ def compact_schema(
             rest = {k: v for k, v in node.items() if k != "$ref"}
             if name in expanding and recursive == "raise":
                 raise ValueError(f"{' -> '.join((*expanding, name))}: a recursive schema has no $ref-free form")
-            if name in shared or name in expanding:
-                shared.add(name)
+            if name in referenced or name in expanding:
+                referenced.add(name)
                 return {"$ref": ref, **keywords(rest, expanding)}
             return walk({**definitions[name], **rest}, (*expanding, name))
         return keywords(node, expanding)
 
     def keywords(node: dict[str, Any], expanding: tuple[str, ...]) -> dict[str, Any]:
+        choices = node["enum"] if isinstance(node.get("enum"), list) else [node["const"]] if "const" in node else None
+        untyped = untyped_choices and choices is not None and all(isinstance(c, str) for c in choices)
         out: dict[str, Any] = {}
         for key, value in node.items():
-            if key in drop or key == "$defs":
+            if key in drop or key == "$defs" or (key == "type" and value == "string" and untyped):
                 continue
             if key in _SCHEMA_MAPS and isinstance(value, dict):
                 out[key] = {name: walk(sub, expanding) for name, sub in value.items()}
@@ -160,7 +149,7 @@ def compact_schema(
 
     result: dict[str, Any] = walk(schema, ())
     kept: dict[str, Any] = {}
-    while pending := sorted(shared - set(kept)):  # a kept definition may reference further shared ones
+    while pending := sorted(referenced - set(kept)):  # a kept definition may reference further recursive ones
         for name in pending:
             kept[name] = walk(definitions[name], (name,))
     if kept:
@@ -172,28 +161,6 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
     """A JSON schema with local ``#/$defs/...`` references replaced by their definitions and titles removed
     (a property *named* ``title`` stays). A recursive definition cannot be inlined and raises ``ValueError``."""
     return compact_schema(schema, recursive="raise")
-
-
-def untyped_choices(node: Any) -> Any:
-    """A schema with ``"type": "string"`` dropped beside an ``enum`` or ``const`` of strings (JSON Schema: the
-    choices alone constrain the value; 16 bytes each, about 40 in the tools' declarations); a new object."""
-    if isinstance(node, list):
-        return [untyped_choices(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    choices = node["enum"] if isinstance(node.get("enum"), list) else [node["const"]] if "const" in node else None
-    redundant = node.get("type") == "string" and choices is not None and all(isinstance(c, str) for c in choices)
-    out = {}
-    for key, value in node.items():
-        if key == "type" and redundant:
-            continue
-        if key in _SCHEMA_MAPS and isinstance(value, dict):  # property names, not keywords
-            out[key] = {name: untyped_choices(sub) for name, sub in value.items()}
-        elif key in _SCHEMA_LISTS or key in _SCHEMA_VALUES:
-            out[key] = untyped_choices(value)
-        else:
-            out[key] = value
-    return out
 
 
 def accepts_null(schema: Mapping[str, Any]) -> bool:
