@@ -13,6 +13,7 @@ registry declares, so it cannot drift.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterable
 from copy import deepcopy
 from functools import cache
 from pathlib import Path
@@ -80,12 +81,11 @@ def model_choices(policy: ModelPolicy) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-def hidden_arguments(entry: dict[str, Any], policy: ModelPolicy) -> list[str]:
-    """The arguments a session accepts but leaves out of the schema: the advanced ones, and ``attention`` when
-    every allowed model has one attention stack."""
-    properties = entry["input_schema"].get("properties", {})
-    hidden = [name for name in entry["advanced"] if name in properties]
-    if "attention" in properties and policy.allowed is not None and policy.allowed <= SINGLE_STACK:
+def hidden_arguments(advanced: Iterable[str], fields: Collection[str], policy: ModelPolicy) -> list[str]:
+    """The arguments (of a tool's ``fields``) a session accepts but leaves out of the schema: the ``advanced`` ones,
+    and ``attention`` when every allowed model has one attention stack."""
+    hidden = [name for name in advanced if name in fields]
+    if "attention" in fields and policy.allowed is not None and policy.allowed <= SINGLE_STACK:
         hidden.append("attention")
     return hidden
 
@@ -97,7 +97,7 @@ def agent_schema(entry: dict[str, Any], policy: ModelPolicy) -> dict[str, Any]:
     call. Standard library only: the MCP server's stdio front lists the tools with it before the SDK is imported."""
     schema = deepcopy(entry["input_schema"])
     properties: dict[str, Any] = schema.get("properties", {})
-    for name in hidden_arguments(entry, policy):
+    for name in hidden_arguments(entry["advanced"], properties, policy):
         del properties[name]
     if "model" in properties:
         description = model_field_description(policy)
@@ -120,19 +120,22 @@ _OWN_KEYWORDS = ("description", "default", "minItems", "maxItems", "minimum", "m
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
 
 
-def json_type(node: dict[str, Any]) -> dict[str, Any]:
+def json_type(node: dict[str, Any], *, choices: bool = False) -> dict[str, Any]:
     """What kind of JSON value a (``$ref``-free) schema node takes, and nothing about its form: ``{"type": ...}``,
-    or an ``anyOf`` of those for a union; choices (``enum``, ``const``) by the type of their values."""
+    or an ``anyOf`` of those for a union; choices (``enum``, ``const``) by the type of their values, or with
+    ``choices`` as they are."""
     if "anyOf" in node:
         kinds: list[dict[str, Any]] = []
-        for kind in map(json_type, node["anyOf"]):
+        for kind in (json_type(branch, choices=choices) for branch in node["anyOf"]):
             if kind not in kinds:
                 kinds.append(kind)
         return {"anyOf": kinds} if len(kinds) > 1 else kinds[0]
+    if choices and ("enum" in node or "const" in node):
+        return {k: v for k, v in node.items() if k in ("type", "enum", "const")}
     if "type" in node:
         return {"type": node["type"]}
-    choices = node["enum"] if "enum" in node else [node["const"]] if "const" in node else []
-    types = sorted({_JSON_TYPES[type(choice)] for choice in choices})
+    values = node["enum"] if "enum" in node else [node["const"]] if "const" in node else []
+    types = sorted({_JSON_TYPES[type(value)] for value in values})
     if not types:
         return {}
     return {"type": types[0]} if len(types) == 1 else {"anyOf": [{"type": kind} for kind in types]}

@@ -23,9 +23,7 @@ from pydantic.json_schema import SkipJsonSchema
 from agent_tools.errors import AttentionToolError
 from agent_tools.policy import ModelPolicy
 from agent_tools.schemas import SEVERITIES, NextCall, Report
-from agent_tools.tool_declarations import SINGLE_STACK as SINGLE_STACK
-from agent_tools.tool_declarations import model_field_description as model_field_description
-from agent_tools.tool_declarations import served_names, shared_forms
+from agent_tools.tool_declarations import hidden_arguments, model_field_description, served_names, shared_forms
 
 if TYPE_CHECKING:  # the tools import torch: this package's import stays light (the MCP server starts without it)
     from agent_tools.tools.registry import ToolSpec
@@ -53,9 +51,7 @@ def agent_input_model(spec: ToolSpec, policy: ModelPolicy) -> type[BaseModel]:
     Validation otherwise is the declared model's, unchanged.
     """
     declared: type[BaseModel] = spec.input_model
-    hidden = [name for name in spec.advanced if name in declared.model_fields]
-    if "attention" in declared.model_fields and policy.allowed is not None and policy.allowed <= SINGLE_STACK:
-        hidden.append("attention")
+    hidden = hidden_arguments(spec.advanced, declared.model_fields, policy)
     if "model" not in declared.model_fields and not hidden:
         return declared
     return _narrowed_input_model(declared, policy.allowed, policy.default, tuple(hidden))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent_tools.surfaces.portable import compact_schema
-from agent_tools.tool_declarations import DECLARATIONS_FILE
+from agent_tools.tool_declarations import DECLARATIONS_FILE, json_type
 
 if TYPE_CHECKING:
     from agent_tools.tools.registry import ToolSpec
@@ -92,26 +92,13 @@ def _json_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
-def _type_only(node: dict[str, Any]) -> dict[str, Any]:
-    """What a value is, and nothing about what it holds: ``{"type": ...}``, an enum, or a union of those."""
-    if "anyOf" in node:
-        branches: list[dict[str, Any]] = []
-        for branch in map(_type_only, node["anyOf"]):
-            if branch not in branches:
-                branches.append(branch)
-        return {"anyOf": branches} if len(branches) > 1 else branches[0]
-    if "enum" in node or "const" in node:
-        return {k: v for k, v in node.items() if k in ("type", "enum", "const")}
-    return {"type": node["type"]} if "type" in node else {}
-
-
 def _value_type(node: dict[str, Any]) -> dict[str, Any]:
     """A value's type, and for a list its items' type: a row's field, or a field past the budget."""
     if "anyOf" in node:
         return {"anyOf": [_value_type(branch) for branch in node["anyOf"]]}
-    typed = _type_only(node)
+    typed = json_type(node, choices=True)  # what a value is, and nothing about what it holds
     if node.get("type") == "array" and isinstance(node.get("items"), dict):
-        typed["items"] = _type_only(node["items"])
+        typed["items"] = json_type(node["items"], choices=True)
     return typed
 
 
