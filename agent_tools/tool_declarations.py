@@ -27,25 +27,15 @@ SINGLE_STACK = frozenset(BUNDLED_MODELS)  # a decoder and an encoder: 'attention
 
 
 @cache
-def _data() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(DECLARATIONS_FILE.read_text(encoding="utf-8"))
-    return data
-
-
 def tool_declarations() -> dict[str, dict[str, Any]]:
     """name -> declaration (``description``, ``example``, ``input_schema``, ``advanced``, ``arguments``,
     ``output_schema``)."""
-    tools: dict[str, dict[str, Any]] = _data()["tools"]
+    tools: dict[str, dict[str, Any]] = json.loads(DECLARATIONS_FILE.read_text(encoding="utf-8"))["tools"]
     return tools
 
 
 def declared_names() -> tuple[str, ...]:
     return tuple(tool_declarations())
-
-
-def preferred_order() -> tuple[str, ...]:
-    """The registry's listing order, planned tools included (the prompts may mention those)."""
-    return tuple(_data()["preferred_order"])
 
 
 def served_names(names: Any = None) -> list[str]:

@@ -275,19 +275,17 @@ def test_usage_errors_answer_before_torch_and_name_the_fix(tmp_path) -> None:
 def test_the_catalogue_is_the_declarations_and_imports_no_torch(tmp_path) -> None:
     """``call``'s ``--help`` and checks read the tools' declaration data (equal to the registry,
     tests/test_mcp_startup.py): a fresh process with an empty cache folder answers without importing torch."""
-    from agent_tools.cli import catalogue
     from agent_tools.surfaces.portable import portable_schema
+    from agent_tools.tool_declarations import tool_declarations
     from agent_tools.tools import TOOLS
 
-    tools = catalogue.catalogue()["tools"]
+    tools = tool_declarations()
     assert list(tools) == list(TOOLS)
     for name, spec in TOOLS.items():
         example = json.loads(json.dumps(spec.example))
-        assert tools[name] == {
-            "description": spec.description,
-            "example": example,
-            "schema": portable_schema(spec.input_model, "mcp"),
-        }
+        entry = tools[name]
+        assert (entry["description"], entry["example"]) == (spec.description, example)
+        assert entry["input_schema"] == portable_schema(spec.input_model, "mcp")
     probe = (
         "import sys, agent_tools.cli as cli\n"
         "code = cli.main(['call', 'show_attention', '--help'])\n"

@@ -83,8 +83,9 @@ def early(args: argparse.Namespace) -> int | None:
     Returns an exit code when the command is answered here, None to go on to :func:`run`.
     """
     from agent_tools.cli import catalogue
+    from agent_tools.tool_declarations import tool_declarations
 
-    tools = catalogue.catalogue()["tools"]
+    tools = tool_declarations()
     if args.tool is None:
         if not args.help:
             msg = f"call needs a tool name: attention-explainer call TOOL --json ARGS; tools: {', '.join(tools)}"

@@ -22,17 +22,8 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import shared_arguments
 from agent_tools.settings import DEFAULT_MODEL, cache_dir
-from agent_tools.tool_declarations import model_choices, tool_declarations
+from agent_tools.tool_declarations import model_choices
 from agent_tools.usage import HEAD_PAIR, INTEGER, long_text_advice, shown, type_fix
-
-
-def catalogue() -> dict[str, Any]:
-    """Every declared tool's description, example and input schema (the declaration data: no tool imported)."""
-    tools = {
-        name: {"description": entry["description"], "example": entry["example"], "schema": entry["input_schema"]}
-        for name, entry in tool_declarations().items()
-    }
-    return {"tools": tools}
 
 
 # --- reading a schema -------------------------------------------------------------------------------------------
@@ -86,42 +77,24 @@ def range_text(schema: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def arguments_table(schema: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per argument: name, type, required, default, range, description."""
-    required = set(schema.get("required", ()))
-    rows = []
-    for name, field in schema.get("properties", {}).items():
-        rows.append(
-            {
-                "name": name,
-                "type": type_text(field),
-                "required": name in required,
-                "default": field.get("default"),
-                "range": range_text(field),
-                "description": field.get("description", ""),
-            }
-        )
-    return rows
-
-
 def tool_help(name: str, entry: dict[str, Any], *, width: int = 100) -> str:
     """``call TOOL --help``: the description, every argument (type, default, range, description), the example."""
     lines = [f"attention-explainer call {name} --json ARGS", ""]
     lines += textwrap.wrap(entry["description"], width)
     lines += ["", "arguments (a JSON object; ARGS may also be @file.json or - for stdin):"]
-    rows = arguments_table(entry["schema"])
-    for row in rows:
-        if row["required"]:
+    properties: dict[str, Any] = entry["input_schema"].get("properties", {})
+    required = set(entry["input_schema"].get("required", ()))
+    for argument, field in properties.items():
+        default = field.get("default")
+        if argument in required:
             given = "required"
         else:
-            given = "optional" if row["default"] is None else f"default {json.dumps(row['default'])}"
-        facts = [row["type"], given]
-        if row["range"]:
-            facts.append(row["range"])
-        lines.append(f"  {row['name']}: " + ", ".join(facts))
-        lines += textwrap.wrap(row["description"], width, initial_indent="      ", subsequent_indent="      ")
+            given = "optional" if default is None else f"default {json.dumps(default)}"
+        facts = [type_text(field), given, range_text(field)]
+        lines.append(f"  {argument}: " + ", ".join(filter(None, facts)))
+        lines += textwrap.wrap(field.get("description", ""), width, initial_indent="      ", subsequent_indent="      ")
     lines_for_any_model = shared_arguments(models=model_choices(ModelPolicy()))  # ``call`` takes any reference
-    shared = [line for line in lines_for_any_model if any(f"`{row['name']}`" in line for row in rows)]
+    shared = [line for line in lines_for_any_model if any(f"`{argument}`" in line for argument in properties)]
     if shared:  # what the arguments every tool repeats mean, said once (the prompts' "Arguments")
         lines += ["", "shared arguments:"]
         lines += [wrapped for line in shared for wrapped in textwrap.wrap(line, width, subsequent_indent="    ")]
@@ -374,7 +347,7 @@ def check_arguments(name: str, arguments: Any, entry: dict[str, Any], *, token_l
         facts["positions"] = min(token_limit, facts.get("positions") or token_limit)
     if isinstance(arguments, dict) and arguments.get("attention") not in (None, "self"):
         facts = None  # another stack of an encoder-decoder: its own depth
-    problems = precheck(name, arguments, entry["schema"], facts=facts)
+    problems = precheck(name, arguments, entry["input_schema"], facts=facts)
     if problems:
         raise InvalidInputError(f"invalid arguments for {name}: " + "; ".join(problems))
 

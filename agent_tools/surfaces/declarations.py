@@ -119,7 +119,7 @@ def _with_row_types(node: dict[str, Any]) -> dict[str, Any]:
 def build_declarations() -> dict[str, Any]:
     """Every declared tool's data, from the live registry (imports the tools: torch, transformers)."""
     from agent_tools.surfaces.portable import portable_schema
-    from agent_tools.tools import PREFERRED_ORDER, TOOLS
+    from agent_tools.tools import TOOLS
 
     tools = {
         name: {
@@ -132,7 +132,7 @@ def build_declarations() -> dict[str, Any]:
         }
         for name, spec in TOOLS.items()
     }
-    return {"preferred_order": list(PREFERRED_ORDER), "tools": tools}
+    return {"tools": tools}
 
 
 def declarations_text(data: dict[str, Any]) -> str:
