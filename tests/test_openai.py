@@ -10,7 +10,8 @@ import pytest
 from agent_tools.inspector import Inspector
 from agent_tools.loading import BUNDLED_MODELS, ModelPolicy
 from agent_tools.prompts import system_prompt
-from agent_tools.surfaces.openai import ToolDispatcher, dispatch, inline_refs, openai_tools, parse_arguments
+from agent_tools.surfaces.openai import ToolDispatcher, openai_tools, parse_arguments
+from agent_tools.surfaces.portable import inline_refs
 from agent_tools.tools import TOOLS, get_tool
 
 SHOW = get_tool("show_attention")
@@ -93,7 +94,7 @@ def test_dispatch_json_arguments_to_a_validated_report() -> None:
     result = dispatcher.dispatch("show_attention", json.dumps(SHOW.example))
     report = SHOW.output_model.model_validate(result)
     assert report.layer == SHOW.example["layer"] and result["summary"].startswith("Layer 3 head 0")
-    described = json.loads(dispatcher.dispatch_json("describe_model", '{"model": "minilm-l6"}'))
+    described = dispatcher.dispatch("describe_model", '{"model": "minilm-l6"}')
     assert described["num_layers"] == 6 and described["family"] == "bert"
 
 
@@ -144,11 +145,6 @@ def test_bugs_raise(monkeypatch) -> None:
 def test_parse_arguments() -> None:
     assert parse_arguments(None) == {} and parse_arguments("") == {}
     assert parse_arguments('{"a": 1}') == {"a": 1} and parse_arguments({"b": 2}) == {"b": 2}
-
-
-@pytest.mark.real_model
-def test_one_shot_dispatch() -> None:
-    assert dispatch("describe_model", {"model": "minilm-l6"})["num_kv_heads"] == 12
 
 
 # --- strict function calling and friendly head forms, on a tiny model -----------------------------------------

@@ -28,9 +28,9 @@ from agent_tools.loading import ModelPolicy
 from agent_tools.placement import make_placement
 from agent_tools.schemas import Report
 from agent_tools.surfaces import agent_input_model, agent_input_schema, concise_text, error_text, select_tools
-from agent_tools.surfaces.portable import inline_refs, portable_schema, restore_omitted
+from agent_tools.surfaces.portable import portable_schema, restore_omitted
 
-__all__ = ["ToolDispatcher", "dispatch", "inline_refs", "openai_tools", "parse_arguments"]
+__all__ = ["ToolDispatcher", "openai_tools", "parse_arguments"]
 
 
 def openai_tools(
@@ -89,9 +89,6 @@ class ToolDispatcher:
         result = self._run(name, arguments)
         return result if isinstance(result, dict) else result.model_dump(mode="json")
 
-    def dispatch_json(self, name: str, arguments: str | Mapping[str, Any] | None) -> str:
-        return json.dumps(self.dispatch(name, arguments), ensure_ascii=False)
-
     def tool_message(self, tool_call: Any) -> dict[str, Any]:
         """A provider tool call (an SDK object or a dict with ``id`` and ``function.name/arguments``) -> the
         ``{"role": "tool", ...}`` message carrying the result: the concise text an LLM reads (≤ 2 KB: summary,
@@ -136,10 +133,3 @@ def _as_dict(tool_call: Any) -> dict[str, Any]:
         return tool_call.model_dump()
     function = tool_call.function
     return {"id": tool_call.id, "function": {"name": function.name, "arguments": function.arguments}}
-
-
-def dispatch(
-    name: str, arguments: str | Mapping[str, Any] | None, *, inspector: Inspector | None = None
-) -> dict[str, Any]:
-    """One-shot dispatch (a new dispatcher each call; models stay cached per process)."""
-    return ToolDispatcher(inspector).dispatch(name, arguments)
