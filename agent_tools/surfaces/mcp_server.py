@@ -514,16 +514,6 @@ def _lone_surrogate(value: Any, path: str = "") -> tuple[str, str] | None:
     return next((found for where, item in pairs if (found := _lone_surrogate(item, where)) is not None), None)
 
 
-def _replace_surrogates(value: Any) -> Any:
-    if isinstance(value, str):
-        return _LONE_SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_replace_surrogates(v) for v in value]
-    return value
-
-
 def _answerable_message(message: dict[str, Any]) -> dict[str, Any]:
     """``message`` made answerable when it holds lone surrogates (``"\\ud800"``, valid JSON but not Unicode).
 
@@ -542,7 +532,8 @@ def _answerable_message(message: dict[str, Any]) -> dict[str, Any]:
             check_unicode(found[1], field=found[0])
         except InvalidInputError as exc:
             params["arguments"] = {INVALID_UNICODE_ARGUMENT: {"message": exc.message, "field": exc.field}}
-    replaced: dict[str, Any] = _replace_surrogates(message)
+    written = json.dumps(message, ensure_ascii=False)  # every string and key, lone surrogates as they are
+    replaced: dict[str, Any] = json.loads(_LONE_SURROGATE.sub("\ufffd", written))
     return replaced
 
 
