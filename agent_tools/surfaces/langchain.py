@@ -32,6 +32,9 @@ from agent_tools.surfaces import agent_input_model, concise_text, error_text, se
 from agent_tools.surfaces.portable import portable_schema, restore_omitted
 from agent_tools.tools.registry import ToolSpec, format_validation_error
 
+# The toolkit's fields that are make_placement's arguments, by the same names.
+PLACEMENT_FIELDS = frozenset({"dtype", "device", "device_map", "max_memory", "offload_folder", "quantization"})
+
 
 class AttentionToolException(ToolException):
     """The ``ToolException`` LangChain turns into an error ``ToolMessage``; keeps the original error."""
@@ -141,14 +144,7 @@ class AttentionToolkit(BaseToolkit):
             token_limit=self.token_limit,
             memory_budget=self.memory_budget,
             artifact_dir=self.artifact_dir,
-            placement=make_placement(
-                dtype=self.dtype,
-                device=self.device,
-                device_map=self.device_map,
-                max_memory=self.max_memory,
-                offload_folder=self.offload_folder,
-                quantization=self.quantization,
-            ),
+            placement=make_placement(**self.model_dump(include=set(PLACEMENT_FIELDS))),
         )
 
     @property
