@@ -34,13 +34,9 @@ def tool_declarations() -> dict[str, dict[str, Any]]:
     return tools
 
 
-def declared_names() -> tuple[str, ...]:
-    return tuple(tool_declarations())
-
-
 def served_names(names: Any = None) -> list[str]:
     """The declared tools, or the named subset in declaration order; unknown, repeated or no names are refused."""
-    declared = declared_names()
+    declared = tuple(tool_declarations())
     if names is None:
         return list(declared)
     chosen = list(names)

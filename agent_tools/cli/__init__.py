@@ -27,8 +27,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agent_tools.cli import analyze, call, corpus, describe, mcp, show, tools
 from agent_tools.cli.placement_options import add_placement_options
-from agent_tools.cli.session_args import memory_budget_from_args as memory_budget_from_args
-from agent_tools.cli.session_args import session_from_args as session_from_args
+from agent_tools.cli.session_args import session_from_args
 from agent_tools.errors import AttentionToolError
 
 # torch and transformers load only when a command runs: --help and usage errors stay fast

@@ -861,13 +861,8 @@ async def serve_http(
             await manager.handle_request(scope, receive, send)
 
     @asynccontextmanager
-    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        async with manager.run():
-            yield
-
-    @asynccontextmanager
     async def announced(_app: Starlette) -> AsyncIterator[None]:
-        async with lifespan(_app):  # the model is loaded here, before uvicorn accepts a connection
+        async with manager.run():  # the model is loaded here, before uvicorn accepts a connection
             print(f"attention-explainer MCP server on http://{host}:{port}{path}", file=sys.stderr, flush=True)
             yield
 
