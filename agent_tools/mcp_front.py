@@ -149,16 +149,6 @@ def tool_listing(names: Iterable[str], policy: ModelPolicy) -> dict[str, Any]:
     return {"tools": tools}
 
 
-def initialize_result(protocol_version: str, instructions: str, server_version: str) -> dict[str, Any]:
-    """The ``initialize`` result, as the SDK server writes it (its wire model's fields in their order)."""
-    return {
-        "capabilities": CAPABILITIES,
-        "instructions": instructions,
-        "protocolVersion": protocol_version,
-        "serverInfo": {"name": SERVER_NAME, "version": server_version},
-    }
-
-
 def _plain_json(value: Any) -> bool:
     """Whether the standard library writes every number of ``value`` as the SDK (pydantic) does: floats without
     an exponent, no NaN or infinity (pydantic writes 1e-05 as 0.00001)."""
@@ -440,9 +430,13 @@ class StdioFront:
         if requested is None or versions is None:
             return None
         accepted, latest = versions
-        negotiated = requested if requested in accepted else latest
-        instructions = server_instructions(self.names, self.policy)
-        return _dumps(initialize_result(negotiated, instructions, self.server_version))
+        result = {  # as the SDK server writes it: its wire model's fields in their order
+            "capabilities": CAPABILITIES,
+            "instructions": server_instructions(self.names, self.policy),
+            "protocolVersion": requested if requested in accepted else latest,
+            "serverInfo": {"name": SERVER_NAME, "version": self.server_version},
+        }
+        return _dumps(result)
 
     def _tool_listing(self) -> str | None:
         if self._listing is None:

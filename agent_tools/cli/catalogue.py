@@ -65,11 +65,10 @@ def range_text(schema: dict[str, Any]) -> str:
     parts: list[str] = []
     for node in [schema, *schema.get("anyOf", ())]:
         bounds = _bounds(node, "minimum", "maximum")
-        if "exclusiveMinimum" in node or "exclusiveMaximum" in node:
-            if "exclusiveMinimum" in node:
-                bounds = [f"> {node['exclusiveMinimum']}"] + [b for b in bounds if not b.startswith("≥")]
-            if "exclusiveMaximum" in node:
-                bounds = [b for b in bounds if not b.startswith("≤")] + [f"< {node['exclusiveMaximum']}"]
+        if "exclusiveMinimum" in node:
+            bounds = [f"> {node['exclusiveMinimum']}"] + [b for b in bounds if not b.startswith("≥")]
+        if "exclusiveMaximum" in node:
+            bounds = [b for b in bounds if not b.startswith("≤")] + [f"< {node['exclusiveMaximum']}"]
         parts += bounds
         parts += _bounds(node, "minLength", "maxLength", "length ")
         if node.get("type") == "array" and node.get("minItems") != node.get("maxItems"):
