@@ -102,6 +102,9 @@ DEFAULT_MAX_SESSIONS = 64  # HTTP sessions open at once; the SDK's 10,000 idle s
 DEFAULT_SESSION_IDLE_SECONDS = 600.0  # an HTTP session with no request for this long is closed (SDK: 30 min)
 # The SDK's loggers that say something per request or per session at INFO; the server keeps their warnings.
 CHATTY_SDK_LOGGERS = ("mcp", "httpx", "httpx2", "uvicorn.access")
+# The request model of every method a client may call in any protocol era this SDK serves (others get -32601): the
+# handshake era's methods and the 2026-07-28 ones (``server/discover``).
+REQUEST_TYPES = types.methods.MONOLITH_REQUESTS
 
 
 def _text_blocks(report_text: str, structured: dict[str, Any], mode: TextContentMode) -> list[types.TextContent]:
@@ -537,18 +540,11 @@ def _answerable_message(message: dict[str, Any]) -> dict[str, Any]:
     return replaced
 
 
-@cache
-def _request_types() -> dict[str, Any]:
-    """The request model of every method a client may call in any protocol era this SDK serves (others get
-    -32601): the handshake era's methods and the 2026-07-28 ones (``server/discover``)."""
-    return dict(types.methods.MONOLITH_REQUESTS)
-
-
 def _params_problem(message: dict[str, Any], request_id: str | int | None) -> RpcProblem | None:
     """-32602 naming the first bad parameter of a request whose method is known (the SDK would say only
     "Invalid request parameters" and log the whole union's errors)."""
     try:
-        _request_types()[message["method"]].model_validate(message, by_name=False)
+        REQUEST_TYPES[message["method"]].model_validate(message, by_name=False)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ())) or "params"
@@ -568,7 +564,7 @@ def parse_line(raw: bytes) -> Any:
         return None
     request_id = message.get("id")
     if "method" in message and valid_id(request_id):
-        if message["method"] not in _request_types():
+        if message["method"] not in REQUEST_TYPES:
             raise RpcProblem(types.METHOD_NOT_FOUND, f"Method not found: {message['method'][:100]!r}", request_id)
         if (problem := _params_problem(message, request_id)) is not None:
             raise problem
