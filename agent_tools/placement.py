@@ -727,14 +727,13 @@ def _sizes(plan: MemoryEstimate) -> str:
 
 def _placement_problem(plan: MemoryEstimate, placement: Placement) -> str | None:
     """What does not fit, in words (None when everything does)."""
+    budget, where = memory_budget(placement)
     if placement.device_map is None:
         device = resolve_device(placement)
         on_device = plan.peak if device == "cpu" else plan.weights + plan.working_set
-        free = available_memory(device)
-        if free is not None and on_device > free * HEADROOM:
+        if budget is not None and on_device > budget:
             return (
-                f"needs about {readable_size(on_device)} ({on_device:,} bytes) on {device} ({_sizes(plan)}) but "
-                f"{device} has {readable_size(free)} free ({HEADROOM:.0%} usable)"
+                f"needs about {readable_size(on_device)} ({on_device:,} bytes) on {device} ({_sizes(plan)}) but {where}"
             )
         host = available_memory("cpu")
         if device != "cpu" and host is not None and plan.load_copy > host * HEADROOM:
@@ -743,7 +742,6 @@ def _placement_problem(plan: MemoryEstimate, placement: Placement) -> str | None
                 f"CPU has {readable_size(host)} free"
             )
         return None
-    budget, where = memory_budget(placement)
     needed = plan.weights + plan.working_set
     if budget is None or needed <= budget:
         return None
