@@ -52,7 +52,6 @@ from agent_tools.placement import (
     check_fits,
     disk_free,
     dtype_name,
-    estimate_load_bytes,
     estimate_memory,
     from_pretrained_kwargs,
     is_causal_lm,
@@ -425,7 +424,7 @@ def convert_gguf(path: Path, dtype: torch.dtype = torch.float32) -> Path:
 def _convert_into(path: Path, dtype: torch.dtype, target: Path) -> None:
     """Read and dequantise ``path``, write it to a private staging folder with its manifest, rename it to ``target``."""
     config = _read_gguf_config(path)
-    estimate = estimate_load_bytes(config, dtype, causal=True)
+    estimate = estimate_memory(config, dtype, causal=True).weights
     check_fits(estimate, Placement(device="cpu"), dtype=dtype, what=f"converting {path.name!r}")
     _check_disk_space(target.parent, estimate + (64 << 20), path.name)  # + tokenizer files and slack
     print(conversion_notice(path, estimate, dtype, target.parent), file=sys.stderr, flush=True)

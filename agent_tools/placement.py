@@ -398,26 +398,6 @@ def is_causal_lm(config: object) -> bool:
     return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
 
 
-def estimate_load_bytes(
-    config: object,
-    dtype: torch.dtype,
-    *,
-    causal: bool | None = None,
-    quantization: str | None = None,
-    folder: str | os.PathLike[str] | None = None,
-) -> int:
-    """Bytes the loaded weights will hold, from the config alone: parameters × dtype size, plus buffers.
-
-    ``folder``, when it holds safetensors files, cross-checks the count against their headers (no weights are
-    read) and the larger of the two wins, so a config that undercounts cannot let an oversize load through.
-    """
-    estimate = weights_bytes(meta_model(config, causal=causal), dtype, quantization=quantization)
-    on_disk = checkpoint_bytes(folder, dtype, checkpoint_dtype(config)) if folder and not quantization else None
-    if on_disk is not None and abs(on_disk - estimate) > 0.1 * max(estimate, 1):
-        logger.warning("config estimate %d bytes, checkpoint headers %d bytes; using the larger", estimate, on_disk)
-    return max(estimate, on_disk or 0)
-
-
 # Tokens the load-time check sizes one pass for (a tool's pass over a longer text is checked by the inspector's
 # budgets before it runs); capped by the model's own maximum positions.
 CHECK_TOKENS = 2048
@@ -484,9 +464,18 @@ def estimate_memory(
     folder: str | os.PathLike[str] | None = None,
     tokens: int | None = None,
 ) -> MemoryEstimate:
-    """:class:`MemoryEstimate` of loading ``config``'s model in ``dtype`` and running one pass over ``tokens``."""
-    weights = estimate_load_bytes(config, dtype, causal=causal, quantization=quantization, folder=folder)
+    """:class:`MemoryEstimate` of loading ``config``'s model in ``dtype`` and running one pass over ``tokens``.
+
+    The weights are counted from the config alone (parameters × dtype size, plus buffers); ``folder``, when it
+    holds safetensors files, cross-checks the count against their headers (no weights are read) and the larger of
+    the two wins, so a config that undercounts cannot let an oversize load through.
+    """
+    weights = weights_bytes(meta_model(config, causal=causal), dtype, quantization=quantization)
     saved = checkpoint_dtype(config)
+    on_disk = checkpoint_bytes(folder, dtype, saved) if folder and not quantization else None
+    if on_disk is not None and abs(on_disk - weights) > 0.1 * max(weights, 1):
+        logger.warning("config estimate %d bytes, checkpoint headers %d bytes; using the larger", weights, on_disk)
+    weights = max(weights, on_disk or 0)
     # the file's tensors, mapped in its saved precision while they are converted into the model's: measured, a
     # bfloat16 checkpoint loaded in float32 peaks at weights + the file; loaded in bfloat16 the model's tensors are
     # the mapped pages themselves (resident memory +0.01 GiB after from_pretrained, the pages fault in during the
@@ -614,12 +603,14 @@ def _index_total(folder: Path, dtype: torch.dtype, saved_dtype: torch.dtype | No
 
 
 def available_memory(device: str | int) -> int | None:
-    """Free bytes on a device now: MemAvailable for ``cpu``/``mps`` (unified memory), free memory for a GPU.
-
-    ``None`` when the platform does not say (no psutil and no /proc/meminfo); a check then lets the load try.
+    """Free bytes on a device now: the host's available memory for ``cpu``/``mps`` (unified memory; psutil, which
+    accelerate requires), free memory for a GPU. ``None`` for a device this machine cannot read (no CUDA); a check
+    then lets the load try.
     """
     if isinstance(device, str) and device in ("cpu", "mps"):
-        return _host_available()
+        import psutil
+
+        return int(psutil.virtual_memory().available)
     import torch
 
     if isinstance(device, int):
@@ -631,22 +622,6 @@ def available_memory(device: str | int) -> int | None:
         index = int(match.group(2)) if match.group(2) is not None else torch.cuda.current_device()
     free, _total = torch.cuda.mem_get_info(index)
     return int(free)
-
-
-def _host_available() -> int | None:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def memory_budget(placement: Placement) -> tuple[int | None, str]:
