@@ -111,8 +111,17 @@ class LoadedModel:
         return self.source.alias or self.source.reference
 
 
-def bundled_aliases() -> list[str]:
-    return sorted(BUNDLED_MODELS)
+def bundled_aliases() -> str:
+    """The bundled aliases as the errors list them."""
+    return ", ".join(sorted(BUNDLED_MODELS))
+
+
+def hub_not_cached(reference: str) -> ModelNotFoundError:
+    """A hub id that the local cache lacks while the hub is offline (describe_model refuses in the same words)."""
+    msg = f"hub model {reference!r} is not in the local cache and the hub is offline; bundled aliases: " + (
+        bundled_aliases()
+    )
+    return ModelNotFoundError(msg, field="model")
 
 
 def _package_folder(package: str) -> Path | None:
@@ -150,14 +159,14 @@ def resolve_reference(reference: str | None) -> ModelSource:
     looks_like_path = ref.startswith((".", "/", "~")) or ref.lower().endswith(".gguf")
     if looks_like_path:
         msg = f"path {ref!r} does not exist; give an existing model folder or .gguf file, or a bundled alias: " + (
-            ", ".join(bundled_aliases())
+            bundled_aliases()
         )
         raise ModelNotFoundError(msg, field="model")
     if _HUB_ID.match(ref):
         return ModelSource(ref, "hub", None)
     msg = (
         f"unknown model {ref!r}: not a bundled alias, an existing path or a hub id; "
-        f"bundled aliases: {', '.join(bundled_aliases())}"
+        f"bundled aliases: {bundled_aliases()}"
     )
     raise ModelNotFoundError(msg, field="model")
 
@@ -740,20 +749,13 @@ def _load_hub(source: ModelSource, placement: Placement) -> tuple[nn.Module, Pre
         return _load_from(source.reference, placement, local_only=True, name=source.reference)
     except OSError as cached_error:
         if offline:
-            msg = (
-                f"hub model {source.reference!r} is not in the local cache and the hub is offline; "
-                f"bundled aliases: {', '.join(bundled_aliases())}"
-            )
-            raise ModelNotFoundError(msg, field="model") from cached_error
+            raise hub_not_cached(source.reference) from cached_error
     try:
         return _load_from(source.reference, placement, local_only=False, name=source.reference)
     except AttentionToolError:
         raise
     except (OSError, ValueError) as exc:
-        msg = (
-            f"hub model {source.reference!r} could not be loaded ({exc}); "
-            f"bundled aliases: {', '.join(bundled_aliases())}"
-        )
+        msg = f"hub model {source.reference!r} could not be loaded ({exc}); bundled aliases: {bundled_aliases()}"
         raise ModelNotFoundError(msg, field="model") from exc
 
 
