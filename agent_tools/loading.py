@@ -477,7 +477,7 @@ CONVERSION_PARAMETERS_PER_SECOND = 7.5e6
 def conversion_notice(path: Path, size: int, dtype: torch.dtype, folder: Path) -> str:
     """The one line printed when a GGUF file is converted (once per file and precision): what, how big, where,
     and about how long."""
-    parameters = size / torch.empty((), dtype=dtype).element_size()
+    parameters = size / dtype.itemsize
     seconds = max(5, 5 * round(parameters / CONVERSION_PARAMETERS_PER_SECOND / 5))
     try:
         shown = "~/" + str(folder.relative_to(Path.home()))

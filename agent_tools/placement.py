@@ -482,7 +482,7 @@ def estimate_memory(
     # first pass), so there is no copy (benchmarks/results-memory.md). A config that does not say how the file was
     # saved is counted as a conversion.
     in_place = saved == dtype and (folder is None or _safetensors_files(Path(folder)) is not None)  # pickles: copied
-    load_copy = 0 if quantization or in_place else weights * _itemsize(saved or dtype) // _itemsize(dtype)
+    load_copy = 0 if quantization or in_place else weights * (saved or dtype).itemsize // dtype.itemsize
     limit = _config_int(config, "max_position_embeddings", "n_positions", "max_seq_len") or CHECK_TOKENS
     length = tokens if tokens is not None else min(CHECK_TOKENS, limit)
     return MemoryEstimate(weights, load_copy, pass_bytes(config, dtype, length), length)
@@ -499,7 +499,7 @@ def _config_int(config: object, *names: str) -> int | None:
 
 def pass_bytes(config: object, dtype: torch.dtype, tokens: int) -> int:
     """Bytes one forward over ``tokens`` tokens holds beyond the weights (see :class:`MemoryEstimate`)."""
-    item = _itemsize(dtype)
+    item = dtype.itemsize
     hidden = _config_int(config, "hidden_size", "n_embd", "d_model") or 0
     heads = _config_int(config, "num_attention_heads", "n_head", "encoder_attention_heads") or 1
     kv_heads = _config_int(config, "num_key_value_heads", "n_head_kv") or heads
@@ -521,7 +521,7 @@ def pass_bytes(config: object, dtype: torch.dtype, tokens: int) -> int:
 def weights_bytes(model: nn.Module, dtype: torch.dtype, *, quantization: str | None = None) -> int:
     """Bytes ``model``'s weights take in ``dtype``: parameters × dtype size (quantized linears at their packed
     size), plus buffers as they are. Works on a meta-device model (nothing allocated) and on a loaded one."""
-    itemsize = _itemsize(dtype)
+    itemsize = dtype.itemsize
     quantized = _quantized_linear_weights(model) if quantization else set()
     total = 0.0
     for name, param in model.named_parameters():
@@ -529,12 +529,6 @@ def weights_bytes(model: nn.Module, dtype: torch.dtype, *, quantization: str | N
         total += param.numel() * per
     total += sum(b.numel() * b.element_size() for b in model.buffers())
     return int(total)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype, device="meta").element_size()
 
 
 def _quantized_linear_weights(model: nn.Module) -> set[str]:
@@ -575,7 +569,7 @@ def checkpoint_bytes(
             return None
         if not all(f.is_file() for f in files):
             return _index_total(path, dtype, saved_dtype)
-        return sum(_shard_bytes(f, _itemsize(dtype)) for f in files)
+        return sum(_shard_bytes(f, dtype.itemsize) for f in files)
     except (OSError, ValueError, KeyError, struct.error):
         return None
 
@@ -599,7 +593,7 @@ def _index_total(folder: Path, dtype: torch.dtype, saved_dtype: torch.dtype | No
     total = (index.get("metadata") or {}).get("total_size")
     if not isinstance(total, int) or saved_dtype is None:
         return None
-    return total * _itemsize(dtype) // _itemsize(saved_dtype)
+    return total * dtype.itemsize // saved_dtype.itemsize
 
 
 def available_memory(device: str | int) -> int | None:
