@@ -410,19 +410,17 @@ DEVICE_FREE_SHARE = 0.25
 BLOCK_COPIES = 3  # float32 (q, Tk) tensors per head a block holds: scores, logits, weights
 
 
-def attention_block_bytes(
-    device: torch.device | str, *, cpu_budget: int = ATTENTION_BLOCK_BYTES, free_share: float = DEVICE_FREE_SHARE
-) -> int:
-    """Bytes one block of query rows may hold on ``device``: ``cpu_budget`` on the CPU (or a device whose free memory
-    cannot be read); on CUDA ``free_share`` × the free memory ``torch.cuda.mem_get_info`` reports now, at least
-    ``cpu_budget``."""
+def attention_block_bytes(device: torch.device | str) -> int:
+    """Bytes one block of query rows may hold on ``device``: :data:`ATTENTION_BLOCK_BYTES` on the CPU (or a device
+    whose free memory cannot be read); on CUDA :data:`DEVICE_FREE_SHARE` × the free memory
+    ``torch.cuda.mem_get_info`` reports now, at least the CPU's block."""
     import torch
 
     where = torch.device(device)
     if where.type != "cuda" or not torch.cuda.is_available():
-        return cpu_budget
+        return ATTENTION_BLOCK_BYTES
     free, _total = torch.cuda.mem_get_info(where)
-    return max(cpu_budget, int(free * free_share))
+    return max(ATTENTION_BLOCK_BYTES, int(free * DEVICE_FREE_SHARE))
 
 
 def query_chunk_rows(num_heads: int, length: int, block_bytes: int) -> int | None:
@@ -514,7 +512,7 @@ def pass_bytes(config: object, dtype: torch.dtype, tokens: int) -> int:
         + 2 * layers * kv_heads * head_dim  # the KV cache a causal forward returns
     ) * item
     logits = tokens * vocab * (item + 4)  # the head's logits in dtype and their float32 copy
-    attention = min(ATTENTION_BLOCK_BYTES, 3 * heads * tokens * tokens * 4)  # scores, logits, weights per block
+    attention = min(ATTENTION_BLOCK_BYTES, BLOCK_COPIES * heads * tokens * tokens * 4)  # one block of query rows
     return tokens * per_token + logits + attention
 
 

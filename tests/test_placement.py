@@ -479,12 +479,16 @@ def test_query_chunk_rows_fit_the_block() -> None:
 def test_attention_block_bytes_follow_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU gets its configured budget; CUDA a quarter of the free memory mem_get_info reports, at least that."""
     assert attention_block_bytes("cpu") == ATTENTION_BLOCK_BYTES
-    assert attention_block_bytes("cpu", cpu_budget=1000) == 1000
+    with monkeypatch.context() as patched:
+        patched.setattr(pl, "ATTENTION_BLOCK_BYTES", 1000)
+        assert attention_block_bytes("cpu") == 1000
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     free = {"bytes": 40 * 1024**3}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 80 * 1024**3))
     assert attention_block_bytes("cuda:0") == 10 * 1024**3
-    assert attention_block_bytes("cuda:0", free_share=0.5) == 20 * 1024**3
+    with monkeypatch.context() as patched:
+        patched.setattr(pl, "DEVICE_FREE_SHARE", 0.5)
+        assert attention_block_bytes("cuda:0") == 20 * 1024**3
     free["bytes"] = 100 * 1024**2  # nearly full: never below the CPU's block
     assert attention_block_bytes("cuda:0") == ATTENTION_BLOCK_BYTES
     # 40 GiB free at 32 heads × 87,000 keys: 321 rows per block (the CPU's 64 MiB gives 2)
