@@ -212,10 +212,10 @@ class MptAdapter(FamilyAdapter):
         mixed = module.Wqkv(hidden_states)  # (B, T, 3·C) = [Q | K | V]
         if module.clip_qkv:
             mixed = mixed.clamp(min=-module.clip_qkv, max=module.clip_qkv)
-        query, key, value = mixed.chunk(3, dim=2)
-        query = query.reshape(batch, length, module.n_heads, module.head_dim).transpose(1, 2)  # (B, H, T, D)
-        key = key.reshape(batch, length, module.n_heads, module.head_dim).transpose(1, 2)
-        value = value.reshape(batch, length, module.n_heads, module.head_dim).transpose(1, 2)
+        query, key, value = (
+            part.reshape(batch, length, module.n_heads, module.head_dim).transpose(1, 2)
+            for part in mixed.chunk(3, dim=2)
+        )  # 3 × (B, H, T, D)
         if cache is not None:
             key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
         keys = key.shape[-2]

@@ -264,20 +264,10 @@ class HeadProjections:
     def d_head(self) -> int:
         return self.w_q.shape[1]
 
-    def queries(self, x: Tensor) -> Tensor:
-        """(..., T, d_model) -> (..., T, d_head) before positions, without ``query_prescale``."""
-        return _affine(x, self.w_q, self.b_q)
-
-    def keys(self, x: Tensor) -> Tensor:
-        return _affine(x, self.w_k, self.b_k)
-
     def values(self, x: Tensor) -> Tensor:
-        return _affine(x, self.w_v, self.b_v)
-
-
-def _affine(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    out = x.to(weight.dtype) @ weight
-    return out + bias if bias is not None else out
+        """(..., T, d_model) -> (..., T, d_head): the head's values (the parity check compares the model's)."""
+        out = x.to(self.w_v.dtype) @ self.w_v
+        return out + self.b_v if self.b_v is not None else out
 
 
 def weight_layout(facts: ModelFacts) -> WeightLayout:

@@ -338,7 +338,11 @@ def test_per_head_projections_reproduce_the_adapters_q_k_v(name: str) -> None:
         written = torch.zeros(())
         for head in range(4):
             weights = head_projections(model, layer, head)
-            query, key, value = weights.queries(hidden), weights.keys(hidden), weights.values(hidden)  # (B, T, D)
+            query, key = (
+                hidden @ w + (b if b is not None else 0.0)
+                for w, b in ((weights.w_q, weights.b_q), (weights.w_k, weights.b_k))
+            )  # (B, T, D)
+            value = weights.values(hidden)
             if rotary is not None and "ALiBi" not in call["terms"]:
                 cos, sin = rotary
                 query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
