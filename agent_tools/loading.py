@@ -808,9 +808,7 @@ def prepare_model(
     estimated_bytes: int | None = None,
 ) -> LoadedModel:
     """Wrap an already-instantiated model (e.g. one built from a config in a test)."""
-    model.eval()
-    for param in model.parameters():
-        param.requires_grad_(False)
+    model.eval().requires_grad_(False)
     return LoadedModel(
         source=source,
         model=model,
