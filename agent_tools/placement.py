@@ -199,14 +199,12 @@ def check_device_form(device: str) -> re.Match[str]:
 
 
 def _check_device(device: str) -> None:
-    match = check_device_form(device)
-    if device not in devices_here():
-        kind = match.group(1)
-        lacks = "CUDA" if kind == "cuda" and match.group(2) is None else kind.upper()
-        if kind == "cuda" and match.group(2) is not None:
-            import torch
+    kind, index = check_device_form(device).groups()
+    if device not in devices_here():  # auto and cpu always are: kind is mps or cuda
+        import torch
 
-            lacks = f"GPU {match.group(2)} (it has {torch.cuda.device_count()} CUDA devices)"
+        count = torch.cuda.device_count()
+        lacks = "MPS" if kind == "mps" else "CUDA" if index is None else f"GPU {index} (it has {count} CUDA devices)"
         msg = f"device {device!r} needs {lacks}, which this machine lacks; valid here: {', '.join(devices_here())}"
         raise InvalidInputError(msg, field="device")
 
@@ -238,7 +236,7 @@ def _check_quantization(placement: Placement) -> None:
             "leave quantization unset here (valid with CUDA: 8bit, 4bit)"
         )
         raise InvalidInputError(msg, field="quantization")
-    if resolve_device(placement) != "cuda" and not resolve_device(placement).startswith("cuda:"):
+    if not resolve_device(placement).startswith("cuda"):  # cuda or cuda:N
         msg = f"quantization {placement.quantization!r} runs on CUDA only; use device auto, cuda or cuda:N"
         raise InvalidInputError(msg, field="quantization")
     if importlib.util.find_spec("bitsandbytes") is None:
