@@ -185,9 +185,7 @@ def output_projection(
             "so hooks on the projection (head ablation, recorded head outputs) would never run; it is refused"
         )
         raise UnsupportedModelError(msg)
-    projection = _own_output(attention)
-    if projection is None:
-        projection = _sibling_output(model, attention)
+    projection = _own_output(attention) or _sibling_output(model, attention)  # Linear or Conv1D: truthy
     if projection is None:
         msg = (
             f"cannot find the output projection (W_O) of layer {layer} ({type(attention).__name__}); head ablation, "
@@ -360,14 +358,13 @@ def qkv_reads(
     A gradient at a module's output sliced there, times the slice's weight, is the gradient at the residual as
     that head reads it through that path (find_circuit's receivers)."""
     facts, _, layout, heads, modules = _layer_projections(model, layer, facts, stack)
-    groups = heads.kv_groups
+    indices = (0, 1, 2) if len(modules) == 3 else (0, 0, 0)
     reads: dict[tuple[str, int], tuple[int, int]] = {}
     for head in range(heads.num_heads):
-        q_start, k_start, v_start = _qkv_starts(layout, facts, head, head // groups)
-        index = (0, 1, 2) if len(modules) == 3 else (0, 0, 0)
-        reads[("Q", head)] = (index[0], q_start)
-        reads.setdefault(("K", head // groups), (index[1], k_start))
-        reads.setdefault(("V", head // groups), (index[2], v_start))
+        kv_head = heads.kv_head_of(head)
+        starts = _qkv_starts(layout, facts, head, kv_head)
+        for key, index, start in zip((("Q", head), ("K", kv_head), ("V", kv_head)), indices, starts, strict=True):
+            reads.setdefault(key, (index, start))  # a KV head's slice: where its first query head finds it
     return modules, reads
 
 
