@@ -46,7 +46,6 @@ AttentionFunction = Callable[..., tuple[Tensor, Tensor | None]]
 
 ALIBI = "ALiBi"
 DISENTANGLED = "c2p/p2c"
-ALIBI_POSITIONS = "ALiBi (linear bias on scores)"
 
 
 def _additive(mask: Tensor, dtype: torch.dtype, *, allowed_when: bool = True) -> Tensor:
@@ -62,16 +61,9 @@ def float_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return _additive(mask, dtype)
 
 
-def _heads_of(module: nn.Module, *names: str) -> int:
-    for name in names:
-        value = getattr(module, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise UnsupportedModelError(f"{type(module).__name__} has none of {', '.join(names)}: cannot tell its heads")
-
-
 class FamilyAdapter:
-    """One attention module type outside the interface: its facts and its routed forward.
+    """One attention module type outside the interface: its layer, scale and score terms, and its routed forward
+    (its heads and widths are read like any module's, in :mod:`agent_tools.families`).
 
     Subclasses say which class they match (``class_name`` defined in a module whose path ends with
     ``module_suffix``: a copy of the class in another family is not matched) and implement :meth:`_forward`.
@@ -80,7 +72,6 @@ class FamilyAdapter:
     family: ClassVar[str]
     class_name: ClassVar[str]
     module_suffix: ClassVar[str]
-    is_causal: ClassVar[bool] = True
 
     def matches(self, module: nn.Module) -> bool:
         return any(
@@ -96,25 +87,12 @@ class FamilyAdapter:
             raise UnsupportedModelError(msg)
         return layer
 
-    def num_heads(self, module: nn.Module) -> int:
-        return _heads_of(module, "num_heads", "n_heads", "num_attention_heads")
-
-    def num_kv_heads(self, module: nn.Module) -> int:
-        return self.num_heads(module)
-
-    def head_dim(self, module: nn.Module) -> int:
-        return _heads_of(module, "head_dim", "attention_head_size")
-
     def scaling(self, module: nn.Module) -> float:
         raise NotImplementedError
 
     def score_terms(self, module: nn.Module) -> tuple[str, ...]:
         """Names of the additive terms this module adds to q·kᵀ·scaling (what ``position_bias`` will hold)."""
         return (ALIBI,)
-
-    def positional(self, module: nn.Module) -> str:
-        """How this module's attention knows positions, in words (for the model's facts)."""
-        return ALIBI_POSITIONS if ALIBI in self.score_terms(module) else "rotary (RoPE)"
 
     def uses_rotary(self, module: nn.Module) -> bool:
         """Whether the module rotates q and k with the ``position_embeddings`` it is passed (Falcon without ALiBi).
@@ -234,10 +212,10 @@ class MptAdapter(FamilyAdapter):
         mixed = module.Wqkv(hidden_states)  # (B, T, 3·C) = [Q | K | V]
         if module.clip_qkv:
             mixed = mixed.clamp(min=-module.clip_qkv, max=module.clip_qkv)
-        query, key, value = mixed.chunk(3, dim=2)
-        query = query.reshape(batch, length, module.n_heads, module.head_dim).transpose(1, 2)  # (B, H, T, D)
-        key = key.reshape(batch, length, module.n_heads, module.head_dim).transpose(1, 2)
-        value = value.reshape(batch, length, module.n_heads, module.head_dim).transpose(1, 2)
+        query, key, value = (
+            part.reshape(batch, length, module.n_heads, module.head_dim).transpose(1, 2)
+            for part in mixed.chunk(3, dim=2)
+        )  # 3 × (B, H, T, D)
         if cache is not None:
             key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
         keys = key.shape[-2]
@@ -273,10 +251,6 @@ class FalconAdapter(FamilyAdapter):
     family = "falcon"
     class_name = "FalconAttention"
     module_suffix = "modeling_falcon"
-
-    def num_kv_heads(self, module: Any) -> int:
-        """Falcon's K/V heads: the config's ``num_kv_heads`` (new decoder architecture), 1 (multi-query), else all."""
-        return int(module.num_kv_heads)
 
     def scaling(self, module: Any) -> float:
         return float(module.inv_norm_factor)
@@ -320,7 +294,7 @@ class FalconAdapter(FamilyAdapter):
             key, value = layer_past.update(key, value, module.layer_idx)
         if module.new_decoder_architecture:
             # _split_heads broadcast each K/V head over its query group; keep one copy per group (repeat_kv layout)
-            groups = heads // self.num_kv_heads(module)
+            groups = heads // module.num_kv_heads  # the config's num_kv_heads
             key, value = key[:, ::groups], value[:, ::groups]  # (B, Hkv, Tk, D)
         keys = key.shape[-2]
         bias: Tensor | None = None
@@ -357,7 +331,6 @@ class DebertaV2Adapter(FamilyAdapter):
     family = "deberta-v2"
     class_name = "DisentangledSelfAttention"
     module_suffix = "modeling_deberta_v2"
-    is_causal = False
 
     def layer_index(self, module: Any, name: str = "") -> int:
         found = _LAYER_IN_NAME.findall(name)
@@ -366,30 +339,17 @@ class DebertaV2Adapter(FamilyAdapter):
             raise UnsupportedModelError(msg)
         return int(found[-1])
 
-    def num_heads(self, module: Any) -> int:
-        return int(module.num_attention_heads)
-
-    def head_dim(self, module: Any) -> int:
-        return int(module.attention_head_size)
-
     def _scale_factor(self, module: Any) -> int:
         return 1 + ("c2p" in module.pos_att_type) + ("p2c" in module.pos_att_type)
 
     def scaling(self, module: Any) -> float:
         # the module divides by √(D·f) computed in float32
-        scale = torch.sqrt(torch.tensor(self.head_dim(module), dtype=torch.float) * self._scale_factor(module))
+        scale = torch.sqrt(torch.tensor(module.attention_head_size, dtype=torch.float) * self._scale_factor(module))
         return 1.0 / float(scale)
 
     def score_terms(self, module: Any) -> tuple[str, ...]:
         has_terms = module.relative_attention and ("c2p" in module.pos_att_type or "p2c" in module.pos_att_type)
         return (DISENTANGLED,) if has_terms else ()
-
-    def positional(self, module: Any) -> str:
-        if not self.score_terms(module):
-            return "none in the attention (absolute position embeddings, if any, are added to the input)"
-        kinds = " and ".join(kind for kind in ("c2p", "p2c") if kind in module.pos_att_type)
-        buckets = f", {module.position_buckets} log buckets" if module.position_buckets > 0 else ""
-        return f"disentangled relative positions ({kinds} terms added to the scores{buckets})"
 
     def _forward(
         self,

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import inspect
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from torch import nn
 
-from agent_tools.adapters import FamilyAdapter, adapter_for
+from agent_tools.adapters import ALIBI, DISENTANGLED, FamilyAdapter, adapter_for
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
 
 # Families whose attention module multiplies the query by the scale inside its projection step and then passes
@@ -80,12 +81,16 @@ class StackFacts(KvGrouping):
     score_terms: tuple[str, ...]
 
 
+# ModelFacts fields that are the default stack's own StackFacts field of the same name
+_DEFAULT_STACK_FIELDS = ("num_layers", "num_heads", "num_kv_heads", "head_dim", "qk_dim", "scaling", "is_causal")
+
+
 @dataclass(frozen=True)
 class ModelFacts(KvGrouping):
     """Architecture facts about a model's attention, read from its config and modules.
 
-    The flat fields describe the model's default stack (``"self"``, or ``"encoder"`` for an encoder–decoder);
-    ``stacks`` holds every stack.
+    The flat fields of :data:`_DEFAULT_STACK_FIELDS` are the model's default stack's (``"self"``, or ``"encoder"``
+    for an encoder–decoder); ``stacks`` holds every stack.
     """
 
     family: str
@@ -137,9 +142,12 @@ class ModelFacts(KvGrouping):
         for stack in self.stacks:
             if stack.name == name:
                 return stack
-        valid = ", ".join(repr(s) for s in self.stack_names)
-        msg = f"this {self.family} model has no {name!r} attention stack; valid: {valid}"
-        raise InvalidInputError(msg, field="attention")
+        raise _no_stack(self.family, name, self.stack_names)
+
+
+def _no_stack(family: str, name: str, valid: Iterable[str]) -> InvalidInputError:
+    shown = ", ".join(repr(stack) for stack in valid)
+    return InvalidInputError(f"this {family} model has no {name!r} attention stack; valid: {shown}", field="attention")
 
 
 _INTERFACE_CALLERS: dict[type, bool] = {}
@@ -183,9 +191,12 @@ def _stack_of(name: str, module: nn.Module, encoder_decoder: bool) -> str:
     return SELF
 
 
+def _family(model: nn.Module) -> str:
+    return str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+
+
 def _unsupported(model: nn.Module, reason: str) -> UnsupportedModelError:
-    family = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-    return UnsupportedModelError(f"unsupported family {family!r}: {reason}")
+    return UnsupportedModelError(f"unsupported family {_family(model)!r}: {reason}")
 
 
 def _layer_order(model: nn.Module, stack: str, named: list[tuple[str, nn.Module]]) -> list[nn.Module]:
@@ -261,11 +272,7 @@ def find_attention_modules(model: nn.Module, stack: str | None = None) -> list[n
     stacks = attention_stacks(model)
     name = default_stack_name(stacks) if stack is None else stack
     if name not in stacks:
-        valid = ", ".join(repr(s) for s in stacks)
-        family = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        raise InvalidInputError(
-            f"this {family} model has no {name!r} attention stack; valid: {valid}", field="attention"
-        )
+        raise _no_stack(_family(model), name, stacks)
     return stacks[name]
 
 
@@ -278,9 +285,9 @@ def _first(config: object, *names: str) -> object | None:
 
 
 def _positional_scheme(model: nn.Module, config: object, terms: tuple[str, ...]) -> tuple[str, float | None]:
-    if "ALiBi" in terms:  # BLOOM, MPT, Falcon-ALiBi (their adapters name the term)
+    if ALIBI in terms:  # BLOOM, MPT, Falcon-ALiBi (their adapters name the term)
         return "ALiBi (linear bias on scores)", None
-    if "c2p/p2c" in terms:
+    if DISENTANGLED in terms:
         return "relative positions as disentangled content→position and position→content score terms", None
     names = [name for name, _ in model.named_modules()]
     has_rotary = any(name.endswith(("rotary_emb", "rotary")) for name in names)
@@ -363,36 +370,30 @@ def _stack_facts(stack: str, modules: list[nn.Module], config: object, family: s
     first = modules[0]
     config = getattr(first, "config", None) or config  # a multimodal model's text layers read the text config
     adapter = adapter_for(first)
-    if adapter is not None:
-        num_heads = int(adapter.num_heads(first))
-        num_kv_heads = int(adapter.num_kv_heads(first))
-        head_dim = qk_dim = int(adapter.head_dim(first))
-        is_causal = bool(adapter.is_causal)
+    num_heads = _count(_first(first, "num_heads", "n_heads", "num_attention_heads")) or _required_count(
+        config, "num_attention_heads", "n_head", "num_heads"
+    )
+    groups = _count(getattr(first, "num_key_value_groups", None))
+    num_kv_heads = (
+        _count(_first(first, "num_key_value_heads", "num_kv_heads"))  # Falcon's: 1 multi-query, else the config's
+        or (num_heads // groups if groups else None)
+        or _count(_first(config, "num_key_value_heads", "multi_query_group_num"))
+        or num_heads
+    )
+    hidden = _required_count(config, "hidden_size", "n_embd", "d_model")
+    module_dim = _count(
+        _first(first, "v_head_dim", "head_dim", "head_size", "attention_head_size", "key_value_proj_dim")
+    )
+    head_dim = module_dim or _count(_first(config, "v_head_dim", "head_dim")) or hidden // num_heads
+    qk_dim = _count(_first(first, "qk_head_dim")) or _count(getattr(config, "qk_head_dim", None)) or head_dim
+    if stack in (ENCODER, CROSS):
+        is_causal = False
+    elif stack == DECODER:
+        is_causal = True
     else:
-        num_heads = _count(_first(first, "num_heads", "n_heads", "num_attention_heads")) or _required_count(
-            config, "num_attention_heads", "n_head", "num_heads"
-        )
-        groups = _count(getattr(first, "num_key_value_groups", None))
-        num_kv_heads = (
-            _count(_first(first, "num_key_value_heads", "num_kv_heads"))
-            or (num_heads // groups if groups else None)
-            or _count(_first(config, "num_key_value_heads", "multi_query_group_num"))
-            or num_heads
-        )
-        hidden = _required_count(config, "hidden_size", "n_embd", "d_model")
-        module_dim = _count(
-            _first(first, "v_head_dim", "head_dim", "head_size", "attention_head_size", "key_value_proj_dim")
-        )
-        head_dim = module_dim or _count(_first(config, "v_head_dim", "head_dim")) or hidden // num_heads
-        qk_dim = _count(_first(first, "qk_head_dim")) or _count(getattr(config, "qk_head_dim", None)) or head_dim
-        if stack in (ENCODER, CROSS):
-            is_causal = False
-        elif stack == DECODER:
-            is_causal = True
-        else:
-            is_causal = bool(getattr(first, "is_causal", True)) and not getattr(config, "is_encoder_only", False)
-            if family in {"bert", "roberta", "distilbert", "electra", "xlm-roberta", "deberta"}:
-                is_causal = bool(getattr(config, "is_decoder", False))
+        is_causal = bool(getattr(first, "is_causal", True)) and not getattr(config, "is_encoder_only", False)
+        if family in {"bert", "roberta", "distilbert", "electra", "xlm-roberta", "deberta", "deberta-v2"}:
+            is_causal = bool(getattr(config, "is_decoder", False))
     return StackFacts(
         name=stack,
         num_layers=len(modules),
@@ -409,7 +410,7 @@ def _stack_facts(stack: str, modules: list[nn.Module], config: object, family: s
 def read_facts(model: nn.Module) -> ModelFacts:
     """The facts of a loaded model; the only place that reads its config."""
     config: object = getattr(model, "config", None)
-    family = str(getattr(config, "model_type", type(model).__name__))
+    family = _family(model)
     stacks = attention_stacks(model)
     facts = tuple(_stack_facts(name, modules, config, family) for name, modules in stacks.items())
     main = next(s for s in facts if s.name == default_stack_name(stacks))
@@ -420,16 +421,11 @@ def read_facts(model: nn.Module) -> ModelFacts:
     architectures = getattr(config, "architectures", None) or [type(model).__name__]
     is_lm = hasattr(model, "lm_head") or type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
     return ModelFacts(
+        **{name: getattr(main, name) for name in _DEFAULT_STACK_FIELDS},
         family=family,
         architecture=str(architectures[0]),
-        num_layers=main.num_layers,
-        num_heads=main.num_heads,
-        num_kv_heads=main.num_kv_heads,
-        head_dim=main.head_dim,
         hidden_size=hidden,
-        scaling=main.scaling,
         query_prescaled=family in QUERY_PRESCALED_FAMILIES,
-        is_causal=main.is_causal,
         positional=positional,
         rotary_fraction=fraction,
         max_positions=_count(_first(config, "max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")),
@@ -438,7 +434,6 @@ def read_facts(model: nn.Module) -> ModelFacts:
         num_parameters=sum(p.numel() for p in model.parameters()),
         is_language_model=is_lm,
         bos_token_id=getattr(config, "bos_token_id", None),
-        qk_dim=main.qk_dim,
         is_encoder_decoder=ENCODER in stacks and DECODER in stacks,
         stacks=facts,
         main_input=_main_input(model),

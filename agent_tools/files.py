@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -21,11 +22,35 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 PARTIAL_SUFFIX = ".partial"
-_HOST = socket.gethostname().replace("-", "_") or "host"
+_HOST = re.sub(r"[^A-Za-z0-9]+", "_", socket.gethostname()) or "host"  # without the names' separators "-" and "."
 
 
-def _temporary_prefix(path: Path) -> str:
-    return f".{path.name}.{_HOST}-{os.getpid()}-"
+def writer_tag() -> str:
+    """``host-pid-``: what a temporary name carries after its prefix, so a later cleanup can tell whether the
+    process writing it still runs (:func:`writer_gone`)."""
+    return f"{_HOST}-{os.getpid()}-"
+
+
+def writer_gone(tail: str) -> bool | None:
+    """Whether the writer a name's ``host-pid-random`` tail names has exited; None when the tail names no writer
+    of this machine (another host's, an older version's name), whose liveness cannot be checked."""
+    parts = tail.rsplit("-", 2)
+    if len(parts) != 3 or parts[0] != _HOST or not parts[1].isdigit():
+        return None
+    return not process_alive(int(parts[1]))
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask sets it, racing other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @contextmanager
@@ -38,7 +63,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     final = Path(path)
     try:
-        handle, name = tempfile.mkstemp(prefix=_temporary_prefix(final), suffix=PARTIAL_SUFFIX, dir=final.parent)
+        handle, name = tempfile.mkstemp(prefix=f".{final.name}.{writer_tag()}", suffix=PARTIAL_SUFFIX, dir=final.parent)
     except OSError as exc:
         raise _naming(exc, final) from exc
     os.close(handle)
@@ -78,10 +103,8 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
 
 def _keep_umask_mode(path: Path) -> None:
     """``mkstemp`` makes 0600 files; a final file gets the mode a plain ``open`` would give (0666 & ~umask)."""
-    mask = os.umask(0)
-    os.umask(mask)
     with suppress(OSError):
-        os.chmod(path, 0o666 & ~mask)
+        os.chmod(path, 0o666 & ~current_umask())
 
 
 def remove_stale_partials(folder: str | Path) -> list[Path]:
@@ -92,10 +115,8 @@ def remove_stale_partials(folder: str | Path) -> list[Path]:
     except OSError:
         return removed
     for entry in entries:
-        if not (entry.name.startswith(".") and entry.name.endswith(PARTIAL_SUFFIX)):
-            continue
-        owner = entry.name[: -len(PARTIAL_SUFFIX)].rsplit(".", 1)[-1].rsplit("-", 2)
-        if len(owner) != 3 or owner[0] != _HOST or not owner[1].isdigit() or process_alive(int(owner[1])):
+        named = entry.name.startswith(".") and entry.name.endswith(PARTIAL_SUFFIX)
+        if not named or not writer_gone(entry.name.removesuffix(PARTIAL_SUFFIX).rsplit(".", 1)[-1]):
             continue
         try:
             entry.unlink()

@@ -121,28 +121,13 @@ def _is_projection(module: object) -> TypeGuard[nn.Module]:
     return isinstance(weight, Tensor) and weight.dim() == 2
 
 
-def _stored_weight(module: nn.Module) -> Tensor:
+def _out_in(module: nn.Module) -> Tensor:
+    """The projection's weight as nn.Linear stores it, ``(out, in)`` (a view: Conv1D stores ``(in, out)``)."""
     weight = getattr(module, "weight", None)
     if not isinstance(weight, Tensor):
         msg = f"{type(module).__name__} has no weight tensor; cannot read a projection from it"
         raise UnsupportedModelError(msg)
-    return weight
-
-
-def _stored_bias(module: nn.Module) -> Tensor | None:
-    bias = getattr(module, "bias", None)
-    return bias if isinstance(bias, Tensor) else None
-
-
-def _out_in(module: nn.Module) -> Tensor:
-    """The projection's weight as nn.Linear stores it, ``(out, in)`` (a view: Conv1D stores ``(in, out)``)."""
-    weight = _stored_weight(module)
     return weight.t() if _is_conv1d(module) else weight
-
-
-def projection_in_features(module: nn.Module) -> int:
-    """How many input features a projection module takes (nn.Linear or Conv1D)."""
-    return int(_out_in(module).shape[1])
 
 
 def _child(module: nn.Module, name: str) -> nn.Module:
@@ -155,10 +140,10 @@ def _child(module: nn.Module, name: str) -> nn.Module:
 
 
 def _features(module: nn.Module, start: int, size: int) -> tuple[Tensor, Tensor | None]:
-    """Output features ``start .. start+size`` as ``(in, size)`` float weight plus their bias."""
-    weight = _out_in(module).detach()[start : start + size].T.float()  # (d_model, size)
-    bias = _stored_bias(module)
-    return weight, bias.detach()[start : start + size].float() if bias is not None else None
+    """Output features ``start .. start+size`` as an ``(in, size)`` float weight plus their bias (copies)."""
+    weight = _out_in(module).detach()[start : start + size].T.float().clone()  # (d_model, size)
+    bias = getattr(module, "bias", None)
+    return weight, bias.detach()[start : start + size].float().clone() if isinstance(bias, Tensor) else None
 
 
 # --- the output projection (every family) ----------------------------------------------------------------
@@ -200,16 +185,14 @@ def output_projection(
             "so hooks on the projection (head ablation, recorded head outputs) would never run; it is refused"
         )
         raise UnsupportedModelError(msg)
-    projection = _own_output(attention)
-    if projection is None:
-        projection = _sibling_output(model, attention)
+    projection = _own_output(attention) or _sibling_output(model, attention)  # Linear or Conv1D: truthy
     if projection is None:
         msg = (
             f"cannot find the output projection (W_O) of layer {layer} ({type(attention).__name__}); head ablation, "
             "value-side norms and per-head projections need it"
         )
         raise UnsupportedModelError(msg)
-    width = projection_in_features(projection)
+    width = int(_out_in(projection).shape[1])
     if in_features is not None and width != in_features:
         msg = (
             f"layer {layer}'s output projection takes {width} features, not heads × head_dim = {in_features}; "
@@ -279,20 +262,10 @@ class HeadProjections:
     def d_head(self) -> int:
         return self.w_q.shape[1]
 
-    def queries(self, x: Tensor) -> Tensor:
-        """(..., T, d_model) -> (..., T, d_head) before positions, without ``query_prescale``."""
-        return _affine(x, self.w_q, self.b_q)
-
-    def keys(self, x: Tensor) -> Tensor:
-        return _affine(x, self.w_k, self.b_k)
-
     def values(self, x: Tensor) -> Tensor:
-        return _affine(x, self.w_v, self.b_v)
-
-
-def _affine(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    out = x.to(weight.dtype) @ weight
-    return out + bias if bias is not None else out
+        """(..., T, d_model) -> (..., T, d_head): the head's values (the parity check compares the model's)."""
+        out = x.to(self.w_v.dtype) @ self.w_v
+        return out + self.b_v if self.b_v is not None else out
 
 
 def weight_layout(facts: ModelFacts) -> WeightLayout:
@@ -366,30 +339,15 @@ def head_projections(
     """
     facts, attention, layout, heads, modules = _layer_projections(model, layer, facts, stack)
     d_head, kv_head = heads.head_dim, heads.kv_head_of(head)
-    q_module, k_module, v_module = modules if len(modules) == 3 else modules * 3
-    q_start, k_start, v_start = _qkv_starts(layout, facts, head, kv_head)
+    qkv_modules = modules if len(modules) == 3 else modules * 3
+    starts = _qkv_starts(layout, facts, head, kv_head)
     projection = output_projection(model, layer, in_features=heads.num_heads * d_head, stack=stack)
     with materialised(*modules, projection):  # a disk-offloaded layer holds meta placeholders between forwards
-        w_q, b_q = _features(q_module, q_start, d_head)
-        w_k, b_k = _features(k_module, k_start, d_head)
-        w_v, b_v = _features(v_module, v_start, d_head)
-        w_o = _out_in(projection).detach()[:, head * d_head : (head + 1) * d_head].T.float()  # (d_head, d_model)
-    prescale = getattr(attention, "scaling", 1.0) if facts.query_prescaled else 1.0
-    return HeadProjections(
-        family=facts.family,
-        layout=layout.name,
-        layer=layer,
-        head=head,
-        kv_head=kv_head,
-        w_q=w_q.clone(),
-        b_q=b_q.clone() if b_q is not None else None,
-        w_k=w_k.clone(),
-        b_k=b_k.clone() if b_k is not None else None,
-        w_v=w_v.clone(),
-        b_v=b_v.clone() if b_v is not None else None,
-        w_o=w_o.clone(),
-        query_prescale=float(prescale),
-    )
+        q, k, v = (_features(module, start, d_head) for module, start in zip(qkv_modules, starts, strict=True))
+        w_o = _out_in(projection).detach()[:, head * d_head : (head + 1) * d_head].T.float().clone()  # (d_head, C)
+    prescale = float(getattr(attention, "scaling", 1.0)) if facts.query_prescaled else 1.0
+    # the fields in order: family, layout, layer, head, kv_head, (w_q, b_q), (w_k, b_k), (w_v, b_v), w_o, prescale
+    return HeadProjections(facts.family, layout.name, layer, head, kv_head, *q, *k, *v, w_o, prescale)
 
 
 def qkv_reads(
@@ -400,14 +358,13 @@ def qkv_reads(
     A gradient at a module's output sliced there, times the slice's weight, is the gradient at the residual as
     that head reads it through that path (find_circuit's receivers)."""
     facts, _, layout, heads, modules = _layer_projections(model, layer, facts, stack)
-    groups = heads.kv_groups
+    indices = (0, 1, 2) if len(modules) == 3 else (0, 0, 0)
     reads: dict[tuple[str, int], tuple[int, int]] = {}
     for head in range(heads.num_heads):
-        q_start, k_start, v_start = _qkv_starts(layout, facts, head, head // groups)
-        index = (0, 1, 2) if len(modules) == 3 else (0, 0, 0)
-        reads[("Q", head)] = (index[0], q_start)
-        reads.setdefault(("K", head // groups), (index[1], k_start))
-        reads.setdefault(("V", head // groups), (index[2], v_start))
+        kv_head = heads.kv_head_of(head)
+        starts = _qkv_starts(layout, facts, head, kv_head)
+        for key, index, start in zip((("Q", head), ("K", kv_head), ("V", kv_head)), indices, starts, strict=True):
+            reads.setdefault(key, (index, start))  # a KV head's slice: where its first query head finds it
     return modules, reads
 
 

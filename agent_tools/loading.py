@@ -20,7 +20,6 @@ import os
 import pickle
 import re
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -46,14 +45,13 @@ from agent_tools.errors import (
     ResourceLimitError,
 )
 from agent_tools.families import ModelFacts, read_facts
-from agent_tools.files import process_alive, write_atomic
+from agent_tools.files import current_umask, write_atomic, writer_gone, writer_tag
 from agent_tools.placement import (
     Placement,
     cache_key,
     check_fits,
     disk_free,
     dtype_name,
-    estimate_load_bytes,
     estimate_memory,
     from_pretrained_kwargs,
     is_causal_lm,
@@ -113,8 +111,17 @@ class LoadedModel:
         return self.source.alias or self.source.reference
 
 
-def bundled_aliases() -> list[str]:
-    return sorted(BUNDLED_MODELS)
+def bundled_aliases() -> str:
+    """The bundled aliases as the errors list them."""
+    return ", ".join(sorted(BUNDLED_MODELS))
+
+
+def hub_not_cached(reference: str) -> ModelNotFoundError:
+    """A hub id that the local cache lacks while the hub is offline (describe_model refuses in the same words)."""
+    msg = f"hub model {reference!r} is not in the local cache and the hub is offline; bundled aliases: " + (
+        bundled_aliases()
+    )
+    return ModelNotFoundError(msg, field="model")
 
 
 def _package_folder(package: str) -> Path | None:
@@ -152,14 +159,14 @@ def resolve_reference(reference: str | None) -> ModelSource:
     looks_like_path = ref.startswith((".", "/", "~")) or ref.lower().endswith(".gguf")
     if looks_like_path:
         msg = f"path {ref!r} does not exist; give an existing model folder or .gguf file, or a bundled alias: " + (
-            ", ".join(bundled_aliases())
+            bundled_aliases()
         )
         raise ModelNotFoundError(msg, field="model")
     if _HUB_ID.match(ref):
         return ModelSource(ref, "hub", None)
     msg = (
         f"unknown model {ref!r}: not a bundled alias, an existing path or a hub id; "
-        f"bundled aliases: {', '.join(bundled_aliases())}"
+        f"bundled aliases: {bundled_aliases()}"
     )
     raise ModelNotFoundError(msg, field="model")
 
@@ -198,10 +205,9 @@ def _gguf_target(path: Path, dtype: torch.dtype) -> Path:
 MANIFEST_NAME = "attention_explainer_manifest.json"
 MANIFEST_FORMAT = 1
 SOURCE_NAME = "attention_explainer_source.json"
-STAGING_PREFIX = ".converting-"  # + host-pid-random: a conversion in progress (or killed)
-DISCARD_PREFIX = ".discarded-"  # + host-pid-random: an invalid cache moved aside before it is deleted
+STAGING_PREFIX = ".converting-"  # + files.writer_tag() + random: a conversion in progress (or killed)
+DISCARD_PREFIX = ".discarded-"  # + files.writer_tag() + random: an invalid cache moved aside, then deleted
 STALE_UNOWNED_SECONDS = 3600  # a staging folder another machine (or an older version) left is stale after this
-_HOST = re.sub(r"[^A-Za-z0-9.]+", "_", socket.gethostname()) or "host"
 _CHECKSUM_BLOCK = 16 << 20
 _CONVERTED: set[Path] = set()  # cache folders this process converted: a second failure is not retried
 
@@ -276,20 +282,10 @@ def cache_problem(folder: Path) -> str | None:
     return None
 
 
-def _staging_owner(name: str) -> tuple[str, int] | None:
-    """(host, pid) of a ``.converting-host-pid-random`` or ``.discarded-…`` folder name; None for other names."""
-    for prefix in (STAGING_PREFIX, DISCARD_PREFIX):
-        if name.startswith(prefix):
-            parts = name[len(prefix) :].rsplit("-", 2)
-            if len(parts) == 3 and parts[1].isdigit():
-                return parts[0], int(parts[1])
-    return None
-
-
 def _is_stale(entry: Path) -> bool:
-    owner = _staging_owner(entry.name)
-    if owner is not None and owner[0] == _HOST:
-        return not process_alive(owner[1])
+    gone = writer_gone(entry.name.removeprefix(STAGING_PREFIX).removeprefix(DISCARD_PREFIX))
+    if gone is not None:
+        return gone
     try:  # another machine's (a shared cache) or an older version's: by age only
         return time.time() - entry.stat().st_mtime > STALE_UNOWNED_SECONDS
     except OSError:
@@ -316,30 +312,13 @@ def remove_stale_staging(folder: Path) -> list[Path]:
     return removed
 
 
-def _private_name(prefix: str) -> str:
-    return f"{prefix}{_HOST}-{os.getpid()}-"
-
-
-def _umask() -> int:
-    """The process umask, read without changing it where Linux allows (os.umask sets it, racing other threads)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _share_like_umask(folder: Path) -> None:
     """Give the converted folder the permissions any new folder gets (0755/0644 under umask 022).
 
     ``tempfile.mkdtemp`` makes a 0700 folder (and safetensors 0600 files), so a cache shared between users was
     unreadable to all but its maker; the umask is the user's own statement of what to share.
     """
-    mask = _umask()
+    mask = current_umask()
     folder.chmod(0o777 & ~mask)
     for entry in folder.iterdir():
         if entry.is_file():
@@ -403,7 +382,7 @@ def _delete_instruction(target: Path, problem: str) -> ModelNotFoundError:
 
 def _discard(target: Path, problem: str) -> None:
     """Move an invalid cache folder aside (atomically: readers never see half of it) and delete it."""
-    aside = target.parent / f"{_private_name(DISCARD_PREFIX)}{os.urandom(4).hex()}"
+    aside = target.parent / f"{DISCARD_PREFIX}{writer_tag()}{os.urandom(4).hex()}"
     try:
         os.replace(target, aside)
     except FileNotFoundError:
@@ -454,7 +433,7 @@ def convert_gguf(path: Path, dtype: torch.dtype = torch.float32) -> Path:
 def _convert_into(path: Path, dtype: torch.dtype, target: Path) -> None:
     """Read and dequantise ``path``, write it to a private staging folder with its manifest, rename it to ``target``."""
     config = _read_gguf_config(path)
-    estimate = estimate_load_bytes(config, dtype, causal=True)
+    estimate = estimate_memory(config, dtype, causal=True).weights
     check_fits(estimate, Placement(device="cpu"), dtype=dtype, what=f"converting {path.name!r}")
     _check_disk_space(target.parent, estimate + (64 << 20), path.name)  # + tokenizer files and slack
     print(conversion_notice(path, estimate, dtype, target.parent), file=sys.stderr, flush=True)
@@ -464,7 +443,7 @@ def _convert_into(path: Path, dtype: torch.dtype, target: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    staging = Path(tempfile.mkdtemp(prefix=_private_name(STAGING_PREFIX), dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX + writer_tag(), dir=target.parent))
     try:
         try:
             model.save_pretrained(staging)
@@ -498,7 +477,7 @@ CONVERSION_PARAMETERS_PER_SECOND = 7.5e6
 def conversion_notice(path: Path, size: int, dtype: torch.dtype, folder: Path) -> str:
     """The one line printed when a GGUF file is converted (once per file and precision): what, how big, where,
     and about how long."""
-    parameters = size / torch.empty((), dtype=dtype).element_size()
+    parameters = size / dtype.itemsize
     seconds = max(5, 5 * round(parameters / CONVERSION_PARAMETERS_PER_SECOND / 5))
     try:
         shown = "~/" + str(folder.relative_to(Path.home()))
@@ -770,20 +749,13 @@ def _load_hub(source: ModelSource, placement: Placement) -> tuple[nn.Module, Pre
         return _load_from(source.reference, placement, local_only=True, name=source.reference)
     except OSError as cached_error:
         if offline:
-            msg = (
-                f"hub model {source.reference!r} is not in the local cache and the hub is offline; "
-                f"bundled aliases: {', '.join(bundled_aliases())}"
-            )
-            raise ModelNotFoundError(msg, field="model") from cached_error
+            raise hub_not_cached(source.reference) from cached_error
     try:
         return _load_from(source.reference, placement, local_only=False, name=source.reference)
     except AttentionToolError:
         raise
     except (OSError, ValueError) as exc:
-        msg = (
-            f"hub model {source.reference!r} could not be loaded ({exc}); "
-            f"bundled aliases: {', '.join(bundled_aliases())}"
-        )
+        msg = f"hub model {source.reference!r} could not be loaded ({exc}); bundled aliases: {bundled_aliases()}"
         raise ModelNotFoundError(msg, field="model") from exc
 
 
@@ -836,9 +808,7 @@ def prepare_model(
     estimated_bytes: int | None = None,
 ) -> LoadedModel:
     """Wrap an already-instantiated model (e.g. one built from a config in a test)."""
-    model.eval()
-    for param in model.parameters():
-        param.requires_grad_(False)
+    model.eval().requires_grad_(False)
     return LoadedModel(
         source=source,
         model=model,

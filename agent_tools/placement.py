@@ -199,14 +199,12 @@ def check_device_form(device: str) -> re.Match[str]:
 
 
 def _check_device(device: str) -> None:
-    match = check_device_form(device)
-    if device not in devices_here():
-        kind = match.group(1)
-        lacks = "CUDA" if kind == "cuda" and match.group(2) is None else kind.upper()
-        if kind == "cuda" and match.group(2) is not None:
-            import torch
+    kind, index = check_device_form(device).groups()
+    if device not in devices_here():  # auto and cpu always are: kind is mps or cuda
+        import torch
 
-            lacks = f"GPU {match.group(2)} (it has {torch.cuda.device_count()} CUDA devices)"
+        count = torch.cuda.device_count()
+        lacks = "MPS" if kind == "mps" else "CUDA" if index is None else f"GPU {index} (it has {count} CUDA devices)"
         msg = f"device {device!r} needs {lacks}, which this machine lacks; valid here: {', '.join(devices_here())}"
         raise InvalidInputError(msg, field="device")
 
@@ -238,7 +236,7 @@ def _check_quantization(placement: Placement) -> None:
             "leave quantization unset here (valid with CUDA: 8bit, 4bit)"
         )
         raise InvalidInputError(msg, field="quantization")
-    if resolve_device(placement) != "cuda" and not resolve_device(placement).startswith("cuda:"):
+    if not resolve_device(placement).startswith("cuda"):  # cuda or cuda:N
         msg = f"quantization {placement.quantization!r} runs on CUDA only; use device auto, cuda or cuda:N"
         raise InvalidInputError(msg, field="quantization")
     if importlib.util.find_spec("bitsandbytes") is None:
@@ -398,26 +396,6 @@ def is_causal_lm(config: object) -> bool:
     return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
 
 
-def estimate_load_bytes(
-    config: object,
-    dtype: torch.dtype,
-    *,
-    causal: bool | None = None,
-    quantization: str | None = None,
-    folder: str | os.PathLike[str] | None = None,
-) -> int:
-    """Bytes the loaded weights will hold, from the config alone: parameters × dtype size, plus buffers.
-
-    ``folder``, when it holds safetensors files, cross-checks the count against their headers (no weights are
-    read) and the larger of the two wins, so a config that undercounts cannot let an oversize load through.
-    """
-    estimate = weights_bytes(meta_model(config, causal=causal), dtype, quantization=quantization)
-    on_disk = checkpoint_bytes(folder, dtype, checkpoint_dtype(config)) if folder and not quantization else None
-    if on_disk is not None and abs(on_disk - estimate) > 0.1 * max(estimate, 1):
-        logger.warning("config estimate %d bytes, checkpoint headers %d bytes; using the larger", estimate, on_disk)
-    return max(estimate, on_disk or 0)
-
-
 # Tokens the load-time check sizes one pass for (a tool's pass over a longer text is checked by the inspector's
 # budgets before it runs); capped by the model's own maximum positions.
 CHECK_TOKENS = 2048
@@ -430,19 +408,17 @@ DEVICE_FREE_SHARE = 0.25
 BLOCK_COPIES = 3  # float32 (q, Tk) tensors per head a block holds: scores, logits, weights
 
 
-def attention_block_bytes(
-    device: torch.device | str, *, cpu_budget: int = ATTENTION_BLOCK_BYTES, free_share: float = DEVICE_FREE_SHARE
-) -> int:
-    """Bytes one block of query rows may hold on ``device``: ``cpu_budget`` on the CPU (or a device whose free memory
-    cannot be read); on CUDA ``free_share`` × the free memory ``torch.cuda.mem_get_info`` reports now, at least
-    ``cpu_budget``."""
+def attention_block_bytes(device: torch.device | str) -> int:
+    """Bytes one block of query rows may hold on ``device``: :data:`ATTENTION_BLOCK_BYTES` on the CPU (or a device
+    whose free memory cannot be read); on CUDA :data:`DEVICE_FREE_SHARE` × the free memory
+    ``torch.cuda.mem_get_info`` reports now, at least the CPU's block."""
     import torch
 
     where = torch.device(device)
     if where.type != "cuda" or not torch.cuda.is_available():
-        return cpu_budget
+        return ATTENTION_BLOCK_BYTES
     free, _total = torch.cuda.mem_get_info(where)
-    return max(cpu_budget, int(free * free_share))
+    return max(ATTENTION_BLOCK_BYTES, int(free * DEVICE_FREE_SHARE))
 
 
 def query_chunk_rows(num_heads: int, length: int, block_bytes: int) -> int | None:
@@ -484,16 +460,25 @@ def estimate_memory(
     folder: str | os.PathLike[str] | None = None,
     tokens: int | None = None,
 ) -> MemoryEstimate:
-    """:class:`MemoryEstimate` of loading ``config``'s model in ``dtype`` and running one pass over ``tokens``."""
-    weights = estimate_load_bytes(config, dtype, causal=causal, quantization=quantization, folder=folder)
+    """:class:`MemoryEstimate` of loading ``config``'s model in ``dtype`` and running one pass over ``tokens``.
+
+    The weights are counted from the config alone (parameters × dtype size, plus buffers); ``folder``, when it
+    holds safetensors files, cross-checks the count against their headers (no weights are read) and the larger of
+    the two wins, so a config that undercounts cannot let an oversize load through.
+    """
+    weights = weights_bytes(meta_model(config, causal=causal), dtype, quantization=quantization)
     saved = checkpoint_dtype(config)
+    on_disk = checkpoint_bytes(folder, dtype, saved) if folder and not quantization else None
+    if on_disk is not None and abs(on_disk - weights) > 0.1 * max(weights, 1):
+        logger.warning("config estimate %d bytes, checkpoint headers %d bytes; using the larger", weights, on_disk)
+    weights = max(weights, on_disk or 0)
     # the file's tensors, mapped in its saved precision while they are converted into the model's: measured, a
     # bfloat16 checkpoint loaded in float32 peaks at weights + the file; loaded in bfloat16 the model's tensors are
     # the mapped pages themselves (resident memory +0.01 GiB after from_pretrained, the pages fault in during the
     # first pass), so there is no copy (benchmarks/results-memory.md). A config that does not say how the file was
     # saved is counted as a conversion.
     in_place = saved == dtype and (folder is None or _safetensors_files(Path(folder)) is not None)  # pickles: copied
-    load_copy = 0 if quantization or in_place else weights * _itemsize(saved or dtype) // _itemsize(dtype)
+    load_copy = 0 if quantization or in_place else weights * (saved or dtype).itemsize // dtype.itemsize
     limit = _config_int(config, "max_position_embeddings", "n_positions", "max_seq_len") or CHECK_TOKENS
     length = tokens if tokens is not None else min(CHECK_TOKENS, limit)
     return MemoryEstimate(weights, load_copy, pass_bytes(config, dtype, length), length)
@@ -510,7 +495,7 @@ def _config_int(config: object, *names: str) -> int | None:
 
 def pass_bytes(config: object, dtype: torch.dtype, tokens: int) -> int:
     """Bytes one forward over ``tokens`` tokens holds beyond the weights (see :class:`MemoryEstimate`)."""
-    item = _itemsize(dtype)
+    item = dtype.itemsize
     hidden = _config_int(config, "hidden_size", "n_embd", "d_model") or 0
     heads = _config_int(config, "num_attention_heads", "n_head", "encoder_attention_heads") or 1
     kv_heads = _config_int(config, "num_key_value_heads", "n_head_kv") or heads
@@ -525,14 +510,14 @@ def pass_bytes(config: object, dtype: torch.dtype, tokens: int) -> int:
         + 2 * layers * kv_heads * head_dim  # the KV cache a causal forward returns
     ) * item
     logits = tokens * vocab * (item + 4)  # the head's logits in dtype and their float32 copy
-    attention = min(ATTENTION_BLOCK_BYTES, 3 * heads * tokens * tokens * 4)  # scores, logits, weights per block
+    attention = min(ATTENTION_BLOCK_BYTES, BLOCK_COPIES * heads * tokens * tokens * 4)  # one block of query rows
     return tokens * per_token + logits + attention
 
 
 def weights_bytes(model: nn.Module, dtype: torch.dtype, *, quantization: str | None = None) -> int:
     """Bytes ``model``'s weights take in ``dtype``: parameters × dtype size (quantized linears at their packed
     size), plus buffers as they are. Works on a meta-device model (nothing allocated) and on a loaded one."""
-    itemsize = _itemsize(dtype)
+    itemsize = dtype.itemsize
     quantized = _quantized_linear_weights(model) if quantization else set()
     total = 0.0
     for name, param in model.named_parameters():
@@ -540,12 +525,6 @@ def weights_bytes(model: nn.Module, dtype: torch.dtype, *, quantization: str | N
         total += param.numel() * per
     total += sum(b.numel() * b.element_size() for b in model.buffers())
     return int(total)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype, device="meta").element_size()
 
 
 def _quantized_linear_weights(model: nn.Module) -> set[str]:
@@ -586,7 +565,7 @@ def checkpoint_bytes(
             return None
         if not all(f.is_file() for f in files):
             return _index_total(path, dtype, saved_dtype)
-        return sum(_shard_bytes(f, _itemsize(dtype)) for f in files)
+        return sum(_shard_bytes(f, dtype.itemsize) for f in files)
     except (OSError, ValueError, KeyError, struct.error):
         return None
 
@@ -610,16 +589,18 @@ def _index_total(folder: Path, dtype: torch.dtype, saved_dtype: torch.dtype | No
     total = (index.get("metadata") or {}).get("total_size")
     if not isinstance(total, int) or saved_dtype is None:
         return None
-    return total * _itemsize(dtype) // _itemsize(saved_dtype)
+    return total * dtype.itemsize // saved_dtype.itemsize
 
 
 def available_memory(device: str | int) -> int | None:
-    """Free bytes on a device now: MemAvailable for ``cpu``/``mps`` (unified memory), free memory for a GPU.
-
-    ``None`` when the platform does not say (no psutil and no /proc/meminfo); a check then lets the load try.
+    """Free bytes on a device now: the host's available memory for ``cpu``/``mps`` (unified memory; psutil, which
+    accelerate requires), free memory for a GPU. ``None`` for a device this machine cannot read (no CUDA); a check
+    then lets the load try.
     """
     if isinstance(device, str) and device in ("cpu", "mps"):
-        return _host_available()
+        import psutil
+
+        return int(psutil.virtual_memory().available)
     import torch
 
     if isinstance(device, int):
@@ -631,22 +612,6 @@ def available_memory(device: str | int) -> int | None:
         index = int(match.group(2)) if match.group(2) is not None else torch.cuda.current_device()
     free, _total = torch.cuda.mem_get_info(index)
     return int(free)
-
-
-def _host_available() -> int | None:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def memory_budget(placement: Placement) -> tuple[int | None, str]:
@@ -727,14 +692,13 @@ def _sizes(plan: MemoryEstimate) -> str:
 
 def _placement_problem(plan: MemoryEstimate, placement: Placement) -> str | None:
     """What does not fit, in words (None when everything does)."""
+    budget, where = memory_budget(placement)
     if placement.device_map is None:
         device = resolve_device(placement)
         on_device = plan.peak if device == "cpu" else plan.weights + plan.working_set
-        free = available_memory(device)
-        if free is not None and on_device > free * HEADROOM:
+        if budget is not None and on_device > budget:
             return (
-                f"needs about {readable_size(on_device)} ({on_device:,} bytes) on {device} ({_sizes(plan)}) but "
-                f"{device} has {readable_size(free)} free ({HEADROOM:.0%} usable)"
+                f"needs about {readable_size(on_device)} ({on_device:,} bytes) on {device} ({_sizes(plan)}) but {where}"
             )
         host = available_memory("cpu")
         if device != "cpu" and host is not None and plan.load_copy > host * HEADROOM:
@@ -743,7 +707,6 @@ def _placement_problem(plan: MemoryEstimate, placement: Placement) -> str | None
                 f"CPU has {readable_size(host)} free"
             )
         return None
-    budget, where = memory_budget(placement)
     needed = plan.weights + plan.working_set
     if budget is None or needed <= budget:
         return None

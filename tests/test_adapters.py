@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from agent_tools.adapters import ADAPTERS, adapter_for
 from agent_tools.capture import attention_implementation, capture_attention
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
+from agent_tools.families import read_facts
 from agent_tools.intervene import heads_ablated
 from agent_tools.layout import apply_rotary, head_projections, output_projection
 
@@ -214,15 +215,16 @@ def test_facts_and_terms_handed_to_the_attention_function(
     with routed(model, fn):
         model(**batch)
     modules = attention_modules(model)
+    facts = read_facts(model).stack()  # heads and widths are read like any module's
     for layer, ((module_name, module), call) in enumerate(zip(modules, fn.calls, strict=True)):
         adapter = adapter_for(module)
         assert adapter is not None
         assert adapter.layer_index(module, module_name) == layer
         assert call["module"] is module
-        assert call["terms"] == terms == adapter.score_terms(module)
-        assert adapter.num_kv_heads(module) == kv_heads == call["key"].shape[1]
-        assert adapter.num_heads(module) == 4 == call["query"].shape[1]
-        assert adapter.head_dim(module) == 8 == call["query"].shape[-1]
+        assert call["terms"] == terms == adapter.score_terms(module) == facts.score_terms
+        assert facts.num_kv_heads == kv_heads == call["key"].shape[1]
+        assert facts.num_heads == 4 == call["query"].shape[1]
+        assert facts.head_dim == facts.qk_dim == 8 == call["query"].shape[-1]
         assert call["scaling"] == pytest.approx(scaling, rel=1e-6) and adapter.scaling(module) == call["scaling"]
         batch_size, _, length, keys = call["weights"].shape
         if terms:
@@ -232,7 +234,8 @@ def test_facts_and_terms_handed_to_the_attention_function(
         allowed = call["mask"] > torch.finfo(call["mask"].dtype).min / 2  # a 0 / dtype-min mask
         assert call["mask"].shape == (batch_size, 1, length, keys)
         assert bool((call["mask"][allowed] == 0).all())
-        if adapter.is_causal:
+        assert facts.is_causal == (not name.startswith("deberta"))
+        if facts.is_causal:
             assert not bool(allowed[0, 0].triu(1).any())
 
 
@@ -335,7 +338,11 @@ def test_per_head_projections_reproduce_the_adapters_q_k_v(name: str) -> None:
         written = torch.zeros(())
         for head in range(4):
             weights = head_projections(model, layer, head)
-            query, key, value = weights.queries(hidden), weights.keys(hidden), weights.values(hidden)  # (B, T, D)
+            query, key = (
+                hidden @ w + (b if b is not None else 0.0)
+                for w, b in ((weights.w_q, weights.b_q), (weights.w_k, weights.b_k))
+            )  # (B, T, D)
+            value = weights.values(hidden)
             if rotary is not None and "ALiBi" not in call["terms"]:
                 cos, sin = rotary
                 query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)

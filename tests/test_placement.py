@@ -30,7 +30,7 @@ from agent_tools.placement import (
     cache_key,
     check_fits,
     checkpoint_bytes,
-    estimate_load_bytes,
+    estimate_memory,
     from_pretrained_kwargs,
     make_placement,
     meta_model,
@@ -204,9 +204,9 @@ def _rss_bytes() -> int:
 def test_llama_8b_and_70b_estimates_from_config_alone() -> None:
     config_8b, config_70b = tf.LlamaConfig(**LLAMA_8B), tf.LlamaConfig(**LLAMA_70B)
     before = _rss_bytes()
-    bf16_8b = estimate_load_bytes(config_8b, torch.bfloat16)
-    fp32_8b = estimate_load_bytes(config_8b, torch.float32)
-    bf16_70b = estimate_load_bytes(config_70b, torch.bfloat16)
+    bf16_8b = estimate_memory(config_8b, torch.bfloat16).weights
+    fp32_8b = estimate_memory(config_8b, torch.float32).weights
+    bf16_70b = estimate_memory(config_70b, torch.bfloat16).weights
     assert _rss_bytes() - before < 1024**3  # a real 70B would be 141 GB: nothing was allocated
     assert bf16_8b == pytest.approx(16.06e9, rel=0.02)
     assert fp32_8b == pytest.approx(2 * bf16_8b, rel=1e-6)
@@ -214,12 +214,12 @@ def test_llama_8b_and_70b_estimates_from_config_alone() -> None:
     model = meta_model(config_70b)
     assert all(p.is_meta for p in model.parameters())
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(70.55e9, rel=1e-3)
-    fp4 = estimate_load_bytes(config_8b, torch.bfloat16, quantization="4bit")
+    fp4 = estimate_memory(config_8b, torch.bfloat16, quantization="4bit").weights
     assert 5e9 < fp4 < 6.5e9  # linears in nf4, embeddings and head in bfloat16
 
 
 def test_check_fits_refuses_70b_here_with_the_numbers() -> None:
-    estimate = estimate_load_bytes(tf.LlamaConfig(**LLAMA_70B), torch.bfloat16)
+    estimate = estimate_memory(tf.LlamaConfig(**LLAMA_70B), torch.bfloat16).weights
     with pytest.raises(ResourceLimitError) as info:
         check_fits(estimate, make_placement(dtype="bfloat16"), dtype=torch.bfloat16, what="model 'llama-70b'")
     message = info.value.message
@@ -230,7 +230,7 @@ def test_check_fits_refuses_70b_here_with_the_numbers() -> None:
 
 
 def test_check_fits_budgets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    estimate = estimate_load_bytes(tf.LlamaConfig(**LLAMA_8B), torch.bfloat16)
+    estimate = estimate_memory(tf.LlamaConfig(**LLAMA_8B), torch.bfloat16).weights
     monkeypatch.setattr(pl, "available_memory", lambda device: 40 * 10**9)
     check_fits(estimate, Placement(dtype="bfloat16"))  # 16 GB into 36 GB usable
     monkeypatch.setattr(pl, "available_memory", lambda device: 17 * 10**9)
@@ -247,7 +247,7 @@ def test_check_fits_budgets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
 def test_checkpoint_headers_cross_check(tiny_folder: Path, tmp_path: Path) -> None:
     config = tf.AutoConfig.from_pretrained(tiny_folder)
-    assert estimate_load_bytes(config, torch.float32) == TINY_PARAMS * 4 + 2 * 8 * 4  # + two inv_freq buffers
+    assert estimate_memory(config, torch.float32).weights == TINY_PARAMS * 4 + 2 * 8 * 4  # + two inv_freq buffers
     assert checkpoint_bytes(tiny_folder, torch.float32) == TINY_PARAMS * 4
     assert checkpoint_bytes(tiny_folder, torch.bfloat16) == TINY_PARAMS * 2
     assert checkpoint_bytes(tmp_path, torch.float32) is None
@@ -479,12 +479,16 @@ def test_query_chunk_rows_fit_the_block() -> None:
 def test_attention_block_bytes_follow_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU gets its configured budget; CUDA a quarter of the free memory mem_get_info reports, at least that."""
     assert attention_block_bytes("cpu") == ATTENTION_BLOCK_BYTES
-    assert attention_block_bytes("cpu", cpu_budget=1000) == 1000
+    with monkeypatch.context() as patched:
+        patched.setattr(pl, "ATTENTION_BLOCK_BYTES", 1000)
+        assert attention_block_bytes("cpu") == 1000
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     free = {"bytes": 40 * 1024**3}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 80 * 1024**3))
     assert attention_block_bytes("cuda:0") == 10 * 1024**3
-    assert attention_block_bytes("cuda:0", free_share=0.5) == 20 * 1024**3
+    with monkeypatch.context() as patched:
+        patched.setattr(pl, "DEVICE_FREE_SHARE", 0.5)
+        assert attention_block_bytes("cuda:0") == 20 * 1024**3
     free["bytes"] = 100 * 1024**2  # nearly full: never below the CPU's block
     assert attention_block_bytes("cuda:0") == ATTENTION_BLOCK_BYTES
     # 40 GiB free at 32 heads × 87,000 keys: 321 rows per block (the CPU's 64 MiB gives 2)

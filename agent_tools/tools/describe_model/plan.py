@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from agent_tools.errors import ModelNotFoundError
 from agent_tools.families import ModelFacts, StackFacts, read_facts
 from agent_tools.inspector import Inspector
 from agent_tools.loading import (  # the loader's own checks, so a bad source reads as it does when loading
@@ -19,7 +18,7 @@ from agent_tools.loading import (  # the loader's own checks, so a bad source re
     _check_gguf_header,
     _read_gguf_config,
     _refuse_remote_code,
-    bundled_aliases,
+    hub_not_cached,
     resolve_reference,
     unreadable_folder,
 )
@@ -71,11 +70,7 @@ def source_config(source: ModelSource) -> object:
     try:
         return AutoConfig.from_pretrained(location, trust_remote_code=False, local_files_only=True)
     except OSError as exc:
-        msg = (
-            f"hub model {source.reference!r} is not in the local cache and the hub is offline; "
-            f"bundled aliases: {', '.join(bundled_aliases())}"
-        )
-        raise ModelNotFoundError(msg, field="model") from exc
+        raise hub_not_cached(source.reference) from exc
     except (ValueError, KeyError) as exc:
         raise unreadable_folder(source, exc) from exc
 
