@@ -106,39 +106,7 @@ def group_heads(heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
 
 # --- evidence: per-row patches, gathered positions, head writes (activation patching, causal checks, DLA) -------
 @contextmanager
-def heads_patched_joining(
-    model: nn.Module,
-    masks: Mapping[int, Tensor],
-    *,
-    num_heads: int,
-    head_dim: int,
-    sources: Mapping[int, Tensor] | None = None,
-) -> Iterator[None]:
-    """Inside the block, one forward of a sequence becomes a batch of patched variants of it, one per row.
-
-    Args:
-        masks: layer -> (R_l, T, H) bool, True where row r's head h at position t is replaced.
-        sources: layer -> (T, H, D) what replaces it (another run's head outputs: activation patching);
-            None replaces with zeros (zero ablation).
-
-    Rows join the batch at the layer they patch, which is the least work: the forward starts as one row, the
-    unpatched run. At the block of layer ``l`` the rows that patch layer ``l`` join as copies of row 0 (the same
-    residual stream), and its output projection patches them, so no row runs a layer before the one it patches.
-    ``R_l`` counts row 0 and every row that joined at or before ``l``; the rows joining at ``l`` are the last
-    ones. The output keeps row 0 first.
-    """
-    joining, alive = {}, 1
-    for layer in sorted(masks):
-        count = int(masks[layer].shape[0])
-        if count <= alive:
-            raise ValueError(f"layer {layer}'s mask must add rows to the {alive} already running, got {count}")
-        joining[layer], alive = count - alive, count
-    with head_sets_patched_joining(model, masks, joining, num_heads=num_heads, head_dim=head_dim, sources=sources):
-        yield
-
-
-@contextmanager
-def _rows_joining(model: nn.Module, joining: Mapping[int, int], *, num_heads: int) -> Iterator[None]:
+def rows_joining(model: nn.Module, joining: Mapping[int, int], *, num_heads: int) -> Iterator[None]:
     """Inside the block, ``joining[l]`` copies of batch row 0 join the batch at the block of layer ``l``."""
     first = min(joining) if joining else 0
     blocks = _blocks_from(model, first)
@@ -213,32 +181,18 @@ def head_sets_ablated_joining(
     for first in firsts:
         joining[first] = joining.get(first, 0) + 1
     layers = sorted({layer for heads, _ in rows for layer in heads})
-    masks: dict[int, dict[AblationMethod, Tensor]] = {}  # layer -> method -> (R_l, H) bool
+    masks: dict[int, dict[AblationMethod, Tensor]] = {}  # layer -> method -> (R_l, 1, H) bool
     for layer in layers:
         alive = 1 + sum(1 for first in firsts if first <= layer)
         for row, (heads, method) in enumerate(rows, start=1):
             if heads.get(layer):
-                mask = masks.setdefault(layer, {}).setdefault(method, torch.zeros(alive, num_heads, dtype=torch.bool))
-                mask[row, list(heads[layer])] = True
-    projections = _projections(model, layers, num_heads * head_dim)
-
-    def hook_for(layer: int):
-        def hook(module: nn.Module, args: tuple) -> tuple:
-            hidden = args[0]  # (R_l, T, H·D)
-            count, length = hidden.shape[0], hidden.shape[1]
-            per_head = hidden.reshape(count, length, num_heads, head_dim)  # (R_l, T, H, D)
-            for method, mask in masks[layer].items():
-                chosen = mask.to(hidden.device)[:, None, :, None]  # (R_l, 1, H, 1)
-                source = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
-                if method != "zero":
-                    source = replacements[method][layer].to(device=hidden.device, dtype=hidden.dtype)
-                    source = source[None, None] if source.dim() == 2 else source[None]  # (1, 1|T, H, D)
-                per_head = torch.where(chosen, source, per_head)
-            return (per_head.reshape(count, length, num_heads * head_dim), *args[1:])
-
-        return hook
-
-    with _rows_joining(model, joining, num_heads=num_heads), _pre_hooks(projections, hook_for):
+                empty = torch.zeros(alive, 1, num_heads, dtype=torch.bool)
+                masks.setdefault(layer, {}).setdefault(method, empty)[row, 0, list(heads[layer])] = True
+    replaced = {
+        layer: [(mask, replacements[method][layer] if method != "zero" else None) for method, mask in by_method.items()]
+        for layer, by_method in masks.items()
+    }
+    with rows_joining(model, joining, num_heads=num_heads), _heads_replaced(model, replaced, num_heads, head_dim):
         yield
 
 
@@ -289,33 +243,31 @@ def with_first_output(output: Any, value: Tensor) -> Any:
 
 
 @contextmanager
-def _patched_projections(
-    model: nn.Module,
-    masks: Mapping[int, Tensor],
-    *,
-    num_heads: int,
-    head_dim: int,
-    sources: Mapping[int, Tensor] | None,
+def _heads_replaced(
+    model: nn.Module, replaced: Mapping[int, Sequence[tuple[Tensor, Tensor | None]]], num_heads: int, head_dim: int
 ) -> Iterator[None]:
-    """Each layer's output projection replaces the heads ``masks[layer]`` marks, row by row."""
-    projections = _projections(model, masks, num_heads * head_dim)
+    """Each layer's output projection replaces, row by row, the heads each of its ``(mask, source)`` pairs marks:
+    ``mask`` (R_l, T or 1, H) bool, True where row r's head h (at position t, or everywhere) is replaced by
+    ``source``: (T, H, D) another run's head outputs, (H, D) the same at every position, or None (zeros)."""
+    projections = _projections(model, replaced, num_heads * head_dim)
 
     def hook_for(layer: int):
-        mask = masks[layer]
-        source = sources[layer] if sources is not None else None
+        pairs = replaced[layer]
 
         def hook(module: nn.Module, args: tuple) -> tuple:
-            hidden = args[0]  # (B, T, H·D), B = 1 before the first patched layer, R after it
-            count, length = mask.shape[0], hidden.shape[1]
+            hidden = args[0]  # (B, T, H·D), B = 1 before the first patched layer, R_l after it
+            count, length = pairs[0][0].shape[0], hidden.shape[1]
             if hidden.shape[0] == 1 and count > 1:
                 hidden = hidden.expand(count, *hidden.shape[1:])
-            per_head = hidden.reshape(count, length, num_heads, head_dim)  # (R, T, H, D)
-            chosen = mask.to(hidden.device)[..., None]  # (R, T, H, 1)
-            replacement = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
-            if source is not None:
-                replacement = source.to(device=hidden.device, dtype=hidden.dtype)[None]  # (1, T, H, D)
-            patched = torch.where(chosen, replacement, per_head)
-            return (patched.reshape(count, length, num_heads * head_dim), *args[1:])
+            per_head = hidden.reshape(count, length, num_heads, head_dim)  # (R_l, T, H, D)
+            for mask, source in pairs:
+                chosen = mask.to(hidden.device)[..., None]  # (R_l, T or 1, H, 1)
+                replacement = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
+                if source is not None:
+                    replacement = source.to(device=hidden.device, dtype=hidden.dtype)
+                    replacement = replacement.reshape(1, -1, num_heads, head_dim)  # (1, T or 1, H, D)
+                per_head = torch.where(chosen, replacement, per_head)
+            return (per_head.reshape(count, length, num_heads * head_dim), *args[1:])
 
         return hook
 
@@ -427,7 +379,7 @@ def _pre_hooks(projections: Mapping[int, nn.Module], hook_for: Callable[[int], C
 
 
 @contextmanager
-def head_sets_patched_joining(
+def heads_patched_joining(
     model: nn.Module,
     masks: Mapping[int, Tensor],
     joining: Mapping[int, int],
@@ -436,24 +388,29 @@ def head_sets_patched_joining(
     head_dim: int,
     sources: Mapping[int, Tensor] | None = None,
 ) -> Iterator[None]:
-    """:func:`heads_patched_joining` for rows that patch heads in several layers (a set of heads patched together).
+    """Inside the block, one forward of a sequence becomes a batch of patched variants of it, one per row.
 
     Args:
-        masks: layer -> (R_l, T, H) bool for every layer where some row patches a head; ``R_l`` counts row 0 and
-            every row that joined at or before ``l``.
+        masks: layer -> (R_l, T, H) bool for every layer where some row patches a head, True where row r's head h
+            at position t is replaced; ``R_l`` counts row 0 and every row that joined at or before ``l``.
         joining: layer -> how many rows join the batch at that layer (as copies of row 0), each at the first layer
-            it patches; a layer may hold a mask without rows joining there.
-        sources: layer -> (T, H, D) what replaces the marked heads (None: zeros).
+            it patches; a layer may hold a mask without rows joining there (a row patching heads in several
+            layers: a set of heads patched together).
+        sources: layer -> (T, H, D) what replaces the marked heads (another run's head outputs: activation
+            patching); None replaces with zeros (zero ablation).
+
+    Rows join the batch at the layer they first patch, which is the least work: the forward starts as one row, the
+    unpatched run. At the block of layer ``l`` the rows joining there are appended as copies of row 0 (the same
+    residual stream), and its output projection patches them, so no row runs a layer before the one it patches.
+    The output keeps row 0 first.
     """
     alive = 1
     for layer in sorted(set(masks) | set(joining)):
         alive += joining.get(layer, 0)
         if layer in masks and int(masks[layer].shape[0]) != alive:
             raise ValueError(f"layer {layer}'s mask must have {alive} rows, got {int(masks[layer].shape[0])}")
-    with (
-        _rows_joining(model, joining, num_heads=num_heads),
-        _patched_projections(model, masks, num_heads=num_heads, head_dim=head_dim, sources=sources),
-    ):
+    replaced = {layer: [(mask, sources[layer] if sources is not None else None)] for layer, mask in masks.items()}
+    with rows_joining(model, joining, num_heads=num_heads), _heads_replaced(model, replaced, num_heads, head_dim):
         yield
 
 

@@ -20,12 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agent_tools.intervene import (
-    contiguous_input,
-    head_sets_patched_joining,
-    heads_patched_joining,
-    recorded_head_inputs,
-)
+from agent_tools.intervene import contiguous_input, heads_patched_joining, recorded_head_inputs
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import encoder_of, model_output, on_device
 from agent_tools.runner.generation import _cache_argument, cache_layers
@@ -106,7 +101,7 @@ def set_masks(
     patches: Sequence[HeadPatch], length: int, num_heads: int, *, start: int = 0
 ) -> tuple[dict[int, Tensor], dict[int, int]]:
     """Rows of patches sorted by layer (rows may patch several layers: ``HeadPatch.also``) as the masks and joining
-    counts of :func:`agent_tools.intervene.head_sets_patched_joining`.
+    counts of :func:`agent_tools.intervene.heads_patched_joining`.
 
     Row 0 is the unpatched run, patch ``i`` row ``i + 1``, joining at ``patch.layer``. Returns (layer -> (R_l,
     T − start, H) bool masks for every layer some row patches, layer -> rows joining there).
@@ -206,17 +201,13 @@ def patched_outputs(
             group = order[start : start + max_rows]
             start += len(group)
             batch = [patches[i] for i in group]
-            sets = any(patch.also for patch in batch)
             masks, joining = set_masks(batch, length, facts.num_heads, start=skip)
             used = {key: sources[key][skip:] for key in masks} if sources is not None else None
             extra: dict[str, object] = {"use_cache": cached is not None, **_keep(loaded, keep_last)}
             if cached is not None:
                 extra[_cache_argument(loaded.model)] = _group_cache(cached, batch)
-            heads, width = facts.num_heads, facts.head_dim
-            patching = (
-                head_sets_patched_joining(loaded.model, masks, joining, num_heads=heads, head_dim=width, sources=used)
-                if sets
-                else heads_patched_joining(loaded.model, masks, num_heads=heads, head_dim=width, sources=used)
+            patching = heads_patched_joining(
+                loaded.model, masks, joining, num_heads=facts.num_heads, head_dim=facts.head_dim, sources=used
             )
             with patching, contiguous_input(_output_head(loaded)):
                 output, _ = model_output(encoder_or_model(loaded, ids[:, skip:], extra))  # row 0: unpatched
