@@ -14,7 +14,6 @@ from agent_tools.intervene import (
     group_heads,
     head_sets_ablated_joining,
     heads_ablated,
-    recorded_head_inputs,
     recorded_head_means,
 )
 from agent_tools.loading import LoadedModel
@@ -68,7 +67,7 @@ def ablated_forward(
             clean = clean if clean is not None else clean_out
             means = dict(recorded)
         if method == "resample" and resample_ids is not None:
-            means = _head_outputs(loaded, on_device(loaded, resample_ids), list(grouped))
+            means = head_outputs(loaded, resample_ids, list(grouped))
         with heads_ablated(
             model, grouped, num_heads=facts.num_heads, head_dim=facts.head_dim, method=method, means=means
         ):
@@ -76,26 +75,11 @@ def ablated_forward(
     return AblationEffect(clean=clean, ablated=ablated, language_model=is_lm)
 
 
-def _run(loaded: LoadedModel, ids: Tensor, logits_to_keep: int | None = None) -> object:
-    """The model on ``ids`` without a cache; an encoder–decoder's encoder alone. With ``logits_to_keep`` a
-    language model's head sees only the last that many positions."""
-    keep = {"logits_to_keep": logits_to_keep} if logits_to_keep is not None and loaded.facts.is_language_model else {}
-    return patching.encoder_or_model(loaded, ids, {"use_cache": False, **keep})
-
-
-def _head_outputs(loaded: LoadedModel, ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
-    """Layer -> (T, H, D) every head's output before W_O on (1, T) ``ids`` (caller holds the lock)."""
-    facts = loaded.facts
-    with recorded_head_inputs(loaded.model, layers, num_heads=facts.num_heads, head_dim=facts.head_dim) as found:
-        _run(loaded, ids, logits_to_keep=1)  # the heads' inputs are what it reads: no (T, vocabulary) logits
-    return dict(found)
-
-
 def head_outputs(loaded: LoadedModel, input_ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
     """Layer -> (T, H, D) every head's output before W_O on a (1, T) input: what mean ablation averages over
-    positions and what resample ablation copies from another text."""
-    with loaded.lock, torch.inference_mode():
-        return _head_outputs(loaded, on_device(loaded, input_ids), layers)
+    positions and what resample ablation copies from another text (the heads' inputs are what the pass reads: no
+    (T, vocabulary) logits)."""
+    return patching.recorded_run(loaded, input_ids, layers=layers).heads
 
 
 @dataclass(frozen=True)
@@ -149,10 +133,13 @@ def ablated_rows(
     order = sorted(range(len(rows)), key=lambda i: min(layer for layer, _ in rows[i].heads))
     kept: dict[int, tuple[Tensor, ...]] = {}
     clean: tuple[Tensor, ...] = ()
+
+    def run() -> Tensor:  # (B, K or T, V) logits or (B, T, C) hidden states
+        return model_output(patching.encoder_or_model(loaded, ids, use_cache=False, logits_to_keep=logits_to_keep))[0]
+
     with loaded.lock, torch.inference_mode():
         if not rows:
-            output, _ = model_output(_run(loaded, ids, logits_to_keep))
-            return tuple(t[0] for t in reduce(output)), ()
+            return tuple(t[0] for t in reduce(run())), ()
         for start in range(0, len(order), max(1, max_rows)):
             group = order[start : start + max(1, max_rows)]
             batch = [(group_heads(rows[i].heads), rows[i].method) for i in group]
@@ -163,8 +150,7 @@ def ablated_rows(
                 head_dim=facts.head_dim,
                 replacements=replacements,
             ):
-                output, _ = model_output(_run(loaded, ids, logits_to_keep))
-            reduced = reduce(output)
+                reduced = reduce(run())
             clean = clean or tuple(t[0] for t in reduced)
             for row, index in enumerate(group, start=1):
                 kept[index] = tuple(t[row] for t in reduced)

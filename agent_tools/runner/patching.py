@@ -70,29 +70,36 @@ class RecordedRun:
     heads: dict[int, Tensor]  # layer -> (T, H, D)
 
 
-def _keep(loaded: LoadedModel, keep_last: bool) -> dict[str, int]:
-    return {"logits_to_keep": 1} if keep_last and loaded.facts.is_language_model else {}
-
-
-def encoder_or_model(loaded: LoadedModel, ids: Tensor, extra: dict[str, object]) -> object:
-    """The model on ``ids``; an encoder–decoder's encoder alone (its heads are the encoder stack's, measured on the
+def encoder_or_model(loaded: LoadedModel, ids: Tensor, *, logits_to_keep: int | None = None, **extra: object) -> object:
+    """The model on ``ids`` with ``extra`` arguments, a language model's head seeing only the last ``logits_to_keep``
+    positions (None: all); an encoder–decoder's encoder alone (its heads are the encoder stack's, measured on the
     encoder's output, as for an encoder-only model)."""
     if loaded.facts.is_encoder_decoder:
         return encoder_of(loaded)(input_ids=ids)
+    if logits_to_keep is not None and loaded.facts.is_language_model:
+        extra["logits_to_keep"] = logits_to_keep
     return loaded.model(input_ids=ids, **extra)
 
 
 def recorded_run(
-    loaded: LoadedModel, input_ids: Tensor, *, keep_last: bool = True, readout: Readout | None = None
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    *,
+    keep_last: bool = True,
+    readout: Readout | None = None,
+    layers: Sequence[int] | None = None,
 ) -> RecordedRun:
-    """A forward of (1, T) ids recording every layer's head outputs; the output at the last position (or all), or
-    with ``readout`` (:mod:`agent_tools.runner.readout`) only the first tensor it keeps (e.g. (T−1,) losses)."""
+    """A forward of (1, T) ids recording the head outputs of ``layers`` (None: every layer); the output at the last
+    position (or all), or with ``readout`` (:mod:`agent_tools.runner.readout`) only the first tensor it keeps (e.g.
+    (T−1,) losses)."""
     facts = loaded.facts
     ids = on_device(loaded, input_ids)
-    layers = list(range(facts.num_layers))
+    layers = list(range(facts.num_layers)) if layers is None else list(layers)
     with loaded.lock, torch.inference_mode():
         with recorded_head_inputs(loaded.model, layers, num_heads=facts.num_heads, head_dim=facts.head_dim) as heads:
-            output, _ = model_output(encoder_or_model(loaded, ids, {"use_cache": False, **_keep(loaded, keep_last)}))
+            output, _ = model_output(
+                encoder_or_model(loaded, ids, use_cache=False, logits_to_keep=1 if keep_last else None)
+            )
         kept = readout(output)[0][0] if readout is not None else output[0].float().clone()
         return RecordedRun(output=kept, heads=dict(heads))
 
@@ -203,14 +210,16 @@ def patched_outputs(
             batch = [patches[i] for i in group]
             masks, joining = set_masks(batch, length, facts.num_heads, start=skip)
             used = {key: sources[key][skip:] for key in masks} if sources is not None else None
-            extra: dict[str, object] = {"use_cache": cached is not None, **_keep(loaded, keep_last)}
+            extra: dict[str, object] = {"use_cache": cached is not None}
             if cached is not None:
                 extra[_cache_argument(loaded.model)] = _group_cache(cached, batch)
             patching = heads_patched_joining(
                 loaded.model, masks, joining, num_heads=facts.num_heads, head_dim=facts.head_dim, sources=used
             )
             with patching, contiguous_input(_output_head(loaded)):
-                output, _ = model_output(encoder_or_model(loaded, ids[:, skip:], extra))  # row 0: unpatched
+                output, _ = model_output(  # row 0: unpatched
+                    encoder_or_model(loaded, ids[:, skip:], logits_to_keep=1 if keep_last else None, **extra)
+                )
             parts.append(tuple(kept[1:] for kept in readout(output)))  # this batch's rows, in ``group`` order
             del output
     if not parts:
