@@ -29,7 +29,7 @@ from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.intervene import appended_rows, positions_gathered
 from agent_tools.layout import output_projection
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import locked, on_device
+from agent_tools.runner.forward import float_embeddings, locked, on_device, output_head
 from agent_tools.runner.generation import _cache_argument, cache_layers
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm")  # Llama-likes, GPT-2, OPT/NeoX, Phi
@@ -58,8 +58,8 @@ class AblationLogprobs:
 
 
 def _head(loaded: LoadedModel) -> nn.Module:
-    head = loaded.model.get_output_embeddings()  # type: ignore[operator]
-    if not isinstance(head, nn.Module):
+    head = output_head(loaded.model)
+    if head is None:
         msg = f"model {loaded.name!r} has no next-token head: causal checks need a language model"
         raise InvalidInputError(msg, field="checks")
     return head
@@ -237,9 +237,8 @@ def gradient_bytes(loaded: LoadedModel, length: int) -> int:
 
 def input_embeddings(loaded: LoadedModel) -> nn.Module:
     """The input embedding module, if gradients can start there (a float embedding table)."""
-    embeddings = loaded.model.get_input_embeddings()  # type: ignore[operator]
-    weight = getattr(embeddings, "weight", None)
-    if not isinstance(embeddings, nn.Module) or not isinstance(weight, Tensor) or not weight.is_floating_point():
+    embeddings = float_embeddings(loaded.model)
+    if embeddings is None:
         msg = (
             f"gradient attribution needs float input embeddings; model {loaded.name!r} has none "
             "(quantized or missing): ask for checks without 'gradient'"

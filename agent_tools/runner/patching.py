@@ -22,7 +22,7 @@ from torch import Tensor
 
 from agent_tools.intervene import contiguous_input, heads_patched_joining, recorded_head_inputs
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import encoder_of, model_output, on_device
+from agent_tools.runner.forward import encoder_of, model_output, on_device, output_head
 from agent_tools.runner.generation import _cache_argument, cache_layers
 from agent_tools.runner.paths import default_implementation
 from agent_tools.runner.readout import Readout, stacked
@@ -149,13 +149,6 @@ def _group_cache(cached: list[tuple[Tensor, Tensor]], patches: Sequence[HeadPatc
     return DynamicCache(ddp_cache_data=data)
 
 
-def _output_head(loaded: LoadedModel) -> torch.nn.Module | None:
-    """The unembedding module (None for a model without one)."""
-    lookup = getattr(loaded.model, "get_output_embeddings", None)
-    head = lookup() if callable(lookup) else None
-    return head if isinstance(head, torch.nn.Module) else None
-
-
 def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int = 1) -> int:
     """How many rows of ``length`` tokens one forward may carry within ``budget`` bytes of activations and of the
     batch's own output (``output_positions`` vocabulary rows per row, float32, while its readout runs), at most
@@ -168,7 +161,7 @@ def row_bytes(loaded: LoadedModel, length: int, *, output_positions: int = 1) ->
     vocabulary rows of its output (float32), and, where the model's own attention is eager, one layer's scores and
     weights (2 × heads × length², float32: sdpa's CPU and CUDA kernels never hold them; at 8,192 tokens on a
     4-head model they are 2 GiB a row, which the activations alone put at 3 MiB)."""
-    weight = getattr(_output_head(loaded), "weight", None)
+    weight = getattr(output_head(loaded.model), "weight", None)
     vocabulary = int(weight.shape[0]) if isinstance(weight, Tensor) else 0
     maps = 2 * loaded.facts.num_heads * length * length if default_implementation(loaded) == "eager" else 0
     return (length * loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS + output_positions * vocabulary + maps) * 4
@@ -216,7 +209,7 @@ def patched_outputs(
             patching = heads_patched_joining(
                 loaded.model, masks, joining, num_heads=facts.num_heads, head_dim=facts.head_dim, sources=used
             )
-            with patching, contiguous_input(_output_head(loaded)):
+            with patching, contiguous_input(output_head(loaded.model)):
                 output, _ = model_output(  # row 0: unpatched
                     encoder_or_model(loaded, ids[:, skip:], logits_to_keep=1 if keep_last else None, **extra)
                 )

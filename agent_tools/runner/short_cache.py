@@ -29,7 +29,7 @@ from agent_tools.capture import hooks_registered
 from agent_tools.intervene import row_zero_leaving, rows_joining
 from agent_tools.loading import LoadedModel
 from agent_tools.restricted_attention import heads_restricted
-from agent_tools.runner.forward import on_device
+from agent_tools.runner.forward import on_device, output_head
 
 LOGIT_CHUNK_FLOATS = 1 << 24  # logits computed at once when turning kept hidden states into losses
 
@@ -49,9 +49,8 @@ class RestrictedLosses:
 @contextmanager
 def _kept_head_input(model: nn.Module, keep: dict[str, Tensor]) -> Iterator[nn.Module]:
     """Inside the block, the output head's input (R, T, C) is kept and the head itself sees the last position only."""
-    lookup = getattr(model, "get_output_embeddings", None)
-    head = lookup() if callable(lookup) else None
-    if not isinstance(head, nn.Module):
+    head = output_head(model)
+    if head is None:
         raise ValueError(f"{type(model).__name__} has no output embeddings to compute a next-token loss with")
 
     def hook(module: nn.Module, args: tuple) -> tuple:
