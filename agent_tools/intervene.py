@@ -426,38 +426,6 @@ def mlp_modules(model: nn.Module) -> dict[int, nn.Module]:
 
 
 @contextmanager
-def attribution_taps(
-    model: nn.Module, layers: Sequence[int], *, num_heads: int, head_dim: int, embeddings: nn.Module
-) -> Iterator[dict[str, dict[int, Tensor]]]:
-    """Inside the block, a forward keeps (by reference, in the autograd graph) every layer's head outputs before
-    W_O, ``taps["heads"][layer]`` (B, T, H·D), and its MLP output, ``taps["mlp"][layer]`` (B, T, C); the input
-    embeddings' output is made to require grad, so a backward reaches every tap without any weight needing one."""
-    projections = _projections(model, layers, num_heads * head_dim)
-    mlps = {layer: module for layer, module in mlp_modules(model).items() if layer in projections}
-    taps: dict[str, dict[int, Tensor]] = {"heads": {}, "mlp": {}}
-
-    def head_hook(layer: int):
-        def hook(module: nn.Module, args: tuple) -> None:
-            taps["heads"][layer] = args[0]
-
-        return hook
-
-    def mlp_hook(layer: int):
-        def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            taps["mlp"][layer] = first_output(output)
-
-        return hook
-
-    def embedding_hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        return output if output.requires_grad else output.detach().requires_grad_(True)
-
-    registrations = [embeddings.register_forward_hook(embedding_hook)]
-    registrations += [module.register_forward_hook(mlp_hook(layer)) for layer, module in mlps.items()]
-    with hooks_registered(registrations), _pre_hooks(projections, head_hook):
-        yield taps
-
-
-@contextmanager
 def residual_gradients_dropped(model: nn.Module, rows: Mapping[int, int]) -> Iterator[None]:
     """Inside the block, batch row ``rows[layer]`` passes its block's residual contribution forward unchanged but
     lets no gradient through it (GradDrop): output = input + (output − input).detach() for that row only."""
@@ -521,40 +489,40 @@ def circuit_taps(
     *,
     num_heads: int,
     head_dim: int,
-    readers: Mapping[int, Sequence[nn.Module]],
     embeddings: nn.Module,
+    mlp: bool = False,
+    stream: bool = False,
+    readers: Mapping[int, Sequence[nn.Module]] | None = None,
     interpolate: Callable[[Tensor], Tensor] | None = None,
 ) -> Iterator[dict[str, dict[int, Any]]]:
-    """Inside the block, a forward keeps (by reference, in the autograd graph) for every layer: its block's input
-    (the residual stream it reads, ``taps["residual"][layer]``), the input of its attention module
-    (``taps["read"][layer]``: the normalised stream the q/k/v projections read), the outputs of ``readers[layer]``
-    (its q/k/v projection modules, ``taps["qkv"][layer]``, a list), its head outputs before W_O
-    (``taps["heads"][layer]``, (B, T, H·D)), and the last block's output (``taps["final"][0]``). The embeddings'
-    output is made to require grad; ``interpolate`` (when given) replaces it first (EAP-IG's interpolation)."""
+    """Inside the block, a forward keeps (by reference, in the autograd graph) every layer's head outputs before
+    W_O (``taps["heads"][layer]``, (B, T, H·D)); with ``mlp`` its MLP output (``taps["mlp"][layer]``, (B, T, C));
+    with ``stream`` its block's input (the residual stream it reads, ``taps["residual"][layer]``), the input of its
+    attention module (``taps["read"][layer]``: the normalised stream the q/k/v projections read) and the last
+    block's output (``taps["final"][0]``); the outputs of ``readers[layer]`` (its q/k/v projection modules,
+    ``taps["qkv"][layer]``, a list). The embeddings' output is made to require grad, so a backward reaches every tap
+    without any weight needing one; ``interpolate`` (when given) replaces it first (EAP-IG's interpolation)."""
     projections = _projections(model, layers, num_heads * head_dim)
     blocks = _blocks_from(model, 0)
     attentions = find_attention_modules(model)
-    taps: dict[str, dict[int, Any]] = {"residual": {}, "read": {}, "qkv": {}, "heads": {}, "final": {}}
-    last = max(blocks)
+    mlps = {layer: module for layer, module in mlp_modules(model).items() if layer in projections} if mlp else {}
+    taps: dict[str, dict[int, Any]] = {"residual": {}, "read": {}, "qkv": {}, "heads": {}, "mlp": {}, "final": {}}
 
-    def block_pre(layer: int):
+    def input_tap(kind: str, layer: int):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            taps["residual"][layer] = block_input(args, kwargs)
+            taps[kind][layer] = block_input(args, kwargs)
 
         return hook
 
-    def block_post(module: nn.Module, args: tuple, output: Any) -> None:
-        taps["final"][0] = first_output(output)
-
-    def attention_pre(layer: int):
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            taps["read"][layer] = block_input(args, kwargs)
+    def output_tap(kind: str, layer: int):
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            taps[kind][layer] = first_output(output)
 
         return hook
 
     def reader_post(layer: int, index: int):
         def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-            taps["qkv"].setdefault(layer, [None] * len(readers[layer]))[index] = output
+            taps["qkv"].setdefault(layer, [None] * len(readers[layer]))[index] = output  # type: ignore[index]
 
         return hook
 
@@ -570,11 +538,15 @@ def circuit_taps(
 
     def registrations() -> Iterator[RemovableHandle]:
         yield embeddings.register_forward_hook(embedding_hook)
-        yield blocks[last].register_forward_hook(block_post)
-        for layer in layers:
-            yield blocks[layer].register_forward_pre_hook(block_pre(layer), with_kwargs=True)
-            yield attentions[layer].register_forward_pre_hook(attention_pre(layer), with_kwargs=True)
-            for index, module in enumerate(readers.get(layer, ())):
+        for layer, module in mlps.items():
+            yield module.register_forward_hook(output_tap("mlp", layer))
+        if stream:
+            yield blocks[max(blocks)].register_forward_hook(output_tap("final", 0))
+        for layer in layers if stream else ():
+            yield blocks[layer].register_forward_pre_hook(input_tap("residual", layer), with_kwargs=True)
+            yield attentions[layer].register_forward_pre_hook(input_tap("read", layer), with_kwargs=True)
+        for layer, modules in (readers or {}).items():
+            for index, module in enumerate(modules):
                 yield module.register_forward_hook(reader_post(layer, index))
 
     with hooks_registered(registrations()), _pre_hooks(projections, head_hook):

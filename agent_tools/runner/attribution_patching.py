@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from agent_tools.analysis.attribution_patching import grad_drop_scores, head_estimates, output_estimates
 from agent_tools.capture import hooks_registered
 from agent_tools.errors import InvalidInputError
-from agent_tools.intervene import attribution_taps, mlp_outputs_replaced, residual_gradients_dropped
+from agent_tools.intervene import circuit_taps, mlp_outputs_replaced, residual_gradients_dropped
 from agent_tools.loading import LoadedModel, loaded_dtype
 from agent_tools.runner.forward import float_embeddings, on_device
 from agent_tools.runner.saturation import saturation_corrected, saturation_state
@@ -105,7 +105,7 @@ def attribution_passes(
     clean, corrupted = on_device(loaded, clean_ids), on_device(loaded, corrupted_ids)
 
     def taps_of() -> AbstractContextManager[dict[str, dict[int, Tensor]]]:
-        return attribution_taps(loaded.model, layers, num_heads=heads, head_dim=width, embeddings=embeddings)
+        return circuit_taps(loaded.model, layers, num_heads=heads, head_dim=width, embeddings=embeddings, mlp=True)
 
     state = saturation_state(loaded.model) if saturation_fix else None
 

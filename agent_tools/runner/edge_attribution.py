@@ -87,7 +87,7 @@ def edge_attribution(
 
     def run(ids: Tensor) -> tuple[Tensor, Tensor, dict[int, Tensor]]:
         with torch.inference_mode(False), torch.no_grad():
-            with circuit_taps(model, layers, num_heads=heads, head_dim=width, readers={}, embeddings=embeddings) as t:
+            with circuit_taps(model, layers, num_heads=heads, head_dim=width, embeddings=embeddings, stream=True) as t:
                 logits = _last_logits(loaded, ids)[0]
             outputs = {layer: t["heads"][layer][0].reshape(-1, heads, width).detach().clone() for layer in layers}
             return logits, t["residual"][0][0].detach().clone(), outputs
@@ -110,8 +110,9 @@ def edge_attribution(
                 layers,
                 num_heads=heads,
                 head_dim=width,
-                readers=readers,
                 embeddings=embeddings,
+                stream=True,
+                readers=readers,
                 interpolate=interpolate,
             )
             with taps_cm as taps:
