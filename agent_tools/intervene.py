@@ -9,7 +9,6 @@ model keeps its own implementation (sdpa). The projection's bias is shared by al
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, get_args
@@ -153,49 +152,6 @@ def row_zero_leaving(model: nn.Module, layer: int) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def head_sets_ablated_joining(
-    model: nn.Module,
-    rows: Sequence[tuple[Mapping[int, Sequence[int]], AblationMethod]],
-    *,
-    num_heads: int,
-    head_dim: int,
-    replacements: Mapping[AblationMethod, Mapping[int, Tensor]],
-) -> Iterator[None]:
-    """Inside the block, one forward of a sequence becomes a batch: row 0 unablated, row ``r + 1`` with the heads
-    ``rows[r][0]`` (layer -> heads, any number of layers) replaced by ``rows[r][1]``'s method.
-
-    Args:
-        rows: sorted by their first (lowest) ablated layer; every row names at least one head.
-        replacements: method -> layer -> what replaces a head's output: (H, D) means (``mean``) or (T, H, D)
-            another run's outputs (``resample``); ``zero`` needs none.
-
-    Row ``r + 1`` joins the batch as a copy of row 0 at the block of its first ablated layer (no row runs a layer
-    before the one it first changes); at each layer's output projection every method's heads are replaced in the
-    rows alive there. The output keeps row 0 first.
-    """
-    firsts = [min(heads) for heads, _ in rows]
-    if any(a > b for a, b in itertools.pairwise(firsts)):
-        raise ValueError("rows must be sorted by their first ablated layer")
-    joining: dict[int, int] = {}
-    for first in firsts:
-        joining[first] = joining.get(first, 0) + 1
-    layers = sorted({layer for heads, _ in rows for layer in heads})
-    masks: dict[int, dict[AblationMethod, Tensor]] = {}  # layer -> method -> (R_l, 1, H) bool
-    for layer in layers:
-        alive = 1 + sum(1 for first in firsts if first <= layer)
-        for row, (heads, method) in enumerate(rows, start=1):
-            if heads.get(layer):
-                empty = torch.zeros(alive, 1, num_heads, dtype=torch.bool)
-                masks.setdefault(layer, {}).setdefault(method, empty)[row, 0, list(heads[layer])] = True
-    replaced = {
-        layer: [(mask, replacements[method][layer] if method != "zero" else None) for method, mask in by_method.items()]
-        for layer, by_method in masks.items()
-    }
-    with rows_joining(model, joining, num_heads=num_heads), _heads_replaced(model, replaced, num_heads, head_dim):
-        yield
-
-
 def _blocks_from(model: nn.Module, first: int) -> dict[int, nn.Module]:
     """Layer -> its block (the element of the model's layer list holding its attention module), from ``first`` on."""
     names = {id(module): name for name, module in model.named_modules()}
@@ -247,7 +203,7 @@ def _heads_replaced(
     model: nn.Module, replaced: Mapping[int, Sequence[tuple[Tensor, Tensor | None]]], num_heads: int, head_dim: int
 ) -> Iterator[None]:
     """Each layer's output projection replaces, row by row, the heads each of its ``(mask, source)`` pairs marks:
-    ``mask`` (R_l, T or 1, H) bool, True where row r's head h (at position t, or everywhere) is replaced by
+    ``mask`` (R_l, T or 1, H) bool, True where row r's head h at position t (or at every one) is replaced by
     ``source``: (T, H, D) another run's head outputs, (H, D) the same at every position, or None (zeros)."""
     projections = _projections(model, replaced, num_heads * head_dim)
 
@@ -381,35 +337,35 @@ def _pre_hooks(projections: Mapping[int, nn.Module], hook_for: Callable[[int], C
 @contextmanager
 def heads_patched_joining(
     model: nn.Module,
-    masks: Mapping[int, Tensor],
+    replaced: Mapping[int, Sequence[tuple[Tensor, Tensor | None]]],
     joining: Mapping[int, int],
     *,
     num_heads: int,
     head_dim: int,
-    sources: Mapping[int, Tensor] | None = None,
 ) -> Iterator[None]:
-    """Inside the block, one forward of a sequence becomes a batch of patched variants of it, one per row.
+    """Inside the block, one forward of a sequence becomes a batch of patched (or ablated) variants of it, one per row.
 
     Args:
-        masks: layer -> (R_l, T, H) bool for every layer where some row patches a head, True where row r's head h
-            at position t is replaced; ``R_l`` counts row 0 and every row that joined at or before ``l``.
+        replaced: layer -> ``(mask, source)`` pairs for every layer where some row replaces a head: ``mask``
+            (R_l, T or 1, H) bool, True where row r's head h at position t (or at every one) is replaced by
+            ``source``: (T, H, D) another
+            run's head outputs (activation patching, resample ablation), (H, D) the same at every position (mean
+            ablation), or None (zeros); ``R_l`` counts row 0 and every row that joined at or before ``l``.
         joining: layer -> how many rows join the batch at that layer (as copies of row 0), each at the first layer
-            it patches; a layer may hold a mask without rows joining there (a row patching heads in several
-            layers: a set of heads patched together).
-        sources: layer -> (T, H, D) what replaces the marked heads (another run's head outputs: activation
-            patching); None replaces with zeros (zero ablation).
+            it replaces; a layer may hold masks without rows joining there (a row replacing heads in several
+            layers: a set of heads).
 
-    Rows join the batch at the layer they first patch, which is the least work: the forward starts as one row, the
+    Rows join the batch at the layer they first change, which is the least work: the forward starts as one row, the
     unpatched run. At the block of layer ``l`` the rows joining there are appended as copies of row 0 (the same
-    residual stream), and its output projection patches them, so no row runs a layer before the one it patches.
-    The output keeps row 0 first.
+    residual stream), and its output projection replaces their heads, so no row runs a layer before the one it
+    changes. The output keeps row 0 first.
     """
     alive = 1
-    for layer in sorted(set(masks) | set(joining)):
+    for layer in sorted(set(replaced) | set(joining)):
         alive += joining.get(layer, 0)
-        if layer in masks and int(masks[layer].shape[0]) != alive:
-            raise ValueError(f"layer {layer}'s mask must have {alive} rows, got {int(masks[layer].shape[0])}")
-    replaced = {layer: [(mask, sources[layer] if sources is not None else None)] for layer, mask in masks.items()}
+        rows = {int(mask.shape[0]) for mask, _ in replaced.get(layer, ())}
+        if rows - {alive}:
+            raise ValueError(f"layer {layer}'s mask must have {alive} rows, got {min(rows - {alive})}")
     with rows_joining(model, joining, num_heads=num_heads), _heads_replaced(model, replaced, num_heads, head_dim):
         yield
 

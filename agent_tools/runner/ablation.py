@@ -12,8 +12,8 @@ from torch import Tensor
 from agent_tools.intervene import (
     AblationMethod,
     group_heads,
-    head_sets_ablated_joining,
     heads_ablated,
+    heads_patched_joining,
     recorded_head_means,
 )
 from agent_tools.loading import LoadedModel
@@ -108,6 +108,23 @@ def mean_head_outputs(loaded: LoadedModel, input_ids: Tensor, layers: Sequence[i
 Reduce = Callable[[Tensor], tuple[Tensor, ...]]
 
 
+def _by_method(
+    masks: Mapping[int, Tensor],
+    methods: Sequence[AblationMethod],
+    replacements: Mapping[AblationMethod, Mapping[int, Tensor]],
+) -> dict[int, list[tuple[Tensor, Tensor | None]]]:
+    """:func:`~agent_tools.runner.patching.set_masks`' (R_l, 1, H) masks, row ``r + 1`` ablated by ``methods[r]``
+    -> :func:`~agent_tools.intervene.heads_patched_joining`'s (mask, what replaces it) pairs, one per method."""
+    replaced: dict[int, list[tuple[Tensor, Tensor | None]]] = {}
+    for layer, mask in masks.items():
+        for method in dict.fromkeys(methods):
+            rows = torch.tensor([False] + [m == method for m in methods])[: mask.shape[0], None, None]  # (R_l, 1, 1)
+            if bool((mask & rows).any()):
+                source = replacements[method][layer] if method != "zero" else None
+                replaced.setdefault(layer, []).append((mask & rows, source))
+    return replaced
+
+
 def ablated_rows(
     loaded: LoadedModel,
     input_ids: Tensor,
@@ -125,7 +142,7 @@ def ablated_rows(
     ``reduce`` gets a batch's (B, T, V) logits (or (B, T, C) hidden states), row 0 unablated, and returns tensors
     with B rows (e.g. per-position losses): only those are kept, so a batch's full output never outlives it. Rows
     are sorted by their first ablated layer and sent in batches of at most ``max_rows``; each joins its batch at
-    that layer (:func:`agent_tools.intervene.head_sets_ablated_joining`). Returns (clean row's tensors, each
+    that layer (:func:`agent_tools.intervene.heads_patched_joining`). Returns (clean row's tensors, each
     tensor stacked over the R rows in the order given).
     """
     facts = loaded.facts
@@ -142,13 +159,11 @@ def ablated_rows(
             return tuple(t[0] for t in reduce(run())), ()
         for start in range(0, len(order), max(1, max_rows)):
             group = order[start : start + max(1, max_rows)]
-            batch = [(group_heads(rows[i].heads), rows[i].method) for i in group]
-            with head_sets_ablated_joining(
-                loaded.model,
-                batch,
-                num_heads=facts.num_heads,
-                head_dim=facts.head_dim,
-                replacements=replacements,
+            batch = [patching.HeadPatch.together(rows[i].heads) for i in group]
+            masks, joining = patching.set_masks(batch, int(ids.shape[-1]), facts.num_heads)  # (R_l, 1, H) masks
+            replaced = _by_method(masks, [rows[i].method for i in group], replacements)
+            with heads_patched_joining(
+                loaded.model, replaced, joining, num_heads=facts.num_heads, head_dim=facts.head_dim
             ):
                 reduced = reduce(run())
             clean = clean or tuple(t[0] for t in reduced)

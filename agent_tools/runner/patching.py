@@ -111,20 +111,22 @@ def set_masks(
     counts of :func:`agent_tools.intervene.heads_patched_joining`.
 
     Row 0 is the unpatched run, patch ``i`` row ``i + 1``, joining at ``patch.layer``. Returns (layer -> (R_l,
-    T − start, H) bool masks for every layer some row patches, layer -> rows joining there).
+    T − start, H) bool masks for every layer some row patches — (R_l, 1, H), the same at every position, when no
+    patch names positions —, layer -> rows joining there).
     """
     if any(a.layer > b.layer for a, b in itertools.pairwise(patches)):
         raise ValueError("patches must be sorted by layer")
     joining: dict[int, int] = {}
     for patch in patches:
         joining[patch.layer] = joining.get(patch.layer, 0) + 1
+    width = length - start if any(patch.positions is not None for patch in patches) else 1
     masks: dict[int, Tensor] = {}
     for row, patch in enumerate(patches, start=1):
-        positions = list(patch.positions) if patch.positions is not None else list(range(length))
+        positions = list(patch.positions) if patch.positions is not None else list(range(start, start + width))
         kept = [p - start for p in positions if p >= start]
         for layer, heads in patch.by_layer().items():
             alive = 1 + sum(1 for other in patches if other.layer <= layer)
-            mask = masks.setdefault(layer, torch.zeros(alive, length - start, num_heads, dtype=torch.bool))
+            mask = masks.setdefault(layer, torch.zeros(alive, width, num_heads, dtype=torch.bool))
             if kept:
                 mask[row, torch.tensor(kept, dtype=torch.long)[:, None], torch.tensor(heads)] = True
     return masks, joining
@@ -202,12 +204,14 @@ def patched_outputs(
             start += len(group)
             batch = [patches[i] for i in group]
             masks, joining = set_masks(batch, length, facts.num_heads, start=skip)
-            used = {key: sources[key][skip:] for key in masks} if sources is not None else None
+            replaced = {
+                key: [(mask, sources[key][skip:] if sources is not None else None)] for key, mask in masks.items()
+            }
             extra: dict[str, object] = {"use_cache": cached is not None}
             if cached is not None:
                 extra[_cache_argument(loaded.model)] = _group_cache(cached, batch)
             patching = heads_patched_joining(
-                loaded.model, masks, joining, num_heads=facts.num_heads, head_dim=facts.head_dim, sources=used
+                loaded.model, replaced, joining, num_heads=facts.num_heads, head_dim=facts.head_dim
             )
             with patching, contiguous_input(output_head(loaded.model)):
                 output, _ = model_output(  # row 0: unpatched
