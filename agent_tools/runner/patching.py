@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agent_tools.intervene import contiguous_input, heads_patched_joining, recorded_head_inputs
+from agent_tools.intervene import contiguous_input, group_heads, heads_patched_joining, recorded_head_inputs
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import encoder_of, model_output, on_device, output_head
 from agent_tools.runner.generation import _cache_argument, cache_layers
@@ -52,13 +52,6 @@ class HeadPatch:
         first = ordered[0][0]
         also = tuple(x for x in ordered if x[0] != first)
         return cls(first, tuple(h for layer, h in ordered if layer == first), also=also)
-
-    def by_layer(self) -> dict[int, list[int]]:
-        """Layer -> the heads this row replaces there."""
-        chosen: dict[int, list[int]] = {self.layer: list(self.heads)}
-        for layer, head in self.also:
-            chosen.setdefault(layer, []).append(head)
-        return chosen
 
 
 @dataclass(frozen=True)
@@ -124,7 +117,7 @@ def set_masks(
     for row, patch in enumerate(patches, start=1):
         positions = list(patch.positions) if patch.positions is not None else list(range(start, start + width))
         kept = [p - start for p in positions if p >= start]
-        for layer, heads in patch.by_layer().items():
+        for layer, heads in group_heads([*((patch.layer, head) for head in patch.heads), *patch.also]).items():
             alive = 1 + sum(1 for other in patches if other.layer <= layer)
             mask = masks.setdefault(layer, torch.zeros(alive, width, num_heads, dtype=torch.bool))
             if kept:

@@ -131,11 +131,8 @@ def _faithfulness(
 
 def _node_senders(loaded: LoadedModel, passes: EdgePasses, edges: list[Edge]) -> set[int]:
     """Sender indices of an edge set's nodes: its senders and the heads its receivers stand for."""
-    heads = loaded.facts.num_heads
-    found = {s for s, _ in edges}
-    for _, r in edges:
-        found.update(1 + layer * heads + head for layer, head in _receiver_heads(loaded, passes.receivers[r]))
-    return found
+    heads = {1 + layer * loaded.facts.num_heads + head for layer, head in _nodes(loaded, passes, edges)}
+    return heads | {s for s, _ in edges}
 
 
 def _edge_faithfulness(
