@@ -23,7 +23,7 @@ from torch import Tensor
 from agent_tools.intervene import contiguous_input, group_heads, heads_patched_joining, recorded_head_inputs
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import encoder_of, model_output, on_device, output_head
-from agent_tools.runner.generation import _cache_argument, cache_layers
+from agent_tools.runner.generation import _cache_argument, cache_layers, cache_of
 from agent_tools.runner.paths import default_implementation
 from agent_tools.runner.readout import Readout, stacked
 
@@ -132,18 +132,6 @@ def _prefix_cache(loaded: LoadedModel, ids: Tensor, prefix: int) -> list[tuple[T
     return cache_layers(loaded.model(input_ids=ids[:, :prefix], use_cache=True, logits_to_keep=1))
 
 
-def _group_cache(cached: list[tuple[Tensor, Tensor]], patches: Sequence[HeadPatch]) -> object:
-    """A fresh cache of the prefix for one joining batch: at each layer as many rows as run there (row 0 and the
-    patches of that layer and earlier ones)."""
-    from transformers import DynamicCache
-
-    data = []
-    for layer, (k, v) in enumerate(cached):
-        count = 1 + sum(1 for patch in patches if patch.layer <= layer)
-        data.append((k.expand(count, -1, -1, -1).contiguous(), v.expand(count, -1, -1, -1).contiguous()))
-    return DynamicCache(ddp_cache_data=data)
-
-
 def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int = 1) -> int:
     """How many rows of ``length`` tokens one forward may carry within ``budget`` bytes of activations and of the
     batch's own output (``output_positions`` vocabulary rows per row, float32, while its readout runs), at most
@@ -202,7 +190,8 @@ def patched_outputs(
             }
             extra: dict[str, object] = {"use_cache": cached is not None}
             if cached is not None:
-                extra[_cache_argument(loaded.model)] = _group_cache(cached, batch)
+                alive = [1 + sum(1 for patch in batch if patch.layer <= layer) for layer in range(len(cached))]
+                extra[_cache_argument(loaded.model)] = cache_of(cached, alive)  # at each layer the rows running there
             patching = heads_patched_joining(
                 loaded.model, replaced, joining, num_heads=facts.num_heads, head_dim=facts.head_dim
             )
