@@ -90,14 +90,6 @@ class HeadSetAblation:
     method: AblationMethod
 
 
-def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int | None = None) -> int:
-    """How many ablated rows of ``length`` tokens fit one forward within ``budget`` bytes: their activations and
-    their output (a vocabulary row at each position, or at the last ``output_positions`` only), at most
-    :data:`~agent_tools.runner.patching.BATCH_ROWS` (see :func:`agent_tools.runner.patching.rows_per_batch`)."""
-    outputs = length if output_positions is None else min(length, output_positions)
-    return patching.rows_per_batch(loaded, length, budget, output_positions=outputs)
-
-
 def mean_head_outputs(loaded: LoadedModel, input_ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
     """Layer -> (H, D) each head's output before W_O averaged over the positions of (1, T) ``input_ids`` (summed in
     float64, kept in the model's dtype): what mean ablation puts in a head's place."""

@@ -132,11 +132,12 @@ def _prefix_cache(loaded: LoadedModel, ids: Tensor, prefix: int) -> list[tuple[T
     return cache_layers(loaded.model(input_ids=ids[:, :prefix], use_cache=True, logits_to_keep=1))
 
 
-def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int = 1) -> int:
+def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int | None = 1) -> int:
     """How many rows of ``length`` tokens one forward may carry within ``budget`` bytes of activations and of the
-    batch's own output (``output_positions`` vocabulary rows per row, float32, while its readout runs), at most
-    :data:`BATCH_ROWS` (patched, ablated and restricted rows alike)."""
-    return min(BATCH_ROWS, max(1, budget // max(row_bytes(loaded, length, output_positions=output_positions), 1)))
+    batch's own output (vocabulary rows at the last ``output_positions`` positions per row — None: at every one —,
+    float32, while its readout runs), at most :data:`BATCH_ROWS` (patched, ablated and restricted rows alike)."""
+    outputs = length if output_positions is None else min(length, output_positions)
+    return min(BATCH_ROWS, max(1, budget // max(row_bytes(loaded, length, output_positions=outputs), 1)))
 
 
 def row_bytes(loaded: LoadedModel, length: int, *, output_positions: int = 1) -> int:
