@@ -64,14 +64,10 @@ EMPTY_TOLERANCE = 0.02  # the empty edge set must reproduce the corrupted run's 
 Edge = tuple[int, int]  # (sender index, receiver index)
 
 
-def _groups(loaded: LoadedModel) -> int:
-    return max(1, loaded.facts.num_heads // loaded.facts.num_kv_heads)
-
-
 def _receiver_name(loaded: LoadedModel, receiver: Receiver) -> str:
     if receiver.kind == "direct":
         return "logits"
-    if receiver.kind == "Q" or _groups(loaded) == 1:
+    if receiver.kind == "Q" or loaded.facts.kv_groups == 1:
         return head_name(receiver.layer, receiver.head)
     return f"L{receiver.layer}KV{receiver.head}"
 
@@ -85,8 +81,7 @@ def _receiver_heads(loaded: LoadedModel, receiver: Receiver) -> list[tuple[int, 
         return []
     if receiver.kind == "Q":
         return [(receiver.layer, receiver.head)]
-    groups = _groups(loaded)
-    return [(receiver.layer, receiver.head * groups + g) for g in range(groups)]
+    return [(receiver.layer, head) for head in loaded.facts.heads_sharing_kv(receiver.head)]
 
 
 def _nodes(loaded: LoadedModel, passes: EdgePasses, edges: list[Edge]) -> set[tuple[int, int]]:
