@@ -348,9 +348,9 @@ def heads_patched_joining(
     Args:
         replaced: layer -> ``(mask, source)`` pairs for every layer where some row replaces a head: ``mask``
             (R_l, T or 1, H) bool, True where row r's head h at position t (or at every one) is replaced by
-            ``source``: (T, H, D) another
-            run's head outputs (activation patching, resample ablation), (H, D) the same at every position (mean
-            ablation), or None (zeros); ``R_l`` counts row 0 and every row that joined at or before ``l``.
+            ``source``: (T, H, D) another run's head outputs (activation patching, resample ablation), (H, D) the
+            same at every position (mean ablation), or None (zeros); ``R_l`` counts row 0 and every row that joined
+            at or before ``l``.
         joining: layer -> how many rows join the batch at that layer (as copies of row 0), each at the first layer
             it replaces; a layer may hold masks without rows joining there (a row replacing heads in several
             layers: a set of heads).
