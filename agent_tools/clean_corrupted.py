@@ -6,11 +6,21 @@ Service layer (below the tools, which never import each other): it uses the insp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from agent_tools.analysis.attribution import restored_fraction
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
+
+EXAMPLE = {  # both tools' example: one word changed that the answer depends on
+    "clean": "the cat sat on the mat. the cat sat on the",
+    "corrupted": "the cat sat on the rug. the cat sat on the",
+    "answer": " mat",
+    "wrong": " rug",
+}
 
 
 def single_token(loaded: LoadedModel, text: str, field: str) -> int:
@@ -60,3 +70,32 @@ def answer_ids(
         )
         raise InvalidInputError(msg, field="wrong" if wrong is not None else "answer")
     return first, second
+
+
+@dataclass
+class LogitDifference:
+    """The metric both tools' gradient passes read: (clean (V,), logits (B, V)) last-position logits -> (B,)
+    logit(answer) − logit(wrong); the two tokens are resolved on the first call (:func:`answer_ids`, from the clean
+    run's logits and the first row's) and kept in ``tokens``."""
+
+    loaded: LoadedModel
+    answer: str | None
+    wrong: str | None
+    tokens: tuple[int, int] | None = None
+
+    def __call__(self, clean: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        if self.tokens is None:
+            self.tokens = answer_ids(self.loaded, self.answer, self.wrong, clean, logits[0].detach())
+        return logits[:, self.tokens[0]] - logits[:, self.tokens[1]]
+
+
+def restored(chosen: torch.Tensor, clean: float, corrupted: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, k) logits of (answer, wrong, ...) that patched rows kept, and the clean and corrupted logit differences ->
+    (R,) restored fractions and (R,) logit differences, float64 on the CPU."""
+    differences = (chosen[:, 0] - chosen[:, 1]).cpu().double()  # (R,) logit(answer) − logit(wrong): one copy
+    return restored_fraction(differences, clean, corrupted), differences
+
+
+def first_difference(clean: Encoded, corrupted: Encoded) -> int:
+    """The first position where the two prompts' tokens differ."""
+    return int((clean.input_ids[0] != corrupted.input_ids[0]).nonzero()[0])

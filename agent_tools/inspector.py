@@ -405,7 +405,7 @@ class Inspector(Session):
         """What ``reduce`` keeps of the clean output and of each head set's ablated output, the sets batched as
         rows (see :func:`agent_tools.runner.ablated_rows`; ``logits_to_keep``: only the last positions' logits)."""
         length = int(input_ids.shape[-1])
-        max_rows = runner.ablation.rows_per_batch(loaded, length, self.memory_budget, output_positions=logits_to_keep)
+        max_rows = patching.rows_per_batch(loaded, length, self.memory_budget, output_positions=logits_to_keep)
         with guarded(loaded):
             return runner.ablated_rows(
                 loaded,

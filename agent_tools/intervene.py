@@ -9,7 +9,6 @@ model keeps its own implementation (sdpa). The projection's bias is shared by al
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, get_args
@@ -106,39 +105,7 @@ def group_heads(heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
 
 # --- evidence: per-row patches, gathered positions, head writes (activation patching, causal checks, DLA) -------
 @contextmanager
-def heads_patched_joining(
-    model: nn.Module,
-    masks: Mapping[int, Tensor],
-    *,
-    num_heads: int,
-    head_dim: int,
-    sources: Mapping[int, Tensor] | None = None,
-) -> Iterator[None]:
-    """Inside the block, one forward of a sequence becomes a batch of patched variants of it, one per row.
-
-    Args:
-        masks: layer -> (R_l, T, H) bool, True where row r's head h at position t is replaced.
-        sources: layer -> (T, H, D) what replaces it (another run's head outputs: activation patching);
-            None replaces with zeros (zero ablation).
-
-    Rows join the batch at the layer they patch, which is the least work: the forward starts as one row, the
-    unpatched run. At the block of layer ``l`` the rows that patch layer ``l`` join as copies of row 0 (the same
-    residual stream), and its output projection patches them, so no row runs a layer before the one it patches.
-    ``R_l`` counts row 0 and every row that joined at or before ``l``; the rows joining at ``l`` are the last
-    ones. The output keeps row 0 first.
-    """
-    joining, alive = {}, 1
-    for layer in sorted(masks):
-        count = int(masks[layer].shape[0])
-        if count <= alive:
-            raise ValueError(f"layer {layer}'s mask must add rows to the {alive} already running, got {count}")
-        joining[layer], alive = count - alive, count
-    with head_sets_patched_joining(model, masks, joining, num_heads=num_heads, head_dim=head_dim, sources=sources):
-        yield
-
-
-@contextmanager
-def _rows_joining(model: nn.Module, joining: Mapping[int, int], *, num_heads: int) -> Iterator[None]:
+def rows_joining(model: nn.Module, joining: Mapping[int, int], *, num_heads: int) -> Iterator[None]:
     """Inside the block, ``joining[l]`` copies of batch row 0 join the batch at the block of layer ``l``."""
     first = min(joining) if joining else 0
     blocks = _blocks_from(model, first)
@@ -182,63 +149,6 @@ def row_zero_leaving(model: nn.Module, layer: int) -> Iterator[None]:
         return with_block_input(args, kwargs, hidden[1:])
 
     with hooks_registered([blocks[layer].register_forward_pre_hook(hook, with_kwargs=True)]):
-        yield
-
-
-@contextmanager
-def head_sets_ablated_joining(
-    model: nn.Module,
-    rows: Sequence[tuple[Mapping[int, Sequence[int]], AblationMethod]],
-    *,
-    num_heads: int,
-    head_dim: int,
-    replacements: Mapping[AblationMethod, Mapping[int, Tensor]],
-) -> Iterator[None]:
-    """Inside the block, one forward of a sequence becomes a batch: row 0 unablated, row ``r + 1`` with the heads
-    ``rows[r][0]`` (layer -> heads, any number of layers) replaced by ``rows[r][1]``'s method.
-
-    Args:
-        rows: sorted by their first (lowest) ablated layer; every row names at least one head.
-        replacements: method -> layer -> what replaces a head's output: (H, D) means (``mean``) or (T, H, D)
-            another run's outputs (``resample``); ``zero`` needs none.
-
-    Row ``r + 1`` joins the batch as a copy of row 0 at the block of its first ablated layer (no row runs a layer
-    before the one it first changes); at each layer's output projection every method's heads are replaced in the
-    rows alive there. The output keeps row 0 first.
-    """
-    firsts = [min(heads) for heads, _ in rows]
-    if any(a > b for a, b in itertools.pairwise(firsts)):
-        raise ValueError("rows must be sorted by their first ablated layer")
-    joining: dict[int, int] = {}
-    for first in firsts:
-        joining[first] = joining.get(first, 0) + 1
-    layers = sorted({layer for heads, _ in rows for layer in heads})
-    masks: dict[int, dict[AblationMethod, Tensor]] = {}  # layer -> method -> (R_l, H) bool
-    for layer in layers:
-        alive = 1 + sum(1 for first in firsts if first <= layer)
-        for row, (heads, method) in enumerate(rows, start=1):
-            if heads.get(layer):
-                mask = masks.setdefault(layer, {}).setdefault(method, torch.zeros(alive, num_heads, dtype=torch.bool))
-                mask[row, list(heads[layer])] = True
-    projections = _projections(model, layers, num_heads * head_dim)
-
-    def hook_for(layer: int):
-        def hook(module: nn.Module, args: tuple) -> tuple:
-            hidden = args[0]  # (R_l, T, H·D)
-            count, length = hidden.shape[0], hidden.shape[1]
-            per_head = hidden.reshape(count, length, num_heads, head_dim)  # (R_l, T, H, D)
-            for method, mask in masks[layer].items():
-                chosen = mask.to(hidden.device)[:, None, :, None]  # (R_l, 1, H, 1)
-                source = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
-                if method != "zero":
-                    source = replacements[method][layer].to(device=hidden.device, dtype=hidden.dtype)
-                    source = source[None, None] if source.dim() == 2 else source[None]  # (1, 1|T, H, D)
-                per_head = torch.where(chosen, source, per_head)
-            return (per_head.reshape(count, length, num_heads * head_dim), *args[1:])
-
-        return hook
-
-    with _rows_joining(model, joining, num_heads=num_heads), _pre_hooks(projections, hook_for):
         yield
 
 
@@ -289,33 +199,31 @@ def with_first_output(output: Any, value: Tensor) -> Any:
 
 
 @contextmanager
-def _patched_projections(
-    model: nn.Module,
-    masks: Mapping[int, Tensor],
-    *,
-    num_heads: int,
-    head_dim: int,
-    sources: Mapping[int, Tensor] | None,
+def _heads_replaced(
+    model: nn.Module, replaced: Mapping[int, Sequence[tuple[Tensor, Tensor | None]]], num_heads: int, head_dim: int
 ) -> Iterator[None]:
-    """Each layer's output projection replaces the heads ``masks[layer]`` marks, row by row."""
-    projections = _projections(model, masks, num_heads * head_dim)
+    """Each layer's output projection replaces, row by row, the heads each of its ``(mask, source)`` pairs marks:
+    ``mask`` (R_l, T or 1, H) bool, True where row r's head h at position t (or at every one) is replaced by
+    ``source``: (T, H, D) another run's head outputs, (H, D) the same at every position, or None (zeros)."""
+    projections = _projections(model, replaced, num_heads * head_dim)
 
     def hook_for(layer: int):
-        mask = masks[layer]
-        source = sources[layer] if sources is not None else None
+        pairs = replaced[layer]
 
         def hook(module: nn.Module, args: tuple) -> tuple:
-            hidden = args[0]  # (B, T, H·D), B = 1 before the first patched layer, R after it
-            count, length = mask.shape[0], hidden.shape[1]
+            hidden = args[0]  # (B, T, H·D), B = 1 before the first patched layer, R_l after it
+            count, length = pairs[0][0].shape[0], hidden.shape[1]
             if hidden.shape[0] == 1 and count > 1:
                 hidden = hidden.expand(count, *hidden.shape[1:])
-            per_head = hidden.reshape(count, length, num_heads, head_dim)  # (R, T, H, D)
-            chosen = mask.to(hidden.device)[..., None]  # (R, T, H, 1)
-            replacement = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
-            if source is not None:
-                replacement = source.to(device=hidden.device, dtype=hidden.dtype)[None]  # (1, T, H, D)
-            patched = torch.where(chosen, replacement, per_head)
-            return (patched.reshape(count, length, num_heads * head_dim), *args[1:])
+            per_head = hidden.reshape(count, length, num_heads, head_dim)  # (R_l, T, H, D)
+            for mask, source in pairs:
+                chosen = mask.to(hidden.device)[..., None]  # (R_l, T or 1, H, 1)
+                replacement = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
+                if source is not None:
+                    replacement = source.to(device=hidden.device, dtype=hidden.dtype)
+                    replacement = replacement.reshape(1, -1, num_heads, head_dim)  # (1, T or 1, H, D)
+                per_head = torch.where(chosen, replacement, per_head)
+            return (per_head.reshape(count, length, num_heads * head_dim), *args[1:])
 
         return hook
 
@@ -427,33 +335,38 @@ def _pre_hooks(projections: Mapping[int, nn.Module], hook_for: Callable[[int], C
 
 
 @contextmanager
-def head_sets_patched_joining(
+def heads_patched_joining(
     model: nn.Module,
-    masks: Mapping[int, Tensor],
+    replaced: Mapping[int, Sequence[tuple[Tensor, Tensor | None]]],
     joining: Mapping[int, int],
     *,
     num_heads: int,
     head_dim: int,
-    sources: Mapping[int, Tensor] | None = None,
 ) -> Iterator[None]:
-    """:func:`heads_patched_joining` for rows that patch heads in several layers (a set of heads patched together).
+    """Inside the block, one forward of a sequence becomes a batch of patched (or ablated) variants of it, one per row.
 
     Args:
-        masks: layer -> (R_l, T, H) bool for every layer where some row patches a head; ``R_l`` counts row 0 and
-            every row that joined at or before ``l``.
+        replaced: layer -> ``(mask, source)`` pairs for every layer where some row replaces a head: ``mask``
+            (R_l, T or 1, H) bool, True where row r's head h at position t (or at every one) is replaced by
+            ``source``: (T, H, D) another run's head outputs (activation patching, resample ablation), (H, D) the
+            same at every position (mean ablation), or None (zeros); ``R_l`` counts row 0 and every row that joined
+            at or before ``l``.
         joining: layer -> how many rows join the batch at that layer (as copies of row 0), each at the first layer
-            it patches; a layer may hold a mask without rows joining there.
-        sources: layer -> (T, H, D) what replaces the marked heads (None: zeros).
+            it replaces; a layer may hold masks without rows joining there (a row replacing heads in several
+            layers: a set of heads).
+
+    Rows join the batch at the layer they first change, which is the least work: the forward starts as one row, the
+    unpatched run. At the block of layer ``l`` the rows joining there are appended as copies of row 0 (the same
+    residual stream), and its output projection replaces their heads, so no row runs a layer before the one it
+    changes. The output keeps row 0 first.
     """
     alive = 1
-    for layer in sorted(set(masks) | set(joining)):
+    for layer in sorted(set(replaced) | set(joining)):
         alive += joining.get(layer, 0)
-        if layer in masks and int(masks[layer].shape[0]) != alive:
-            raise ValueError(f"layer {layer}'s mask must have {alive} rows, got {int(masks[layer].shape[0])}")
-    with (
-        _rows_joining(model, joining, num_heads=num_heads),
-        _patched_projections(model, masks, num_heads=num_heads, head_dim=head_dim, sources=sources),
-    ):
+        rows = {int(mask.shape[0]) for mask, _ in replaced.get(layer, ())}
+        if rows - {alive}:
+            raise ValueError(f"layer {layer}'s mask must have {alive} rows, got {min(rows - {alive})}")
+    with rows_joining(model, joining, num_heads=num_heads), _heads_replaced(model, replaced, num_heads, head_dim):
         yield
 
 
@@ -466,38 +379,6 @@ def mlp_modules(model: nn.Module) -> dict[int, nn.Module]:
         if isinstance(mlp, nn.Module):
             found[layer] = mlp
     return found
-
-
-@contextmanager
-def attribution_taps(
-    model: nn.Module, layers: Sequence[int], *, num_heads: int, head_dim: int, embeddings: nn.Module
-) -> Iterator[dict[str, dict[int, Tensor]]]:
-    """Inside the block, a forward keeps (by reference, in the autograd graph) every layer's head outputs before
-    W_O, ``taps["heads"][layer]`` (B, T, H·D), and its MLP output, ``taps["mlp"][layer]`` (B, T, C); the input
-    embeddings' output is made to require grad, so a backward reaches every tap without any weight needing one."""
-    projections = _projections(model, layers, num_heads * head_dim)
-    mlps = {layer: module for layer, module in mlp_modules(model).items() if layer in projections}
-    taps: dict[str, dict[int, Tensor]] = {"heads": {}, "mlp": {}}
-
-    def head_hook(layer: int):
-        def hook(module: nn.Module, args: tuple) -> None:
-            taps["heads"][layer] = args[0]
-
-        return hook
-
-    def mlp_hook(layer: int):
-        def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            taps["mlp"][layer] = first_output(output)
-
-        return hook
-
-    def embedding_hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        return output if output.requires_grad else output.detach().requires_grad_(True)
-
-    registrations = [embeddings.register_forward_hook(embedding_hook)]
-    registrations += [module.register_forward_hook(mlp_hook(layer)) for layer, module in mlps.items()]
-    with hooks_registered(registrations), _pre_hooks(projections, head_hook):
-        yield taps
 
 
 @contextmanager
@@ -564,40 +445,40 @@ def circuit_taps(
     *,
     num_heads: int,
     head_dim: int,
-    readers: Mapping[int, Sequence[nn.Module]],
     embeddings: nn.Module,
+    mlp: bool = False,
+    stream: bool = False,
+    readers: Mapping[int, Sequence[nn.Module]] | None = None,
     interpolate: Callable[[Tensor], Tensor] | None = None,
 ) -> Iterator[dict[str, dict[int, Any]]]:
-    """Inside the block, a forward keeps (by reference, in the autograd graph) for every layer: its block's input
-    (the residual stream it reads, ``taps["residual"][layer]``), the input of its attention module
-    (``taps["read"][layer]``: the normalised stream the q/k/v projections read), the outputs of ``readers[layer]``
-    (its q/k/v projection modules, ``taps["qkv"][layer]``, a list), its head outputs before W_O
-    (``taps["heads"][layer]``, (B, T, H·D)), and the last block's output (``taps["final"][0]``). The embeddings'
-    output is made to require grad; ``interpolate`` (when given) replaces it first (EAP-IG's interpolation)."""
+    """Inside the block, a forward keeps (by reference, in the autograd graph) every layer's head outputs before
+    W_O (``taps["heads"][layer]``, (B, T, H·D)); with ``mlp`` its MLP output (``taps["mlp"][layer]``, (B, T, C));
+    with ``stream`` its block's input (the residual stream it reads, ``taps["residual"][layer]``), the input of its
+    attention module (``taps["read"][layer]``: the normalised stream the q/k/v projections read) and the last
+    block's output (``taps["final"][0]``); the outputs of ``readers[layer]`` (its q/k/v projection modules,
+    ``taps["qkv"][layer]``, a list). The embeddings' output is made to require grad, so a backward reaches every tap
+    without any weight needing one; ``interpolate`` (when given) replaces it first (EAP-IG's interpolation)."""
     projections = _projections(model, layers, num_heads * head_dim)
     blocks = _blocks_from(model, 0)
     attentions = find_attention_modules(model)
-    taps: dict[str, dict[int, Any]] = {"residual": {}, "read": {}, "qkv": {}, "heads": {}, "final": {}}
-    last = max(blocks)
+    mlps = {layer: module for layer, module in mlp_modules(model).items() if layer in projections} if mlp else {}
+    taps: dict[str, dict[int, Any]] = {"residual": {}, "read": {}, "qkv": {}, "heads": {}, "mlp": {}, "final": {}}
 
-    def block_pre(layer: int):
+    def input_tap(kind: str, layer: int):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            taps["residual"][layer] = block_input(args, kwargs)
+            taps[kind][layer] = block_input(args, kwargs)
 
         return hook
 
-    def block_post(module: nn.Module, args: tuple, output: Any) -> None:
-        taps["final"][0] = first_output(output)
-
-    def attention_pre(layer: int):
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            taps["read"][layer] = block_input(args, kwargs)
+    def output_tap(kind: str, layer: int):
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            taps[kind][layer] = first_output(output)
 
         return hook
 
     def reader_post(layer: int, index: int):
         def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-            taps["qkv"].setdefault(layer, [None] * len(readers[layer]))[index] = output
+            taps["qkv"].setdefault(layer, [None] * len(readers[layer]))[index] = output  # type: ignore[index]
 
         return hook
 
@@ -613,11 +494,15 @@ def circuit_taps(
 
     def registrations() -> Iterator[RemovableHandle]:
         yield embeddings.register_forward_hook(embedding_hook)
-        yield blocks[last].register_forward_hook(block_post)
-        for layer in layers:
-            yield blocks[layer].register_forward_pre_hook(block_pre(layer), with_kwargs=True)
-            yield attentions[layer].register_forward_pre_hook(attention_pre(layer), with_kwargs=True)
-            for index, module in enumerate(readers.get(layer, ())):
+        for layer, module in mlps.items():
+            yield module.register_forward_hook(output_tap("mlp", layer))
+        if stream:
+            yield blocks[max(blocks)].register_forward_hook(output_tap("final", 0))
+        for layer in layers if stream else ():
+            yield blocks[layer].register_forward_pre_hook(input_tap("residual", layer), with_kwargs=True)
+            yield attentions[layer].register_forward_pre_hook(input_tap("read", layer), with_kwargs=True)
+        for layer, modules in (readers or {}).items():
+            for index, module in enumerate(modules):
                 yield module.register_forward_hook(reader_post(layer, index))
 
     with hooks_registered(registrations()), _pre_hooks(projections, head_hook):

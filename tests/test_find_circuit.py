@@ -294,10 +294,14 @@ def test_the_path_order_adds_whole_paths_from_the_embeddings_to_the_logits() -> 
     and the negative edge come after, by |score|."""
     from types import SimpleNamespace
 
+    from agent_tools.families import KvGrouping
     from agent_tools.runner.edge_attribution import EMBEDDINGS, Receiver
     from agent_tools.tools.find_circuit.plan import _path_order
 
-    loaded = SimpleNamespace(facts=SimpleNamespace(num_heads=2, num_kv_heads=2))
+    class Facts(KvGrouping):  # two query heads, each its own KV head
+        num_heads, num_kv_heads = 2, 2
+
+    loaded = SimpleNamespace(facts=Facts())
     senders = [EMBEDDINGS, (0, 0), (0, 1), (1, 0), (1, 1)]
     receivers = [Receiver(layer, head, kind) for layer in (0, 1) for head in (0, 1) for kind in "QKV"]
     receivers.append(Receiver(2, -1, "direct"))

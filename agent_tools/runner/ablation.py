@@ -12,9 +12,8 @@ from torch import Tensor
 from agent_tools.intervene import (
     AblationMethod,
     group_heads,
-    head_sets_ablated_joining,
     heads_ablated,
-    recorded_head_inputs,
+    heads_patched_joining,
     recorded_head_means,
 )
 from agent_tools.loading import LoadedModel
@@ -68,7 +67,7 @@ def ablated_forward(
             clean = clean if clean is not None else clean_out
             means = dict(recorded)
         if method == "resample" and resample_ids is not None:
-            means = _head_outputs(loaded, on_device(loaded, resample_ids), list(grouped))
+            means = head_outputs(loaded, resample_ids, list(grouped))
         with heads_ablated(
             model, grouped, num_heads=facts.num_heads, head_dim=facts.head_dim, method=method, means=means
         ):
@@ -76,26 +75,11 @@ def ablated_forward(
     return AblationEffect(clean=clean, ablated=ablated, language_model=is_lm)
 
 
-def _run(loaded: LoadedModel, ids: Tensor, logits_to_keep: int | None = None) -> object:
-    """The model on ``ids`` without a cache; an encoder–decoder's encoder alone. With ``logits_to_keep`` a
-    language model's head sees only the last that many positions."""
-    keep = {"logits_to_keep": logits_to_keep} if logits_to_keep is not None and loaded.facts.is_language_model else {}
-    return patching.encoder_or_model(loaded, ids, {"use_cache": False, **keep})
-
-
-def _head_outputs(loaded: LoadedModel, ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
-    """Layer -> (T, H, D) every head's output before W_O on (1, T) ``ids`` (caller holds the lock)."""
-    facts = loaded.facts
-    with recorded_head_inputs(loaded.model, layers, num_heads=facts.num_heads, head_dim=facts.head_dim) as found:
-        _run(loaded, ids, logits_to_keep=1)  # the heads' inputs are what it reads: no (T, vocabulary) logits
-    return dict(found)
-
-
 def head_outputs(loaded: LoadedModel, input_ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
     """Layer -> (T, H, D) every head's output before W_O on a (1, T) input: what mean ablation averages over
-    positions and what resample ablation copies from another text."""
-    with loaded.lock, torch.inference_mode():
-        return _head_outputs(loaded, on_device(loaded, input_ids), layers)
+    positions and what resample ablation copies from another text (the heads' inputs are what the pass reads: no
+    (T, vocabulary) logits)."""
+    return patching.recorded_run(loaded, input_ids, layers=layers).heads
 
 
 @dataclass(frozen=True)
@@ -106,14 +90,6 @@ class HeadSetAblation:
     method: AblationMethod
 
 
-def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int | None = None) -> int:
-    """How many ablated rows of ``length`` tokens fit one forward within ``budget`` bytes: their activations and
-    their output (a vocabulary row at each position, or at the last ``output_positions`` only), at most
-    :data:`~agent_tools.runner.patching.BATCH_ROWS` (see :func:`agent_tools.runner.patching.rows_per_batch`)."""
-    outputs = length if output_positions is None else min(length, output_positions)
-    return patching.rows_per_batch(loaded, length, budget, output_positions=outputs)
-
-
 def mean_head_outputs(loaded: LoadedModel, input_ids: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
     """Layer -> (H, D) each head's output before W_O averaged over the positions of (1, T) ``input_ids`` (summed in
     float64, kept in the model's dtype): what mean ablation puts in a head's place."""
@@ -122,6 +98,23 @@ def mean_head_outputs(loaded: LoadedModel, input_ids: Tensor, layers: Sequence[i
 
 
 Reduce = Callable[[Tensor], tuple[Tensor, ...]]
+
+
+def _by_method(
+    masks: Mapping[int, Tensor],
+    methods: Sequence[AblationMethod],
+    replacements: Mapping[AblationMethod, Mapping[int, Tensor]],
+) -> dict[int, list[tuple[Tensor, Tensor | None]]]:
+    """:func:`~agent_tools.runner.patching.set_masks`' (R_l, 1, H) masks, row ``r + 1`` ablated by ``methods[r]``
+    -> :func:`~agent_tools.intervene.heads_patched_joining`'s (mask, what replaces it) pairs, one per method."""
+    replaced: dict[int, list[tuple[Tensor, Tensor | None]]] = {}
+    for layer, mask in masks.items():
+        for method in dict.fromkeys(methods):
+            rows = torch.tensor([False] + [m == method for m in methods])[: mask.shape[0], None, None]  # (R_l, 1, 1)
+            if bool((mask & rows).any()):
+                source = replacements[method][layer] if method != "zero" else None
+                replaced.setdefault(layer, []).append((mask & rows, source))
+    return replaced
 
 
 def ablated_rows(
@@ -141,7 +134,7 @@ def ablated_rows(
     ``reduce`` gets a batch's (B, T, V) logits (or (B, T, C) hidden states), row 0 unablated, and returns tensors
     with B rows (e.g. per-position losses): only those are kept, so a batch's full output never outlives it. Rows
     are sorted by their first ablated layer and sent in batches of at most ``max_rows``; each joins its batch at
-    that layer (:func:`agent_tools.intervene.head_sets_ablated_joining`). Returns (clean row's tensors, each
+    that layer (:func:`agent_tools.intervene.heads_patched_joining`). Returns (clean row's tensors, each
     tensor stacked over the R rows in the order given).
     """
     facts = loaded.facts
@@ -149,22 +142,22 @@ def ablated_rows(
     order = sorted(range(len(rows)), key=lambda i: min(layer for layer, _ in rows[i].heads))
     kept: dict[int, tuple[Tensor, ...]] = {}
     clean: tuple[Tensor, ...] = ()
+
+    def run() -> Tensor:  # (B, K or T, V) logits or (B, T, C) hidden states
+        return model_output(patching.encoder_or_model(loaded, ids, use_cache=False, logits_to_keep=logits_to_keep))[0]
+
     with loaded.lock, torch.inference_mode():
         if not rows:
-            output, _ = model_output(_run(loaded, ids, logits_to_keep))
-            return tuple(t[0] for t in reduce(output)), ()
+            return tuple(t[0] for t in reduce(run())), ()
         for start in range(0, len(order), max(1, max_rows)):
             group = order[start : start + max(1, max_rows)]
-            batch = [(group_heads(rows[i].heads), rows[i].method) for i in group]
-            with head_sets_ablated_joining(
-                loaded.model,
-                batch,
-                num_heads=facts.num_heads,
-                head_dim=facts.head_dim,
-                replacements=replacements,
+            batch = [patching.HeadPatch.together(rows[i].heads) for i in group]
+            masks, joining = patching.set_masks(batch, int(ids.shape[-1]), facts.num_heads)  # (R_l, 1, H) masks
+            replaced = _by_method(masks, [rows[i].method for i in group], replacements)
+            with heads_patched_joining(
+                loaded.model, replaced, joining, num_heads=facts.num_heads, head_dim=facts.head_dim
             ):
-                output, _ = model_output(_run(loaded, ids, logits_to_keep))
-            reduced = reduce(output)
+                reduced = reduce(run())
             clean = clean or tuple(t[0] for t in reduced)
             for row, index in enumerate(group, start=1):
                 kept[index] = tuple(t[row] for t in reduced)

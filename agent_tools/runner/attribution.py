@@ -29,8 +29,8 @@ from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.intervene import appended_rows, positions_gathered
 from agent_tools.layout import output_projection
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import locked, on_device
-from agent_tools.runner.generation import _cache_argument, cache_layers
+from agent_tools.runner.forward import float_embeddings, locked, on_device, output_head
+from agent_tools.runner.generation import _cache_argument, cache_layers, cache_of
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm")  # Llama-likes, GPT-2, OPT/NeoX, Phi
 GRADIENT_FLOATS_PER_TOKEN_LAYER = 16  # × model width: activations a backward pass keeps per token and layer
@@ -58,8 +58,8 @@ class AblationLogprobs:
 
 
 def _head(loaded: LoadedModel) -> nn.Module:
-    head = loaded.model.get_output_embeddings()  # type: ignore[operator]
-    if not isinstance(head, nn.Module):
+    head = output_head(loaded.model)
+    if head is None:
         msg = f"model {loaded.name!r} has no next-token head: causal checks need a language model"
         raise InvalidInputError(msg, field="checks")
     return head
@@ -68,17 +68,6 @@ def _head(loaded: LoadedModel) -> nn.Module:
 def _shares_prefix(loaded: LoadedModel) -> bool:
     """Whether a clean prefix's KV cache can stand in for recomputing it (not with sliding-window caches)."""
     return loaded.facts.sliding_window is None
-
-
-def _prefix_cache(layers: list[tuple[Tensor, Tensor]], length: int, rows: int) -> Any:
-    """A fresh cache holding the first ``length`` positions of the clean run, for ``rows`` rows."""
-    from transformers import DynamicCache
-
-    sliced = [
-        (k[:, :, :length].expand(rows, -1, -1, -1).contiguous(), v[:, :, :length].expand(rows, -1, -1, -1).contiguous())
-        for k, v in layers
-    ]
-    return DynamicCache(ddp_cache_data=sliced)
 
 
 @dataclass(frozen=True)
@@ -118,7 +107,7 @@ def _clean_run(
         if len(answer) == 1:
             return first, traced.cache
         ids = torch.tensor([answer[:-1]], device=loaded.device)
-        past = {_cache_argument(loaded.model): _prefix_cache(traced.cache, len(prompt), 1)}
+        past = {_cache_argument(loaded.model): cache_of(traced.cache, 1, len(prompt))}
         rest = loaded.model(input_ids=ids, use_cache=True, **past).logits.float()  # (1, A − 1, V)
         return torch.cat([first.to(rest.device), rest], dim=1), traced.cache
     ids = torch.tensor([prompt + answer[:-1]], device=loaded.device)
@@ -170,7 +159,7 @@ def _variant_rows(
         index[r] = torch.arange(len(answer)) + len(full) - 1 - prefix
     extra: dict[str, Any] = {"use_cache": prefix > 0}
     if prefix > 0 and cache is not None:
-        extra[_cache_argument(loaded.model)] = _prefix_cache(cache, prefix, len(rows))
+        extra[_cache_argument(loaded.model)] = cache_of(cache, len(rows), prefix)
     with positions_gathered(_head(loaded), index):
         output = loaded.model(input_ids=on_device(loaded, ids), attention_mask=on_device(loaded, mask), **extra)
     return output.logits.float()
@@ -237,9 +226,8 @@ def gradient_bytes(loaded: LoadedModel, length: int) -> int:
 
 def input_embeddings(loaded: LoadedModel) -> nn.Module:
     """The input embedding module, if gradients can start there (a float embedding table)."""
-    embeddings = loaded.model.get_input_embeddings()  # type: ignore[operator]
-    weight = getattr(embeddings, "weight", None)
-    if not isinstance(embeddings, nn.Module) or not isinstance(weight, Tensor) or not weight.is_floating_point():
+    embeddings = float_embeddings(loaded.model)
+    if embeddings is None:
         msg = (
             f"gradient attribution needs float input embeddings; model {loaded.name!r} has none "
             "(quantized or missing): ask for checks without 'gradient'"

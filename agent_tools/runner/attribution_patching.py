@@ -28,9 +28,9 @@ from torch import Tensor, nn
 from agent_tools.analysis.attribution_patching import grad_drop_scores, head_estimates, output_estimates
 from agent_tools.capture import hooks_registered
 from agent_tools.errors import InvalidInputError
-from agent_tools.intervene import attribution_taps, mlp_outputs_replaced, residual_gradients_dropped
-from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import on_device
+from agent_tools.intervene import circuit_taps, mlp_outputs_replaced, residual_gradients_dropped
+from agent_tools.loading import LoadedModel, loaded_dtype
+from agent_tools.runner.forward import float_embeddings, on_device
 from agent_tools.runner.saturation import saturation_corrected, saturation_state
 
 FLOAT16_LOSS_SCALE = 4096.0  # the metric is scaled by this before a float16 backward (no underflow), then unscaled
@@ -58,10 +58,8 @@ class AttributionPasses:
 
 def gradient_embeddings(loaded: LoadedModel, field: str) -> nn.Module:
     """The input embedding module, refused (naming ``field``) when its table is not floating point."""
-    lookup = getattr(loaded.model, "get_input_embeddings", None)
-    embeddings = lookup() if callable(lookup) else None
-    weight = getattr(embeddings, "weight", None)
-    if not isinstance(embeddings, nn.Module) or not isinstance(weight, Tensor) or not weight.is_floating_point():
+    embeddings = float_embeddings(loaded.model)
+    if embeddings is None:
         msg = (
             f"attribution patching needs gradients through the input embeddings; model {loaded.name!r} has no "
             "floating-point embedding table (quantized or missing): use method 'exact', or load it unquantized"
@@ -71,17 +69,12 @@ def gradient_embeddings(loaded: LoadedModel, field: str) -> nn.Module:
 
 
 def _loss_scale(loaded: LoadedModel) -> float:
-    return FLOAT16_LOSS_SCALE if _model_dtype(loaded) == torch.float16 else 1.0
-
-
-def _model_dtype(loaded: LoadedModel) -> torch.dtype:
-    weight = getattr(gradient_embeddings(loaded, "method"), "weight", None)
-    return weight.dtype if isinstance(weight, Tensor) else loaded.dtype
+    return FLOAT16_LOSS_SCALE if loaded_dtype(loaded.model) == torch.float16 else 1.0
 
 
 def _dtype_note(loaded: LoadedModel) -> str:
     scale = _loss_scale(loaded)
-    dtype = str(_model_dtype(loaded)).removeprefix("torch.")
+    dtype = str(loaded_dtype(loaded.model)).removeprefix("torch.")
     return f"{dtype} (loss scale {scale:g}, sums in float64)" if scale != 1.0 else f"{dtype} (sums in float64)"
 
 
@@ -112,7 +105,7 @@ def attribution_passes(
     clean, corrupted = on_device(loaded, clean_ids), on_device(loaded, corrupted_ids)
 
     def taps_of() -> AbstractContextManager[dict[str, dict[int, Tensor]]]:
-        return attribution_taps(loaded.model, layers, num_heads=heads, head_dim=width, embeddings=embeddings)
+        return circuit_taps(loaded.model, layers, num_heads=heads, head_dim=width, embeddings=embeddings, mlp=True)
 
     state = saturation_state(loaded.model) if saturation_fix else None
 

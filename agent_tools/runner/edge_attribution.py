@@ -25,8 +25,8 @@ from agent_tools.errors import InvalidInputError
 from agent_tools.intervene import circuit_taps
 from agent_tools.layout import output_weight, qkv_reads, slice_weight
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.attribution_patching import _dtype_note, _last_logits, _loss_scale, gradient_embeddings
-from agent_tools.runner.forward import on_device
+from agent_tools.runner.attribution_patching import _dtype_note, _last_logits, _loss_scale
+from agent_tools.runner.forward import float_embeddings, on_device
 
 Metric = Callable[[Tensor, Tensor], Tensor]  # (clean (V,), logits (B, V)) -> (B,)
 EMBEDDINGS = (-1, -1)  # the embeddings' sender key
@@ -72,15 +72,14 @@ def edge_attribution(
     model = loaded.model
     layers = list(range(facts.num_layers))
     heads, width = facts.num_heads, facts.head_dim
-    try:
-        embeddings = gradient_embeddings(loaded, field)
-    except InvalidInputError as error:
+    embeddings = float_embeddings(model)
+    if embeddings is None:
         msg = (
             f"edge attribution needs gradients through the input embeddings; model {loaded.name!r} has no "
             "floating-point embedding table (quantized or missing): load it unquantized, or use patch_heads with "
             "method 'exact' for per-head effects"
         )
-        raise InvalidInputError(msg, field="model") from error
+        raise InvalidInputError(msg, field="model")
     clean, corrupted = on_device(loaded, clean_ids), on_device(loaded, corrupted_ids)
     reads = {layer: qkv_reads(model, layer, facts=facts) for layer in layers}
     readers = {layer: reads[layer][0] for layer in layers}
@@ -88,7 +87,7 @@ def edge_attribution(
 
     def run(ids: Tensor) -> tuple[Tensor, Tensor, dict[int, Tensor]]:
         with torch.inference_mode(False), torch.no_grad():
-            with circuit_taps(model, layers, num_heads=heads, head_dim=width, readers={}, embeddings=embeddings) as t:
+            with circuit_taps(model, layers, num_heads=heads, head_dim=width, embeddings=embeddings, stream=True) as t:
                 logits = _last_logits(loaded, ids)[0]
             outputs = {layer: t["heads"][layer][0].reshape(-1, heads, width).detach().clone() for layer in layers}
             return logits, t["residual"][0][0].detach().clone(), outputs
@@ -111,8 +110,9 @@ def edge_attribution(
                 layers,
                 num_heads=heads,
                 head_dim=width,
-                readers=readers,
                 embeddings=embeddings,
+                stream=True,
+                readers=readers,
                 interpolate=interpolate,
             )
             with taps_cm as taps:

@@ -18,6 +18,23 @@ def on_device(loaded: LoadedModel, tensor: Tensor) -> Tensor:
     return tensor if tensor.device == loaded.device else tensor.to(loaded.device)
 
 
+def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The unembedding module (None for a model without one)."""
+    lookup = getattr(model, "get_output_embeddings", None)
+    head = lookup() if callable(lookup) else None
+    return head if isinstance(head, torch.nn.Module) else None
+
+
+def float_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The input embedding module when gradients can start there (a floating-point table; None: quantized or
+    missing)."""
+    lookup = getattr(model, "get_input_embeddings", None)
+    embeddings = lookup() if callable(lookup) else None
+    weight = getattr(embeddings, "weight", None)
+    usable = isinstance(embeddings, torch.nn.Module) and isinstance(weight, Tensor) and weight.is_floating_point()
+    return embeddings if usable else None
+
+
 def _mask_on_device(loaded: LoadedModel, mask: Tensor | None) -> Tensor | None:
     return None if mask is None else on_device(loaded, mask)
 

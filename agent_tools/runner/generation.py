@@ -70,6 +70,19 @@ def cache_layers(output: object) -> list[tuple[Tensor, Tensor]] | None:
     return [(layer.keys, layer.values) for layer in layers]
 
 
+def cache_of(layers: list[tuple[Tensor, Tensor]], rows: int | Sequence[int], length: int | None = None) -> object:
+    """A fresh KV cache of :func:`cache_layers`' keys and values (their first ``length`` positions; None: all) with
+    ``rows`` copies of row 0 at every layer (a sequence: at each layer its own count)."""
+    from transformers import DynamicCache
+
+    counts = [rows] * len(layers) if isinstance(rows, int) else rows
+    data = [
+        (k[:, :, :length].expand(n, -1, -1, -1).contiguous(), v[:, :, :length].expand(n, -1, -1, -1).contiguous())
+        for (k, v), n in zip(layers, counts, strict=True)
+    ]
+    return DynamicCache(ddp_cache_data=data)
+
+
 def greedy_generate(
     loaded: LoadedModel,
     input_ids: Tensor,

@@ -20,15 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agent_tools.intervene import (
-    contiguous_input,
-    head_sets_patched_joining,
-    heads_patched_joining,
-    recorded_head_inputs,
-)
+from agent_tools.intervene import contiguous_input, group_heads, heads_patched_joining, recorded_head_inputs
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import encoder_of, model_output, on_device
-from agent_tools.runner.generation import _cache_argument, cache_layers
+from agent_tools.runner.forward import encoder_of, model_output, on_device, output_head
+from agent_tools.runner.generation import _cache_argument, cache_layers, cache_of
 from agent_tools.runner.paths import default_implementation
 from agent_tools.runner.readout import Readout, stacked
 
@@ -58,13 +53,6 @@ class HeadPatch:
         also = tuple(x for x in ordered if x[0] != first)
         return cls(first, tuple(h for layer, h in ordered if layer == first), also=also)
 
-    def by_layer(self) -> dict[int, list[int]]:
-        """Layer -> the heads this row replaces there."""
-        chosen: dict[int, list[int]] = {self.layer: list(self.heads)}
-        for layer, head in self.also:
-            chosen.setdefault(layer, []).append(head)
-        return chosen
-
 
 @dataclass(frozen=True)
 class RecordedRun:
@@ -75,29 +63,36 @@ class RecordedRun:
     heads: dict[int, Tensor]  # layer -> (T, H, D)
 
 
-def _keep(loaded: LoadedModel, keep_last: bool) -> dict[str, int]:
-    return {"logits_to_keep": 1} if keep_last and loaded.facts.is_language_model else {}
-
-
-def encoder_or_model(loaded: LoadedModel, ids: Tensor, extra: dict[str, object]) -> object:
-    """The model on ``ids``; an encoder–decoder's encoder alone (its heads are the encoder stack's, measured on the
+def encoder_or_model(loaded: LoadedModel, ids: Tensor, *, logits_to_keep: int | None = None, **extra: object) -> object:
+    """The model on ``ids`` with ``extra`` arguments, a language model's head seeing only the last ``logits_to_keep``
+    positions (None: all); an encoder–decoder's encoder alone (its heads are the encoder stack's, measured on the
     encoder's output, as for an encoder-only model)."""
     if loaded.facts.is_encoder_decoder:
         return encoder_of(loaded)(input_ids=ids)
+    if logits_to_keep is not None and loaded.facts.is_language_model:
+        extra["logits_to_keep"] = logits_to_keep
     return loaded.model(input_ids=ids, **extra)
 
 
 def recorded_run(
-    loaded: LoadedModel, input_ids: Tensor, *, keep_last: bool = True, readout: Readout | None = None
+    loaded: LoadedModel,
+    input_ids: Tensor,
+    *,
+    keep_last: bool = True,
+    readout: Readout | None = None,
+    layers: Sequence[int] | None = None,
 ) -> RecordedRun:
-    """A forward of (1, T) ids recording every layer's head outputs; the output at the last position (or all), or
-    with ``readout`` (:mod:`agent_tools.runner.readout`) only the first tensor it keeps (e.g. (T−1,) losses)."""
+    """A forward of (1, T) ids recording the head outputs of ``layers`` (None: every layer); the output at the last
+    position (or all), or with ``readout`` (:mod:`agent_tools.runner.readout`) only the first tensor it keeps (e.g.
+    (T−1,) losses)."""
     facts = loaded.facts
     ids = on_device(loaded, input_ids)
-    layers = list(range(facts.num_layers))
+    layers = list(range(facts.num_layers)) if layers is None else list(layers)
     with loaded.lock, torch.inference_mode():
         with recorded_head_inputs(loaded.model, layers, num_heads=facts.num_heads, head_dim=facts.head_dim) as heads:
-            output, _ = model_output(encoder_or_model(loaded, ids, {"use_cache": False, **_keep(loaded, keep_last)}))
+            output, _ = model_output(
+                encoder_or_model(loaded, ids, use_cache=False, logits_to_keep=1 if keep_last else None)
+            )
         kept = readout(output)[0][0] if readout is not None else output[0].float().clone()
         return RecordedRun(output=kept, heads=dict(heads))
 
@@ -106,23 +101,25 @@ def set_masks(
     patches: Sequence[HeadPatch], length: int, num_heads: int, *, start: int = 0
 ) -> tuple[dict[int, Tensor], dict[int, int]]:
     """Rows of patches sorted by layer (rows may patch several layers: ``HeadPatch.also``) as the masks and joining
-    counts of :func:`agent_tools.intervene.head_sets_patched_joining`.
+    counts of :func:`agent_tools.intervene.heads_patched_joining`.
 
     Row 0 is the unpatched run, patch ``i`` row ``i + 1``, joining at ``patch.layer``. Returns (layer -> (R_l,
-    T − start, H) bool masks for every layer some row patches, layer -> rows joining there).
+    T − start, H) bool masks for every layer some row patches — (R_l, 1, H), the same at every position, when no
+    patch names positions —, layer -> rows joining there).
     """
     if any(a.layer > b.layer for a, b in itertools.pairwise(patches)):
         raise ValueError("patches must be sorted by layer")
     joining: dict[int, int] = {}
     for patch in patches:
         joining[patch.layer] = joining.get(patch.layer, 0) + 1
+    width = length - start if any(patch.positions is not None for patch in patches) else 1
     masks: dict[int, Tensor] = {}
     for row, patch in enumerate(patches, start=1):
-        positions = list(patch.positions) if patch.positions is not None else list(range(length))
+        positions = list(patch.positions) if patch.positions is not None else list(range(start, start + width))
         kept = [p - start for p in positions if p >= start]
-        for layer, heads in patch.by_layer().items():
+        for layer, heads in group_heads([*((patch.layer, head) for head in patch.heads), *patch.also]).items():
             alive = 1 + sum(1 for other in patches if other.layer <= layer)
-            mask = masks.setdefault(layer, torch.zeros(alive, length - start, num_heads, dtype=torch.bool))
+            mask = masks.setdefault(layer, torch.zeros(alive, width, num_heads, dtype=torch.bool))
             if kept:
                 mask[row, torch.tensor(kept, dtype=torch.long)[:, None], torch.tensor(heads)] = True
     return masks, joining
@@ -135,30 +132,12 @@ def _prefix_cache(loaded: LoadedModel, ids: Tensor, prefix: int) -> list[tuple[T
     return cache_layers(loaded.model(input_ids=ids[:, :prefix], use_cache=True, logits_to_keep=1))
 
 
-def _group_cache(cached: list[tuple[Tensor, Tensor]], patches: Sequence[HeadPatch]) -> object:
-    """A fresh cache of the prefix for one joining batch: at each layer as many rows as run there (row 0 and the
-    patches of that layer and earlier ones)."""
-    from transformers import DynamicCache
-
-    data = []
-    for layer, (k, v) in enumerate(cached):
-        count = 1 + sum(1 for patch in patches if patch.layer <= layer)
-        data.append((k.expand(count, -1, -1, -1).contiguous(), v.expand(count, -1, -1, -1).contiguous()))
-    return DynamicCache(ddp_cache_data=data)
-
-
-def _output_head(loaded: LoadedModel) -> torch.nn.Module | None:
-    """The unembedding module (None for a model without one)."""
-    lookup = getattr(loaded.model, "get_output_embeddings", None)
-    head = lookup() if callable(lookup) else None
-    return head if isinstance(head, torch.nn.Module) else None
-
-
-def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int = 1) -> int:
+def rows_per_batch(loaded: LoadedModel, length: int, budget: int, *, output_positions: int | None = 1) -> int:
     """How many rows of ``length`` tokens one forward may carry within ``budget`` bytes of activations and of the
-    batch's own output (``output_positions`` vocabulary rows per row, float32, while its readout runs), at most
-    :data:`BATCH_ROWS` (patched, ablated and restricted rows alike)."""
-    return min(BATCH_ROWS, max(1, budget // max(row_bytes(loaded, length, output_positions=output_positions), 1)))
+    batch's own output (vocabulary rows at the last ``output_positions`` positions per row — None: at every one —,
+    float32, while its readout runs), at most :data:`BATCH_ROWS` (patched, ablated and restricted rows alike)."""
+    outputs = length if output_positions is None else min(length, output_positions)
+    return min(BATCH_ROWS, max(1, budget // max(row_bytes(loaded, length, output_positions=outputs), 1)))
 
 
 def row_bytes(loaded: LoadedModel, length: int, *, output_positions: int = 1) -> int:
@@ -166,7 +145,7 @@ def row_bytes(loaded: LoadedModel, length: int, *, output_positions: int = 1) ->
     vocabulary rows of its output (float32), and, where the model's own attention is eager, one layer's scores and
     weights (2 × heads × length², float32: sdpa's CPU and CUDA kernels never hold them; at 8,192 tokens on a
     4-head model they are 2 GiB a row, which the activations alone put at 3 MiB)."""
-    weight = getattr(_output_head(loaded), "weight", None)
+    weight = getattr(output_head(loaded.model), "weight", None)
     vocabulary = int(weight.shape[0]) if isinstance(weight, Tensor) else 0
     maps = 2 * loaded.facts.num_heads * length * length if default_implementation(loaded) == "eager" else 0
     return (length * loaded.facts.hidden_size * ROW_ACTIVATION_FLOATS + output_positions * vocabulary + maps) * 4
@@ -206,20 +185,21 @@ def patched_outputs(
             group = order[start : start + max_rows]
             start += len(group)
             batch = [patches[i] for i in group]
-            sets = any(patch.also for patch in batch)
             masks, joining = set_masks(batch, length, facts.num_heads, start=skip)
-            used = {key: sources[key][skip:] for key in masks} if sources is not None else None
-            extra: dict[str, object] = {"use_cache": cached is not None, **_keep(loaded, keep_last)}
+            replaced = {
+                key: [(mask, sources[key][skip:] if sources is not None else None)] for key, mask in masks.items()
+            }
+            extra: dict[str, object] = {"use_cache": cached is not None}
             if cached is not None:
-                extra[_cache_argument(loaded.model)] = _group_cache(cached, batch)
-            heads, width = facts.num_heads, facts.head_dim
-            patching = (
-                head_sets_patched_joining(loaded.model, masks, joining, num_heads=heads, head_dim=width, sources=used)
-                if sets
-                else heads_patched_joining(loaded.model, masks, num_heads=heads, head_dim=width, sources=used)
+                alive = [1 + sum(1 for patch in batch if patch.layer <= layer) for layer in range(len(cached))]
+                extra[_cache_argument(loaded.model)] = cache_of(cached, alive)  # at each layer the rows running there
+            patching = heads_patched_joining(
+                loaded.model, replaced, joining, num_heads=facts.num_heads, head_dim=facts.head_dim
             )
-            with patching, contiguous_input(_output_head(loaded)):
-                output, _ = model_output(encoder_or_model(loaded, ids[:, skip:], extra))  # row 0: unpatched
+            with patching, contiguous_input(output_head(loaded.model)):
+                output, _ = model_output(  # row 0: unpatched
+                    encoder_or_model(loaded, ids[:, skip:], logits_to_keep=1 if keep_last else None, **extra)
+                )
             parts.append(tuple(kept[1:] for kept in readout(output)))  # this batch's rows, in ``group`` order
             del output
     if not parts:

@@ -25,7 +25,7 @@ from torch import Tensor
 from agent_tools.analysis.metrics import kl_divergence
 from agent_tools.capture import capture_attention
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import _mask_on_device, locked, model_output, on_device, stack_runner
+from agent_tools.runner.forward import _mask_on_device, locked, model_output, on_device, output_head, stack_runner
 
 EXPLAINED_PATH = "eager"  # what capture computes: the families' eager attention
 _POSITIONS_PER_BLOCK = 256  # float64 (positions, vocabulary) blocks on the CPU
@@ -134,6 +134,4 @@ def _keeps_logits(model: torch.nn.Module) -> bool:
 
 
 def _has_logits(model: torch.nn.Module, output: Tensor) -> bool:
-    head = getattr(model, "get_output_embeddings", None)
-    embeddings = head() if callable(head) else None
-    return embeddings is not None and getattr(embeddings, "out_features", None) == output.shape[-1]
+    return getattr(output_head(model), "out_features", None) == output.shape[-1]

@@ -3,7 +3,7 @@
 ``plan_kv_cache`` asks, for every KV head, how much the next-token loss changes when that head reads only the first
 ``sink`` and the last ``window`` keys. One forward per head would cost ``L·Hkv`` passes. Here a head is a *row* of a
 batch: the rows are sorted by layer and a row joins the batch at the layer it restricts, as a copy of the unrestricted
-row 0 (:func:`agent_tools.intervene.heads_patched_joining` with nothing patched), so the layers before it run once,
+row 0 (:func:`agent_tools.intervene.rows_joining`), so the layers before it run once,
 in row 0. Each batch is one masked pass over a group of consecutive layers (as many rows as the memory budget
 allows). Row 0's own output is the same in every pass, so it is computed once: in the pass whose rows join last
 (it runs the whole model there), while in every other pass row 0 leaves the batch after the last layer where rows
@@ -26,10 +26,10 @@ import torch
 from torch import Tensor, nn
 
 from agent_tools.capture import hooks_registered
-from agent_tools.intervene import heads_patched_joining, row_zero_leaving
+from agent_tools.intervene import row_zero_leaving, rows_joining
 from agent_tools.loading import LoadedModel
 from agent_tools.restricted_attention import heads_restricted
-from agent_tools.runner.forward import on_device
+from agent_tools.runner.forward import on_device, output_head
 
 LOGIT_CHUNK_FLOATS = 1 << 24  # logits computed at once when turning kept hidden states into losses
 
@@ -49,9 +49,8 @@ class RestrictedLosses:
 @contextmanager
 def _kept_head_input(model: nn.Module, keep: dict[str, Tensor]) -> Iterator[nn.Module]:
     """Inside the block, the output head's input (R, T, C) is kept and the head itself sees the last position only."""
-    lookup = getattr(model, "get_output_embeddings", None)
-    head = lookup() if callable(lookup) else None
-    if not isinstance(head, nn.Module):
+    head = output_head(model)
+    if head is None:
         raise ValueError(f"{type(model).__name__} has no output embeddings to compute a next-token loss with")
 
     def hook(module: nn.Module, args: tuple) -> tuple:
@@ -108,7 +107,6 @@ def restricted_pass(
     """
     facts = loaded.facts
     ids = on_device(loaded, input_ids)
-    length = int(ids.shape[-1])
     keep: dict[str, Tensor] = {}
     leaves = max(joining) + 1 if clean_leaves and joining and max(joining) + 1 < facts.num_layers else None
     with loaded.lock, torch.inference_mode():
@@ -117,13 +115,9 @@ def restricted_pass(
             heads_restricted(loaded.model, restrictions, sink=sink, window=window),
         ):
             if joining:
-                masks, alive = {}, 1
-                for layer in sorted(joining):
-                    alive += joining[layer]
-                    masks[layer] = torch.zeros(alive, length, facts.num_heads, dtype=torch.bool)
                 with (
                     row_zero_leaving(loaded.model, leaves) if leaves is not None else nullcontext(),
-                    heads_patched_joining(loaded.model, masks, num_heads=facts.num_heads, head_dim=facts.head_dim),
+                    rows_joining(loaded.model, joining, num_heads=facts.num_heads),
                 ):
                     loaded.model(input_ids=ids, use_cache=False)
             else:

@@ -7,6 +7,7 @@ faithfulness curve, ``narrative`` a sentence per edge and the summary.
 
 from __future__ import annotations
 
+from agent_tools.clean_corrupted import EXAMPLE
 from agent_tools.tools.find_circuit.models import (
     DESCRIPTION,
     CircuitReport,
@@ -23,12 +24,7 @@ SPEC = ToolSpec(
     input_model=FindCircuitInput,
     output_model=CircuitReport,
     run=find_circuit,
-    example={
-        "clean": "the cat sat on the mat. the cat sat on the",
-        "corrupted": "the cat sat on the rug. the cat sat on the",
-        "answer": " mat",
-        "wrong": " rug",
-    },
+    example=EXAMPLE,
     summary_lists=(
         Top("edges", 12, by="score", order="largest_abs"),
         Top("nodes", 16, order="first"),

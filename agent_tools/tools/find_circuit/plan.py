@@ -20,10 +20,9 @@ import random
 
 import torch
 
-from agent_tools.analysis.attribution import restored_fraction
 from agent_tools.analysis.attribution_patching import baseline, minimum_gap
 from agent_tools.analysis.edge_attribution import curve_sizes
-from agent_tools.clean_corrupted import answer_ids, encode_pair
+from agent_tools.clean_corrupted import LogitDifference, encode_pair, first_difference, restored
 from agent_tools.errors import InvalidInputError
 from agent_tools.files import write_atomic
 from agent_tools.inspector import Encoded, Inspector
@@ -65,14 +64,10 @@ EMPTY_TOLERANCE = 0.02  # the empty edge set must reproduce the corrupted run's 
 Edge = tuple[int, int]  # (sender index, receiver index)
 
 
-def _groups(loaded: LoadedModel) -> int:
-    return max(1, loaded.facts.num_heads // loaded.facts.num_kv_heads)
-
-
 def _receiver_name(loaded: LoadedModel, receiver: Receiver) -> str:
     if receiver.kind == "direct":
         return "logits"
-    if receiver.kind == "Q" or _groups(loaded) == 1:
+    if receiver.kind == "Q" or loaded.facts.kv_groups == 1:
         return head_name(receiver.layer, receiver.head)
     return f"L{receiver.layer}KV{receiver.head}"
 
@@ -86,8 +81,7 @@ def _receiver_heads(loaded: LoadedModel, receiver: Receiver) -> list[tuple[int, 
         return []
     if receiver.kind == "Q":
         return [(receiver.layer, receiver.head)]
-    groups = _groups(loaded)
-    return [(receiver.layer, receiver.head * groups + g) for g in range(groups)]
+    return [(receiver.layer, head) for head in loaded.facts.heads_sharing_kv(receiver.head)]
 
 
 def _nodes(loaded: LoadedModel, passes: EdgePasses, edges: list[Edge]) -> set[tuple[int, int]]:
@@ -124,20 +118,16 @@ def _faithfulness(
     if rows:
         chosen = inspector.patched_outputs(
             loaded, clean, rows, readout=last_position((answer, wrong)), sources=passes.corrupted_heads, prefix=first
-        )[0].cpu()  # (R, 2): each row's answer and wrong logits at the last position
-        differences = (chosen[:, 0] - chosen[:, 1]).double()
-        values = restored_fraction(differences, ld_clean, ld_corrupted).tolist()
+        )[0]  # (R, 2): each row's answer and wrong logits at the last position
+        values = restored(chosen, ld_clean, ld_corrupted)[0].tolist()
     found = iter(values)
     return [1.0 if p is None else next(found) for p in patches]
 
 
 def _node_senders(loaded: LoadedModel, passes: EdgePasses, edges: list[Edge]) -> set[int]:
     """Sender indices of an edge set's nodes: its senders and the heads its receivers stand for."""
-    heads = loaded.facts.num_heads
-    found = {s for s, _ in edges}
-    for _, r in edges:
-        found.update(1 + layer * heads + head for layer, head in _receiver_heads(loaded, passes.receivers[r]))
-    return found
+    heads = {1 + layer * loaded.facts.num_heads + head for layer, head in _nodes(loaded, passes, edges)}
+    return heads | {s for s, _ in edges}
 
 
 def _edge_faithfulness(
@@ -158,8 +148,7 @@ def _edge_faithfulness(
         )
     except EdgePatchingUnsupported as error:
         return None, str(error)
-    differences = (chosen[0][:, 0] - chosen[0][:, 1]).cpu().double()  # (R,): one copy
-    values = restored_fraction(differences, ld_clean, ld_corrupted).tolist()
+    values = restored(chosen[0], ld_clean, ld_corrupted)[0].tolist()
     if abs(values[-1]) > EMPTY_TOLERANCE:
         why = (
             f"the empty edge set gave {values[-1]:.3f} of the gap instead of 0 (this family's blocks do not add "
@@ -232,16 +221,10 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     if not loaded.facts.is_language_model:
         raise InvalidInputError(f"model {loaded.name!r} has no next-token head; find_circuit needs a language model")
     clean, corrupted = encode_pair(inspector, loaded, args.clean, args.corrupted)
-    resolved: dict[str, int] = {}
-
-    def metric(clean_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        if not resolved:
-            ids = answer_ids(loaded, args.answer, args.wrong, clean_logits, logits[0].detach())
-            resolved.update(answer=ids[0], wrong=ids[1])
-        return logits[:, resolved["answer"]] - logits[:, resolved["wrong"]]
-
+    metric = LogitDifference(loaded, args.answer, args.wrong)
     passes = inspector.edge_attribution(loaded, clean, corrupted, metric, steps=args.steps)
-    answer, wrong = resolved["answer"], resolved["wrong"]
+    assert metric.tokens is not None  # the pass called the metric
+    answer, wrong = metric.tokens
     ld_clean = float(passes.clean_logits[answer] - passes.clean_logits[wrong])
     ld_corrupted = float(passes.corrupted_logits[answer] - passes.corrupted_logits[wrong])
     threshold = minimum_gap(passes.clean_logits)
@@ -253,7 +236,7 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
             "depends on, or choose answer/wrong tokens that differ"
         )
         raise InvalidInputError(msg, field="corrupted")
-    first = int((clean.input_ids[0] != corrupted.input_ids[0]).nonzero()[0])
+    first = first_difference(clean, corrupted)
     shares = passes.scores / gap
     valid = passes.valid.nonzero().tolist()
     magnitude = shares.abs()

@@ -6,6 +6,7 @@ evidence methods, :mod:`agent_tools.runner.patching`), ``narrative`` the summary
 
 from __future__ import annotations
 
+from agent_tools.clean_corrupted import EXAMPLE
 from agent_tools.tools.patch_heads.models import (
     DESCRIPTION,
     PatchHeadsInput,
@@ -27,12 +28,7 @@ SPEC = ToolSpec(
     input_model=PatchHeadsInput,
     output_model=PatchReport,
     run=patch_heads,
-    example={
-        "clean": "the cat sat on the mat. the cat sat on the",
-        "corrupted": "the cat sat on the rug. the cat sat on the",
-        "answer": " mat",
-        "wrong": " rug",
-    },
+    example=EXAMPLE,
     summary_lists=(
         Top("heads", 20, by="restored", order="largest_abs"),
         Top("positions[].positions", 8, by="restored", order="largest_abs"),

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from agent_tools.analysis.attribution import restored_fraction
 from agent_tools.analysis.attribution_patching import (
     MIN_RELATIVE_GAP,
     TIE_MARGIN,
@@ -24,7 +23,7 @@ from agent_tools.analysis.attribution_patching import (
     verify,
 )
 from agent_tools.analysis.attribution_patching import Baseline as SizeBaseline
-from agent_tools.clean_corrupted import answer_ids, encode_pair
+from agent_tools.clean_corrupted import LogitDifference, answer_ids, encode_pair, first_difference, restored
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.loading import LoadedModel
@@ -75,9 +74,7 @@ class _Pair:
 
     def restored(self, read: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """What :attr:`readout` kept of R patched rows -> (R,) restored fractions, (R,) logit differences."""
-        chosen = read[0].cpu()  # (R, k) logits of (answer, wrong, ...): one copy; float64 only on the CPU
-        differences = (chosen[:, 0] - chosen[:, 1]).double()  # (R,) logit(answer) − logit(wrong)
-        return restored_fraction(differences, self.ld_clean, self.ld_corrupted), differences
+        return restored(read[0], self.ld_clean, self.ld_corrupted)
 
 
 def _pair(
@@ -104,7 +101,7 @@ def _pair(
     return _Pair(
         clean,
         corrupted,
-        _first_difference(prompts),
+        first_difference(*prompts),
         answer,
         wrong,
         ld_clean,
@@ -140,10 +137,6 @@ def _method(loaded: LoadedModel, args: PatchHeadsInput, layers: list[int], span:
     return "attribution" if len(layers) * loaded.facts.num_heads * span > AUTO_ATTRIBUTION_ABOVE else "exact"
 
 
-def _first_difference(prompts: tuple[Encoded, Encoded]) -> int:
-    return int((prompts[0].input_ids[0] != prompts[1].input_ids[0]).nonzero()[0])
-
-
 def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
     """Patch every head's clean output into the corrupted run (or estimate every head by attribution patching and
     patch the candidates exactly); size the top heads against random heads patched the same way."""
@@ -154,7 +147,7 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
         raise InvalidInputError(f"model {loaded.name!r} has no next-token head; patch_heads needs a language model")
     layers = inspector.check_layers(loaded, args.layers, stack, "layers")
     prompts = encode_pair(inspector, loaded, args.clean, args.corrupted)
-    method = _method(loaded, args, layers, prompts[0].length - _first_difference(prompts))
+    method = _method(loaded, args, layers, prompts[0].length - first_difference(*prompts))
     attribution = None
     if method == "attribution":
         pair, head_rows, layer_rows, attribution, sample = _attribution(inspector, loaded, args, prompts, layers)
@@ -313,14 +306,7 @@ def _attribution(
 
     Returns the pair, the exactly patched heads (candidates first, each with its estimate beside), the check, and
     the random sample's rows (the single-head baseline)."""
-    resolved: dict[str, int] = {}
-
-    def metric(clean: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        if not resolved:
-            answer, wrong = answer_ids(loaded, args.answer, args.wrong, clean, logits[0].detach())
-            resolved.update(answer=answer, wrong=wrong)
-        return logits[:, resolved["answer"]] - logits[:, resolved["wrong"]]
-
+    metric = LogitDifference(loaded, args.answer, args.wrong)
     passes = inspector.attribution_passes(
         loaded, prompts[0], prompts[1], metric, grad_drop=args.grad_drop, saturation_fix=args.saturation_fix
     )
