@@ -3,6 +3,8 @@ the numbers.
 
 :func:`trace` is what both prompt tools call: ``trace_prompt_attention`` writes its report from the
 :class:`TraceRun`, and ``compare_prompts`` traces two variants and compares their numbers and next-token logits.
+Before any pass, :func:`check_stack` refuses a stack or checks the model cannot trace and :func:`check_prompt`
+segments a prompt and validates the request against it; compare_prompts checks both variants before either runs.
 """
 
 from __future__ import annotations
@@ -13,10 +15,18 @@ from typing import Any
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.prompt_segments import SegmentSpec, segment_prompt
+from agent_tools.prompt_segments import SegmentedPrompt, SegmentSpec, segment_prompt
 from agent_tools.schemas import ChatMessage
 from agent_tools.traced_prompt.answer import stop_rule
-from agent_tools.traced_prompt.evidence import Evidence, EvidenceRequest, Verdict, gather, prepare, verdict
+from agent_tools.traced_prompt.evidence import (
+    Evidence,
+    EvidenceRequest,
+    Prepared,
+    Verdict,
+    gather,
+    prepare,
+    verdict,
+)
 from agent_tools.traced_prompt.measure import (
     TracedPrompt,
     TraceNumbers,
@@ -25,13 +35,7 @@ from agent_tools.traced_prompt.measure import (
     seq2seq_trace_pass,
     trace_pass,
 )
-from agent_tools.traced_prompt.models import (
-    DEFAULT_ANSWER_STOP,
-    DEFAULT_SINK_THRESHOLD,
-    AnswerStop,
-    MeasuredTrace,
-    Target,
-)
+from agent_tools.traced_prompt.models import AnswerStop, MeasuredTrace, Target
 from agent_tools.traced_prompt.rows import MeasuredAnswer, measured_answer, measured_trace
 
 
@@ -48,66 +52,87 @@ class TraceRun:
     measured: MeasuredTrace
 
 
+@dataclass(frozen=True)
+class CheckedPrompt:
+    """A prompt ready to trace: segmented, and the evidence request validated against it (``prepared``; None on
+    an encoder–decoder, whose cross-attention trace runs no checks)."""
+
+    segmented: SegmentedPrompt
+    request: EvidenceRequest
+    prepared: Prepared | None
+
+
 def trace_options(args: Any) -> dict[str, Any]:
     """:func:`trace`'s options from a prompt tool's arguments (``target``, ``max_new_tokens``, ``sink_threshold``,
-    ``attention``, ``answer_stop``: the fields trace_prompt_attention and compare_prompts share)."""
-    fields = ("target", "max_new_tokens", "sink_threshold", "attention", "answer_stop")
+    ``answer_stop``: the fields trace_prompt_attention and compare_prompts share)."""
+    fields = ("target", "max_new_tokens", "sink_threshold", "answer_stop")
     return {name: getattr(args, name) for name in fields}
+
+
+def check_stack(inspector: Inspector, loaded: LoadedModel, attention: str | None, request: EvidenceRequest) -> None:
+    """Refuse a stack the trace has no meaning on, and on an encoder–decoder (traced on its cross-attention, the
+    default ``attention``) checks asked for by name."""
+    stack = inspector.attention_stack(loaded, attention, seq2seq_default="cross")
+    if loaded.facts.is_encoder_decoder:
+        inspector.require_stack(loaded, stack, ("cross",), SEQ2SEQ_STACKS)
+        if request.explicit and request.checks:
+            raise InvalidInputError(f"{SEQ2SEQ_CHECKS}; omit checks", field="checks")
+
+
+def check_prompt(
+    inspector: Inspector,
+    loaded: LoadedModel,
+    prompt: str | list[ChatMessage],
+    named: list[SegmentSpec] | None,
+    request: EvidenceRequest,
+    *,
+    field: str = "prompt",
+) -> CheckedPrompt:
+    """Segment the prompt (``field`` names it in the error when it is too short to trace) and validate the
+    evidence request against the model and the segments, before any pass runs."""
+    segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field)
+    seq2seq = loaded.facts.is_encoder_decoder
+    return CheckedPrompt(segmented, request, None if seq2seq else prepare(inspector, loaded, segmented, request))
 
 
 def trace(
     inspector: Inspector,
     loaded: LoadedModel,
-    prompt: str | list[ChatMessage],
-    named: list[SegmentSpec] | None,
+    prompt: CheckedPrompt,
     *,
-    target: Target = "last",
-    max_new_tokens: int = 16,
+    target: Target,
+    max_new_tokens: int,
+    sink_threshold: float,
+    answer_stop: AnswerStop,
     top_k: int = 3,
-    sink_threshold: float = DEFAULT_SINK_THRESHOLD,
-    evidence: EvidenceRequest | None = None,
-    attention: str | None = None,
-    answer_stop: AnswerStop = DEFAULT_ANSWER_STOP,
 ) -> TraceRun:
-    """Segment the prompt, check the evidence request, run it (and generate, for target 'generate', ending the
-    answer per ``answer_stop``), run the checks, and read the numbers.
+    """Run a checked prompt (and generate, for target 'generate', ending the answer per ``answer_stop``), run the
+    checks, and read the numbers.
 
-    On an encoder–decoder the trace is of the cross-attention (``attention`` 'cross', the default): the answer's
-    tokens reading the input (:func:`~agent_tools.traced_prompt.measure.seq2seq_trace_pass`)."""
-    request = evidence if evidence is not None else EvidenceRequest()
-    stack = inspector.attention_stack(loaded, attention, seq2seq_default="cross")
-    if loaded.facts.is_encoder_decoder:  # the answer's cross-attention reading the input; no checks
-        inspector.require_stack(loaded, stack, ("cross",), SEQ2SEQ_STACKS)
-        if request.explicit and request.checks:
-            raise InvalidInputError(f"{SEQ2SEQ_CHECKS}; omit checks", field="checks")
-        segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
-        traced = seq2seq_trace_pass(
-            inspector,
-            loaded,
-            segmented,
-            target=target,
-            max_new_tokens=max_new_tokens,
-            sink_threshold=sink_threshold,
-            stop_when=stop_rule(loaded, answer_stop),
-        )
-        notes = [f"{SEQ2SEQ_CHECKS} (skipped)"] if request.checks else []
+    On an encoder–decoder the trace is of the cross-attention: the answer's tokens reading the input
+    (:func:`~agent_tools.traced_prompt.measure.seq2seq_trace_pass`)."""
+    segmented, prepared = prompt.segmented, prompt.prepared
+    length = segmented.encoded.length
+    inspector.check_budget(3 * length * length * 4, "attention rollout over the prompt")
+    stop_when = stop_rule(loaded, answer_stop) if target == "generate" else None
+    options: dict[str, Any] = {"target": target, "max_new_tokens": max_new_tokens, "sink_threshold": sink_threshold}
+    if prepared is None:  # an encoder–decoder: the answer's cross-attention reading the input; no checks
+        traced = seq2seq_trace_pass(inspector, loaded, segmented, **options, stop_when=stop_when)
+        notes = [f"{SEQ2SEQ_CHECKS} (skipped)"] if prompt.request.checks else []
         found, neutral_id = Evidence([], "model", notes=[*notes, SEQ2SEQ_ROLLOUT]), None
     else:
-        segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
-        prepared = prepare(inspector, loaded, segmented, request)
+        keep_cache = prepared.causal and target == "last"
         traced = trace_pass(
             inspector,
             loaded,
             segmented,
-            target=target,
-            max_new_tokens=max_new_tokens,
-            sink_threshold=sink_threshold,
+            **options,
+            stop_when=stop_when,
             value_grams=prepared.value_grams,
-            keep_cache=prepared.causal and target == "last",
-            stop_when=stop_rule(loaded, answer_stop) if target == "generate" else None,
+            keep_cache=keep_cache,
         )
         found, neutral_id = gather(inspector, loaded, traced, prepared), prepared.neutral_id
-    numbers = measure(traced, exclude_filler=request.exclude_filler)
+    numbers = measure(traced, exclude_filler=prompt.request.exclude_filler)
     checked = verdict(traced, numbers, found)
     answer = measured_answer(loaded, traced, found, max_new_tokens)
     rows = measured_trace(

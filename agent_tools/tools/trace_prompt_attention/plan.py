@@ -14,7 +14,7 @@ from agent_tools.tools.trace_prompt_attention.models import PromptTrace, TracePr
 from agent_tools.tools.trace_prompt_attention.narrative import narrate
 from agent_tools.tools.trace_prompt_attention.next_calls import trace_next_calls
 from agent_tools.traced_prompt.evidence import EvidenceRequest
-from agent_tools.traced_prompt.run import TraceRun, trace, trace_options
+from agent_tools.traced_prompt.run import TraceRun, check_prompt, check_stack, trace, trace_options
 
 
 def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> PromptTrace:
@@ -29,9 +29,9 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
     """
     loaded = inspector.model(args.model)
     request = EvidenceRequest.of(args)
-    run = trace(
-        inspector, loaded, args.prompt, args.segments, top_k=args.top_k, evidence=request, **trace_options(args)
-    )
+    check_stack(inspector, loaded, args.attention, request)
+    checked = check_prompt(inspector, loaded, args.prompt, args.segments, request)
+    run = trace(inspector, loaded, checked, top_k=args.top_k, **trace_options(args))
     report = trace_report(loaded, run)
     report.next_calls = trace_next_calls(
         report,
