@@ -7,7 +7,6 @@ measured and its deciding token, the filler set apart. No words here: ``trace_pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,26 +44,17 @@ TEXT_SHOWN = 80  # characters of a segment's text in the report
 TOKEN_SHARES_SHOWN = 16  # tokens listed per segment in token_shares
 
 
-@dataclass(frozen=True)
-class MeasuredAnswer:
-    """The answer the checks measured, decoded: its text, its tokens and what it covers."""
-
-    text: str
-    tokens: list[str]
-    covers: str
-
-
 def measured_trace(
     loaded: LoadedModel,
     traced: TracedPrompt,
     numbers: TraceNumbers,
     evidence: Evidence,
     checked: Verdict,
-    answer: MeasuredAnswer,
     *,
     top_k: int,
     sink_threshold: float,
     answer_stop: AnswerStop,
+    max_new_tokens: int,
     neutral_id: int | None = None,
 ) -> MeasuredTrace:
     """The :class:`MeasuredTrace` of one traced pass (and of the checks that ran on it)."""
@@ -94,41 +84,21 @@ def measured_trace(
         stopped=generation.stopped if generation is not None else None,
         seconds_per_token=s if generation is not None and (s := generation.seconds_per_token) else None,
         neutral_token=decode(loaded, [neutral_id]) if neutral_id is not None else None,
-        **_evidence_fields(traced, numbers, evidence, checked, answer),
-    )
-
-
-def measured_answer(
-    loaded: LoadedModel, traced: TracedPrompt, evidence: Evidence, max_new_tokens: int
-) -> MeasuredAnswer:
-    """The answer the checks measured, decoded, and what it covers in words."""
-    tokens = [decode(loaded, [i]) for i in evidence.answer_ids]
-    stopped = traced.generation.stopped if traced.generation is not None else None
-    return MeasuredAnswer(
-        text=decode(loaded, evidence.answer_ids),
-        tokens=tokens,
-        covers=covers(
-            target=traced.target,
-            source=evidence.source,
-            count=len(tokens),
-            stopped=stopped,
-            token=tokens[0] if tokens else "",
-            cap=max_new_tokens,
-        ),
+        **_evidence_fields(loaded, traced, numbers, evidence, checked, max_new_tokens),
     )
 
 
 def _deciding_token(
-    traced: TracedPrompt, evidence: Evidence, checked: Verdict, measured: MeasuredAnswer
+    traced: TracedPrompt, evidence: Evidence, checked: Verdict, answer: AnswerEvidence | None
 ) -> DecidingToken | None:
     step = checked.deciding
-    if step is None or evidence.clean is None:
+    if step is None or answer is None or evidence.clean is None:
         return None
     names = traced.prompt.names
     ranked = sorted(checked.checked, key=lambda i: -abs(evidence.causal[i].on_token(step)))
     return DecidingToken(
         step=step,
-        token=measured.tokens[step],
+        token=answer.tokens[step],
         logprob=float(evidence.clean[step]),
         effects=[
             SegmentEffect(
@@ -142,15 +112,21 @@ def _deciding_token(
 
 
 def _evidence_fields(
-    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, checked: Verdict, measured: MeasuredAnswer
+    loaded: LoadedModel,
+    traced: TracedPrompt,
+    numbers: TraceNumbers,
+    evidence: Evidence,
+    checked: Verdict,
+    max_new_tokens: int,
 ) -> dict[str, Any]:
     """The trace-level evidence: the answer measured, the verdict, the agreement, the filler."""
     names = traced.prompt.names
     depends, against = checked.depends_on, checked.works_against
+    answer = _answer_evidence(loaded, traced, evidence, checked, max_new_tokens)
     return {
         "checks": list(evidence.checks),
-        "answer_evidence": _answer_evidence(traced, evidence, checked, measured),
-        "deciding_token": _deciding_token(traced, evidence, checked, measured),
+        "answer_evidence": answer,
+        "deciding_token": _deciding_token(traced, evidence, checked, answer),
         "depends_on_most": names[depends[0]] if depends else None,
         "depends_on_runner_up": names[depends[1]] if len(depends) > 1 else None,
         "works_against_most": names[against[0]] if against else None,
@@ -168,13 +144,24 @@ def _evidence_fields(
 
 
 def _answer_evidence(
-    traced: TracedPrompt, evidence: Evidence, checked: Verdict, measured: MeasuredAnswer
+    loaded: LoadedModel, traced: TracedPrompt, evidence: Evidence, checked: Verdict, max_new_tokens: int
 ) -> AnswerEvidence | None:
+    """The answer the checks measured (when they measured one), decoded, what it covers in words, and per token
+    the named segment whose removal moves it most."""
     if not evidence.answer_ids or evidence.clean is None:
         return None
-    names = traced.prompt.names
+    names, tokens = traced.prompt.names, [decode(loaded, [i]) for i in evidence.answer_ids]
+    stopped = traced.generation.stopped if traced.generation is not None else None
+    covered = covers(
+        target=traced.target,
+        source=evidence.source,
+        count=len(tokens),
+        stopped=stopped,
+        token=tokens[0],
+        cap=max_new_tokens,
+    )
     per_token = []
-    for step, token in enumerate(measured.tokens):
+    for step, token in enumerate(tokens):
         mover = max(checked.checked, key=lambda i: abs(evidence.causal[i].on_token(step)), default=None)
         mover = mover if evidence.causal and mover is not None else None
         per_token.append(
@@ -187,11 +174,11 @@ def _answer_evidence(
             )
         )
     return AnswerEvidence(
-        text=measured.text,
+        text=decode(loaded, evidence.answer_ids),
         token_ids=list(evidence.answer_ids),
-        tokens=measured.tokens,
+        tokens=tokens,
         source="given" if evidence.source == "given" else "model",
-        covers=measured.covers,
+        covers=covered,
         logprob=float(evidence.clean.sum()),
         first_token_logprob=float(evidence.clean[0]),
         per_token=per_token,

@@ -36,19 +36,18 @@ from agent_tools.traced_prompt.measure import (
     trace_pass,
 )
 from agent_tools.traced_prompt.models import AnswerStop, MeasuredTrace, Target
-from agent_tools.traced_prompt.rows import MeasuredAnswer, measured_answer, measured_trace
+from agent_tools.traced_prompt.rows import measured_trace
 
 
 @dataclass(frozen=True)
 class TraceRun:
-    """A traced prompt, measured and checked: the pass, its numbers, the checks' evidence and verdict, the answer
-    they measured, and the report rows (``measured``) built from them."""
+    """A traced prompt, measured and checked: the pass, its numbers, the checks' evidence and verdict, and the
+    report rows (``measured``) built from them."""
 
     traced: TracedPrompt
     numbers: TraceNumbers
     evidence: Evidence
     verdict: Verdict
-    answer: MeasuredAnswer
     measured: MeasuredTrace
 
 
@@ -134,20 +133,19 @@ def trace(
         found, neutral_id = gather(inspector, loaded, traced, prepared), prepared.neutral_id
     numbers = measure(traced, exclude_filler=prompt.request.exclude_filler)
     checked = verdict(traced, numbers, found)
-    answer = measured_answer(loaded, traced, found, max_new_tokens)
     rows = measured_trace(
         loaded,
         traced,
         numbers,
         found,
         checked,
-        answer,
         top_k=top_k,
         sink_threshold=sink_threshold,
         answer_stop=answer_stop,
+        max_new_tokens=max_new_tokens,
         neutral_id=neutral_id,
     )
-    return TraceRun(traced, numbers, found, checked, answer, rows)
+    return TraceRun(traced, numbers, found, checked, rows)
 
 
 SEQ2SEQ_STACKS = (

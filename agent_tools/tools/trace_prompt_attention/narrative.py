@@ -11,36 +11,32 @@ from __future__ import annotations
 import torch
 
 from agent_tools.schemas import Finding
-from agent_tools.tools.trace_prompt_attention.claims import reading_sentence
+from agent_tools.tools.trace_prompt_attention.claims import (
+    causal_lead,
+    evidence_findings,
+    filler_clause,
+    reading_sentence,
+)
 from agent_tools.traced_prompt.answer import STOP_WORDS
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
 from agent_tools.traced_prompt.models import GeneratedToken, MeasuredTrace
+from agent_tools.traced_prompt.run import TraceRun
 
 PEAKS_SHOWN = 3
 
 
-def narrate(
-    traced: TracedPrompt,
-    numbers: TraceNumbers,
-    answer: MeasuredTrace,
-    *,
-    lead: str = "",
-    evidence: list[Finding] | None = None,
-    filler: str = "",
-) -> tuple[str, list[Finding]]:
+def narrate(run: TraceRun) -> tuple[str, list[Finding]]:
     """The summary and the findings of one trace.
 
-    ``answer``: the trace's rows, for what the model answered (its generated tokens, or its top next tokens);
-    ``lead``: the causal sentences that open the summary (the measured answer, what its deciding token depends
-    on, whether attention agrees) when the checks ran; ``evidence``: their findings, listed first; ``filler``:
-    the clause naming the filler set apart.
+    The trace's rows (``run.measured``) say what the model answered (its generated tokens, or its top next
+    tokens); when the checks ran, the causal sentences (:func:`.claims.causal_lead`: the measured answer, what its
+    deciding token depends on, whether attention agrees) open the summary and their findings come first; the
+    clause naming the filler set apart ends it.
     """
+    traced, numbers, answer, lead = run.traced, run.numbers, run.measured, causal_lead(run)
     peaks = peak_findings(traced, numbers, answer.generated) if answer.generated is not None else []
-    if lead:
-        summary = lead + _reading_if_missing(traced, numbers, lead) + filler
-    else:
-        summary = _summary(traced, numbers, answer, peaks) + filler
-    return summary, list(evidence or []) + _findings(traced, numbers, answer, peaks)
+    summary = lead + _reading_if_missing(traced, numbers, lead) if lead else _summary(traced, numbers, answer, peaks)
+    return summary + filler_clause(traced, numbers), evidence_findings(run) + _findings(traced, numbers, answer, peaks)
 
 
 # --- findings ----------------------------------------------------------------------------------------------------

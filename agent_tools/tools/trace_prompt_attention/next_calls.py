@@ -15,17 +15,9 @@ from typing import Any
 
 from agent_tools.prompt_segments import SegmentSpec
 from agent_tools.schemas import ROLES, ChatMessage, NextCall
-from agent_tools.tools.trace_prompt_attention.models import PromptTrace
-from agent_tools.traced_prompt.evidence import EvidenceRequest
+from agent_tools.tools.trace_prompt_attention.models import PromptTrace, TracePromptInput
 from agent_tools.traced_prompt.measure import TracedPrompt
-from agent_tools.traced_prompt.models import (
-    DEFAULT_ANSWER_STOP,
-    AnswerStop,
-    Target,
-    generation_arguments,
-    messages_argument,
-    prompt_argument,
-)
+from agent_tools.traced_prompt.models import generation_arguments, messages_argument, prompt_argument
 
 
 def prompt_without(traced: TracedPrompt, prompt: str | Sequence[ChatMessage], name: str) -> Any:
@@ -108,27 +100,18 @@ def _trace_arguments(
     return arguments
 
 
-def trace_next_calls(
-    report: PromptTrace,
-    traced: TracedPrompt,
-    prompt: str | Sequence[ChatMessage],
-    named: Sequence[SegmentSpec] | None,
-    *,
-    request: EvidenceRequest,
-    target: Target,
-    answer_stop: AnswerStop = DEFAULT_ANSWER_STOP,
-    max_new_tokens: int = 16,
-) -> list[NextCall]:
-    """Up to three calls that test the trace's lead from another side."""
+def trace_next_calls(report: PromptTrace, traced: TracedPrompt, args: TracePromptInput) -> list[NextCall]:
+    """Up to three calls that test the trace's lead from another side (``args``: the trace's own arguments)."""
     calls: list[NextCall] = []
-    generation = generation_arguments(target, answer_stop, max_new_tokens)
+    prompt, named = args.prompt, args.segments
+    generation = generation_arguments(args.target, args.answer_stop, args.max_new_tokens)
     lead = report.moves_most or report.read_most
     without = prompt_without(traced, prompt, lead)
     if without is not None:
         verb = "moves with" if report.moves_most else "reads"
         arguments = {"model": report.model, "prompt_a": prompt_argument(prompt), "prompt_b": without, **generation}
-        if request.answer is not None:
-            arguments["answer"] = request.answer
+        if args.answer is not None:
+            arguments["answer"] = args.answer
         calls.append(
             NextCall(
                 tool="compare_prompts",
@@ -139,8 +122,8 @@ def trace_next_calls(
         )
     if "gradient" not in report.checks and report.answer_evidence is not None:
         arguments = _trace_arguments(report, prompt, named, generation) | {"checks": ["causal", "gradient", "value"]}
-        if request.answer is not None:
-            arguments["answer"] = request.answer
+        if args.answer is not None:
+            arguments["answer"] = args.answer
         calls.append(
             NextCall(
                 tool="trace_prompt_attention",
