@@ -87,10 +87,6 @@ class Segment:
     char_end: int | None = None
     gap: bool = False  # a message or text segment that holds named spans: what is left is the text between them
 
-    @property
-    def role(self) -> str | None:
-        return self.kind if self.kind in ROLES else None
-
 
 @dataclass(frozen=True)
 class SegmentedPrompt:
@@ -429,7 +425,7 @@ def segment_prompt(
     owners = assign_tokens(encoded.text, encoded.offsets, all_spans)
     # segments in order of first appearance: spans by start, the fallback where its first token is
     ordered = sorted(range(len(all_spans)), key=lambda i: (all_spans[i].start, -all_spans[i].depth))
-    position_of = {i: rank for rank, i in enumerate(ordered)}
+    index_of = {i: rank for rank, i in enumerate(ordered)}  # span -> its segment's index
     fallback_index = len(all_spans)
     token_owner = [fallback_index if o is None else o for o in owners]
     segments: list[Segment] = []
@@ -442,7 +438,6 @@ def segment_prompt(
         gap = span.kind in {*ROLES, "text"} and span.message in holders
         segments.append(Segment(span.name, span.kind, positions, span.message, span.start, span.end, gap))
     fallback_positions = tuple(p for p, o in enumerate(token_owner) if o == fallback_index)
-    index_of = {i: position_of[i] for i in range(len(all_spans))}
     if fallback_positions:
         segments.append(replace(fallback, positions=fallback_positions))
         index_of[fallback_index] = len(segments) - 1

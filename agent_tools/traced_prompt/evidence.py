@@ -40,8 +40,6 @@ from agent_tools.traced_prompt.answer import measured_ids
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
 from agent_tools.traced_prompt.models import AGREEMENT_RHO, CHECKS, DEFAULT_CHECKS, NEGLIGIBLE_NATS, Check, Direction
 
-CHECK_ORDER: tuple[Check, ...] = ("causal", "gradient", "value")
-
 NEUTRAL_CANDIDATES = (" ", ".")
 
 
@@ -65,7 +63,7 @@ class EvidenceRequest:
         if checks is not None and len(set(checks)) != len(checks):
             msg = f"checks lists a check twice; give each of {', '.join(CHECKS)} at most once"
             raise InvalidInputError(msg, field="checks")
-        chosen: tuple[Check, ...] = DEFAULT_CHECKS if checks is None else tuple(c for c in CHECK_ORDER if c in checks)
+        chosen: tuple[Check, ...] = DEFAULT_CHECKS if checks is None else tuple(c for c in CHECKS if c in checks)
         return cls(chosen, checks is not None, args.answer, args.neutral_token, args.ig_steps, args.exclude_filler)
 
 
@@ -181,14 +179,15 @@ def prepare(inspector: Inspector, loaded: LoadedModel, prompt: SegmentedPrompt, 
 # --- after the traced pass -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SegmentCausal:
-    """Δ log p when the segment is removed (or replaced by neutral tokens): negative = the answer depends on it."""
+    """Δ log p when the segment is removed (or replaced by neutral tokens): negative = the answer depends on it.
+    The fields are :class:`~.models.CausalEffect`'s, which reports them with the deciding token's Δ."""
 
-    first_removed: float
-    first_neutral: float
+    first_token_removed: float
+    first_token_neutral: float
     answer_removed: float
     answer_neutral: float
-    top_changed_removed: bool
-    top_changed_neutral: bool
+    top_token_changed_removed: bool
+    top_token_changed_neutral: bool
     per_token_removed: tuple[float, ...] = ()  # (A,) Δ log p of each answer token, removed
 
     def on_token(self, step: int | None) -> float:
@@ -273,12 +272,12 @@ def _causal(
     first_neutral, whole_neutral = logprob_changes(result.neutral, result.clean)
     for row, index in enumerate(segments):
         evidence.causal[index] = SegmentCausal(
-            first_removed=float(first_removed[row]),
-            first_neutral=float(first_neutral[row]),
+            first_token_removed=float(first_removed[row]),
+            first_token_neutral=float(first_neutral[row]),
             answer_removed=float(whole_removed[row]),
             answer_neutral=float(whole_neutral[row]),
-            top_changed_removed=result.removed_top[row] != result.clean_top,
-            top_changed_neutral=result.neutral_top[row] != result.clean_top,
+            top_token_changed_removed=result.removed_top[row] != result.clean_top,
+            top_token_changed_neutral=result.neutral_top[row] != result.clean_top,
             per_token_removed=tuple((result.removed[row] - result.clean).tolist()),
         )
     if choice is not None:

@@ -7,6 +7,7 @@ measured and its deciding token, the filler set apart. No words here: ``trace_pr
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -284,17 +285,8 @@ def _checks_of(evidence: Evidence, index: int, deciding: int | None) -> dict[str
     fields: dict[str, Any] = {}
     causal = evidence.causal.get(index)
     if causal is not None:
-        fields["causal"] = CausalEffect(
-            removed=causal.on_token(deciding),
-            direction=direction(causal.on_token(deciding)),
-            per_token_removed=list(causal.per_token_removed),
-            first_token_removed=causal.first_removed,
-            first_token_neutral=causal.first_neutral,
-            answer_removed=causal.answer_removed,
-            answer_neutral=causal.answer_neutral,
-            top_token_changed_removed=causal.top_changed_removed,
-            top_token_changed_neutral=causal.top_changed_neutral,
-        )
+        removed = causal.on_token(deciding)
+        fields["causal"] = CausalEffect(removed=removed, direction=direction(removed), **asdict(causal))
     gradient = evidence.gradient
     if gradient is not None and index in gradient.integrated:
         fields["gradient"] = GradientAttribution(
