@@ -34,7 +34,7 @@ from agent_tools.errors import AttentionToolError, InvalidInputError, ResourceLi
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import CONTENT_KINDS, SegmentedPrompt
-from agent_tools.runner.attribution import SegmentVariant, input_embeddings
+from agent_tools.runner.attribution import InputGradients, SegmentVariant, input_embeddings
 from agent_tools.segment_attribution import SegmentCheck, choice_for_trace, segment_check, unchecked_note
 from agent_tools.traced_prompt.answer import measured_ids
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
@@ -208,12 +208,12 @@ def direction(delta: float) -> Direction:
 
 @dataclass(frozen=True)
 class GradientNumbers:
+    """The gradient check per content segment, and the run it sums (steps, log p at the input and at the
+    baseline, convergence delta)."""
+
     integrated: dict[int, float]  # segment -> Σ IG over its tokens
     times_input: dict[int, float]
-    steps: int
-    value: float
-    baseline_value: float
-    delta: float
+    run: InputGradients
 
 
 @dataclass
@@ -223,7 +223,6 @@ class Evidence:
     answer_ids: list[int]
     source: str  # "model" or "given"
     clean: torch.Tensor | None = None  # (A,) clean log-probabilities of the answer tokens
-    generated_ids: list[int] = field(default_factory=list)  # what the model wrote (the answer may drop its stop)
     causal: dict[int, SegmentCausal] = field(default_factory=dict)
     # causal check by attribution (more than 4 segments): the check, and the segment index of each of its rows
     attribution: tuple[SegmentCheck, list[int]] | None = None
@@ -307,12 +306,7 @@ def _gradient(
     integrated = segment_sums(result.integrated[: len(ids)], index, count)
     times = segment_sums(result.gradient_x_input[: len(ids)], index, count)
     evidence.gradient = GradientNumbers(
-        integrated={i: float(integrated[i]) for i in segments},
-        times_input={i: float(times[i]) for i in segments},
-        steps=result.steps,
-        value=result.value,
-        baseline_value=result.baseline_value,
-        delta=result.delta,
+        {i: float(integrated[i]) for i in segments}, {i: float(times[i]) for i in segments}, result
     )
     evidence.checks.append("gradient")
 

@@ -187,9 +187,9 @@ def _answer_evidence(
 
 
 def _gradient_run(evidence: Evidence) -> GradientRun | None:
-    run = evidence.gradient
-    if run is None:
+    if evidence.gradient is None:
         return None
+    run = evidence.gradient.run
     change = run.value - run.baseline_value
     return GradientRun(
         steps=run.steps,

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agent_tools.prompt_segments import SegmentSpec
 from agent_tools.schemas import ROLES, ChatMessage, NextCall
 from agent_tools.tools.trace_prompt_attention.models import PromptTrace, TracePromptInput
 from agent_tools.traced_prompt.measure import TracedPrompt
@@ -88,30 +87,18 @@ def _content_start(traced: TracedPrompt, message: int) -> int | None:
     return next((s.char_start for s in traced.prompt.segments if s.kind in ROLES and s.message == message), None)
 
 
-def _trace_arguments(
-    report: PromptTrace,
-    prompt: str | Sequence[ChatMessage],
-    named: Sequence[SegmentSpec] | None,
-    generation: dict[str, Any],
-) -> dict[str, Any]:
-    arguments: dict[str, Any] = {"model": report.model, "prompt": prompt_argument(prompt), **generation}
-    if named:
-        arguments["segments"] = [spec.model_dump(exclude_none=True) for spec in named]
-    return arguments
-
-
 def trace_next_calls(report: PromptTrace, traced: TracedPrompt, args: TracePromptInput) -> list[NextCall]:
     """Up to three calls that test the trace's lead from another side (``args``: the trace's own arguments)."""
     calls: list[NextCall] = []
     prompt, named = args.prompt, args.segments
     generation = generation_arguments(args.target, args.answer_stop, args.max_new_tokens)
+    given = {"answer": args.answer} if args.answer is not None else {}  # the answer the trace measured
     lead = report.moves_most or report.read_most
     without = prompt_without(traced, prompt, lead)
     if without is not None:
         verb = "moves with" if report.moves_most else "reads"
-        arguments = {"model": report.model, "prompt_a": prompt_argument(prompt), "prompt_b": without, **generation}
-        if args.answer is not None:
-            arguments["answer"] = args.answer
+        arguments = {"model": report.model, "prompt_a": prompt_argument(prompt), "prompt_b": without}
+        arguments |= generation | given
         calls.append(
             NextCall(
                 tool="compare_prompts",
@@ -121,9 +108,10 @@ def trace_next_calls(report: PromptTrace, traced: TracedPrompt, args: TracePromp
             )
         )
     if "gradient" not in report.checks and report.answer_evidence is not None:
-        arguments = _trace_arguments(report, prompt, named, generation) | {"checks": ["causal", "gradient", "value"]}
-        if args.answer is not None:
-            arguments["answer"] = args.answer
+        arguments = {"model": report.model, "prompt": prompt_argument(prompt), **generation}
+        if named:
+            arguments["segments"] = [spec.model_dump(exclude_none=True) for spec in named]
+        arguments |= {"checks": ["causal", "gradient", "value"]} | given
         calls.append(
             NextCall(
                 tool="trace_prompt_attention",
