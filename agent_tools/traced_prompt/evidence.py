@@ -362,11 +362,9 @@ class Verdict:
 def verdict(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence) -> Verdict:
     """Rank the named segments by each measure that ran, find the deciding token, and compare the rankings."""
     content = [i for i in content_segments(traced.prompt) if traced.prompt.segments[i].kind != "generated"]
-    tiers = numbers.tiers or ["named"] * len(traced.prompt.segments)
-    segments = [i for i in content if tiers[i] == "named"] or content
+    segments = [i for i in content if numbers.tiers[i] == "named"] or content
     apart = [i for i in content if i not in segments]
-    attention = numbers.views.get("named", numbers.views["share"])
-    measures = {"attention": [attention[i] for i in segments]}
+    measures = {"attention": [numbers.views["named"][i] for i in segments]}
     if "value" in numbers.views:
         measures["value"] = [numbers.views["value"][i] for i in segments]
     deciding: int | None = None

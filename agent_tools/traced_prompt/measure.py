@@ -259,14 +259,14 @@ class TraceNumbers:
     last_lead: Lead  # in the last layer
     rollout_lead: Lead  # by rollout, sink set aside
     top_head: tuple[int, int, float]  # (layer, head, share) of the head that reads the leader hardest
-    token_weights: Tensor = field(default_factory=lambda: torch.zeros(0))  # (Tk,) attention per key
-    value_token_weights: Tensor | None = None  # (Tk,) value-weighted share per key
-    filler: list[int] = field(default_factory=list)  # filler / secondary-sink positions (not the sink segment)
-    filler_ratio: Tensor | None = None  # (T,) received / uniform, per prompt token
-    relative_norms: Tensor | None = None  # (T,) ‖v W_O‖ relative to the text's median token
-    exclude_filler: bool = True
-    ranked: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # (S,) named segments
-    tiers: list[SegmentTier] = field(default_factory=list)
+    token_weights: Tensor  # (Tk,) attention per key
+    value_token_weights: Tensor | None  # (Tk,) value-weighted share per key
+    filler: list[int]  # filler / secondary-sink positions (not the sink segment)
+    filler_ratio: Tensor | None  # (T,) received / uniform, per prompt token
+    relative_norms: Tensor | None  # (T,) ‖v W_O‖ relative to the text's median token
+    exclude_filler: bool
+    ranked: Tensor  # (S,) bool: the named segments
+    tiers: list[SegmentTier]
 
     @property
     def num_layers(self) -> int:

@@ -315,12 +315,11 @@ def _segment_row(
     share = views["share"][index]
     no_rollout = segment.kind == "generated"
     value = views.get("value")
-    ranked = bool(numbers.ranked[index]) if numbers.ranked.numel() else False
     return SegmentShare(
         name=segment.name,
         kind=segment.kind,
-        tier=numbers.tiers[index] if numbers.tiers else "other",
-        named_share=views["named"][index] if ranked and "named" in views else None,
+        tier=numbers.tiers[index],
+        named_share=views["named"][index] if numbers.ranked[index] else None,
         message=segment.message,
         token_count=len(positions),
         positions=positions,
