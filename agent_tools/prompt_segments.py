@@ -423,28 +423,21 @@ def segment_prompt(
     holders = {span.message for span in named_spans}  # messages (None: the plain text) that hold named spans
     all_spans = spans + named_spans
     owners = assign_tokens(encoded.text, encoded.offsets, all_spans)
-    # segments in order of first appearance: spans by start, the fallback where its first token is
+    # segments in order of first appearance: spans by start (the outer first), then the fallback (owner None)
     ordered = sorted(range(len(all_spans)), key=lambda i: (all_spans[i].start, -all_spans[i].depth))
-    index_of = {i: rank for rank, i in enumerate(ordered)}  # span -> its segment's index
-    fallback_index = len(all_spans)
-    token_owner = [fallback_index if o is None else o for o in owners]
+    index_of: dict[int | None, int] = {i: rank for rank, i in enumerate(ordered)}  # owner -> its segment's index
     segments: list[Segment] = []
     for i in ordered:
         span = all_spans[i]
-        positions = tuple(p for p, o in enumerate(token_owner) if o == i)
+        positions = tuple(p for p, o in enumerate(owners) if o == i)
         if span.kind == "named" and not positions:
             msg = f"segment {span.name!r} (characters {span.start}..{span.end}) covers no whole token; widen it"
             raise InvalidInputError(msg, field="segments")
         gap = span.kind in {*ROLES, "text"} and span.message in holders
         segments.append(Segment(span.name, span.kind, positions, span.message, span.start, span.end, gap))
-    fallback_positions = tuple(p for p, o in enumerate(token_owner) if o == fallback_index)
+    fallback_positions = tuple(p for p, o in enumerate(owners) if o is None)
     if fallback_positions:
+        index_of[None] = len(segments)
         segments.append(replace(fallback, positions=fallback_positions))
-        index_of[fallback_index] = len(segments) - 1
-    token_segment = tuple(index_of[o] for o in token_owner)
-    return SegmentedPrompt(
-        encoded=encoded,
-        segments=tuple(segments),
-        token_segment=token_segment,
-        prompt_format="messages" if chat else "text",
-    )
+    token_segment = tuple(index_of[o] for o in owners)
+    return SegmentedPrompt(encoded, tuple(segments), token_segment, "messages" if chat else "text")

@@ -252,44 +252,26 @@ def evidence_findings(run: TraceRun) -> list[Finding]:
 
 
 def view_leads(run: TraceRun) -> list[ViewLead]:
-    """Every view, what it measures, and the segment it puts first."""
-    traced, numbers, evidence, verdict = run.traced, run.numbers, run.evidence, run.verdict
-    leads = [("share", "named", numbers.lead), ("last_layer", "last", numbers.last_lead)]
-    leads.append(("rollout", "rollout_free", numbers.rollout_lead))
-    rows = [
-        ViewLead(
-            view=view,
-            measures=VIEW_MEANINGS[view],
-            leader=_name(traced, lead.best),
-            value=numbers.views[key][lead.best],
-        )
-        for view, key, lead in leads
-    ]
-    rows += _measure_lead(traced, verdict, "value")
+    """Every view, what it measures, and the segment it puts first (a check's view where the check ran)."""
+    numbers, evidence, verdict = run.numbers, run.evidence, run.verdict
+    views = (("share", "named", numbers.lead), ("last_layer", "last", numbers.last_lead))
+    leads = [(view, lead.best, numbers.views[key][lead.best]) for view, key, lead in views]
+    leads.append(("rollout", numbers.rollout_lead.best, numbers.views["rollout_free"][numbers.rollout_lead.best]))
+    leads += _measure_lead(verdict, "value")
     if verdict.moves_most is not None:
-        rows.append(
-            ViewLead(
-                view="causal",
-                measures=VIEW_MEANINGS["causal"],
-                leader=_name(traced, verdict.moves_most),
-                value=evidence.causal[verdict.moves_most].on_token(verdict.deciding),
-            )
-        )
-    rows += _measure_lead(traced, verdict, "gradient")
-    return rows
+        leads.append(("causal", verdict.moves_most, evidence.causal[verdict.moves_most].on_token(verdict.deciding)))
+    leads += _measure_lead(verdict, "gradient")
+    return [
+        ViewLead(view=view, measures=VIEW_MEANINGS[view], leader=_name(run.traced, index), value=value)
+        for view, index, value in leads
+    ]
 
 
-def _measure_lead(traced: TracedPrompt, verdict: Verdict, view: str) -> list[ViewLead]:
-    """The named segment a ranking measure puts first, as a one-row list (empty when that measure did not run)."""
+def _measure_lead(verdict: Verdict, view: str) -> list[tuple[str, int, float]]:
+    """The named segment a ranking measure puts first and its value, as a one-row list (empty when that measure
+    did not run)."""
     if view not in verdict.measures or not verdict.segments:
         return []
     values = verdict.measures[view]
     best = max(range(len(values)), key=lambda i: values[i])
-    return [
-        ViewLead(
-            view=view,
-            measures=VIEW_MEANINGS[view],
-            leader=_name(traced, verdict.segments[best]),
-            value=values[best],
-        )
-    ]
+    return [(view, verdict.segments[best], values[best])]
