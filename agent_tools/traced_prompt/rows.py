@@ -152,15 +152,6 @@ def _answer_evidence(
     if not evidence.answer_ids or evidence.clean is None:
         return None
     names, tokens = traced.prompt.names, [decode(loaded, [i]) for i in evidence.answer_ids]
-    stopped = traced.generation.stopped if traced.generation is not None else None
-    covered = covers(
-        target=traced.target,
-        source=evidence.source,
-        count=len(tokens),
-        stopped=stopped,
-        token=tokens[0],
-        cap=max_new_tokens,
-    )
     per_token = []
     for step, token in enumerate(tokens):
         mover = max(checked.checked, key=lambda i: abs(evidence.causal[i].on_token(step)), default=None)
@@ -179,7 +170,7 @@ def _answer_evidence(
         token_ids=list(evidence.answer_ids),
         tokens=tokens,
         source="given" if evidence.source == "given" else "model",
-        covers=covered,
+        covers=covers(traced, evidence.source, tokens, max_new_tokens),
         logprob=float(evidence.clean.sum()),
         first_token_logprob=float(evidence.clean[0]),
         per_token=per_token,
