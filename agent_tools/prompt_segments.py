@@ -127,9 +127,7 @@ class SegmentedPrompt:
         return replace(self, segments=tuple(kept), token_segment=token_segment)
 
     def with_generated(self) -> SegmentedPrompt:
-        """Add an empty ``generated`` segment (keys that are tokens the model wrote)."""
-        if self.index("generated") is not None:
-            return self
+        """Add an empty ``generated`` segment (keys that are tokens the model wrote) to a prompt without one."""
         return replace(self, segments=(*self.segments, Segment("generated", "generated", ())))
 
 
