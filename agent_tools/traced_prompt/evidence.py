@@ -69,8 +69,10 @@ class EvidenceRequest:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A validated request: the neutral token, the given answer's ids, which checks will run and why not."""
+    """A request validated against a segmented prompt: the neutral token, the given answer's ids, which checks
+    will run and why not."""
 
+    prompt: SegmentedPrompt
     request: EvidenceRequest
     causal: bool
     gradient: bool
@@ -173,7 +175,7 @@ def prepare(inspector: Inspector, loaded: LoadedModel, prompt: SegmentedPrompt, 
         input_embeddings(loaded)  # refuses a model without float input embeddings before the pass
         inspector.check_gradient_budget(loaded, prompt.encoded.length + len(answer or [None]) - 1)
     grams = _grams(loaded, notes) if "value" in wants else None
-    return Prepared(request, causal, gradient, grams, neutral, answer, notes)
+    return Prepared(prompt, request, causal, gradient, grams, neutral, answer, notes)
 
 
 # --- after the traced pass -------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.prompt_segments import SegmentedPrompt, SegmentSpec, segment_prompt
+from agent_tools.prompt_segments import SegmentSpec, segment_prompt
 from agent_tools.schemas import ChatMessage
 from agent_tools.traced_prompt.answer import stop_rule
 from agent_tools.traced_prompt.evidence import (
@@ -51,16 +51,6 @@ class TraceRun:
     measured: MeasuredTrace
 
 
-@dataclass(frozen=True)
-class CheckedPrompt:
-    """A prompt ready to trace: segmented, and the evidence request validated against it (``prepared``; None on
-    an encoder–decoder, whose cross-attention trace runs no checks)."""
-
-    segmented: SegmentedPrompt
-    request: EvidenceRequest
-    prepared: Prepared | None
-
-
 def trace_options(args: Any) -> dict[str, Any]:
     """:func:`trace`'s options from a prompt tool's arguments (``target``, ``max_new_tokens``, ``sink_threshold``,
     ``answer_stop``: the fields trace_prompt_attention and compare_prompts share)."""
@@ -86,18 +76,21 @@ def check_prompt(
     request: EvidenceRequest,
     *,
     field: str = "prompt",
-) -> CheckedPrompt:
+) -> Prepared:
     """Segment the prompt (``field`` names it in the error when it is too short to trace) and validate the
     evidence request against the model and the segments, before any pass runs."""
     segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field)
-    seq2seq = loaded.facts.is_encoder_decoder
-    return CheckedPrompt(segmented, request, None if seq2seq else prepare(inspector, loaded, segmented, request))
+    if loaded.facts.is_encoder_decoder:  # its cross-attention trace runs no checks
+        return Prepared(
+            segmented, request, causal=False, gradient=False, value_grams=None, neutral_id=None, answer_ids=None
+        )
+    return prepare(inspector, loaded, segmented, request)
 
 
 def trace(
     inspector: Inspector,
     loaded: LoadedModel,
-    prompt: CheckedPrompt,
+    prepared: Prepared,
     *,
     target: Target,
     max_new_tokens: int,
@@ -105,33 +98,25 @@ def trace(
     answer_stop: AnswerStop,
     top_k: int = 3,
 ) -> TraceRun:
-    """Run a checked prompt (and generate, for target 'generate', ending the answer per ``answer_stop``), run the
-    checks, and read the numbers.
+    """Run a prompt :func:`check_prompt` prepared (and generate, for target 'generate', ending the answer per
+    ``answer_stop``), run the checks, and read the numbers.
 
     On an encoder–decoder the trace is of the cross-attention: the answer's tokens reading the input
     (:func:`~agent_tools.traced_prompt.measure.seq2seq_trace_pass`)."""
-    segmented, prepared = prompt.segmented, prompt.prepared
+    segmented, request = prepared.prompt, prepared.request
     length = segmented.encoded.length
     inspector.check_budget(3 * length * length * 4, "attention rollout over the prompt")
     stop_when = stop_rule(loaded, answer_stop) if target == "generate" else None
     options: dict[str, Any] = {"target": target, "max_new_tokens": max_new_tokens, "sink_threshold": sink_threshold}
-    if prepared is None:  # an encoder–decoder: the answer's cross-attention reading the input; no checks
+    if loaded.facts.is_encoder_decoder:  # the answer's cross-attention reading the input; no checks
         traced = seq2seq_trace_pass(inspector, loaded, segmented, **options, stop_when=stop_when)
-        notes = [f"{SEQ2SEQ_CHECKS} (skipped)"] if prompt.request.checks else []
-        found, neutral_id = Evidence([], "model", notes=[*notes, SEQ2SEQ_ROLLOUT]), None
+        notes = [f"{SEQ2SEQ_CHECKS} (skipped)"] if request.checks else []
+        found = Evidence([], "model", notes=[*notes, SEQ2SEQ_ROLLOUT])
     else:
-        keep_cache = prepared.causal and target == "last"
-        traced = trace_pass(
-            inspector,
-            loaded,
-            segmented,
-            **options,
-            stop_when=stop_when,
-            value_grams=prepared.value_grams,
-            keep_cache=keep_cache,
-        )
-        found, neutral_id = gather(inspector, loaded, traced, prepared), prepared.neutral_id
-    numbers = measure(traced, exclude_filler=prompt.request.exclude_filler)
+        options |= {"value_grams": prepared.value_grams, "keep_cache": prepared.causal and target == "last"}
+        traced = trace_pass(inspector, loaded, segmented, **options, stop_when=stop_when)
+        found = gather(inspector, loaded, traced, prepared)
+    numbers = measure(traced, exclude_filler=request.exclude_filler)
     checked = verdict(traced, numbers, found)
     rows = measured_trace(
         loaded,
@@ -143,7 +128,7 @@ def trace(
         sink_threshold=sink_threshold,
         answer_stop=answer_stop,
         max_new_tokens=max_new_tokens,
-        neutral_id=neutral_id,
+        neutral_id=prepared.neutral_id,
     )
     return TraceRun(traced, numbers, found, checked, rows)
 
