@@ -165,8 +165,7 @@ def prepare(inspector: Inspector, loaded: LoadedModel, prompt: SegmentedPrompt, 
     if whole:
         _refuse_or_note(notes, request.explicit, whole, field="segments")
         causal = False
-    needs_tokens = causal or gradient
-    neutral = neutral_token(loaded, request.neutral_token) if needs_tokens or request.neutral_token else None
+    neutral = neutral_token(loaded, request.neutral_token) if causal or gradient or request.neutral_token else None
     answer = answer_ids(loaded, request.answer) if request.answer is not None else None
     if answer is not None and prompt.encoded.length + len(answer) > inspector.limit_for(loaded):
         msg = f"prompt + answer are {prompt.encoded.length + len(answer)} tokens, over {inspector.limit_for(loaded)}"

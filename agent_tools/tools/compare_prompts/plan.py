@@ -35,18 +35,18 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
     loaded = inspector.model(args.model)
     variants = (("prompt_a", args.prompt_a, args.segments_a), ("prompt_b", args.prompt_b, args.segments_b))
     request = EvidenceRequest.of(args)
-    checked = [  # both variants valid (text, segments, checks) before either runs
+    prepared = [  # both variants valid (text, segments, checks) before either runs
         check_prompt(inspector, loaded, prompt, named, request, field=field) for field, prompt, named in variants
     ]
     check_stack(inspector, loaded, args.attention, request)
-    run_a, run_b = (trace(inspector, loaded, prompt, **trace_options(args)) for prompt in checked)
+    run_a, run_b = (trace(inspector, loaded, prompt, **trace_options(args)) for prompt in prepared)
     comparison = compare(run_a, run_b, generated=args.target == "generate")
     summary, findings = narrate(comparison)
     a, b = comparison.a, comparison.b
     return PromptComparison(
         model=loaded.name,
         attention=run_a.traced.stack,
-        summary=summary if run_a.traced.stack == "self" else on_stack(run_a.traced.stack, summary),
+        summary=on_stack(run_a.traced.stack, summary),
         findings=findings,
         target=args.target,
         segments=comparison.rows,

@@ -37,7 +37,7 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
         **dict(run.measured),
         model=loaded.name,
         attention=traced.stack,
-        summary=summary if traced.stack == "self" else on_stack(traced.stack, summary),
+        summary=on_stack(traced.stack, summary),
         findings=findings,
         rendered_prompt=traced.prompt.encoded.text,
         views=view_leads(run),
