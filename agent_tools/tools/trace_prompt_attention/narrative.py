@@ -34,15 +34,12 @@ def narrate(run: TraceRun) -> tuple[str, list[Finding]]:
     clause naming the filler set apart ends it.
     """
     traced, numbers, answer, lead = run.traced, run.numbers, run.measured, causal_lead(run)
-    peaks = peak_findings(traced, numbers, answer.generated) if answer.generated is not None else []
-    summary = lead + _reading_if_missing(traced, numbers, lead) if lead else _summary(traced, numbers, answer, peaks)
-    return summary + filler_clause(traced, numbers), evidence_findings(run) + _findings(traced, numbers, answer, peaks)
+    summary = lead + _reading_if_missing(traced, numbers, lead) if lead else _summary(traced, numbers, answer)
+    return summary + filler_clause(traced, numbers), evidence_findings(run) + _findings(traced, numbers, answer)
 
 
 # --- findings ----------------------------------------------------------------------------------------------------
-def _findings(
-    traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace, peaks: list[Finding]
-) -> list[Finding]:
+def _findings(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace) -> list[Finding]:
     findings = [_read_most(traced, numbers)]
     if numbers.lead.runner_up is not None:
         findings.append(_runner_up(traced, numbers, numbers.lead.runner_up))
@@ -55,7 +52,7 @@ def _findings(
         findings.append(_template(traced, numbers, template))
     if answer.generated is not None:
         findings.append(_tokens_read_most(answer.generated))
-        findings.extend(peaks)
+        findings.extend(peak_findings(traced, numbers, answer.generated))
     return findings
 
 
@@ -204,10 +201,8 @@ def _reading_if_missing(traced: TracedPrompt, numbers: TraceNumbers, lead: str) 
     return " " + reading_sentence(traced, numbers, prefix="Attention")
 
 
-def _summary(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace, peaks: list[Finding]) -> str:
-    return reading_sentence(traced, numbers, prefix=_opening(traced, answer)) + _answer_clause(
-        traced, numbers, answer, peaks
-    )
+def _summary(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace) -> str:
+    return reading_sentence(traced, numbers, prefix=_opening(traced, answer)) + _answer_clause(traced, numbers, answer)
 
 
 def _opening(traced: TracedPrompt, answer: MeasuredTrace) -> str:
@@ -220,7 +215,7 @@ def _opening(traced: TracedPrompt, answer: MeasuredTrace) -> str:
     return f"At the last prompt position {position} {traced.prompt.encoded.tokens[position].text!r}, the model"
 
 
-def _answer_clause(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace, peaks: list[Finding]) -> str:
+def _answer_clause(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace) -> str:
     if answer.generated:
         best = _best(traced, numbers)
         count = sum(1 for g in answer.generated if g.read_most == best)
