@@ -18,15 +18,7 @@ from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import SegmentSpec, segment_prompt
 from agent_tools.schemas import ChatMessage
 from agent_tools.traced_prompt.answer import stop_rule
-from agent_tools.traced_prompt.evidence import (
-    Evidence,
-    EvidenceRequest,
-    Prepared,
-    Verdict,
-    gather,
-    prepare,
-    verdict,
-)
+from agent_tools.traced_prompt.evidence import Evidence, EvidenceRequest, Prepared, Verdict, gather, prepare, verdict
 from agent_tools.traced_prompt.measure import (
     TracedPrompt,
     TraceNumbers,
