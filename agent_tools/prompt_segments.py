@@ -238,6 +238,19 @@ def role_spans(messages: Sequence[ChatMessage], content_spans: Sequence[tuple[in
     return spans
 
 
+def uncovered(spans: Sequence[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The runs of [start, end) that none of ``spans`` covers, in order (the spans may overlap)."""
+    runs: list[tuple[int, int]] = []
+    cursor = start
+    for left, right in sorted(spans):
+        if left > cursor:
+            runs.append((cursor, left))
+        cursor = max(cursor, right)
+    if cursor < end:
+        runs.append((cursor, end))
+    return runs
+
+
 def inserted_spans(
     rendered: str, content_spans: Sequence[tuple[int, int]], markers: Sequence[str]
 ) -> list[tuple[int, int]]:
@@ -247,14 +260,7 @@ def inserted_spans(
     special tokens) and at line breaks; a piece with at least :data:`INSERTED_MIN_WORDS` words that are not role
     labels is inserted text. Inserted pieces of one run of template text separated only by whitespace are one span.
     """
-    runs: list[tuple[int, int]] = []
-    cursor = 0
-    for start, end in sorted(content_spans):
-        if start > cursor:
-            runs.append((cursor, start))
-        cursor = max(cursor, end)
-    if cursor < len(rendered):
-        runs.append((cursor, len(rendered)))
+    runs = uncovered(content_spans, 0, len(rendered))
     split = "|".join([re.escape(m) for m in sorted(set(markers), key=len, reverse=True) if m] + [r"\n"])
     found: list[tuple[int, int]] = []
     for run_start, run_end in runs:

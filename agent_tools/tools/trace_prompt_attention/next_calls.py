@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from agent_tools.prompt_segments import uncovered
 from agent_tools.schemas import ROLES, ChatMessage, NextCall
 from agent_tools.tools.trace_prompt_attention.models import PromptTrace, TracePromptInput
 from agent_tools.traced_prompt.measure import TracedPrompt
@@ -53,7 +54,7 @@ def _owned_characters(traced: TracedPrompt, name: str) -> list[tuple[int, int]]:
     prompt = traced.prompt
     segment = prompt.segments[prompt.index(name) or 0]
     assert segment.char_start is not None and segment.char_end is not None
-    inner = sorted(
+    inner = [
         (s.char_start, s.char_end)
         for s in prompt.segments
         if s.kind == "named"
@@ -62,24 +63,13 @@ def _owned_characters(traced: TracedPrompt, name: str) -> list[tuple[int, int]]:
         and s.char_end is not None
         and segment.char_start <= s.char_start
         and s.char_end <= segment.char_end
-    )
-    spans, cursor = [], segment.char_start
-    for start, end in inner:
-        if start > cursor:
-            spans.append((cursor, start))
-        cursor = max(cursor, end)
-    if cursor < segment.char_end:
-        spans.append((cursor, segment.char_end))
-    return spans
+    ]
+    return uncovered(inner, segment.char_start, segment.char_end)
 
 
 def _cut(text: str, spans: Sequence[tuple[int, int]]) -> str:
     """``text`` with exactly the characters of ``spans`` removed; nothing else changes."""
-    pieces, cursor = [], 0
-    for start, end in sorted(spans):
-        pieces.append(text[cursor:start])
-        cursor = max(cursor, end)
-    return "".join([*pieces, text[cursor:]])
+    return "".join(text[start:end] for start, end in uncovered(spans, 0, len(text)))
 
 
 def _content_start(traced: TracedPrompt, message: int) -> int | None:
