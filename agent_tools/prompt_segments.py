@@ -87,10 +87,6 @@ class Segment:
     char_end: int | None = None
     gap: bool = False  # a message or text segment that holds named spans: what is left is the text between them
 
-    @property
-    def role(self) -> str | None:
-        return self.kind if self.kind in ROLES else None
-
 
 @dataclass(frozen=True)
 class SegmentedPrompt:
@@ -131,9 +127,7 @@ class SegmentedPrompt:
         return replace(self, segments=tuple(kept), token_segment=token_segment)
 
     def with_generated(self) -> SegmentedPrompt:
-        """Add an empty ``generated`` segment (keys that are tokens the model wrote)."""
-        if self.index("generated") is not None:
-            return self
+        """Add an empty ``generated`` segment (keys that are tokens the model wrote) to a prompt without one."""
         return replace(self, segments=(*self.segments, Segment("generated", "generated", ())))
 
 
@@ -244,6 +238,19 @@ def role_spans(messages: Sequence[ChatMessage], content_spans: Sequence[tuple[in
     return spans
 
 
+def uncovered(spans: Sequence[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The runs of [start, end) that none of ``spans`` covers, in order (the spans may overlap)."""
+    runs: list[tuple[int, int]] = []
+    cursor = start
+    for left, right in sorted(spans):
+        if left > cursor:
+            runs.append((cursor, left))
+        cursor = max(cursor, right)
+    if cursor < end:
+        runs.append((cursor, end))
+    return runs
+
+
 def inserted_spans(
     rendered: str, content_spans: Sequence[tuple[int, int]], markers: Sequence[str]
 ) -> list[tuple[int, int]]:
@@ -253,14 +260,7 @@ def inserted_spans(
     special tokens) and at line breaks; a piece with at least :data:`INSERTED_MIN_WORDS` words that are not role
     labels is inserted text. Inserted pieces of one run of template text separated only by whitespace are one span.
     """
-    runs: list[tuple[int, int]] = []
-    cursor = 0
-    for start, end in sorted(content_spans):
-        if start > cursor:
-            runs.append((cursor, start))
-        cursor = max(cursor, end)
-    if cursor < len(rendered):
-        runs.append((cursor, len(rendered)))
+    runs = uncovered(content_spans, 0, len(rendered))
     split = "|".join([re.escape(m) for m in sorted(set(markers), key=len, reverse=True) if m] + [r"\n"])
     found: list[tuple[int, int]] = []
     for run_start, run_end in runs:
@@ -427,29 +427,21 @@ def segment_prompt(
     holders = {span.message for span in named_spans}  # messages (None: the plain text) that hold named spans
     all_spans = spans + named_spans
     owners = assign_tokens(encoded.text, encoded.offsets, all_spans)
-    # segments in order of first appearance: spans by start, the fallback where its first token is
+    # segments in order of first appearance: spans by start (the outer first), then the fallback (owner None)
     ordered = sorted(range(len(all_spans)), key=lambda i: (all_spans[i].start, -all_spans[i].depth))
-    position_of = {i: rank for rank, i in enumerate(ordered)}
-    fallback_index = len(all_spans)
-    token_owner = [fallback_index if o is None else o for o in owners]
+    index_of: dict[int | None, int] = {i: rank for rank, i in enumerate(ordered)}  # owner -> its segment's index
     segments: list[Segment] = []
     for i in ordered:
         span = all_spans[i]
-        positions = tuple(p for p, o in enumerate(token_owner) if o == i)
+        positions = tuple(p for p, o in enumerate(owners) if o == i)
         if span.kind == "named" and not positions:
             msg = f"segment {span.name!r} (characters {span.start}..{span.end}) covers no whole token; widen it"
             raise InvalidInputError(msg, field="segments")
         gap = span.kind in {*ROLES, "text"} and span.message in holders
         segments.append(Segment(span.name, span.kind, positions, span.message, span.start, span.end, gap))
-    fallback_positions = tuple(p for p, o in enumerate(token_owner) if o == fallback_index)
-    index_of = {i: position_of[i] for i in range(len(all_spans))}
+    fallback_positions = tuple(p for p, o in enumerate(owners) if o is None)
     if fallback_positions:
+        index_of[None] = len(segments)
         segments.append(replace(fallback, positions=fallback_positions))
-        index_of[fallback_index] = len(segments) - 1
-    token_segment = tuple(index_of[o] for o in token_owner)
-    return SegmentedPrompt(
-        encoded=encoded,
-        segments=tuple(segments),
-        token_segment=token_segment,
-        prompt_format="messages" if chat else "text",
-    )
+    token_segment = tuple(index_of[o] for o in owners)
+    return SegmentedPrompt(encoded, tuple(segments), token_segment, "messages" if chat else "text")

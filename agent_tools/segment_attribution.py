@@ -10,8 +10,7 @@ outside the top (the random draw: what the ranking may have missed) and the larg
 
 * :func:`choose_segments` — the estimates and the choice (what ``trace_prompt_attention``'s causal check calls
   when it has more than ``VERIFIED + SAMPLED`` content segments; with fewer every segment is checked exactly);
-* :func:`segment_check` — the estimate next to each exact value, once the chosen segments were ablated;
-* :func:`verified_segment_effects` — both, with the exact neutral-replacement ablation, for a caller with spans.
+* :func:`segment_check` — the estimate next to each exact value, once the chosen segments were ablated.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from agent_tools.analysis.attribution import spearman
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.attribution import SegmentVariant
 from agent_tools.schemas import rounded
 
 VERIFIED = 3  # segments with the largest |estimate| ablated exactly
@@ -67,20 +65,14 @@ def choose_segments(
     prompt: Sequence[int],
     answer: Sequence[int],
     neutral: Sequence[Sequence[int]],
-    *,
-    verify: int = VERIFIED,
-    sample: int = SAMPLED,
 ) -> SegmentChoice:
-    """Estimate each variant's effect on Σ log p(answer) by attribution and choose the ones to ablate exactly.
+    """Estimate each variant's effect on Σ log p(answer) by attribution and choose the ones to ablate exactly: the
+    :data:`VERIFIED` largest |estimates| and :data:`SAMPLED` more at random from the rest.
 
     Args:
         prompt: the prompt's ids; ``answer``: the answer's ids (teacher-forced after the prompt).
         neutral: per segment, the prompt with that segment's tokens replaced by the neutral token (same length).
-        verify: how many of the largest |estimates| to check exactly (at least 1); ``sample``: how many more at
-            random from the rest.
     """
-    if verify < 1:
-        raise InvalidInputError("verify must check at least one segment exactly", field="verify")
     if not answer:
         raise InvalidInputError("the answer has no tokens to measure", field="answer")
     for variant in neutral:
@@ -93,9 +85,9 @@ def choose_segments(
     estimated = inspector.embedding_attribution(loaded, list(prompt) + list(answer[:-1]), list(answer), neutral)
     estimates = [float(v) for v in estimated.estimates]
     order = sorted(range(len(estimates)), key=lambda i: -abs(estimates[i]))
-    rest = order[verify:]
-    sampled = sorted(random.Random(SEED).sample(rest, min(sample, len(rest))))
-    return SegmentChoice(estimates=estimates, verified=order[:verify], sampled=sampled)
+    rest = order[VERIFIED:]
+    sampled = sorted(random.Random(SEED).sample(rest, min(SAMPLED, len(rest))))
+    return SegmentChoice(estimates=estimates, verified=order[:VERIFIED], sampled=sampled)
 
 
 def segment_check(choice: SegmentChoice, exact: dict[int, float]) -> SegmentCheck:
@@ -113,58 +105,6 @@ def segment_check(choice: SegmentChoice, exact: dict[int, float]) -> SegmentChec
         spearman=spearman([abs(v) for v in estimates], [abs(v) for v in values]) if len(chosen) > 1 else None,
         missed=max(outside, key=lambda x: abs(x[1])) if outside else None,
         largest_unchecked_estimate=max(unchecked) if unchecked else None,
-    )
-
-
-@dataclass(frozen=True)
-class SegmentEffects:
-    """Every segment's first-order estimate and the exact effect of the ones verified."""
-
-    estimates: list[float]  # per segment, Δ Σ log p(answer) to first order (ranking only)
-    verified: list[int]  # segment indices ablated exactly, largest |estimate| first
-    exact: list[float]  # their exact Δ Σ log p(answer), neutral replacement
-    spearman: float | None  # rank agreement of |estimate| and |exact| over the verified segments
-    largest_unverified_estimate: float | None  # the largest |estimate| not verified (what a check may have missed)
-
-
-def verified_segment_effects(
-    inspector: Inspector,
-    loaded: LoadedModel,
-    prompt: list[int],
-    answer: list[int],
-    spans: Sequence[tuple[int, int]],
-    *,
-    neutral_token: int,
-    verify: int = VERIFIED,
-) -> SegmentEffects:
-    """Estimate every segment's effect on log p(answer) by attribution; ablate the ``verify`` largest exactly.
-
-    Args:
-        prompt: the prompt's ids; ``answer``: the answer's ids (teacher-forced after the prompt).
-        spans: each segment's [start, end) token positions in ``prompt``.
-        neutral_token: the id that replaces a segment's tokens (the trace's neutral filler).
-        verify: how many segments are ablated exactly (at least 1).
-    """
-    for start, end in spans:
-        if not 0 <= start < end <= len(prompt):
-            msg = f"segment span [{start}, {end}) is outside the prompt's {len(prompt)} tokens"
-            raise InvalidInputError(msg, field="segments")
-    variants = [list(prompt[:start]) + [neutral_token] * (end - start) + list(prompt[end:]) for start, end in spans]
-    choice = choose_segments(inspector, loaded, prompt, answer, variants, verify=verify, sample=0)
-    checks = [
-        SegmentVariant(start=spans[i][0], removed=prompt[: spans[i][0]] + prompt[spans[i][1] :], neutral=variants[i])
-        for i in choice.verified
-    ]
-    measured = inspector.segment_ablations(loaded, prompt, answer, checks)
-    clean = float(measured.clean.sum())
-    exact = [float(row.sum()) - clean for row in measured.neutral]
-    checked = segment_check(choice, dict(zip(choice.verified, exact, strict=True)))
-    return SegmentEffects(
-        estimates=choice.estimates,
-        verified=choice.verified,
-        exact=exact,
-        spearman=checked.spearman,
-        largest_unverified_estimate=checked.largest_unchecked_estimate,
     )
 
 

@@ -27,7 +27,6 @@ from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, register_model
 from agent_tools.runner.attribution_patching import mlp_patched_logits
 from agent_tools.runner.patching import HeadPatch, recorded_run
-from agent_tools.segment_attribution import verified_segment_effects
 
 CLEAN, CORRUPTED = "the cat sat on the mat because it", "the dog sat on the mat because it"
 
@@ -193,28 +192,6 @@ def test_saturated_attention_hides_the_previous_token_head_and_verification_find
     with_drop = get_tool("patch_heads")(inspector, {**arguments, "grad_drop": True})
     assert with_drop.attribution is not None and with_drop.attribution.grad_drop
     assert with_drop.attribution.verified_top == 3  # 2 by |estimate|, then 1 more by GradDrop's score
-
-
-# --- the segment service function ----------------------------------------------------------------------------------
-def test_segment_effects_are_estimated_for_every_segment_and_verified_for_the_top_three(tiny_models, inspector):
-    loaded = tiny_models["llama"]
-    prompt = loaded.tokenizer("the cat sat on the mat because it was", add_special_tokens=False)["input_ids"]
-    answer = loaded.tokenizer(" tired", add_special_tokens=False)["input_ids"][:1]
-    neutral = loaded.tokenizer.convert_tokens_to_ids("the")
-    spans = [(0, 2), (2, 4), (4, 6), (6, 9)]
-    effects = verified_segment_effects(inspector, loaded, prompt, answer, spans, neutral_token=neutral, verify=3)
-    assert len(effects.estimates) == 4 and len(effects.exact) == 3
-    order = sorted(range(4), key=lambda i: -abs(effects.estimates[i]))
-    assert effects.verified == order[:3]
-    # exact: the teacher-forced log p of the answer with the segment replaced by 'the', run as a plain forward
-    for index, value in zip(effects.verified, effects.exact, strict=True):
-        start, end = spans[index]
-        variant = list(prompt)
-        variant[start:end] = [neutral] * (end - start)
-        with torch.inference_mode():
-            logits = loaded.model(input_ids=torch.tensor([prompt, variant])).logits[:, -1].float()
-        logp = torch.log_softmax(logits, -1)[:, answer[0]]
-        assert value == pytest.approx(float(logp[1] - logp[0]), abs=1e-4)
 
 
 def test_a_model_without_float_embeddings_is_refused(inspector) -> None:
@@ -475,8 +452,6 @@ def test_segment_estimates_refuse_a_variant_of_another_length(tiny_models, inspe
     ids = loaded.tokenizer(TRACE_TEXT, add_special_tokens=False)["input_ids"]
     with pytest.raises(InvalidInputError, match=r"a neutral variant is 3 tokens, the prompt \d+: .* as many neutral"):
         choose_segments(inspector, loaded, ids, ids[-1:], [ids[:3]])
-    with pytest.raises(InvalidInputError, match=r"verify must check at least one segment exactly"):
-        choose_segments(inspector, loaded, ids, ids[-1:], [ids], verify=0)
 
 
 def test_a_head_is_saturated_when_the_first_order_misses_most_of_a_real_pattern_change() -> None:

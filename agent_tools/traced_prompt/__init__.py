@@ -12,8 +12,8 @@ template, sink) the answer reads, what it depends on, and the numbers that say s
 * :mod:`.evidence` — the checks beside attention (causal effects, gradient attribution) and how the measures
   rank the segments (:func:`~.evidence.verdict`);
 * :mod:`.rows` — those numbers as report rows: :func:`~.rows.measured_trace`;
-* :mod:`.run` — :func:`~.run.trace`: segment, check the request, pass, checks, rows, in one
-  :class:`~.run.TraceRun`.
+* :mod:`.run` — :func:`~.run.check_prompt` (segment, check the request) and :func:`~.run.trace` (pass, checks,
+  rows, in one :class:`~.run.TraceRun`).
 
 Prompts are split into segments by :mod:`agent_tools.prompt_segments`.
 """

@@ -14,6 +14,7 @@ import re
 from agent_tools.encoding import decode
 from agent_tools.loading import LoadedModel
 from agent_tools.runner import StopReason, StopRule
+from agent_tools.traced_prompt.measure import TracedPrompt
 from agent_tools.traced_prompt.models import AnswerStop
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
@@ -63,16 +64,18 @@ STOP_WORDS = {
 }
 
 
-def covers(*, target: str, source: str, count: int, stopped: str | None, token: str, cap: int) -> str:
-    """What the measured answer is, in words."""
+def covers(traced: TracedPrompt, source: str, tokens: list[str], cap: int) -> str:
+    """What the measured answer (``tokens``, from ``source`` 'model' or 'given'; ``cap``: max_new_tokens) is,
+    in words."""
     if source == "given":
-        return f"the given answer, {count} token(s), teacher-forced after the prompt"
-    if target == "last":
+        return f"the given answer, {len(tokens)} token(s), teacher-forced after the prompt"
+    if traced.target == "last":
         return (
-            f"one token: the model's most likely next token {token!r} at the prompt's end (target 'last'; "
+            f"one token: the model's most likely next token {tokens[0]!r} at the prompt's end (target 'last'; "
             "target 'generate' or answer measure a whole answer)"
         )
+    stopped = traced.generation.stopped if traced.generation is not None else None
     where = STOP_WORDS.get(stopped or "", "the end")
     if stopped == "max_new_tokens":
         where += f" ({cap})"
-    return f"the model's generated answer, {count} token(s), up to {where}"
+    return f"the model's generated answer, {len(tokens)} token(s), up to {where}"

@@ -34,13 +34,11 @@ from agent_tools.errors import AttentionToolError, InvalidInputError, ResourceLi
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import CONTENT_KINDS, SegmentedPrompt
-from agent_tools.runner.attribution import SegmentVariant, input_embeddings
+from agent_tools.runner.attribution import InputGradients, SegmentVariant, input_embeddings
 from agent_tools.segment_attribution import SegmentCheck, choice_for_trace, segment_check, unchecked_note
 from agent_tools.traced_prompt.answer import measured_ids
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
 from agent_tools.traced_prompt.models import AGREEMENT_RHO, CHECKS, DEFAULT_CHECKS, NEGLIGIBLE_NATS, Check, Direction
-
-CHECK_ORDER: tuple[Check, ...] = ("causal", "gradient", "value")
 
 NEUTRAL_CANDIDATES = (" ", ".")
 
@@ -65,14 +63,16 @@ class EvidenceRequest:
         if checks is not None and len(set(checks)) != len(checks):
             msg = f"checks lists a check twice; give each of {', '.join(CHECKS)} at most once"
             raise InvalidInputError(msg, field="checks")
-        chosen: tuple[Check, ...] = DEFAULT_CHECKS if checks is None else tuple(c for c in CHECK_ORDER if c in checks)
+        chosen: tuple[Check, ...] = DEFAULT_CHECKS if checks is None else tuple(c for c in CHECKS if c in checks)
         return cls(chosen, checks is not None, args.answer, args.neutral_token, args.ig_steps, args.exclude_filler)
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A validated request: the neutral token, the given answer's ids, which checks will run and why not."""
+    """A request validated against a segmented prompt: the neutral token, the given answer's ids, which checks
+    will run and why not."""
 
+    prompt: SegmentedPrompt
     request: EvidenceRequest
     causal: bool
     gradient: bool
@@ -165,8 +165,7 @@ def prepare(inspector: Inspector, loaded: LoadedModel, prompt: SegmentedPrompt, 
     if whole:
         _refuse_or_note(notes, request.explicit, whole, field="segments")
         causal = False
-    needs_tokens = causal or gradient
-    neutral = neutral_token(loaded, request.neutral_token) if needs_tokens or request.neutral_token else None
+    neutral = neutral_token(loaded, request.neutral_token) if causal or gradient or request.neutral_token else None
     answer = answer_ids(loaded, request.answer) if request.answer is not None else None
     if answer is not None and prompt.encoded.length + len(answer) > inspector.limit_for(loaded):
         msg = f"prompt + answer are {prompt.encoded.length + len(answer)} tokens, over {inspector.limit_for(loaded)}"
@@ -175,20 +174,21 @@ def prepare(inspector: Inspector, loaded: LoadedModel, prompt: SegmentedPrompt, 
         input_embeddings(loaded)  # refuses a model without float input embeddings before the pass
         inspector.check_gradient_budget(loaded, prompt.encoded.length + len(answer or [None]) - 1)
     grams = _grams(loaded, notes) if "value" in wants else None
-    return Prepared(request, causal, gradient, grams, neutral, answer, notes)
+    return Prepared(prompt, request, causal, gradient, grams, neutral, answer, notes)
 
 
 # --- after the traced pass -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SegmentCausal:
-    """Δ log p when the segment is removed (or replaced by neutral tokens): negative = the answer depends on it."""
+    """Δ log p when the segment is removed (or replaced by neutral tokens): negative = the answer depends on it.
+    The fields are :class:`~.models.CausalEffect`'s, which reports them with the deciding token's Δ."""
 
-    first_removed: float
-    first_neutral: float
+    first_token_removed: float
+    first_token_neutral: float
     answer_removed: float
     answer_neutral: float
-    top_changed_removed: bool
-    top_changed_neutral: bool
+    top_token_changed_removed: bool
+    top_token_changed_neutral: bool
     per_token_removed: tuple[float, ...] = ()  # (A,) Δ log p of each answer token, removed
 
     def on_token(self, step: int | None) -> float:
@@ -209,12 +209,12 @@ def direction(delta: float) -> Direction:
 
 @dataclass(frozen=True)
 class GradientNumbers:
+    """The gradient check per content segment, and the run it sums (steps, log p at the input and at the
+    baseline, convergence delta)."""
+
     integrated: dict[int, float]  # segment -> Σ IG over its tokens
     times_input: dict[int, float]
-    steps: int
-    value: float
-    baseline_value: float
-    delta: float
+    run: InputGradients
 
 
 @dataclass
@@ -224,7 +224,6 @@ class Evidence:
     answer_ids: list[int]
     source: str  # "model" or "given"
     clean: torch.Tensor | None = None  # (A,) clean log-probabilities of the answer tokens
-    generated_ids: list[int] = field(default_factory=list)  # what the model wrote (the answer may drop its stop)
     causal: dict[int, SegmentCausal] = field(default_factory=dict)
     # causal check by attribution (more than 4 segments): the check, and the segment index of each of its rows
     attribution: tuple[SegmentCheck, list[int]] | None = None
@@ -273,12 +272,12 @@ def _causal(
     first_neutral, whole_neutral = logprob_changes(result.neutral, result.clean)
     for row, index in enumerate(segments):
         evidence.causal[index] = SegmentCausal(
-            first_removed=float(first_removed[row]),
-            first_neutral=float(first_neutral[row]),
+            first_token_removed=float(first_removed[row]),
+            first_token_neutral=float(first_neutral[row]),
             answer_removed=float(whole_removed[row]),
             answer_neutral=float(whole_neutral[row]),
-            top_changed_removed=result.removed_top[row] != result.clean_top,
-            top_changed_neutral=result.neutral_top[row] != result.clean_top,
+            top_token_changed_removed=result.removed_top[row] != result.clean_top,
+            top_token_changed_neutral=result.neutral_top[row] != result.clean_top,
             per_token_removed=tuple((result.removed[row] - result.clean).tolist()),
         )
     if choice is not None:
@@ -308,12 +307,7 @@ def _gradient(
     integrated = segment_sums(result.integrated[: len(ids)], index, count)
     times = segment_sums(result.gradient_x_input[: len(ids)], index, count)
     evidence.gradient = GradientNumbers(
-        integrated={i: float(integrated[i]) for i in segments},
-        times_input={i: float(times[i]) for i in segments},
-        steps=result.steps,
-        value=result.value,
-        baseline_value=result.baseline_value,
-        delta=result.delta,
+        {i: float(integrated[i]) for i in segments}, {i: float(times[i]) for i in segments}, result
     )
     evidence.checks.append("gradient")
 
@@ -369,11 +363,9 @@ class Verdict:
 def verdict(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence) -> Verdict:
     """Rank the named segments by each measure that ran, find the deciding token, and compare the rankings."""
     content = [i for i in content_segments(traced.prompt) if traced.prompt.segments[i].kind != "generated"]
-    tiers = numbers.tiers or ["named"] * len(traced.prompt.segments)
-    segments = [i for i in content if tiers[i] == "named"] or content
+    segments = [i for i in content if numbers.tiers[i] == "named"] or content
     apart = [i for i in content if i not in segments]
-    attention = numbers.views.get("named", numbers.views["share"])
-    measures = {"attention": [attention[i] for i in segments]}
+    measures = {"attention": [numbers.views["named"][i] for i in segments]}
     if "value" in numbers.views:
         measures["value"] = [numbers.views["value"][i] for i in segments]
     deciding: int | None = None

@@ -31,7 +31,7 @@ from agent_tools.prompt_segments import CONTENT_KINDS, Segment, SegmentedPrompt
 from agent_tools.runner import Generation, StopRule
 from agent_tools.runner.attribution import TracedAnswer
 from agent_tools.schemas import ROLES
-from agent_tools.traced_prompt.models import DEFAULT_SINK_THRESHOLD, SegmentTier, Target
+from agent_tools.traced_prompt.models import SegmentTier, Target
 
 
 def segment_tier(segment: Segment) -> SegmentTier:
@@ -154,23 +154,21 @@ def trace_pass(
     loaded: LoadedModel,
     segmented: SegmentedPrompt,
     *,
-    target: Target = "last",
-    max_new_tokens: int = 16,
-    sink_threshold: float = DEFAULT_SINK_THRESHOLD,
-    value_grams: dict[int, Tensor] | None = None,
-    keep_cache: bool = False,
-    stop_when: StopRule | None = None,
+    target: Target,
+    max_new_tokens: int,
+    sink_threshold: float,
+    stop_when: StopRule | None,
+    value_grams: dict[int, Tensor] | None,
+    keep_cache: bool,
 ) -> TracedPrompt:
-    """Run a segmented prompt (validated by :func:`check_traceable`) through the inspector: one captured forward,
-    or greedy generation.
+    """Run a segmented prompt (validated by :func:`check_traceable`, the rollout's memory checked) through the
+    inspector: one captured forward, or greedy generation (``stop_when`` ends it).
 
     ``value_grams`` (layer -> (H, D, D) output-projection Grams) adds the value-weighted rows and key norms;
     ``keep_cache`` keeps the prompt forward's KV cache (target 'last') so the causal checks need not run the clean
     prompt again.
     """
     encoded = segmented.encoded
-    length = encoded.length
-    inspector.check_budget(3 * length * length * 4, "attention rollout over the prompt")
     run = _TracePass(segmented, target, sink_threshold)
     run.values = ValueRowConsumer(value_grams) if value_grams is not None else None
     step_consumers = [run.rows] + ([run.values] if run.values is not None else [])
@@ -189,7 +187,7 @@ def trace_pass(
     kept = inspector.traced_answer(loaded, encoded, consumers) if keep_cache else None
     answer_logits = kept.logits if kept is not None else inspector.answer_logits(loaded, encoded, consumers)
     run.finish_prompt()
-    run.add_step(length)
+    run.add_step(run.length)
     return run.traced(answer_logits, None, kept)
 
 
@@ -198,10 +196,10 @@ def seq2seq_trace_pass(
     loaded: LoadedModel,
     segmented: SegmentedPrompt,
     *,
-    target: Target = "last",
-    max_new_tokens: int = 16,
-    sink_threshold: float = DEFAULT_SINK_THRESHOLD,
-    stop_when: StopRule | None = None,
+    target: Target,
+    max_new_tokens: int,
+    sink_threshold: float,
+    stop_when: StopRule | None,
 ) -> TracedPrompt:
     """An encoder–decoder's trace: which part of the input each answer token's cross-attention read.
 
@@ -214,12 +212,8 @@ def seq2seq_trace_pass(
     self-attention mixing left out.
     """
     encoded = segmented.encoded
-    length = encoded.length
-    inspector.check_budget(3 * length * length * 4, "attention rollout over the prompt")
     steps = max_new_tokens if target == "generate" else 1
-    generation = inspector.generate(
-        loaded, encoded, max_new_tokens=steps, stop_when=stop_when if target == "generate" else None
-    )
+    generation = inspector.generate(loaded, encoded, max_new_tokens=steps, stop_when=stop_when)
     cross = inspector.attention_stack(loaded, "cross")
     decoded = encoded.on_stack(cross.name, answer_input(loaded, encoded, generation))
     rows = CrossRowsConsumer()
@@ -265,14 +259,14 @@ class TraceNumbers:
     last_lead: Lead  # in the last layer
     rollout_lead: Lead  # by rollout, sink set aside
     top_head: tuple[int, int, float]  # (layer, head, share) of the head that reads the leader hardest
-    token_weights: Tensor = field(default_factory=lambda: torch.zeros(0))  # (Tk,) attention per key
-    value_token_weights: Tensor | None = None  # (Tk,) value-weighted share per key
-    filler: list[int] = field(default_factory=list)  # filler / secondary-sink positions (not the sink segment)
-    filler_ratio: Tensor | None = None  # (T,) received / uniform, per prompt token
-    relative_norms: Tensor | None = None  # (T,) ‖v W_O‖ relative to the text's median token
-    exclude_filler: bool = True
-    ranked: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # (S,) named segments
-    tiers: list[SegmentTier] = field(default_factory=list)
+    token_weights: Tensor  # (Tk,) attention per key
+    value_token_weights: Tensor | None  # (Tk,) value-weighted share per key
+    filler: list[int]  # filler / secondary-sink positions (not the sink segment)
+    filler_ratio: Tensor | None  # (T,) received / uniform, per prompt token
+    relative_norms: Tensor | None  # (T,) ‖v W_O‖ relative to the text's median token
+    exclude_filler: bool
+    ranked: Tensor  # (S,) bool: the named segments
+    tiers: list[SegmentTier]
 
     @property
     def num_layers(self) -> int:

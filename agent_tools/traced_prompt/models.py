@@ -7,16 +7,15 @@ and ``trace_prompt_attention``'s report is it plus the summary, findings, views 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from agent_tools.inspector import MAX_NEW_TOKENS
 from agent_tools.schemas import ChatMessage, KeyWeight, Rounded, Rounded6
 from agent_tools.segment_attribution import CausalAttribution
 
 Target = Literal["last", "generate"]
-TARGETS: tuple[str, ...] = get_args(Target)
 AnswerStop = Literal["line", "eos", "sentence", "tokens"]
 ANSWER_STOPS: tuple[str, ...] = get_args(AnswerStop)
 DEFAULT_ANSWER_STOP: AnswerStop = "line"
@@ -26,7 +25,7 @@ NEGLIGIBLE_NATS = 0.1  # |Δ log p| below this (p changes by under ~10%) is word
 AGREEMENT_RHO = 0.5  # attention "agrees" with removal: the same top named segment and Spearman ρ at least this
 DEFAULT_SINK_THRESHOLD = 0.1
 Check = Literal["causal", "gradient", "value"]
-CHECKS: tuple[str, ...] = get_args(Check)
+CHECKS: tuple[Check, ...] = get_args(Check)
 DEFAULT_CHECKS: tuple[Check, ...] = ("causal", "value")
 MAX_IG_STEPS = 256
 
@@ -90,6 +89,15 @@ def max_new_tokens_in_range(value: object) -> object:
     if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens {value} out of range 1..{MAX_NEW_TOKENS}")
     return value
+
+
+MaxNewTokens = Annotated[
+    int,
+    Field(ge=1, le=MAX_NEW_TOKENS, description="answer tokens at most"),
+    BeforeValidator(max_new_tokens_in_range),
+]
+"""The answer's token cap both prompt tools take (``max_new_tokens``; an out-of-range count gets the inspector's
+message)."""
 
 
 class TokenShare(BaseModel):

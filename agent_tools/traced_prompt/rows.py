@@ -7,7 +7,7 @@ measured and its deciding token, the filler set apart. No words here: ``trace_pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -45,26 +45,17 @@ TEXT_SHOWN = 80  # characters of a segment's text in the report
 TOKEN_SHARES_SHOWN = 16  # tokens listed per segment in token_shares
 
 
-@dataclass(frozen=True)
-class MeasuredAnswer:
-    """The answer the checks measured, decoded: its text, its tokens and what it covers."""
-
-    text: str
-    tokens: list[str]
-    covers: str
-
-
 def measured_trace(
     loaded: LoadedModel,
     traced: TracedPrompt,
     numbers: TraceNumbers,
     evidence: Evidence,
     checked: Verdict,
-    answer: MeasuredAnswer,
     *,
     top_k: int,
     sink_threshold: float,
     answer_stop: AnswerStop,
+    max_new_tokens: int,
     neutral_id: int | None = None,
 ) -> MeasuredTrace:
     """The :class:`MeasuredTrace` of one traced pass (and of the checks that ran on it)."""
@@ -94,41 +85,21 @@ def measured_trace(
         stopped=generation.stopped if generation is not None else None,
         seconds_per_token=s if generation is not None and (s := generation.seconds_per_token) else None,
         neutral_token=decode(loaded, [neutral_id]) if neutral_id is not None else None,
-        **_evidence_fields(traced, numbers, evidence, checked, answer),
-    )
-
-
-def measured_answer(
-    loaded: LoadedModel, traced: TracedPrompt, evidence: Evidence, max_new_tokens: int
-) -> MeasuredAnswer:
-    """The answer the checks measured, decoded, and what it covers in words."""
-    tokens = [decode(loaded, [i]) for i in evidence.answer_ids]
-    stopped = traced.generation.stopped if traced.generation is not None else None
-    return MeasuredAnswer(
-        text=decode(loaded, evidence.answer_ids),
-        tokens=tokens,
-        covers=covers(
-            target=traced.target,
-            source=evidence.source,
-            count=len(tokens),
-            stopped=stopped,
-            token=tokens[0] if tokens else "",
-            cap=max_new_tokens,
-        ),
+        **_evidence_fields(loaded, traced, numbers, evidence, checked, max_new_tokens),
     )
 
 
 def _deciding_token(
-    traced: TracedPrompt, evidence: Evidence, checked: Verdict, measured: MeasuredAnswer
+    traced: TracedPrompt, evidence: Evidence, checked: Verdict, answer: AnswerEvidence | None
 ) -> DecidingToken | None:
     step = checked.deciding
-    if step is None or evidence.clean is None:
+    if step is None or answer is None or evidence.clean is None:
         return None
     names = traced.prompt.names
     ranked = sorted(checked.checked, key=lambda i: -abs(evidence.causal[i].on_token(step)))
     return DecidingToken(
         step=step,
-        token=measured.tokens[step],
+        token=answer.tokens[step],
         logprob=float(evidence.clean[step]),
         effects=[
             SegmentEffect(
@@ -142,15 +113,21 @@ def _deciding_token(
 
 
 def _evidence_fields(
-    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, checked: Verdict, measured: MeasuredAnswer
+    loaded: LoadedModel,
+    traced: TracedPrompt,
+    numbers: TraceNumbers,
+    evidence: Evidence,
+    checked: Verdict,
+    max_new_tokens: int,
 ) -> dict[str, Any]:
     """The trace-level evidence: the answer measured, the verdict, the agreement, the filler."""
     names = traced.prompt.names
     depends, against = checked.depends_on, checked.works_against
+    answer = _answer_evidence(loaded, traced, evidence, checked, max_new_tokens)
     return {
         "checks": list(evidence.checks),
-        "answer_evidence": _answer_evidence(traced, evidence, checked, measured),
-        "deciding_token": _deciding_token(traced, evidence, checked, measured),
+        "answer_evidence": answer,
+        "deciding_token": _deciding_token(traced, evidence, checked, answer),
         "depends_on_most": names[depends[0]] if depends else None,
         "depends_on_runner_up": names[depends[1]] if len(depends) > 1 else None,
         "works_against_most": names[against[0]] if against else None,
@@ -168,13 +145,15 @@ def _evidence_fields(
 
 
 def _answer_evidence(
-    traced: TracedPrompt, evidence: Evidence, checked: Verdict, measured: MeasuredAnswer
+    loaded: LoadedModel, traced: TracedPrompt, evidence: Evidence, checked: Verdict, max_new_tokens: int
 ) -> AnswerEvidence | None:
+    """The answer the checks measured (when they measured one), decoded, what it covers in words, and per token
+    the named segment whose removal moves it most."""
     if not evidence.answer_ids or evidence.clean is None:
         return None
-    names = traced.prompt.names
+    names, tokens = traced.prompt.names, [decode(loaded, [i]) for i in evidence.answer_ids]
     per_token = []
-    for step, token in enumerate(measured.tokens):
+    for step, token in enumerate(tokens):
         mover = max(checked.checked, key=lambda i: abs(evidence.causal[i].on_token(step)), default=None)
         mover = mover if evidence.causal and mover is not None else None
         per_token.append(
@@ -187,11 +166,11 @@ def _answer_evidence(
             )
         )
     return AnswerEvidence(
-        text=measured.text,
+        text=decode(loaded, evidence.answer_ids),
         token_ids=list(evidence.answer_ids),
-        tokens=measured.tokens,
+        tokens=tokens,
         source="given" if evidence.source == "given" else "model",
-        covers=measured.covers,
+        covers=covers(traced, evidence.source, tokens, max_new_tokens),
         logprob=float(evidence.clean.sum()),
         first_token_logprob=float(evidence.clean[0]),
         per_token=per_token,
@@ -199,9 +178,9 @@ def _answer_evidence(
 
 
 def _gradient_run(evidence: Evidence) -> GradientRun | None:
-    run = evidence.gradient
-    if run is None:
+    if evidence.gradient is None:
         return None
+    run = evidence.gradient.run
     change = run.value - run.baseline_value
     return GradientRun(
         steps=run.steps,
@@ -297,17 +276,8 @@ def _checks_of(evidence: Evidence, index: int, deciding: int | None) -> dict[str
     fields: dict[str, Any] = {}
     causal = evidence.causal.get(index)
     if causal is not None:
-        fields["causal"] = CausalEffect(
-            removed=causal.on_token(deciding),
-            direction=direction(causal.on_token(deciding)),
-            per_token_removed=list(causal.per_token_removed),
-            first_token_removed=causal.first_removed,
-            first_token_neutral=causal.first_neutral,
-            answer_removed=causal.answer_removed,
-            answer_neutral=causal.answer_neutral,
-            top_token_changed_removed=causal.top_changed_removed,
-            top_token_changed_neutral=causal.top_changed_neutral,
-        )
+        removed = causal.on_token(deciding)
+        fields["causal"] = CausalEffect(removed=removed, direction=direction(removed), **asdict(causal))
     gradient = evidence.gradient
     if gradient is not None and index in gradient.integrated:
         fields["gradient"] = GradientAttribution(
@@ -336,12 +306,11 @@ def _segment_row(
     share = views["share"][index]
     no_rollout = segment.kind == "generated"
     value = views.get("value")
-    ranked = bool(numbers.ranked[index]) if numbers.ranked.numel() else False
     return SegmentShare(
         name=segment.name,
         kind=segment.kind,
-        tier=numbers.tiers[index] if numbers.tiers else "other",
-        named_share=views["named"][index] if ranked and "named" in views else None,
+        tier=numbers.tiers[index],
+        named_share=views["named"][index] if numbers.ranked[index] else None,
         message=segment.message,
         token_count=len(positions),
         positions=positions,

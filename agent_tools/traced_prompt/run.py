@@ -3,6 +3,8 @@ the numbers.
 
 :func:`trace` is what both prompt tools call: ``trace_prompt_attention`` writes its report from the
 :class:`TraceRun`, and ``compare_prompts`` traces two variants and compares their numbers and next-token logits.
+Before any pass, :func:`check_stack` refuses a stack or checks the model cannot trace and :func:`check_prompt`
+segments a prompt and validates the request against it; compare_prompts checks both variants before either runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import SegmentSpec, segment_prompt
 from agent_tools.schemas import ChatMessage
 from agent_tools.traced_prompt.answer import stop_rule
-from agent_tools.traced_prompt.evidence import Evidence, EvidenceRequest, Verdict, gather, prepare, verdict
+from agent_tools.traced_prompt.evidence import Evidence, EvidenceRequest, Prepared, Verdict, gather, prepare, verdict
 from agent_tools.traced_prompt.measure import (
     TracedPrompt,
     TraceNumbers,
@@ -25,104 +27,102 @@ from agent_tools.traced_prompt.measure import (
     seq2seq_trace_pass,
     trace_pass,
 )
-from agent_tools.traced_prompt.models import (
-    DEFAULT_ANSWER_STOP,
-    DEFAULT_SINK_THRESHOLD,
-    AnswerStop,
-    MeasuredTrace,
-    Target,
-)
-from agent_tools.traced_prompt.rows import MeasuredAnswer, measured_answer, measured_trace
+from agent_tools.traced_prompt.models import AnswerStop, MeasuredTrace, Target
+from agent_tools.traced_prompt.rows import measured_trace
 
 
 @dataclass(frozen=True)
 class TraceRun:
-    """A traced prompt, measured and checked: the pass, its numbers, the checks' evidence and verdict, the answer
-    they measured, and the report rows (``measured``) built from them."""
+    """A traced prompt, measured and checked: the pass, its numbers, the checks' evidence and verdict, and the
+    report rows (``measured``) built from them."""
 
     traced: TracedPrompt
     numbers: TraceNumbers
     evidence: Evidence
     verdict: Verdict
-    answer: MeasuredAnswer
     measured: MeasuredTrace
 
 
 def trace_options(args: Any) -> dict[str, Any]:
     """:func:`trace`'s options from a prompt tool's arguments (``target``, ``max_new_tokens``, ``sink_threshold``,
-    ``attention``, ``answer_stop``: the fields trace_prompt_attention and compare_prompts share)."""
-    fields = ("target", "max_new_tokens", "sink_threshold", "attention", "answer_stop")
+    ``answer_stop``: the fields trace_prompt_attention and compare_prompts share)."""
+    fields = ("target", "max_new_tokens", "sink_threshold", "answer_stop")
     return {name: getattr(args, name) for name in fields}
+
+
+def check_stack(inspector: Inspector, loaded: LoadedModel, attention: str | None, request: EvidenceRequest) -> None:
+    """Refuse a stack the trace has no meaning on, and on an encoder–decoder (traced on its cross-attention, the
+    default ``attention``) checks asked for by name."""
+    stack = inspector.attention_stack(loaded, attention, seq2seq_default="cross")
+    if loaded.facts.is_encoder_decoder:
+        inspector.require_stack(loaded, stack, ("cross",), SEQ2SEQ_STACKS)
+        if request.explicit and request.checks:
+            raise InvalidInputError(f"{SEQ2SEQ_CHECKS}; omit checks", field="checks")
+
+
+def check_prompt(
+    inspector: Inspector,
+    loaded: LoadedModel,
+    prompt: str | list[ChatMessage],
+    named: list[SegmentSpec] | None,
+    request: EvidenceRequest,
+    *,
+    field: str = "prompt",
+) -> Prepared:
+    """Segment the prompt (``field`` names it in the error when it is too short to trace) and validate the
+    evidence request against the model and the segments, before any pass runs."""
+    segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field)
+    if loaded.facts.is_encoder_decoder:  # its cross-attention trace runs no checks
+        return Prepared(
+            segmented, request, causal=False, gradient=False, value_grams=None, neutral_id=None, answer_ids=None
+        )
+    return prepare(inspector, loaded, segmented, request)
 
 
 def trace(
     inspector: Inspector,
     loaded: LoadedModel,
-    prompt: str | list[ChatMessage],
-    named: list[SegmentSpec] | None,
+    prepared: Prepared,
     *,
-    target: Target = "last",
-    max_new_tokens: int = 16,
+    target: Target,
+    max_new_tokens: int,
+    sink_threshold: float,
+    answer_stop: AnswerStop,
     top_k: int = 3,
-    sink_threshold: float = DEFAULT_SINK_THRESHOLD,
-    evidence: EvidenceRequest | None = None,
-    attention: str | None = None,
-    answer_stop: AnswerStop = DEFAULT_ANSWER_STOP,
 ) -> TraceRun:
-    """Segment the prompt, check the evidence request, run it (and generate, for target 'generate', ending the
-    answer per ``answer_stop``), run the checks, and read the numbers.
+    """Run a prompt :func:`check_prompt` prepared (and generate, for target 'generate', ending the answer per
+    ``answer_stop``), run the checks, and read the numbers.
 
-    On an encoder–decoder the trace is of the cross-attention (``attention`` 'cross', the default): the answer's
-    tokens reading the input (:func:`~agent_tools.traced_prompt.measure.seq2seq_trace_pass`)."""
-    request = evidence if evidence is not None else EvidenceRequest()
-    stack = inspector.attention_stack(loaded, attention, seq2seq_default="cross")
+    On an encoder–decoder the trace is of the cross-attention: the answer's tokens reading the input
+    (:func:`~agent_tools.traced_prompt.measure.seq2seq_trace_pass`)."""
+    segmented, request = prepared.prompt, prepared.request
+    length = segmented.encoded.length
+    inspector.check_budget(3 * length * length * 4, "attention rollout over the prompt")
+    stop_when = stop_rule(loaded, answer_stop) if target == "generate" else None
+    options: dict[str, Any] = {"target": target, "max_new_tokens": max_new_tokens, "sink_threshold": sink_threshold}
     if loaded.facts.is_encoder_decoder:  # the answer's cross-attention reading the input; no checks
-        inspector.require_stack(loaded, stack, ("cross",), SEQ2SEQ_STACKS)
-        if request.explicit and request.checks:
-            raise InvalidInputError(f"{SEQ2SEQ_CHECKS}; omit checks", field="checks")
-        segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
-        traced = seq2seq_trace_pass(
-            inspector,
-            loaded,
-            segmented,
-            target=target,
-            max_new_tokens=max_new_tokens,
-            sink_threshold=sink_threshold,
-            stop_when=stop_rule(loaded, answer_stop),
-        )
+        traced = seq2seq_trace_pass(inspector, loaded, segmented, **options, stop_when=stop_when)
         notes = [f"{SEQ2SEQ_CHECKS} (skipped)"] if request.checks else []
-        found, neutral_id = Evidence([], "model", notes=[*notes, SEQ2SEQ_ROLLOUT]), None
+        found = Evidence([], "model", notes=[*notes, SEQ2SEQ_ROLLOUT])
     else:
-        segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named))
-        prepared = prepare(inspector, loaded, segmented, request)
-        traced = trace_pass(
-            inspector,
-            loaded,
-            segmented,
-            target=target,
-            max_new_tokens=max_new_tokens,
-            sink_threshold=sink_threshold,
-            value_grams=prepared.value_grams,
-            keep_cache=prepared.causal and target == "last",
-            stop_when=stop_rule(loaded, answer_stop) if target == "generate" else None,
-        )
-        found, neutral_id = gather(inspector, loaded, traced, prepared), prepared.neutral_id
+        options |= {"value_grams": prepared.value_grams, "keep_cache": prepared.causal and target == "last"}
+        traced = trace_pass(inspector, loaded, segmented, **options, stop_when=stop_when)
+        found = gather(inspector, loaded, traced, prepared)
     numbers = measure(traced, exclude_filler=request.exclude_filler)
     checked = verdict(traced, numbers, found)
-    answer = measured_answer(loaded, traced, found, max_new_tokens)
     rows = measured_trace(
         loaded,
         traced,
         numbers,
         found,
         checked,
-        answer,
         top_k=top_k,
         sink_threshold=sink_threshold,
         answer_stop=answer_stop,
-        neutral_id=neutral_id,
+        max_new_tokens=max_new_tokens,
+        neutral_id=prepared.neutral_id,
     )
-    return TraceRun(traced, numbers, found, checked, answer, rows)
+    return TraceRun(traced, numbers, found, checked, rows)
 
 
 SEQ2SEQ_STACKS = (

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from agent_tools.inspector import MAX_NEW_TOKENS
 from agent_tools.prompt_segments import SegmentSpec
 from agent_tools.schemas import ChatMessage, ModelInput, NextCall, Report, Rounded
 from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack, StackReport
@@ -19,11 +18,11 @@ from agent_tools.traced_prompt.models import (
     SINK_DESCRIPTION,
     AnswerStop,
     Check,
+    MaxNewTokens,
     MeasuredTrace,
     Target,
     TokenProbability,
     answer_stop_form,
-    max_new_tokens_in_range,
 )
 
 DESCRIPTION = (
@@ -38,12 +37,7 @@ class ComparePromptsInput(ModelInput):
     segments_a: list[SegmentSpec] | None = Field(default=None, description="named segments of prompt_a")
     segments_b: list[SegmentSpec] | None = Field(default=None, description="the same names compare")
     target: Target = "last"
-    max_new_tokens: int = Field(
-        default=16,
-        ge=1,
-        le=MAX_NEW_TOKENS,
-        description="answer tokens at most",
-    )
+    max_new_tokens: MaxNewTokens = 16
     answer_stop: AnswerStop = Field(default=DEFAULT_ANSWER_STOP, description=ANSWER_STOP_DESCRIPTION)
     sink_threshold: float = Field(default=DEFAULT_SINK_THRESHOLD, gt=0, le=1, description=SINK_DESCRIPTION)
     checks: list[Check] | None = None
@@ -53,7 +47,6 @@ class ComparePromptsInput(ModelInput):
     exclude_filler: bool = Field(default=True, description=FILLER_DESCRIPTION)
     attention: AttentionStack | None = Field(default=None, description=TRACE_ATTENTION_DESCRIPTION)
 
-    _max_new_tokens_range = field_validator("max_new_tokens", mode="before")(max_new_tokens_in_range)
     _answer_stop_form = model_validator(mode="before")(answer_stop_form)
 
 

@@ -7,16 +7,13 @@ from typing import Any
 from agent_tools.analysis.metrics import kl_divergence
 from agent_tools.analysis.segments import share_changes
 from agent_tools.inspector import Inspector
-from agent_tools.prompt_segments import segment_prompt
 from agent_tools.schemas import NextCall
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.compare_prompts.models import ComparePromptsInput, PromptComparison, SegmentComparison
 from agent_tools.tools.compare_prompts.narrative import Comparison, narrate
 from agent_tools.traced_prompt.evidence import EvidenceRequest
-from agent_tools.traced_prompt.evidence import prepare as prepare_evidence
-from agent_tools.traced_prompt.measure import check_traceable
 from agent_tools.traced_prompt.models import MeasuredTrace, TokenProbability, generation_arguments, prompt_argument
-from agent_tools.traced_prompt.run import TraceRun, trace, trace_options
+from agent_tools.traced_prompt.run import TraceRun, check_prompt, check_stack, trace, trace_options
 
 COMPARED = {  # SegmentComparison's column -> the trace's field, one column per variant (_a, _b)
     "share_without_sink": "share_without_sink",
@@ -38,20 +35,18 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
     loaded = inspector.model(args.model)
     variants = (("prompt_a", args.prompt_a, args.segments_a), ("prompt_b", args.prompt_b, args.segments_b))
     request = EvidenceRequest.of(args)
-    for field, prompt, named in variants:  # both variants valid (text, segments, checks) before either runs
-        segmented = check_traceable(segment_prompt(inspector, loaded, prompt, named), field=field)
-        if not loaded.facts.is_encoder_decoder:  # an encoder–decoder's cross-attention trace runs no checks
-            prepare_evidence(inspector, loaded, segmented, request)
-    run_a, run_b = (
-        trace(inspector, loaded, p, named, evidence=request, **trace_options(args)) for _, p, named in variants
-    )
+    prepared = [  # both variants valid (text, segments, checks) before either runs
+        check_prompt(inspector, loaded, prompt, named, request, field=field) for field, prompt, named in variants
+    ]
+    check_stack(inspector, loaded, args.attention, request)
+    run_a, run_b = (trace(inspector, loaded, prompt, **trace_options(args)) for prompt in prepared)
     comparison = compare(run_a, run_b, generated=args.target == "generate")
     summary, findings = narrate(comparison)
     a, b = comparison.a, comparison.b
     return PromptComparison(
         model=loaded.name,
         attention=run_a.traced.stack,
-        summary=summary if run_a.traced.stack == "self" else on_stack(run_a.traced.stack, summary),
+        summary=on_stack(run_a.traced.stack, summary),
         findings=findings,
         target=args.target,
         segments=comparison.rows,

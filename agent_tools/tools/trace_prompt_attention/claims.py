@@ -15,8 +15,8 @@ from agent_tools.schemas import Finding
 from agent_tools.tools.trace_prompt_attention.models import ViewLead
 from agent_tools.traced_prompt.evidence import MEASURE_NAMES, Evidence, Verdict, direction
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
-from agent_tools.traced_prompt.models import AGREEMENT_RHO, NEGLIGIBLE_NATS
-from agent_tools.traced_prompt.rows import MeasuredAnswer
+from agent_tools.traced_prompt.models import AGREEMENT_RHO, NEGLIGIBLE_NATS, AnswerEvidence
+from agent_tools.traced_prompt.run import TraceRun
 
 FILLER_SHOWN = 5
 SUPPORTERS_SHOWN = 2
@@ -47,11 +47,17 @@ def _rho(verdict: Verdict, a: str, b: str) -> float | None:
 def effect_words(name: str, delta: float, *, of: str = "log p") -> str:
     """One segment's removal effect in words, the direction named: 'depends on', 'works against' or barely moves."""
     kind = direction(delta)
-    if kind == "depends_on":
-        return f"depends on {name!r} (removing it lowers {of} by {-delta:.2f})"
-    if kind == "works_against":
-        return f"is pulled against by {name!r} (removing it raises {of} by {delta:.2f})"
-    return f"barely moves without {name!r} ({delta:+.2f}, under {NEGLIGIBLE_NATS} nats)"
+    if kind == "negligible":
+        return f"barely moves without {name!r} ({delta:+.2f}, under {NEGLIGIBLE_NATS} nats)"
+    verb = "depends on" if kind == "depends_on" else "is pulled against by"
+    return f"{verb} {name!r} ({removal_words(delta, of=of)})"
+
+
+def _deciding_text(answer: AnswerEvidence | None, step: int | None) -> str:
+    """The deciding token's text (the whole answer's when there is no such step)."""
+    if answer is None:
+        return ""
+    return answer.tokens[step] if step is not None and step < len(answer.tokens) else answer.text
 
 
 def _token_clauses(traced: TracedPrompt, evidence: Evidence, verdict: Verdict) -> str:
@@ -67,16 +73,15 @@ def _token_clauses(traced: TracedPrompt, evidence: Evidence, verdict: Verdict) -
     return " and ".join(clauses)
 
 
-def causal_lead(
-    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict, measured: MeasuredAnswer
-) -> str:
+def causal_lead(run: TraceRun) -> str:
     """The summary's first sentences: the measured answer, its deciding token and the named segments that move
     it (direction named), the gaps and inserted text apart, then whether attention agrees."""
-    if verdict.deciding is None:
+    traced, numbers, evidence, verdict = run.traced, run.numbers, run.evidence, run.verdict
+    answer = run.measured.answer_evidence
+    if verdict.deciding is None or answer is None:
         return ""
-    step, tokens = verdict.deciding, measured.tokens
-    text = f"Measured answer {measured.text!r}: {measured.covers}. "
-    token = tokens[step] if step < len(tokens) else measured.text
+    step, tokens, token = verdict.deciding, answer.tokens, _deciding_text(answer, verdict.deciding)
+    text = f"Measured answer {answer.text!r}: {answer.covers}. "
     if len(tokens) > 1:
         text += (
             f"Deciding token {token!r} (step {step} of {len(tokens)}, the one removals move most): it "
@@ -191,14 +196,13 @@ def filler_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
     return f" Filler / secondary sinks {verb} 'read most': {shown}{more}."
 
 
-def evidence_findings(
-    traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict, measured: MeasuredAnswer
-) -> list[Finding]:
+def evidence_findings(run: TraceRun) -> list[Finding]:
     """Findings of the checks: the deciding token's movers (each direction named), gaps and inserted text apart,
     the filler, and the rank agreements."""
+    traced, numbers, evidence, verdict = run.traced, run.numbers, run.evidence, run.verdict
     findings: list[Finding] = []
     step = verdict.deciding
-    token = measured.tokens[step] if step is not None and step < len(measured.tokens) else measured.text
+    token = _deciding_text(run.measured.answer_evidence, step)
     ranked = sorted(verdict.checked, key=lambda i: -abs(evidence.causal[i].on_token(step))) if evidence.causal else []
     for i in ranked[:3]:
         delta = evidence.causal[i].on_token(step)
@@ -247,44 +251,27 @@ def evidence_findings(
     return findings
 
 
-def view_leads(traced: TracedPrompt, numbers: TraceNumbers, evidence: Evidence, verdict: Verdict) -> list[ViewLead]:
-    """Every view, what it measures, and the segment it puts first."""
-    leads = [("share", "named", numbers.lead), ("last_layer", "last", numbers.last_lead)]
-    leads.append(("rollout", "rollout_free", numbers.rollout_lead))
-    rows = [
-        ViewLead(
-            view=view,
-            measures=VIEW_MEANINGS[view],
-            leader=_name(traced, lead.best),
-            value=numbers.views[key][lead.best],
-        )
-        for view, key, lead in leads
-    ]
-    rows += _measure_lead(traced, verdict, "value")
+def view_leads(run: TraceRun) -> list[ViewLead]:
+    """Every view, what it measures, and the segment it puts first (a check's view where the check ran)."""
+    numbers, evidence, verdict = run.numbers, run.evidence, run.verdict
+    views = (("share", "named", numbers.lead), ("last_layer", "last", numbers.last_lead))
+    leads = [(view, lead.best, numbers.views[key][lead.best]) for view, key, lead in views]
+    leads.append(("rollout", numbers.rollout_lead.best, numbers.views["rollout_free"][numbers.rollout_lead.best]))
+    leads += _measure_lead(verdict, "value")
     if verdict.moves_most is not None:
-        rows.append(
-            ViewLead(
-                view="causal",
-                measures=VIEW_MEANINGS["causal"],
-                leader=_name(traced, verdict.moves_most),
-                value=evidence.causal[verdict.moves_most].on_token(verdict.deciding),
-            )
-        )
-    rows += _measure_lead(traced, verdict, "gradient")
-    return rows
+        leads.append(("causal", verdict.moves_most, evidence.causal[verdict.moves_most].on_token(verdict.deciding)))
+    leads += _measure_lead(verdict, "gradient")
+    return [
+        ViewLead(view=view, measures=VIEW_MEANINGS[view], leader=_name(run.traced, index), value=value)
+        for view, index, value in leads
+    ]
 
 
-def _measure_lead(traced: TracedPrompt, verdict: Verdict, view: str) -> list[ViewLead]:
-    """The named segment a ranking measure puts first, as a one-row list (empty when that measure did not run)."""
+def _measure_lead(verdict: Verdict, view: str) -> list[tuple[str, int, float]]:
+    """The named segment a ranking measure puts first and its value, as a one-row list (empty when that measure
+    did not run)."""
     if view not in verdict.measures or not verdict.segments:
         return []
     values = verdict.measures[view]
     best = max(range(len(values)), key=lambda i: values[i])
-    return [
-        ViewLead(
-            view=view,
-            measures=VIEW_MEANINGS[view],
-            leader=_name(traced, verdict.segments[best]),
-            value=values[best],
-        )
-    ]
+    return [(view, verdict.segments[best], values[best])]

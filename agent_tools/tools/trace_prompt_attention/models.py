@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from agent_tools.inspector import MAX_NEW_TOKENS
 from agent_tools.prompt_segments import SegmentSpec
 from agent_tools.schemas import ChatMessage, Finding, ModelInput, NextCall, Report, Rounded, rounded
 from agent_tools.stack_input import TRACE_ATTENTION_DESCRIPTION, AttentionStack, StackReport
@@ -20,10 +19,10 @@ from agent_tools.traced_prompt.models import (
     SINK_DESCRIPTION,
     AnswerStop,
     Check,
+    MaxNewTokens,
     MeasuredTrace,
     Target,
     answer_stop_form,
-    max_new_tokens_in_range,
 )
 
 __all__ = ["PromptTrace", "TracePromptInput", "ViewLead"]
@@ -39,12 +38,7 @@ class TracePromptInput(ModelInput):
     prompt: str | list[ChatMessage]
     segments: list[SegmentSpec] | None = Field(default=None, description=SEGMENTS_DESCRIPTION)
     target: Target = "last"
-    max_new_tokens: int = Field(
-        default=16,
-        ge=1,
-        le=MAX_NEW_TOKENS,
-        description="answer tokens at most",
-    )
+    max_new_tokens: MaxNewTokens = 16
     answer_stop: AnswerStop = Field(default=DEFAULT_ANSWER_STOP, description=ANSWER_STOP_DESCRIPTION)
     top_k: int = Field(default=3, ge=1, le=10, description="most-read tokens listed per segment")
     sink_threshold: float = Field(default=DEFAULT_SINK_THRESHOLD, gt=0, le=1, description=SINK_DESCRIPTION)
@@ -55,7 +49,6 @@ class TracePromptInput(ModelInput):
     exclude_filler: bool = Field(default=True, description=FILLER_DESCRIPTION)
     attention: AttentionStack | None = Field(default=None, description=TRACE_ATTENTION_DESCRIPTION)
 
-    _max_new_tokens_range = field_validator("max_new_tokens", mode="before")(max_new_tokens_in_range)
     _answer_stop_form = model_validator(mode="before")(answer_stop_form)
 
 

@@ -11,42 +11,35 @@ from __future__ import annotations
 import torch
 
 from agent_tools.schemas import Finding
-from agent_tools.tools.trace_prompt_attention.claims import reading_sentence
+from agent_tools.tools.trace_prompt_attention.claims import (
+    causal_lead,
+    evidence_findings,
+    filler_clause,
+    reading_sentence,
+)
 from agent_tools.traced_prompt.answer import STOP_WORDS
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
 from agent_tools.traced_prompt.models import GeneratedToken, MeasuredTrace
+from agent_tools.traced_prompt.run import TraceRun
 
 PEAKS_SHOWN = 3
 
 
-def narrate(
-    traced: TracedPrompt,
-    numbers: TraceNumbers,
-    answer: MeasuredTrace,
-    *,
-    lead: str = "",
-    evidence: list[Finding] | None = None,
-    filler: str = "",
-) -> tuple[str, list[Finding]]:
+def narrate(run: TraceRun) -> tuple[str, list[Finding]]:
     """The summary and the findings of one trace.
 
-    ``answer``: the trace's rows, for what the model answered (its generated tokens, or its top next tokens);
-    ``lead``: the causal sentences that open the summary (the measured answer, what its deciding token depends
-    on, whether attention agrees) when the checks ran; ``evidence``: their findings, listed first; ``filler``:
-    the clause naming the filler set apart.
+    The trace's rows (``run.measured``) say what the model answered (its generated tokens, or its top next
+    tokens); when the checks ran, the causal sentences (:func:`.claims.causal_lead`: the measured answer, what its
+    deciding token depends on, whether attention agrees) open the summary and their findings come first; the
+    clause naming the filler set apart ends it.
     """
-    peaks = peak_findings(traced, numbers, answer.generated) if answer.generated is not None else []
-    if lead:
-        summary = lead + _reading_if_missing(traced, numbers, lead) + filler
-    else:
-        summary = _summary(traced, numbers, answer, peaks) + filler
-    return summary, list(evidence or []) + _findings(traced, numbers, answer, peaks)
+    traced, numbers, answer, lead = run.traced, run.numbers, run.measured, causal_lead(run)
+    summary = lead + _reading_if_missing(traced, numbers, lead) if lead else _summary(traced, numbers, answer)
+    return summary + filler_clause(traced, numbers), evidence_findings(run) + _findings(traced, numbers, answer)
 
 
 # --- findings ----------------------------------------------------------------------------------------------------
-def _findings(
-    traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace, peaks: list[Finding]
-) -> list[Finding]:
+def _findings(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace) -> list[Finding]:
     findings = [_read_most(traced, numbers)]
     if numbers.lead.runner_up is not None:
         findings.append(_runner_up(traced, numbers, numbers.lead.runner_up))
@@ -59,7 +52,7 @@ def _findings(
         findings.append(_template(traced, numbers, template))
     if answer.generated is not None:
         findings.append(_tokens_read_most(answer.generated))
-        findings.extend(peaks)
+        findings.extend(peak_findings(traced, numbers, answer.generated))
     return findings
 
 
@@ -208,10 +201,8 @@ def _reading_if_missing(traced: TracedPrompt, numbers: TraceNumbers, lead: str) 
     return " " + reading_sentence(traced, numbers, prefix="Attention")
 
 
-def _summary(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace, peaks: list[Finding]) -> str:
-    return reading_sentence(traced, numbers, prefix=_opening(traced, answer)) + _answer_clause(
-        traced, numbers, answer, peaks
-    )
+def _summary(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace) -> str:
+    return reading_sentence(traced, numbers, prefix=_opening(traced, answer)) + _answer_clause(traced, numbers, answer)
 
 
 def _opening(traced: TracedPrompt, answer: MeasuredTrace) -> str:
@@ -224,7 +215,7 @@ def _opening(traced: TracedPrompt, answer: MeasuredTrace) -> str:
     return f"At the last prompt position {position} {traced.prompt.encoded.tokens[position].text!r}, the model"
 
 
-def _answer_clause(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace, peaks: list[Finding]) -> str:
+def _answer_clause(traced: TracedPrompt, numbers: TraceNumbers, answer: MeasuredTrace) -> str:
     if answer.generated:
         best = _best(traced, numbers)
         count = sum(1 for g in answer.generated if g.read_most == best)

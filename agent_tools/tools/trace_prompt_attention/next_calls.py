@@ -13,19 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agent_tools.prompt_segments import SegmentSpec
+from agent_tools.prompt_segments import uncovered
 from agent_tools.schemas import ROLES, ChatMessage, NextCall
-from agent_tools.tools.trace_prompt_attention.models import PromptTrace
-from agent_tools.traced_prompt.evidence import EvidenceRequest
+from agent_tools.tools.trace_prompt_attention.models import PromptTrace, TracePromptInput
 from agent_tools.traced_prompt.measure import TracedPrompt
-from agent_tools.traced_prompt.models import (
-    DEFAULT_ANSWER_STOP,
-    AnswerStop,
-    Target,
-    generation_arguments,
-    messages_argument,
-    prompt_argument,
-)
+from agent_tools.traced_prompt.models import generation_arguments, messages_argument, prompt_argument
 
 
 def prompt_without(traced: TracedPrompt, prompt: str | Sequence[ChatMessage], name: str) -> Any:
@@ -62,7 +54,7 @@ def _owned_characters(traced: TracedPrompt, name: str) -> list[tuple[int, int]]:
     prompt = traced.prompt
     segment = prompt.segments[prompt.index(name) or 0]
     assert segment.char_start is not None and segment.char_end is not None
-    inner = sorted(
+    inner = [
         (s.char_start, s.char_end)
         for s in prompt.segments
         if s.kind == "named"
@@ -71,24 +63,13 @@ def _owned_characters(traced: TracedPrompt, name: str) -> list[tuple[int, int]]:
         and s.char_end is not None
         and segment.char_start <= s.char_start
         and s.char_end <= segment.char_end
-    )
-    spans, cursor = [], segment.char_start
-    for start, end in inner:
-        if start > cursor:
-            spans.append((cursor, start))
-        cursor = max(cursor, end)
-    if cursor < segment.char_end:
-        spans.append((cursor, segment.char_end))
-    return spans
+    ]
+    return uncovered(inner, segment.char_start, segment.char_end)
 
 
 def _cut(text: str, spans: Sequence[tuple[int, int]]) -> str:
     """``text`` with exactly the characters of ``spans`` removed; nothing else changes."""
-    pieces, cursor = [], 0
-    for start, end in sorted(spans):
-        pieces.append(text[cursor:start])
-        cursor = max(cursor, end)
-    return "".join([*pieces, text[cursor:]])
+    return "".join(text[start:end] for start, end in uncovered(spans, 0, len(text)))
 
 
 def _content_start(traced: TracedPrompt, message: int) -> int | None:
@@ -96,39 +77,18 @@ def _content_start(traced: TracedPrompt, message: int) -> int | None:
     return next((s.char_start for s in traced.prompt.segments if s.kind in ROLES and s.message == message), None)
 
 
-def _trace_arguments(
-    report: PromptTrace,
-    prompt: str | Sequence[ChatMessage],
-    named: Sequence[SegmentSpec] | None,
-    generation: dict[str, Any],
-) -> dict[str, Any]:
-    arguments: dict[str, Any] = {"model": report.model, "prompt": prompt_argument(prompt), **generation}
-    if named:
-        arguments["segments"] = [spec.model_dump(exclude_none=True) for spec in named]
-    return arguments
-
-
-def trace_next_calls(
-    report: PromptTrace,
-    traced: TracedPrompt,
-    prompt: str | Sequence[ChatMessage],
-    named: Sequence[SegmentSpec] | None,
-    *,
-    request: EvidenceRequest,
-    target: Target,
-    answer_stop: AnswerStop = DEFAULT_ANSWER_STOP,
-    max_new_tokens: int = 16,
-) -> list[NextCall]:
-    """Up to three calls that test the trace's lead from another side."""
+def trace_next_calls(report: PromptTrace, traced: TracedPrompt, args: TracePromptInput) -> list[NextCall]:
+    """Up to three calls that test the trace's lead from another side (``args``: the trace's own arguments)."""
     calls: list[NextCall] = []
-    generation = generation_arguments(target, answer_stop, max_new_tokens)
+    prompt, named = args.prompt, args.segments
+    generation = generation_arguments(args.target, args.answer_stop, args.max_new_tokens)
+    given = {"answer": args.answer} if args.answer is not None else {}  # the answer the trace measured
     lead = report.moves_most or report.read_most
     without = prompt_without(traced, prompt, lead)
     if without is not None:
         verb = "moves with" if report.moves_most else "reads"
-        arguments = {"model": report.model, "prompt_a": prompt_argument(prompt), "prompt_b": without, **generation}
-        if request.answer is not None:
-            arguments["answer"] = request.answer
+        arguments = {"model": report.model, "prompt_a": prompt_argument(prompt), "prompt_b": without}
+        arguments |= generation | given
         calls.append(
             NextCall(
                 tool="compare_prompts",
@@ -138,9 +98,10 @@ def trace_next_calls(
             )
         )
     if "gradient" not in report.checks and report.answer_evidence is not None:
-        arguments = _trace_arguments(report, prompt, named, generation) | {"checks": ["causal", "gradient", "value"]}
-        if request.answer is not None:
-            arguments["answer"] = request.answer
+        arguments = {"model": report.model, "prompt": prompt_argument(prompt), **generation}
+        if named:
+            arguments["segments"] = [spec.model_dump(exclude_none=True) for spec in named]
+        arguments |= {"checks": ["causal", "gradient", "value"]} | given
         calls.append(
             NextCall(
                 tool="trace_prompt_attention",

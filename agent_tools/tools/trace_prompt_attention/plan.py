@@ -7,14 +7,13 @@ Not a :class:`~agent_tools.inspector.PassPlan`: target 'generate' runs greedy ge
 from __future__ import annotations
 
 from agent_tools.inspector import Inspector
-from agent_tools.loading import LoadedModel
 from agent_tools.stack_input import on_stack
-from agent_tools.tools.trace_prompt_attention.claims import causal_lead, evidence_findings, filler_clause, view_leads
+from agent_tools.tools.trace_prompt_attention.claims import view_leads
 from agent_tools.tools.trace_prompt_attention.models import PromptTrace, TracePromptInput
 from agent_tools.tools.trace_prompt_attention.narrative import narrate
 from agent_tools.tools.trace_prompt_attention.next_calls import trace_next_calls
 from agent_tools.traced_prompt.evidence import EvidenceRequest
-from agent_tools.traced_prompt.run import TraceRun, trace, trace_options
+from agent_tools.traced_prompt.run import check_prompt, check_stack, trace, trace_options
 
 
 def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> PromptTrace:
@@ -29,40 +28,19 @@ def trace_prompt_attention(inspector: Inspector, args: TracePromptInput) -> Prom
     """
     loaded = inspector.model(args.model)
     request = EvidenceRequest.of(args)
-    run = trace(
-        inspector, loaded, args.prompt, args.segments, top_k=args.top_k, evidence=request, **trace_options(args)
-    )
-    report = trace_report(loaded, run)
-    report.next_calls = trace_next_calls(
-        report,
-        run.traced,
-        args.prompt,
-        args.segments,
-        request=request,
-        target=args.target,
-        answer_stop=args.answer_stop,
-        max_new_tokens=args.max_new_tokens,
-    )
-    return report
-
-
-def trace_report(loaded: LoadedModel, run: TraceRun) -> PromptTrace:
-    """The report of one traced prompt: its numbers, and the summary, findings and views written from them."""
-    traced, numbers, evidence, checked, measured = run.traced, run.numbers, run.evidence, run.verdict, run.answer
-    summary, findings = narrate(
-        traced,
-        numbers,
-        run.measured,
-        lead=causal_lead(traced, numbers, evidence, checked, measured),
-        evidence=evidence_findings(traced, numbers, evidence, checked, measured),
-        filler=filler_clause(traced, numbers),
-    )
-    return PromptTrace(
+    check_stack(inspector, loaded, args.attention, request)
+    checked = check_prompt(inspector, loaded, args.prompt, args.segments, request)
+    run = trace(inspector, loaded, checked, top_k=args.top_k, **trace_options(args))
+    traced = run.traced
+    summary, findings = narrate(run)
+    report = PromptTrace(
         **dict(run.measured),
         model=loaded.name,
         attention=traced.stack,
-        summary=summary if traced.stack == "self" else on_stack(traced.stack, summary),
+        summary=on_stack(traced.stack, summary),
         findings=findings,
         rendered_prompt=traced.prompt.encoded.text,
-        views=view_leads(traced, numbers, evidence, checked),
+        views=view_leads(run),
     )
+    report.next_calls = trace_next_calls(report, traced, args)
+    return report
