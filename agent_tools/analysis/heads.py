@@ -340,7 +340,6 @@ PROBE_ROLES: tuple[HeadRole, ...] = tuple(r for r in HEAD_ROLES if ROLES[r].meas
 TEXT_ROLES: tuple[HeadRole, ...] = tuple(r for r in HEAD_ROLES if ROLES[r].measured_on == "text")
 FALLBACK_ROLES: tuple[HeadRole, ...] = tuple(r for r in HEAD_ROLES if ROLES[r].fallback)
 DEFAULT_THRESHOLDS: dict[HeadRole, float] = {r: ROLES[r].threshold for r in HEAD_ROLES}
-ROLE_FORMULAS: dict[HeadRole, str] = {r: ROLES[r].formula for r in HEAD_ROLES}
 
 
 # --- named patterns: what an agent may ask profile_heads to score (no code from agents) ----------------------
@@ -348,7 +347,6 @@ ROLE_FORMULAS: dict[HeadRole, str] = {r: ROLES[r].formula for r in HEAD_ROLES}
 PatternName = Literal[
     "previous_token", "next_token", "self", "first_token", "local_window", "same_token", "after_same_token"
 ]
-PATTERN_NAMES: tuple[PatternName, ...] = get_args(PatternName)
 
 
 @dataclass(frozen=True)
@@ -475,7 +473,6 @@ def classify_head(scores: Mapping[HeadRole, float], thresholds: Mapping[HeadRole
 
 
 RoleVerdict = Literal["is_role", "attends_only", "unchecked", "below_threshold"]
-ROLE_VERDICTS: tuple[RoleVerdict, ...] = get_args(RoleVerdict)
 
 
 def role_verdict(score: float, threshold: float, *, checked: bool | None) -> RoleVerdict:

@@ -266,26 +266,6 @@ class HeadAccumulator:
         )
 
 
-def collapse_statistics(
-    weights: Tensor,
-    scores: Tensor,
-    allowed: Tensor,
-    sink_mask: Tensor,
-    *,
-    layer: int = 0,
-    heads: Sequence[int] | None = None,
-    threshold: float = SATURATION,
-    value_norms: Tensor | None = None,
-    output_norms: Tensor | None = None,
-) -> list[HeadCollapse]:
-    """Whole-map entry point: weights/scores (h, q, k) with query i at key column i, allowed (q, k)."""
-    heads = list(range(weights.shape[0])) if heads is None else list(heads)
-    accumulator = HeadAccumulator(layer, heads, weights.shape[-1], threshold=threshold)
-    positions = torch.arange(weights.shape[-1] - weights.shape[-2], weights.shape[-1], device=weights.device)
-    accumulator.add(weights, scores, allowed, positions, sink_mask, value_norms=value_norms, output_norms=output_norms)
-    return accumulator.finish(sink_mask)
-
-
 class CollapseConsumer:
     """Per layer and query chunk, turns the captured maps into running sums and drops them.
 
