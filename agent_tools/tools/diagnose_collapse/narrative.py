@@ -6,6 +6,7 @@ without running a model.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -365,9 +366,7 @@ def _check_summary(check: CollapseCheck) -> str:
     rest = [r for r in ordered if r not in shown]
     tail = ""
     if rest:
-        kinds: dict[str, int] = {}
-        for r in rest:
-            kinds[KINDS[r.kind].plural] = kinds.get(KINDS[r.kind].plural, 0) + 1
+        kinds = Counter(KINDS[r.kind].plural for r in rest)  # in the order first seen
         tail = "; " + ", ".join(f"{n} more {k}" for k, n in kinds.items())
     harmful = sum(1 for r in check.heads if r.kind == "harmful")
     verdict = (

@@ -189,10 +189,7 @@ def _causal_check(
     collapsed = [r for r in rows if r.verdict in COLLAPSED_VERDICTS]
     if not collapsed or stack.name not in ("self", "encoder"):
         return None
-    ordered = [r for r in collapsed if r.verdict == "writing_collapse"] + [
-        r for r in collapsed if r.verdict == "no_op_sink"
-    ]
-    checked = ordered[: args.max_checked]
+    checked = sorted(collapsed, key=lambda r: r.verdict != "writing_collapse")[: args.max_checked]  # stable
     notes: list[str] = []
     pool = [(r.layer, r.head) for r in rows if r.verdict == "not_collapsed"]
     singles, said = random_sets(pool, 1, args.baseline_draws, seed=args.seed)
@@ -214,37 +211,27 @@ def _causal_check(
     def baseline(drawn: list[HeadSet], method: AblationMethod) -> Baseline:
         return baseline_of([found[(s, method)] for s in drawn])
 
-    def effect_rows(heads: HeadSet, drawn: list[HeadSet]) -> dict[AblationMethod, AblationEffectRow]:
-        """Each method's effect of removing ``heads``, compared with the same method on the ``drawn`` sets."""
-        rows = {}
-        for method in methods:
-            effect = found[(heads, method)].effect
-            rows[method] = AblationEffectRow(
-                effect=effect, direction=compare_with_baseline(effect, baseline(drawn, method))
+    def effect_rows(heads: HeadSet, drawn: list[HeadSet]) -> dict[str, AblationEffectRow]:
+        """Each method's effect of removing ``heads`` against the same method on the ``drawn`` sets, by the rows'
+        field (``mean_ablation``, ``resample_ablation``)."""
+        return {
+            f"{method}_ablation": AblationEffectRow(
+                effect=(effect := found[(heads, method)].effect),
+                direction=compare_with_baseline(effect, baseline(drawn, method)),
             )
-        return rows
+            for method in methods
+        }
 
     def check_row(row: HeadCollapseRow) -> CollapseCheckRow:
         effects = effect_rows(((row.layer, row.head),), singles)
-        resample = effects.get("resample")
-        return CollapseCheckRow(
-            layer=row.layer,
-            head=row.head,
-            verdict=row.verdict,
-            kind=collapse_kind(row.verdict, effects["mean"].direction, resample.direction if resample else None),
-            mean_ablation=effects["mean"],
-            resample_ablation=resample,
-        )
+        resample = effects.get("resample_ablation")
+        kind = collapse_kind(row.verdict, effects["mean_ablation"].direction, resample.direction if resample else None)
+        return CollapseCheckRow(layer=row.layer, head=row.head, verdict=row.verdict, kind=kind, **effects)
 
     heads = [check_row(r) for r in checked]
     group = None
     if len(checked) > 1:
-        effects = effect_rows(together, groups)
-        group = GroupCheckRow(
-            heads=[head_label(layer, head) for layer, head in together],
-            mean_ablation=effects["mean"],
-            resample_ablation=effects.get("resample"),
-        )
+        group = GroupCheckRow(heads=[head_label(la, he) for la, he in together], **effect_rows(together, groups))
     return CollapseCheck(
         measure="next_token_loss" if measured.loss_clean is not None else "embedding_cosine",
         loss_clean=measured.loss_clean,

@@ -7,6 +7,7 @@ little"). Every effect is given with its direction and the random heads' mean ±
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from agent_tools.analysis.heads import HeadRole, SequenceLayout
@@ -172,10 +173,8 @@ def _leader(report: RoleReport) -> str:
 
 def _census_text(report: HeadProfiles) -> str:
     """How many heads have each primary role, most common first ("none": no role reached its threshold)."""
-    counts: dict[str, int] = {}
-    for profile in report.heads:
-        counts[profile.primary_role or "none"] = counts.get(profile.primary_role or "none", 0) + 1
-    return ", ".join(f"{n} {role}" for role, n in sorted(counts.items(), key=lambda item: -item[1]))
+    counts = Counter(profile.primary_role or "none" for profile in report.heads)
+    return ", ".join(f"{n} {role}" for role, n in counts.most_common())  # ties: in the order first seen
 
 
 def summary(report: HeadProfiles) -> str:

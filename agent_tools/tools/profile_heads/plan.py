@@ -437,25 +437,20 @@ class _Evidence:
                 found.update({(on, *h): e for h, e in self._on_input(on, heads).items()})
         return found
 
-    def _encoded(self, on: MeasuredOn) -> Encoded | None:
+    def _encoded(self, on: MeasuredOn) -> Encoded:
         call = self.call
         if on == "text":
-            return call.text.encoded if call.text is not None else None
+            assert call.text is not None, "text roles are scored, and so checked, only after a text pass"
+            return call.text.encoded
         if self.measured.probe is None:  # a check on the probe with no probe role asked: build the seed's probe
             self.measured.probe = build_probe(call.inspector, call.loaded, call.args.probe_length, call.args.seed)
             self.measured.seeds = [call.args.seed]
         return self.measured.probe.encoded
 
     def _on_input(self, on: MeasuredOn, heads: list[Head]) -> dict[Head, AblationEvidence]:
-        encoded = self._encoded(on)
-        if encoded is None:
-            return {}
-        call = self.call
-        num_heads, args = call.loaded.facts.num_heads, call.args
-        random_heads = draw_random_heads(
-            call.num_layers, num_heads, exclude=heads, count=args.baseline_draws, seed=args.seed
-        )
-        effects, metric = self._effects(on, encoded, [*heads, *random_heads])
+        args = self.call.args
+        random_heads = draw_random_heads(self.call, exclude=heads, count=args.baseline_draws, seed=args.seed)
+        effects, metric = self._effects(on, self._encoded(on), [*heads, *random_heads])
         baseline = random_baseline(effects[len(heads) :])
         return {
             head: _evidence(metric, value, baseline) for head, value in zip(heads, effects[: len(heads)], strict=True)
@@ -499,11 +494,11 @@ class _Evidence:
         return "next_token_loss_change", lambda kept: kept.double().mean(-1) - text_before
 
 
-def draw_random_heads(num_layers: int, num_heads: int, *, exclude: Sequence[Head], count: int, seed: int) -> list[Head]:
+def draw_random_heads(call: _Call, *, exclude: Sequence[Head], count: int, seed: int) -> list[Head]:
     """``count`` distinct heads drawn uniformly (seeded) from the stack's heads other than ``exclude`` (fewer when
     fewer remain: the report states how many were drawn)."""
-    excluded = set(exclude)
-    pool = [(la, he) for la in range(num_layers) for he in range(num_heads) if (la, he) not in excluded]
+    excluded, num_heads = set(exclude), call.loaded.facts.num_heads
+    pool = [(la, he) for la in range(call.num_layers) for he in range(num_heads) if (la, he) not in excluded]
     order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed)).tolist()
     return [pool[i] for i in order[:count]]
 
@@ -653,13 +648,7 @@ def _induction_losses(call: _Call, measured: _Measured, *, tested: Sequence[Head
     together = ablated(chosen)
     draws = []
     for draw in range(args.baseline_draws):
-        heads = draw_random_heads(
-            call.num_layers,
-            loaded.facts.num_heads,
-            exclude=[*chosen, *tested],
-            count=len(chosen),
-            seed=args.seed + 1 + draw,
-        )
+        heads = draw_random_heads(call, exclude=[*chosen, *tested], count=len(chosen), seed=args.seed + 1 + draw)
         if len(heads) == len(chosen):
             draws.append(ablated(heads))
     baseline = random_baseline([value - second for value in draws])
