@@ -11,8 +11,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 
-import torch
-
 from agent_tools.ablation_check import (
     HeadSet,
     baseline_of,
@@ -73,8 +71,31 @@ def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) ->
     consumer = CollapseConsumer(sinks, heads=heads, threshold=args.threshold, output_grams=grams)
 
     def finish(_output: object) -> CollapseReport:
-        return _report(
-            inspector, args, loaded=loaded, stack=stack, encoded=encoded, layers=layers, sinks=sinks, consumer=consumer
+        """The report from the consumer's sums: every head's row, the causal check, the words and the PNG."""
+        stats = consumer.results()
+        numbers = _measure(stats, encoded, stack)
+        check = _causal_check(inspector, args, loaded, stack, encoded, numbers.rows) if args.causal_check else None
+        if check is not None:
+            kinds = {(c.layer, c.head): c.kind for c in check.heads}
+            rows = [r.model_copy(update={"kind": kinds.get((r.layer, r.head))}) for r in numbers.rows]
+            numbers = replace(numbers, rows=rows, check=check)
+        findings = narrative.findings(numbers, top_k=args.top_k)
+        png_path = _write_png(inspector, args, loaded, stack, layers, stats) if args.png else None
+        return CollapseReport(
+            model=loaded.name,
+            summary=on_stack(stack.name, narrative.summary(numbers)),
+            findings=findings,
+            attention=stack.name,
+            num_tokens=numbers.num_tokens,
+            threshold=args.threshold,
+            heads_examined=len(numbers.rows),
+            concentrated_heads=len(numbers.concentrated),
+            verdict_counts=numbers.verdict_counts,
+            sink_positions=[int(i) for i in sinks.nonzero().flatten().tolist()],
+            bound_violations=numbers.bound_violations,
+            heads=numbers.rows[: args.top_k],
+            check=check,
+            png_path=png_path,
         )
 
     return PassPlan(loaded, encoded, [consumer], finish, layers=layers)
@@ -131,44 +152,6 @@ def _write_png(
         vmax=1.0,
     )
     return str(written)
-
-
-def _report(
-    inspector: Inspector,
-    args: DiagnoseCollapseInput,
-    *,
-    loaded: LoadedModel,
-    stack: StackFacts,
-    encoded: Encoded,
-    layers: list[int],
-    sinks: torch.Tensor,
-    consumer: CollapseConsumer,
-) -> CollapseReport:
-    stats = consumer.results()
-    numbers = _measure(stats, encoded, stack)
-    check = _causal_check(inspector, args, loaded, stack, encoded, numbers.rows) if args.causal_check else None
-    if check is not None:
-        kinds = {(c.layer, c.head): c.kind for c in check.heads}
-        rows = [r.model_copy(update={"kind": kinds.get((r.layer, r.head))}) for r in numbers.rows]
-        numbers = replace(numbers, rows=rows, check=check)
-    findings = narrative.findings(numbers, top_k=args.top_k)
-    png_path = _write_png(inspector, args, loaded, stack, layers, stats) if args.png else None
-    return CollapseReport(
-        model=loaded.name,
-        summary=on_stack(stack.name, narrative.summary(numbers)),
-        findings=findings,
-        attention=stack.name,
-        num_tokens=len(encoded.query_tokens),
-        threshold=args.threshold,
-        heads_examined=len(numbers.rows),
-        concentrated_heads=len(numbers.concentrated),
-        verdict_counts=numbers.verdict_counts,
-        sink_positions=[int(i) for i in sinks.nonzero().flatten().tolist()],
-        bound_violations=numbers.bound_violations,
-        heads=numbers.rows[: args.top_k],
-        check=check,
-        png_path=png_path,
-    )
 
 
 # --- the causal check: what removing each collapsed head does, against random heads -------------------------
