@@ -147,11 +147,8 @@ def _text_pass(
     loaded: LoadedModel, encoded: Encoded, args: ProfileHeadsInput, roles: list[HeadRole], patterns: list[PatternName]
 ) -> _TextPass:
     layout = _text_layout(loaded, encoded, args.skip_queries, local_window=args.local_window)
-    readers: dict[str, KeyReader] = {}
-    for name in patterns:
-        reader = NAMED_PATTERNS[name].build(layout, encoded.input_ids[0])
-        if reader is not None:
-            readers[name] = reader
+    built = {name: NAMED_PATTERNS[name].build(layout, encoded.input_ids[0]) for name in patterns}
+    readers: dict[str, KeyReader] = {n: reader for n, reader in built.items() if reader is not None}  # None: no key
     heads = loaded.facts.num_heads
     pattern_consumer = PatternScoreConsumer(readers, heads, skip_queries=layout.skip_queries) if readers else None
     return _TextPass(encoded, layout, RoleScoreConsumer(layout, roles, heads), pattern_consumer)
