@@ -251,6 +251,10 @@ class Role:
     measured_on: MeasuredOn = "text"
     fallback: bool = False
 
+    def pattern(self, layout: SequenceLayout) -> KeyPattern | None:
+        """The role's key pattern on ``layout`` (None: no kernel, or none on this sequence)."""
+        return self.kernel(layout) if self.kernel is not None else None
+
 
 def _next_token(layout: SequenceLayout) -> KeyPattern | None:
     return None if layout.causal else KeyPattern(offsets=(1,))  # a causal row cannot see i+1
@@ -360,11 +364,7 @@ class NamedPattern:
 
 
 def _role_pattern(role: HeadRole) -> Callable[[SequenceLayout, Tensor], KeyReader | None]:
-    def build(layout: SequenceLayout, input_ids: Tensor) -> KeyReader | None:
-        kernel = ROLES[role].kernel
-        return kernel(layout) if kernel is not None else None
-
-    return build
+    return lambda layout, _input_ids: ROLES[role].pattern(layout)
 
 
 def _local_window(layout: SequenceLayout, input_ids: Tensor) -> KeyReader:

@@ -103,12 +103,7 @@ class RoleAccumulator(ShareAccumulator):
     def __init__(self, layout: SequenceLayout, roles: Sequence[HeadRole], num_heads: int) -> None:
         self.layout = layout
         self.roles = tuple(r for r in roles if layout.measurable(r))
-        readers: dict[str, KeyReader] = {}
-        for role in self.roles:
-            kernel = ROLES[role].kernel
-            pattern = kernel(layout) if kernel is not None else None
-            if pattern is not None:
-                readers[role] = pattern
+        readers: dict[str, KeyReader] = {r: p for r in self.roles if (p := ROLES[r].pattern(layout)) is not None}
         super().__init__(
             readers,
             num_heads,
