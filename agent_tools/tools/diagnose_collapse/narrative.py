@@ -265,7 +265,7 @@ def baseline_finding(check: CollapseCheck) -> Finding:
     """How the check was run: methods, the baseline, the heads together, the rule and the cost."""
     unit = _unit(check)
     together = (" " + together_sentence(check)) if check.together is not None else ""
-    resample = _baseline_text(check.baseline, "resample", unit) if check.baseline is not None else "no baseline"
+    resample = _baseline_text(check.baseline, "resample", unit)
     notes = (" " + "; ".join(check.notes) + ".") if check.notes else ""
     return Finding(
         kind="ablation_check",

@@ -8,7 +8,7 @@ consumers from one forward pass; run alone, :func:`diagnose_collapse` hands the 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 
 from agent_tools.ablation_check import (
@@ -205,6 +205,13 @@ def _causal_check(
             for method in methods
         }
 
+    def baseline_row(drawn: list[HeadSet]) -> BaselineRow | None:
+        """The random draws' mean ± sd per method (None without draws)."""
+        if not drawn:
+            return None
+        spreads = {f"{method}_ablation": ((b := baseline(drawn, method)).mean, b.spread) for method in methods}
+        return BaselineRow(draws=len(drawn), heads_per_draw=len(drawn[0]), **spreads)
+
     def check_row(row: HeadCollapseRow) -> CollapseCheckRow:
         effects = effect_rows(((row.layer, row.head),), singles)
         resample = effects.get("resample_ablation")
@@ -222,25 +229,10 @@ def _causal_check(
         checked=len(checked),
         rule=BEYOND_RULE,
         resample_source=resample.description,
-        baseline=_baseline_row(singles, methods, baseline),
+        baseline=baseline_row(singles),
         together=group,
-        together_baseline=_baseline_row(groups, methods, baseline) if len(checked) > 1 else None,
+        together_baseline=baseline_row(groups),  # no groups are drawn for one checked head
         heads=heads,
         forward_equivalents=round(measured.forward_equivalents, 1),
         notes=notes,
-    )
-
-
-def _baseline_row(
-    drawn: list[HeadSet], methods: list[AblationMethod], baseline: Callable[[list[HeadSet], AblationMethod], Baseline]
-) -> BaselineRow | None:
-    """The random draws' mean ± sd per method (None without draws)."""
-    if not drawn:
-        return None
-    mean, resample = baseline(drawn, "mean"), baseline(drawn, "resample") if "resample" in methods else None
-    return BaselineRow(
-        draws=len(drawn),
-        heads_per_draw=len(drawn[0]),
-        mean_ablation=(mean.mean, mean.spread),
-        resample_ablation=(resample.mean, resample.spread) if resample is not None else None,
     )
