@@ -6,7 +6,10 @@ from typing import Any
 
 import torch
 
+from agent_tools.analysis.collapse import HeadCollapse
+from agent_tools.analysis.metrics import SATURATION
 from agent_tools.capture import LayerAttention, attention_implementation
+from agent_tools.consumers.collapse import HeadAccumulator
 
 ATOL = 1e-5
 SAMPLE_TEXT = "The cat sat on the mat because it was tired, and the dog watched it from the door."
@@ -48,3 +51,21 @@ def rebuild(layer: LayerAttention) -> torch.Tensor:
     if layer.mask is not None:
         scores = scores + layer.mask
     return torch.softmax(scores.float(), dim=-1)
+
+
+def collapse_statistics(
+    weights: torch.Tensor,
+    scores: torch.Tensor,
+    allowed: torch.Tensor,
+    sink_mask: torch.Tensor,
+    *,
+    layer: int = 0,
+    threshold: float = SATURATION,
+    value_norms: torch.Tensor | None = None,
+) -> list[HeadCollapse]:
+    """diagnose_collapse's per-head statistics on whole maps, through the consumer's :class:`HeadAccumulator`:
+    weights/scores (h, q, k) with query i at key column i, allowed (q, k)."""
+    accumulator = HeadAccumulator(layer, range(weights.shape[0]), weights.shape[-1], threshold=threshold)
+    positions = torch.arange(weights.shape[-1] - weights.shape[-2], weights.shape[-1], device=weights.device)
+    accumulator.add(weights, scores, allowed, positions, sink_mask, value_norms=value_norms)
+    return accumulator.finish(sink_mask)

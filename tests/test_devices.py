@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from families import build_family
+from reference import collapse_statistics
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
@@ -40,7 +41,7 @@ from agent_tools.analysis.metrics import attention_entropy, masked_softmax, sink
 from agent_tools.analysis.scaling import row_measures, weighted_variance
 from agent_tools.capture import LayerAttention, capture_attention
 from agent_tools.consumers import host
-from agent_tools.consumers.collapse import CollapseConsumer, collapse_statistics, output_grams_for
+from agent_tools.consumers.collapse import CollapseConsumer, output_grams_for
 from agent_tools.consumers.grid import QuantisedMaps
 from agent_tools.consumers.head_inputs import HeadInputsConsumer
 from agent_tools.consumers.head_map import HeadMapConsumer

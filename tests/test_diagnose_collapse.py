@@ -10,13 +10,12 @@ import torch
 from families import build_family
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import SAMPLE_TEXT
+from reference import SAMPLE_TEXT, collapse_statistics
 
 from agent_tools.analysis.collapse import (
     ROW_TARGETS,
     centred_logit_norm,
     centred_score_norm,
-    entropy_lower_bound,
     row_targets,
     zhai_entropy_bound,
 )
@@ -30,13 +29,20 @@ from agent_tools.analysis.norms import (
     weighted_value_norms,
 )
 from agent_tools.capture import capture_attention, repeat_kv
-from agent_tools.consumers.collapse import CollapseConsumer, collapse_statistics, output_grams_for
+from agent_tools.consumers.collapse import CollapseConsumer, output_grams_for
 from agent_tools.errors import InvalidInputError
 from agent_tools.families import find_attention_modules
 from agent_tools.inspector import Inspector
 from agent_tools.layout import output_weight
 from agent_tools.tools import get_tool
 from agent_tools.tools.diagnose_collapse import CollapseReport
+
+
+def entropy_lower_bound(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """(..., q, k) pre-mask scores -> (..., q): the Zhai et al. bound for each row over its visible keys."""
+    count = allowed.expand(scores.shape).sum(-1)
+    return zhai_entropy_bound(centred_score_norm(scores, allowed).double(), count)
+
 
 # --- a 4-token causal example computed on paper ----------------------------------------------------------
 

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from reference import collapse_statistics
 from torch import nn
 
 from agent_tools.analysis.heads import SequenceLayout
@@ -42,7 +43,6 @@ from agent_tools.analysis.metrics import (
     without_sink,
 )
 from agent_tools.capture import LayerAttention
-from agent_tools.consumers.collapse import collapse_statistics
 from agent_tools.consumers.grid import QuantisedMaps
 from agent_tools.consumers.roles import role_scores
 

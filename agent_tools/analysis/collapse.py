@@ -15,8 +15,8 @@ For each head we stream over query rows (never keeping a map) and accumulate:
 
 Rows that see a single key (the first row of a causal model) are left out of every mean: they cannot choose.
 
-Pure functions and the per-head summary only; the running sums over query chunks (``HeadAccumulator``,
-``collapse_statistics``) and the capture consumer live in :mod:`agent_tools.consumers.collapse`. Entropy and
+Pure functions and the per-head summary only; the running sums over query chunks (``HeadAccumulator``) and the
+capture consumer live in :mod:`agent_tools.consumers.collapse`. Entropy and
 normalised entropy are :mod:`agent_tools.analysis.metrics`' ``attention_entropy`` / ``normalised_from_entropy``;
 ``sink_fraction`` is ``metrics.sink_row_fraction`` (rows whose argmax is a sink key), not a weight share.
 
@@ -38,13 +38,10 @@ from agent_tools.analysis.metrics import upcast
 RowTarget = Literal["sink", "self", "previous_token", "other"]
 ROW_TARGETS: tuple[str, ...] = get_args(RowTarget)
 Concentration = Literal["sink", "self", "previous_token", "fixed_token", "mixed"]
-CONCENTRATIONS: tuple[str, ...] = get_args(Concentration)
 Verdict = Literal["no_op_sink", "writing_collapse", "positional", "query_dependent", "not_collapsed"]
-VERDICTS: tuple[str, ...] = get_args(Verdict)
 COLLAPSED_VERDICTS: tuple[Verdict, ...] = ("writing_collapse", "no_op_sink")  # concentrated onto one key
 # What removing a collapsed head does, measured (see :func:`collapse_kind`)
 CollapseKind = Literal["no_op_sink", "constant_output", "load_bearing", "harmful", "mixed"]
-COLLAPSE_KINDS: tuple[str, ...] = get_args(CollapseKind)
 MAX_CHECKED_HEADS = 8  # collapsed heads whose removal is measured, most collapsed (writing collapses) first
 
 CONCENTRATED_MEAN_MAX = 0.9  # a head whose rows put ≥ 90% on one key on average is concentrated ...
@@ -93,12 +90,6 @@ def zhai_entropy_bound(radius: Tensor, count: Tensor) -> Tensor:
     rest = (t_safe - 1) * eta
     bound = torch.log1p(rest) + r * torch.sqrt(t_safe * (t_safe - 1)) * eta / (1 + rest)
     return torch.where(several, bound, torch.zeros_like(bound))
-
-
-def entropy_lower_bound(scores: Tensor, allowed: Tensor) -> Tensor:
-    """(..., q, k) pre-mask scores -> (..., q): the Zhai et al. bound for each row over its visible keys."""
-    count = allowed.expand(scores.shape).sum(-1)
-    return zhai_entropy_bound(centred_score_norm(scores, allowed).double(), count)
 
 
 def row_targets(argmax: Tensor, query_positions: Tensor, sink_mask: Tensor) -> Tensor:

@@ -251,6 +251,10 @@ class Role:
     measured_on: MeasuredOn = "text"
     fallback: bool = False
 
+    def pattern(self, layout: SequenceLayout) -> KeyPattern | None:
+        """The role's key pattern on ``layout`` (None: no kernel, or none on this sequence)."""
+        return self.kernel(layout) if self.kernel is not None else None
+
 
 def _next_token(layout: SequenceLayout) -> KeyPattern | None:
     return None if layout.causal else KeyPattern(offsets=(1,))  # a causal row cannot see i+1
@@ -340,7 +344,6 @@ PROBE_ROLES: tuple[HeadRole, ...] = tuple(r for r in HEAD_ROLES if ROLES[r].meas
 TEXT_ROLES: tuple[HeadRole, ...] = tuple(r for r in HEAD_ROLES if ROLES[r].measured_on == "text")
 FALLBACK_ROLES: tuple[HeadRole, ...] = tuple(r for r in HEAD_ROLES if ROLES[r].fallback)
 DEFAULT_THRESHOLDS: dict[HeadRole, float] = {r: ROLES[r].threshold for r in HEAD_ROLES}
-ROLE_FORMULAS: dict[HeadRole, str] = {r: ROLES[r].formula for r in HEAD_ROLES}
 
 
 # --- named patterns: what an agent may ask profile_heads to score (no code from agents) ----------------------
@@ -348,7 +351,6 @@ ROLE_FORMULAS: dict[HeadRole, str] = {r: ROLES[r].formula for r in HEAD_ROLES}
 PatternName = Literal[
     "previous_token", "next_token", "self", "first_token", "local_window", "same_token", "after_same_token"
 ]
-PATTERN_NAMES: tuple[PatternName, ...] = get_args(PatternName)
 
 
 @dataclass(frozen=True)
@@ -362,11 +364,7 @@ class NamedPattern:
 
 
 def _role_pattern(role: HeadRole) -> Callable[[SequenceLayout, Tensor], KeyReader | None]:
-    def build(layout: SequenceLayout, input_ids: Tensor) -> KeyReader | None:
-        kernel = ROLES[role].kernel
-        return kernel(layout) if kernel is not None else None
-
-    return build
+    return lambda layout, _input_ids: ROLES[role].pattern(layout)
 
 
 def _local_window(layout: SequenceLayout, input_ids: Tensor) -> KeyReader:
@@ -475,7 +473,6 @@ def classify_head(scores: Mapping[HeadRole, float], thresholds: Mapping[HeadRole
 
 
 RoleVerdict = Literal["is_role", "attends_only", "unchecked", "below_threshold"]
-ROLE_VERDICTS: tuple[RoleVerdict, ...] = get_args(RoleVerdict)
 
 
 def role_verdict(score: float, threshold: float, *, checked: bool | None) -> RoleVerdict:

@@ -43,6 +43,10 @@ from agent_tools.consumers.host import PendingSums, accumulation_dtype
 from agent_tools.layout import output_weight
 
 BOUND_TOLERANCE = {torch.float64: 1e-5, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+# The per-head sums over the kept rows, rows of one (n, h) tensor: these, then one row per ROW_TARGETS entry (rows
+# whose argmax goes there), then Σ ‖head output‖ when the value side is measured
+ENTROPY, NORMALISED, MAX_WEIGHT, SATURATED, RADIUS, BOUND, VIOLATIONS, ROWS, TARGETS = range(9)
+OUTPUT_NORM = TARGETS + len(ROW_TARGETS)
 
 
 @dataclass(frozen=True)
@@ -65,25 +69,21 @@ class HeadAccumulator:
     """
 
     def __init__(self, layer: int, heads: Sequence[int], keys: int, *, threshold: float) -> None:
-        n = len(heads)
         self.layer, self.heads, self.threshold = layer, list(heads), threshold
         self.keys = keys
-        self.rows = 0  # the sums live on the CPU; each layer's blocks add theirs on the device, moved by flush()
-        self.entropy = torch.zeros(n, dtype=torch.float64)
-        self.normalised = torch.zeros(n, dtype=torch.float64)
-        self.max_weight = torch.zeros(n, dtype=torch.float64)
-        self.saturated = torch.zeros(n, dtype=torch.float64)
-        self.column = torch.zeros(n, keys, dtype=torch.float64)  # Σ rows of weight per key
-        self.argmax = torch.zeros(n, keys, dtype=torch.float64)  # rows whose argmax is the key
-        self.targets = torch.zeros(n, len(ROW_TARGETS), dtype=torch.float64)
-        self.radius = torch.zeros(n, dtype=torch.float64)
-        self.bound = torch.zeros(n, dtype=torch.float64)
-        self.slack = torch.full((n,), math.inf, dtype=torch.float64)
-        self.violations = torch.zeros(n, dtype=torch.long)
+        # The sums live on the CPU (None until the first flush); each layer's blocks add theirs on the device
+        self.per_head: Tensor | None = None  # (n, h): see ENTROPY .. OUTPUT_NORM
+        # (2 or 3, h, keys): Σ rows of weight per key, rows whose argmax is the key, and with the value side Σ rows
+        # of each key's share of Σ‖α v W_O‖
+        self.per_key: Tensor | None = None
+        self.slack = torch.full((len(heads),), math.inf, dtype=torch.float64)
         self.value_norms: Tensor | None = None  # (h, k) ‖v_j W_O^h‖
-        self.value_share: Tensor | None = None  # (h, k) Σ rows of each key's share of Σ‖α v W_O‖
-        self.output_norm: Tensor | None = None  # (h,) Σ rows of ‖head output‖
         self._pending = PendingSums()  # device-side sums of the blocks not yet flushed
+
+    @property
+    def rows(self) -> int:
+        """Query rows kept so far (the same for every head)."""
+        return 0 if self.per_head is None else int(self.per_head[ROWS, 0].round())
 
     def add(
         self,
@@ -131,7 +131,7 @@ class HeadAccumulator:
         codes = row_targets(argmax, query_positions, sink_mask.to(device))  # (h, q)
         bound = zhai_entropy_bound(radius, visible.expand_as(radius).to(dtype))  # the Zhai et al. bound per row
         slack = torch.where(kept, entropy - bound, math.inf)
-        per_head = [
+        per_head = [  # in the order of ENTROPY .. OUTPUT_NORM
             kept_sum(entropy),
             kept_sum(normalised_from_entropy(entropy, visible)),
             kept_sum(top),
@@ -169,26 +169,13 @@ class HeadAccumulator:
         if not self._pending:
             return
         parts = self._pending.take()  # the layer's one device-to-host copy
-        sums = parts["per_head"]  # (n, h)
-        self.entropy += sums[0]
-        self.normalised += sums[1]
-        self.max_weight += sums[2]
-        self.saturated += sums[3]
-        self.radius += sums[4]
-        self.bound += sums[5]
-        self.violations += sums[6].round().long()
-        self.rows += int(sums[7, 0].round())  # read from the CPU copy: no device synchronisation
-        self.targets += sums[8 : 8 + len(ROW_TARGETS)].T
-        if sums.shape[0] > 8 + len(ROW_TARGETS):
-            self.output_norm = sums[-1] if self.output_norm is None else self.output_norm + sums[-1]
+        if self.per_head is None or self.per_key is None:
+            self.per_head, self.per_key = torch.zeros_like(parts["per_head"]), torch.zeros_like(parts["per_key"])
+        self.per_head += parts["per_head"]
+        self.per_key += parts["per_key"]
         self.slack = torch.minimum(self.slack, parts["slack"])
-        per_key = parts["per_key"]  # (2 or 3, h, keys)
-        self.column += per_key[0]
-        self.argmax += per_key[1]
         if "value_norms" in parts:
             self.value_norms = parts["value_norms"].clone()
-        if per_key.shape[0] > 2:
-            self.value_share = per_key[2] if self.value_share is None else self.value_share + per_key[2]
 
     def finish(self, sink_mask: Tensor) -> list[HeadCollapse]:
         self.flush()
@@ -198,30 +185,32 @@ class HeadAccumulator:
 
     def _head(self, i: int, head: int, sink_mask: Tensor) -> HeadCollapse:
         """The summary of head slot ``i`` (model head ``head``) from the sums."""
+        assert self.per_head is not None and self.per_key is not None, "finish() flushes the sums first"
         n = float(self.rows)
-        column = self.column[i] / n
+        mean = self.per_head[:, i] / n  # (n,) every per-head sum as a mean over the kept rows
+        column = self.per_key[0, i] / n
         dominant = int(column.argmax())
-        targets = self.targets[i] / n
-        counts = self.argmax[i].masked_fill(sink_mask, -1.0)
+        counts = self.per_key[1, i].masked_fill(sink_mask, -1.0)
         top_other = int(counts.argmax()) if bool((counts > 0).any()) else None
         top_other_fraction = float(counts[top_other] / n) if top_other is not None else 0.0
-        mean_max = float(self.max_weight[i] / n)
-        saturated = float(self.saturated[i] / n)
+        mean_max, saturated = float(mean[MAX_WEIGHT]), float(mean[SATURATED])
         concentrated = mean_max >= CONCENTRATED_MEAN_MAX or saturated >= CONCENTRATED_SATURATED
-        sink, self_, previous = (float(targets[ROW_TARGETS.index(t)]) for t in ("sink", "self", "previous_token"))
+        sink, self_, previous = (
+            float(mean[TARGETS + ROW_TARGETS.index(t)]) for t in ("sink", "self", "previous_token")
+        )
         concentration = classify_concentration(sink, self_, previous, top_other_fraction)
         value = self._value_side(i, dominant, float(column[dominant]))
         return HeadCollapse(
             layer=self.layer,
             head=head,
             rows=self.rows,
-            mean_entropy=float(self.entropy[i] / n),
-            mean_normalised_entropy=float(self.normalised[i] / n),
+            mean_entropy=float(mean[ENTROPY]),
+            mean_normalised_entropy=float(mean[NORMALISED]),
             mean_max_weight=mean_max,
             saturated_fraction=saturated,
             dominant_position=dominant,
             dominant_share=float(column[dominant]),
-            dominant_argmax_fraction=float(self.argmax[i, dominant] / n),
+            dominant_argmax_fraction=float(self.per_key[1, i, dominant] / n),
             sink_fraction=sink,
             self_fraction=self_,
             previous_fraction=previous,
@@ -230,17 +219,17 @@ class HeadAccumulator:
             concentration=concentration,
             concentrated=concentrated,
             **asdict(value),
-            mean_output_norm=float(self.output_norm[i] / n) if self.output_norm is not None else None,
-            mean_centred_score_norm=float(self.radius[i] / n),
-            mean_entropy_bound=float(self.bound[i] / n),
+            mean_output_norm=float(mean[OUTPUT_NORM]) if len(mean) > OUTPUT_NORM else None,
+            mean_centred_score_norm=float(mean[RADIUS]),
+            mean_entropy_bound=float(mean[BOUND]),
             min_bound_slack=float(self.slack[i]),
-            bound_violations=int(self.violations[i]),
+            bound_violations=int(self.per_head[VIOLATIONS, i].round()),
             verdict=collapse_verdict(concentration, concentrated, value.contribution_ratio),
         )
 
     def _value_side(self, i: int, dominant: int, dominant_share: float) -> _ValueSide:
         """What the dominant key writes against an ordinary key (Kobayashi et al.), for head slot ``i``."""
-        if self.value_norms is None or self.value_share is None:
+        if self.value_norms is None or self.per_key is None or len(self.per_key) < 3:
             return _ValueSide()
         norms = self.value_norms[i]
         dominant_norm = float(norms[dominant])
@@ -260,30 +249,10 @@ class HeadAccumulator:
             dominant_value_norm=dominant_norm,
             other_value_norm=other_norm,
             value_norm_ratio=norm_ratio,
-            dominant_value_share=float(self.value_share[i, dominant] / self.rows),
+            dominant_value_share=float(self.per_key[2, i, dominant] / self.rows),
             dominant_contribution=contribution,
             contribution_ratio=contribution_ratio,
         )
-
-
-def collapse_statistics(
-    weights: Tensor,
-    scores: Tensor,
-    allowed: Tensor,
-    sink_mask: Tensor,
-    *,
-    layer: int = 0,
-    heads: Sequence[int] | None = None,
-    threshold: float = SATURATION,
-    value_norms: Tensor | None = None,
-    output_norms: Tensor | None = None,
-) -> list[HeadCollapse]:
-    """Whole-map entry point: weights/scores (h, q, k) with query i at key column i, allowed (q, k)."""
-    heads = list(range(weights.shape[0])) if heads is None else list(heads)
-    accumulator = HeadAccumulator(layer, heads, weights.shape[-1], threshold=threshold)
-    positions = torch.arange(weights.shape[-1] - weights.shape[-2], weights.shape[-1], device=weights.device)
-    accumulator.add(weights, scores, allowed, positions, sink_mask, value_norms=value_norms, output_norms=output_norms)
-    return accumulator.finish(sink_mask)
 
 
 class CollapseConsumer:

@@ -10,12 +10,12 @@ key of ``P``). This module keeps the (H, R) running sums per layer, never a map.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import ClassVar, cast
+from typing import ClassVar, Generic, cast
 
 import torch
 from torch import Tensor
 
-from agent_tools.analysis.heads import HEAD_ROLES, ROLES, HeadRole, KeyReader, SequenceLayout, user_pattern
+from agent_tools.analysis.heads import HEAD_ROLES, ROLES, HeadRole, KeyReader, Name, SequenceLayout, user_pattern
 from agent_tools.analysis.metrics import attention_entropy, normalised_from_entropy
 from agent_tools.capture import LayerAttention
 from agent_tools.consumers.host import PendingSums, accumulation_dtype
@@ -103,22 +103,13 @@ class RoleAccumulator(ShareAccumulator):
     def __init__(self, layout: SequenceLayout, roles: Sequence[HeadRole], num_heads: int) -> None:
         self.layout = layout
         self.roles = tuple(r for r in roles if layout.measurable(r))
-        readers: dict[str, KeyReader] = {}
-        for role in self.roles:
-            kernel = ROLES[role].kernel
-            pattern = kernel(layout) if kernel is not None else None
-            if pattern is not None:
-                readers[role] = pattern
+        readers: dict[str, KeyReader] = {r: p for r in self.roles if (p := ROLES[r].pattern(layout)) is not None}
         super().__init__(
             readers,
             num_heads,
             skip_queries=layout.skip_queries,
             entropy_name=BROAD if BROAD in self.roles else None,
         )
-
-    def role_scores(self) -> dict[HeadRole, Tensor]:
-        """role -> (H,) score; roles with no scored row are left out."""
-        return cast(dict[HeadRole, Tensor], self.scores())
 
 
 def _whole_maps(weights: Tensor, allowed: Tensor | None, causal: bool) -> tuple[Tensor, Tensor | None]:
@@ -139,7 +130,7 @@ def role_scores(
     maps, allowed = _whole_maps(weights, allowed, layout.causal)
     accumulator = RoleAccumulator(layout, roles, maps.shape[1])
     accumulator.add(maps, torch.arange(maps.shape[-2], device=maps.device), allowed)
-    return accumulator.role_scores()
+    return cast(dict[HeadRole, Tensor], accumulator.scores())  # roles with no scored row are left out
 
 
 UserPattern = Tensor | Callable[[Tensor], Tensor]  # (T, T) weights in [0, 1], or token ids (T,) -> such a tensor
@@ -172,8 +163,9 @@ def pattern_scores(
     return accumulator.scores().get("pattern", torch.full((maps.shape[1],), float("nan")))
 
 
-class ShareScoreConsumer:
-    """Streams capture: per layer, every head's share of each pattern; keeps (H, R) sums per layer, never a map."""
+class ShareScoreConsumer(Generic[Name]):
+    """Streams capture: per layer, every head's share of each pattern (``Name``: a role or a pattern name); keeps
+    (H, R) sums per layer, never a map."""
 
     accepts_key_prefix: ClassVar[bool] = True  # columns past key_width carry weight 0: every share over them is 0
 
@@ -193,27 +185,22 @@ class ShareScoreConsumer:
         if layer.query_start + q == layer.query_length:
             accumulator.flush()  # the layer's last chunk: its sums cross to the CPU in one copy
 
-    def share_scores(self) -> dict[int, dict[str, Tensor]]:
-        return {index: acc.scores() for index, acc in sorted(self.layers.items())}
+    def scores(self) -> dict[int, dict[Name, Tensor]]:
+        """layer -> name -> (H,) score; names with no scored row are left out."""
+        return {index: cast(dict[Name, Tensor], acc.scores()) for index, acc in sorted(self.layers.items())}
 
 
-class RoleScoreConsumer(ShareScoreConsumer):
+class RoleScoreConsumer(ShareScoreConsumer[HeadRole]):
     """The registry's roles on one sequence, streamed (see :class:`ShareScoreConsumer`)."""
 
     def __init__(self, layout: SequenceLayout, roles: Sequence[HeadRole], num_heads: int) -> None:
-        self.roles = tuple(roles)
-        super().__init__(lambda: RoleAccumulator(layout, self.roles, num_heads))
-
-    def scores(self) -> dict[int, dict[HeadRole, Tensor]]:
-        return cast(dict[int, dict[HeadRole, Tensor]], self.share_scores())
+        roles = tuple(roles)
+        super().__init__(lambda: RoleAccumulator(layout, roles, num_heads))
 
 
-class PatternScoreConsumer(ShareScoreConsumer):
+class PatternScoreConsumer(ShareScoreConsumer[str]):
     """Named patterns (name -> reader, built for this sequence) on one sequence, streamed."""
 
     def __init__(self, readers: Mapping[str, KeyReader], num_heads: int, *, skip_queries: int) -> None:
-        self.readers = dict(readers)
-        super().__init__(lambda: ShareAccumulator(self.readers, num_heads, skip_queries=skip_queries))
-
-    def scores(self) -> dict[int, dict[str, Tensor]]:
-        return self.share_scores()
+        readers = dict(readers)
+        super().__init__(lambda: ShareAccumulator(readers, num_heads, skip_queries=skip_queries))

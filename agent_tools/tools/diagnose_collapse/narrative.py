@@ -6,12 +6,13 @@ without running a model.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION, CollapseKind, Verdict
-from agent_tools.schemas import Finding, NextCall, Severity, follow_up
+from agent_tools.schemas import Finding, NextCall, Severity, follow_up, head_label
 from agent_tools.tools.diagnose_collapse.models import (
     AblationEffectRow,
     BaselineRow,
@@ -22,7 +23,7 @@ from agent_tools.tools.diagnose_collapse.models import (
     GroupCheckRow,
     HeadCollapseRow,
 )
-from agent_tools.wording import random_heads
+from agent_tools.wording import head_name, random_heads
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class CollapseNumbers:
 
 
 def _where(row: HeadCollapseRow | CollapseCheckRow) -> str:
-    return f"L{row.layer}H{row.head}"
+    return head_name(row.layer, row.head)
 
 
 def _onto(row: HeadCollapseRow) -> str:
@@ -82,10 +83,17 @@ def _writing_collapse(row: HeadCollapseRow) -> str:
     )
 
 
+def _positional_key(row: HeadCollapseRow) -> str:
+    """What a positional head reads: itself or the previous token."""
+    return "itself" if row.concentration == "self" else "the previous token"
+
+
 def _positional(row: HeadCollapseRow) -> str:
-    which = "itself" if row.concentration == "self" else "the previous token"
     frac = row.self_fraction if row.concentration == "self" else row.previous_fraction
-    return f"{_where(row)} attends to {which} on {frac:.0%} of rows ({_weight(row)}): a positional head, not a failure"
+    return (
+        f"{_where(row)} attends to {_positional_key(row)} on {frac:.0%} of rows ({_weight(row)}): "
+        "a positional head, not a failure"
+    )
 
 
 def _query_dependent(row: HeadCollapseRow) -> str:
@@ -244,9 +252,9 @@ def entropy_bound_finding(numbers: CollapseNumbers) -> Finding:
         head=sharpest.head,
         value=sharpest.mean_centred_score_norm,
         detail=(
-            f"Collapse needs large score spread: L{sharpest.layer}H{sharpest.head}'s rows have centred score "
-            f"norm r = {sharpest.mean_centred_score_norm:.2f} (Zhai bound ≥ {sharpest.mean_entropy_bound:.3f} "
-            f"nats), while L{flattest.layer}H{flattest.head} with r = {flattest.mean_centred_score_norm:.2f} "
+            f"Collapse needs large score spread: {head_name(sharpest.layer, sharpest.head)}'s rows have centred "
+            f"score norm r = {sharpest.mean_centred_score_norm:.2f} (Zhai bound ≥ {sharpest.mean_entropy_bound:.3f} "
+            f"nats), while {head_name(flattest.layer, flattest.head)} with r = {flattest.mean_centred_score_norm:.2f} "
             f"must keep ≥ {flattest.mean_entropy_bound:.3f} nats (it has {flattest.mean_entropy:.3f}); "
             f"{numbers.bound_violations} of {numbers.rows_counted} rows violate the bound"
         ),
@@ -257,7 +265,7 @@ def baseline_finding(check: CollapseCheck) -> Finding:
     """How the check was run: methods, the baseline, the heads together, the rule and the cost."""
     unit = _unit(check)
     together = (" " + together_sentence(check)) if check.together is not None else ""
-    resample = _baseline_text(check.baseline, "resample", unit) if check.baseline is not None else "no baseline"
+    resample = _baseline_text(check.baseline, "resample", unit)
     notes = (" " + "; ".join(check.notes) + ".") if check.notes else ""
     return Finding(
         kind="ablation_check",
@@ -301,7 +309,7 @@ def findings(numbers: CollapseNumbers, *, top_k: int) -> list[Finding]:
 
 def _target(row: HeadCollapseRow) -> str:
     if row.verdict == "positional":
-        return "itself" if row.concentration == "self" else "the previous token"
+        return _positional_key(row)
     if row.verdict == "query_dependent":
         return "a different key per query"
     return f"{row.dominant_position}:{row.dominant_token!r}"
@@ -326,8 +334,7 @@ def _parked_tail(rows: list[HeadCollapseRow]) -> str:
 def _named(row: HeadCollapseRow) -> str:
     ratio = "" if row.contribution_ratio is None else f", contribution ratio {row.contribution_ratio:.2f}"
     return (
-        f"L{row.layer}H{row.head} → {_target(row)} (mean max {row.mean_max_weight:.3f}, "
-        f"{row.verdict.replace('_', ' ')}{ratio})"
+        f"{_where(row)} → {_target(row)} (mean max {row.mean_max_weight:.3f}, {row.verdict.replace('_', ' ')}{ratio})"
     )
 
 
@@ -359,9 +366,7 @@ def _check_summary(check: CollapseCheck) -> str:
     rest = [r for r in ordered if r not in shown]
     tail = ""
     if rest:
-        kinds: dict[str, int] = {}
-        for r in rest:
-            kinds[KINDS[r.kind].plural] = kinds.get(KINDS[r.kind].plural, 0) + 1
+        kinds = Counter(KINDS[r.kind].plural for r in rest)  # in the order first seen
         tail = "; " + ", ".join(f"{n} more {k}" for k, n in kinds.items())
     harmful = sum(1 for r in check.heads if r.kind == "harmful")
     verdict = (
@@ -382,7 +387,7 @@ def summary(numbers: CollapseNumbers) -> str:
     if not concentrated:
         best = rows[0]
         return (
-            f"{head}: none collapses. The sharpest is L{best.layer}H{best.head} (mean max weight "
+            f"{head}: none collapses. The sharpest is {head_name(best.layer, best.head)} (mean max weight "
             f"{best.mean_max_weight:.3f}, onto {_target(best)}).{tail}"
         )
     named = "; ".join(_named(r) for r in concentrated[: 2 if numbers.check is not None else 3])
@@ -408,7 +413,7 @@ def next_calls(args: DiagnoseCollapseInput, report: CollapseReport) -> list[Next
     if not focus:
         return []
     layer, head = focus[0]
-    labels = [f"{la}.{he}" for la, he in (moved[:4] or focus[:1])]
+    labels = [head_label(la, he) for la, he in (moved[:4] or focus[:1])]
     what = "the heads whose removal moved the loss" if moved else "the most collapsed head"
     return [
         follow_up(
@@ -420,13 +425,13 @@ def next_calls(args: DiagnoseCollapseInput, report: CollapseReport) -> list[Next
         follow_up(
             "show_attention",
             {"text": args.text, "layer": layer, "head": head},
-            f"L{layer}H{head}'s map, query by query",
+            f"{head_name(layer, head)}'s map, query by query",
             model=args.model,
         ),
         follow_up(
             "reconstruct_attention",
             {"text": args.text, "layer": layer, "head": head},
-            f"which step (scale, projections, positions, mask) makes L{layer}H{head} collapse",
+            f"which step (scale, projections, positions, mask) makes {head_name(layer, head)} collapse",
             model=args.model,
         ),
     ]

@@ -8,10 +8,8 @@ consumers from one forward pass; run alone, :func:`diagnose_collapse` hands the 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, replace
-
-import torch
 
 from agent_tools.ablation_check import (
     HeadSet,
@@ -73,8 +71,31 @@ def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) ->
     consumer = CollapseConsumer(sinks, heads=heads, threshold=args.threshold, output_grams=grams)
 
     def finish(_output: object) -> CollapseReport:
-        return _report(
-            inspector, args, loaded=loaded, stack=stack, encoded=encoded, layers=layers, sinks=sinks, consumer=consumer
+        """The report from the consumer's sums: every head's row, the causal check, the words and the PNG."""
+        stats = consumer.results()
+        numbers = _measure(stats, encoded, stack)
+        check = _causal_check(inspector, args, loaded, stack, encoded, numbers.rows) if args.causal_check else None
+        if check is not None:
+            kinds = {(c.layer, c.head): c.kind for c in check.heads}
+            rows = [r.model_copy(update={"kind": kinds.get((r.layer, r.head))}) for r in numbers.rows]
+            numbers = replace(numbers, rows=rows, check=check)
+        findings = narrative.findings(numbers, top_k=args.top_k)
+        png_path = _write_png(inspector, args, loaded, stack, layers, stats) if args.png else None
+        return CollapseReport(
+            model=loaded.name,
+            summary=on_stack(stack.name, narrative.summary(numbers)),
+            findings=findings,
+            attention=stack.name,
+            num_tokens=numbers.num_tokens,
+            threshold=args.threshold,
+            heads_examined=len(numbers.rows),
+            concentrated_heads=len(numbers.concentrated),
+            verdict_counts=numbers.verdict_counts,
+            sink_positions=[int(i) for i in sinks.nonzero().flatten().tolist()],
+            bound_violations=numbers.bound_violations,
+            heads=numbers.rows[: args.top_k],
+            check=check,
+            png_path=png_path,
         )
 
     return PassPlan(loaded, encoded, [consumer], finish, layers=layers)
@@ -133,44 +154,6 @@ def _write_png(
     return str(written)
 
 
-def _report(
-    inspector: Inspector,
-    args: DiagnoseCollapseInput,
-    *,
-    loaded: LoadedModel,
-    stack: StackFacts,
-    encoded: Encoded,
-    layers: list[int],
-    sinks: torch.Tensor,
-    consumer: CollapseConsumer,
-) -> CollapseReport:
-    stats = consumer.results()
-    numbers = _measure(stats, encoded, stack)
-    check = _causal_check(inspector, args, loaded, stack, encoded, numbers.rows) if args.causal_check else None
-    if check is not None:
-        kinds = {(c.layer, c.head): c.kind for c in check.heads}
-        rows = [r.model_copy(update={"kind": kinds.get((r.layer, r.head))}) for r in numbers.rows]
-        numbers = replace(numbers, rows=rows, check=check)
-    findings = narrative.findings(numbers, top_k=args.top_k)
-    png_path = _write_png(inspector, args, loaded, stack, layers, stats) if args.png else None
-    return CollapseReport(
-        model=loaded.name,
-        summary=on_stack(stack.name, narrative.summary(numbers)),
-        findings=findings,
-        attention=stack.name,
-        num_tokens=len(encoded.query_tokens),
-        threshold=args.threshold,
-        heads_examined=len(numbers.rows),
-        concentrated_heads=len(numbers.concentrated),
-        verdict_counts=numbers.verdict_counts,
-        sink_positions=[int(i) for i in sinks.nonzero().flatten().tolist()],
-        bound_violations=numbers.bound_violations,
-        heads=numbers.rows[: args.top_k],
-        check=check,
-        png_path=png_path,
-    )
-
-
 # --- the causal check: what removing each collapsed head does, against random heads -------------------------
 
 
@@ -189,10 +172,7 @@ def _causal_check(
     collapsed = [r for r in rows if r.verdict in COLLAPSED_VERDICTS]
     if not collapsed or stack.name not in ("self", "encoder"):
         return None
-    ordered = [r for r in collapsed if r.verdict == "writing_collapse"] + [
-        r for r in collapsed if r.verdict == "no_op_sink"
-    ]
-    checked = ordered[: args.max_checked]
+    checked = sorted(collapsed, key=lambda r: r.verdict != "writing_collapse")[: args.max_checked]  # stable
     notes: list[str] = []
     pool = [(r.layer, r.head) for r in rows if r.verdict == "not_collapsed"]
     singles, said = random_sets(pool, 1, args.baseline_draws, seed=args.seed)
@@ -214,37 +194,34 @@ def _causal_check(
     def baseline(drawn: list[HeadSet], method: AblationMethod) -> Baseline:
         return baseline_of([found[(s, method)] for s in drawn])
 
-    def effect_rows(heads: HeadSet, drawn: list[HeadSet]) -> dict[AblationMethod, AblationEffectRow]:
-        """Each method's effect of removing ``heads``, compared with the same method on the ``drawn`` sets."""
-        rows = {}
-        for method in methods:
-            effect = found[(heads, method)].effect
-            rows[method] = AblationEffectRow(
-                effect=effect, direction=compare_with_baseline(effect, baseline(drawn, method))
+    def effect_rows(heads: HeadSet, drawn: list[HeadSet]) -> dict[str, AblationEffectRow]:
+        """Each method's effect of removing ``heads`` against the same method on the ``drawn`` sets, by the rows'
+        field (``mean_ablation``, ``resample_ablation``)."""
+        return {
+            f"{method}_ablation": AblationEffectRow(
+                effect=(effect := found[(heads, method)].effect),
+                direction=compare_with_baseline(effect, baseline(drawn, method)),
             )
-        return rows
+            for method in methods
+        }
+
+    def baseline_row(drawn: list[HeadSet]) -> BaselineRow | None:
+        """The random draws' mean ± sd per method (None without draws)."""
+        if not drawn:
+            return None
+        spreads = {f"{method}_ablation": ((b := baseline(drawn, method)).mean, b.spread) for method in methods}
+        return BaselineRow(draws=len(drawn), heads_per_draw=len(drawn[0]), **spreads)
 
     def check_row(row: HeadCollapseRow) -> CollapseCheckRow:
         effects = effect_rows(((row.layer, row.head),), singles)
-        resample = effects.get("resample")
-        return CollapseCheckRow(
-            layer=row.layer,
-            head=row.head,
-            verdict=row.verdict,
-            kind=collapse_kind(row.verdict, effects["mean"].direction, resample.direction if resample else None),
-            mean_ablation=effects["mean"],
-            resample_ablation=resample,
-        )
+        resample = effects.get("resample_ablation")
+        kind = collapse_kind(row.verdict, effects["mean_ablation"].direction, resample.direction if resample else None)
+        return CollapseCheckRow(layer=row.layer, head=row.head, verdict=row.verdict, kind=kind, **effects)
 
     heads = [check_row(r) for r in checked]
     group = None
     if len(checked) > 1:
-        effects = effect_rows(together, groups)
-        group = GroupCheckRow(
-            heads=[head_label(layer, head) for layer, head in together],
-            mean_ablation=effects["mean"],
-            resample_ablation=effects.get("resample"),
-        )
+        group = GroupCheckRow(heads=[head_label(la, he) for la, he in together], **effect_rows(together, groups))
     return CollapseCheck(
         measure="next_token_loss" if measured.loss_clean is not None else "embedding_cosine",
         loss_clean=measured.loss_clean,
@@ -252,25 +229,10 @@ def _causal_check(
         checked=len(checked),
         rule=BEYOND_RULE,
         resample_source=resample.description,
-        baseline=_baseline_row(singles, methods, baseline),
+        baseline=baseline_row(singles),
         together=group,
-        together_baseline=_baseline_row(groups, methods, baseline) if len(checked) > 1 else None,
+        together_baseline=baseline_row(groups),  # no groups are drawn for one checked head
         heads=heads,
         forward_equivalents=round(measured.forward_equivalents, 1),
         notes=notes,
-    )
-
-
-def _baseline_row(
-    drawn: list[HeadSet], methods: list[AblationMethod], baseline: Callable[[list[HeadSet], AblationMethod], Baseline]
-) -> BaselineRow | None:
-    """The random draws' mean ± sd per method (None without draws)."""
-    if not drawn:
-        return None
-    mean, resample = baseline(drawn, "mean"), baseline(drawn, "resample") if "resample" in methods else None
-    return BaselineRow(
-        draws=len(drawn),
-        heads_per_draw=len(drawn[0]),
-        mean_ablation=(mean.mean, mean.spread),
-        resample_ablation=(resample.mean, resample.spread) if resample is not None else None,
     )

@@ -7,13 +7,22 @@ little"). Every effect is given with its direction and the random heads' mean ±
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from agent_tools.analysis.heads import HeadRole, SequenceLayout
 from agent_tools.analysis.metrics import Baseline
-from agent_tools.schemas import Finding, rounded
-from agent_tools.tools.profile_heads.models import AblationEvidence, HeadProfiles, RoleReport, TopHead
-from agent_tools.wording import head_names
+from agent_tools.schemas import Finding, NextCall, follow_up, head_label, rounded
+from agent_tools.tools.profile_heads.models import (
+    SAMPLE_TEXT,
+    AblationEvidence,
+    HeadProfiles,
+    PatternTop,
+    ProfileHeadsInput,
+    RoleReport,
+    TopHead,
+)
+from agent_tools.wording import head_name, head_names
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,7 @@ def effect_text(evidence: AblationEvidence) -> str:
 
 def head_sentence(report: RoleReport, head: TopHead) -> str:
     """The verdict in words: "is" only when score and ablation check agree."""
-    where, kind = f"L{head.layer}H{head.head}", _a(f"{_role_words(report.role)} head")
+    where, kind = head_name(head.layer, head.head), _a(f"{_role_words(report.role)} head")
     score = score_text(report, head)
     if head.verdict == "below_threshold":
         role = _role_words(report.role)
@@ -140,11 +149,16 @@ def _inputs_text(report: HeadProfiles) -> str:
     return " and ".join(where)
 
 
+def _top_text(lead: TopHead | PatternTop) -> str:
+    """``L1H0 0.912 ± 0.031``: a top head, its mean and spread."""
+    spread = f" ± {lead.spread:.3f}" if lead.spread is not None else ""
+    return f"{head_name(lead.layer, lead.head)} {lead.score:.3f}{spread}"
+
+
 def _leader(report: RoleReport) -> str:
     """One role's top head, its mean ± spread vs uniform, and the verdict in a word."""
     lead = report.top[0]
-    spread = f" ± {lead.spread:.3f}" if lead.spread is not None else ""
-    text = f"{report.role} L{lead.layer}H{lead.head} {lead.score:.3f}{spread}"
+    text = f"{report.role} {_top_text(lead)}"
     if report.uniform_baseline is not None:
         text += f" vs uniform {report.uniform_baseline:.3f}"
     evidence = lead.ablation
@@ -159,10 +173,8 @@ def _leader(report: RoleReport) -> str:
 
 def _census_text(report: HeadProfiles) -> str:
     """How many heads have each primary role, most common first ("none": no role reached its threshold)."""
-    counts: dict[str, int] = {}
-    for profile in report.heads:
-        counts[profile.primary_role or "none"] = counts.get(profile.primary_role or "none", 0) + 1
-    return ", ".join(f"{n} {role}" for role, n in sorted(counts.items(), key=lambda item: -item[1]))
+    counts = Counter(profile.primary_role or "none" for profile in report.heads)
+    return ", ".join(f"{n} {role}" for role, n in counts.most_common())  # ties: in the order first seen
 
 
 def summary(report: HeadProfiles) -> str:
@@ -186,9 +198,24 @@ def summary(report: HeadProfiles) -> str:
         )
     for pattern in report.patterns:
         if pattern.top:
-            lead = pattern.top[0]
-            spread = f" ± {lead.spread:.3f}" if lead.spread is not None else ""
-            text += f" Pattern {pattern.name}: L{lead.layer}H{lead.head} {lead.score:.3f}{spread}."
+            text += f" Pattern {pattern.name}: {_top_text(pattern.top[0])}."
     if report.unmeasured:
         text += " Not measurable here: " + "; ".join(f"{r} ({why})" for r, why in report.unmeasured.items()) + "."
     return text
+
+
+def next_calls(args: ProfileHeadsInput, report: HeadProfiles) -> list[NextCall]:
+    """Ablate the top head of each role with an ablation check on the text: does the model need what it does there?"""
+    text = args.text if args.text is not None else SAMPLE_TEXT
+    return [
+        follow_up(
+            "ablate_heads",
+            {"text": text, "heads": [head_label(lead.layer, lead.head)]},
+            f"{head_name(lead.layer, lead.head)} is the top {role.role} head; removing it on your text shows whether "
+            "the model needs it there (with its direct logit attribution)",
+            model=report.model,
+        )
+        for role in report.roles
+        if role.ablation_check is not None and role.top
+        for lead in role.top[:1]
+    ]

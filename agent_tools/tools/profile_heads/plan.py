@@ -11,7 +11,7 @@ random heads on one input, all as rows of one batched forward. Every forward goe
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import torch
@@ -52,7 +52,7 @@ from agent_tools.probes import Probe, build_probe
 from agent_tools.runner import model_output
 from agent_tools.runner.patching import HeadPatch, recorded_run
 from agent_tools.runner.readout import PositionLosses, pooled_hidden
-from agent_tools.schemas import NextCall, head_label
+from agent_tools.schemas import head_label
 from agent_tools.session import guarded
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.profile_heads.models import (
@@ -74,6 +74,7 @@ from agent_tools.tools.profile_heads.models import (
 from agent_tools.tools.profile_heads.narrative import (
     InductionLosses,
     induction_finding,
+    next_calls,
     role_finding,
     summary,
     why_unmeasured,
@@ -146,11 +147,8 @@ def _text_pass(
     loaded: LoadedModel, encoded: Encoded, args: ProfileHeadsInput, roles: list[HeadRole], patterns: list[PatternName]
 ) -> _TextPass:
     layout = _text_layout(loaded, encoded, args.skip_queries, local_window=args.local_window)
-    readers: dict[str, KeyReader] = {}
-    for name in patterns:
-        reader = NAMED_PATTERNS[name].build(layout, encoded.input_ids[0])
-        if reader is not None:
-            readers[name] = reader
+    built = {name: NAMED_PATTERNS[name].build(layout, encoded.input_ids[0]) for name in patterns}
+    readers: dict[str, KeyReader] = {n: reader for n, reader in built.items() if reader is not None}  # None: no key
     heads = loaded.facts.num_heads
     pattern_consumer = PatternScoreConsumer(readers, heads, skip_queries=layout.skip_queries) if readers else None
     return _TextPass(encoded, layout, RoleScoreConsumer(layout, roles, heads), pattern_consumer)
@@ -165,14 +163,18 @@ STACK_REFUSAL = (
 
 
 @dataclass(frozen=True)
-class _Setup:
-    """The checked arguments: model, layers, roles, patterns, and the stack's layer count (random heads)."""
+class _Call:
+    """The call: its inspector and arguments, the checked model, layers, roles and patterns, the stack's layer count
+    (random heads), and the text's pass (None when no text role or pattern is asked)."""
 
+    inspector: Inspector
+    args: ProfileHeadsInput
     loaded: LoadedModel
     layers: list[int]
     roles: list[HeadRole]
     patterns: list[PatternName]
     num_layers: int
+    text: _TextPass | None = None
 
 
 def plan_profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> PassPlan[HeadProfiles]:
@@ -184,18 +186,17 @@ def plan_profile_heads(inspector: Inspector, args: ProfileHeadsInput) -> PassPla
     layers = inspector.check_layers(loaded, args.layers, stack, "layer")
     roles = _check_names(args.roles, HEAD_ROLES, "roles", default=HEAD_ROLES)
     patterns = _check_names(args.patterns, list(NAMED_PATTERNS), "patterns", default=[])
-    setup = _Setup(loaded, layers, roles, patterns, stack.num_layers)
-    text_roles = [r for r in setup.roles if r in TEXT_ROLES]
-    if not text_roles and not setup.patterns:
-        return PassPlan(loaded, None, [], lambda _output: _profile(inspector, args, setup, None))
+    call = _Call(inspector, args, loaded, layers, roles, patterns, stack.num_layers)
+    text_roles = [r for r in roles if r in TEXT_ROLES]
+    if not text_roles and not patterns:
+        return PassPlan(loaded, None, [], lambda _output: _profile(call))
     encoded = inspector.encode(loaded, args.text if args.text is not None else SAMPLE_TEXT)
-    text = _text_pass(loaded, encoded, args, text_roles, setup.patterns)
-
-    def finish(_output: object) -> HeadProfiles:
-        return _profile(inspector, args, setup, text)
-
+    text = _text_pass(loaded, encoded, args, text_roles, patterns)
+    call = replace(call, text=text)
     # The ablation checks record their own clean run: the text pass never needs the model's output.
-    return PassPlan(loaded, encoded, list(text.consumers), finish, layers=layers, need_output=False)
+    return PassPlan(
+        loaded, encoded, list(text.consumers), lambda _output: _profile(call), layers=layers, need_output=False
+    )
 
 
 @dataclass
@@ -235,18 +236,18 @@ def _aggregate(
     return means, spreads, inputs
 
 
-def _profile(inspector: Inspector, args: ProfileHeadsInput, setup: _Setup, text: _TextPass | None) -> HeadProfiles:
+def _profile(call: _Call) -> HeadProfiles:
     """The plan's finish: held-out texts, probes, every head's profile, each role's top heads, the checks."""
-    loaded, roles = setup.loaded, setup.roles
+    args, loaded, roles, text = call.args, call.loaded, call.roles, call.text
     facts = loaded.facts
     thresholds = {**DEFAULT_THRESHOLDS, **(args.thresholds.given() if args.thresholds else {})}
-    measured = _measure(inspector, args, setup, text)
+    measured = _measure(call)
     scored = [r for r in roles if any(r in per_role for per_role in measured.scores.values())]
-    heads = _head_profiles(measured, setup.layers, scored, thresholds, facts)
+    heads = _head_profiles(measured, call.layers, scored, thresholds, facts)
     primary = {(profile.layer, profile.head): profile.primary_role for profile in heads}
     counts = {role: _ablated_count(args, role, measured.language_model) for role in scored}
     wanted = {r: [(la, he) for la, he, _ in top_heads(measured.means, r, counts[r])] for r in scored}
-    evidence = _Evidence(inspector, loaded, measured, text, args, setup.num_layers).measure(wanted)
+    evidence = _Evidence(call, measured).measure(wanted)
     role_reports = [
         _role_report(role, measured, thresholds, primary, evidence, top_k=args.top_k, ablate_top=counts[role])
         for role in scored
@@ -254,13 +255,13 @@ def _profile(inspector: Inspector, args: ProfileHeadsInput, setup: _Setup, text:
     losses = None
     if args.induction_check and "induction" in scored:
         on_probe = [h for r, hs in wanted.items() if _evidence_input(r) == "probe" for h in hs]
-        losses = _induction_losses(inspector, loaded, measured, args, setup.num_layers, tested=on_probe)
+        losses = _induction_losses(call, measured, tested=on_probe)
     source: TextSource = "user" if args.text is not None else "sample"
     report = HeadProfiles(
         model=loaded.name,
         summary="",
         findings=[role_finding(r) for r in role_reports] + ([induction_finding(losses)] if losses is not None else []),
-        layers=setup.layers,
+        layers=call.layers,
         num_heads=facts.num_heads,
         text_source=source,
         text_tokens=text.encoded.length if text is not None else None,
@@ -270,12 +271,12 @@ def _profile(inspector: Inspector, args: ProfileHeadsInput, setup: _Setup, text:
         unmeasured={r: why_unmeasured(r, text.layout if text else None) for r in roles if r not in scored},
         roles=role_reports,
         induction_check=_induction_check(losses),
-        patterns=_pattern_reports(setup.patterns, text, measured, top_k=args.top_k),
+        patterns=_pattern_reports(call.patterns, text, measured, top_k=args.top_k),
         heads=heads,
     )
     report.attention = facts.stack().name
     said = on_stack(report.attention, summary(report))
-    return report.model_copy(update={"summary": said, "next_calls": _next_calls(args, loaded, report)})
+    return report.model_copy(update={"summary": said, "next_calls": next_calls(args, report)})
 
 
 def _ablated_count(args: ProfileHeadsInput, role: HeadRole, language_model: bool) -> int:
@@ -286,41 +287,23 @@ def _ablated_count(args: ProfileHeadsInput, role: HeadRole, language_model: bool
     return args.top_k if ROLES[role].ablation_check is not None and language_model else 0
 
 
-def _next_calls(args: ProfileHeadsInput, loaded: LoadedModel, report: HeadProfiles) -> list[NextCall]:
-    """Ablate the top heads of the first roles on the text: does the model need what they do there?"""
-    text = args.text if args.text is not None else SAMPLE_TEXT
-    calls = []
-    for role in report.roles:
-        if role.role in ("induction", "previous_token") and role.top:
-            lead = role.top[0]
-            calls.append(
-                NextCall(
-                    tool="ablate_heads",
-                    arguments={"model": loaded.name, "text": text, "heads": [head_label(lead.layer, lead.head)]},
-                    why=f"L{lead.layer}H{lead.head} is the top {role.role} head; removing it on your text shows "
-                    "whether the model needs it there (with its direct logit attribution)",
-                )
-            )
-    return calls
-
-
-def _measure(inspector: Inspector, args: ProfileHeadsInput, setup: _Setup, text: _TextPass | None) -> _Measured:
+def _measure(call: _Call) -> _Measured:
     """The text's sums (from the shared pass), the held-out texts' passes, then the probe pass if a probe role is
     asked; every role's mean and spread over its inputs."""
-    loaded = setup.loaded
-    measured = _Measured(scores={layer: {} for layer in setup.layers})
-    measured.language_model = loaded.facts.is_causal and loaded.facts.is_language_model
-    text_roles = [r for r in setup.roles if r in TEXT_ROLES]
+    facts, text = call.loaded.facts, call.text
+    measured = _Measured(scores={layer: {} for layer in call.layers})
+    measured.language_model = facts.is_causal and facts.is_language_model
+    text_roles = [r for r in call.roles if r in TEXT_ROLES]
     if text is not None:
         measured.layouts["text"] = text.layout
         for layer, per_role in text.consumer.scores().items():
             measured.scores[layer].update(per_role)
-        measured.held_out = _held_out_passes(inspector, args, setup, text_roles)
+        measured.held_out = _held_out_passes(call, text_roles)
         runs = [p.consumer.scores() for p in (text, *measured.held_out)]
         _add(measured, runs, [r for r in text_roles if any(r in s for s in measured.scores.values())])
-    probe_roles = [r for r in setup.roles if ROLES[r].measured_on == "probe"]
+    probe_roles = [r for r in call.roles if ROLES[r].measured_on == "probe"]
     if probe_roles:
-        _probe_pass(inspector, loaded, args, setup.layers, probe_roles, measured)
+        _probe_pass(call, probe_roles, measured)
     return measured
 
 
@@ -348,33 +331,25 @@ def _encode_fitting(inspector: Inspector, loaded: LoadedModel, text: str) -> Enc
     return None
 
 
-def _held_out_passes(
-    inspector: Inspector, args: ProfileHeadsInput, setup: _Setup, roles: list[HeadRole]
-) -> list[_TextPass]:
+def _held_out_passes(call: _Call, roles: list[HeadRole]) -> list[_TextPass]:
     """The first ``held_out_texts`` built-in texts, each streamed into its own role and pattern sums."""
     passes = []
-    for held_out in HELD_OUT_TEXTS[: args.held_out_texts]:
-        if held_out == args.text:
+    for held_out in HELD_OUT_TEXTS[: call.args.held_out_texts]:
+        if held_out == call.args.text:
             continue
-        encoded = _encode_fitting(inspector, setup.loaded, held_out)
+        encoded = _encode_fitting(call.inspector, call.loaded, held_out)
         if encoded is None:
             continue
-        one = _text_pass(setup.loaded, encoded, args, roles, setup.patterns)
-        inspector.run(setup.loaded, encoded, one.consumers, layers=setup.layers, need_output=False)
+        one = _text_pass(call.loaded, encoded, call.args, roles, call.patterns)
+        call.inspector.run(call.loaded, encoded, one.consumers, layers=call.layers, need_output=False)
         passes.append(one)
     return passes
 
 
-def _probe_pass(
-    inspector: Inspector,
-    loaded: LoadedModel,
-    args: ProfileHeadsInput,
-    layers: list[int],
-    roles: list[HeadRole],
-    measured: _Measured,
-) -> None:
+def _probe_pass(call: _Call, roles: list[HeadRole], measured: _Measured) -> None:
     """Stream ``args.seeds`` seeded probes into the probe roles' sums (scores: their mean, with the spread); the
     first probe's output is kept for the induction check."""
+    inspector, loaded, args = call.inspector, call.loaded, call.args
     runs = []
     for offset in range(args.seeds):
         probe = build_probe(inspector, loaded, args.probe_length, args.seed + offset)
@@ -383,7 +358,7 @@ def _probe_pass(
         )
         consumer = RoleScoreConsumer(layout, roles, loaded.facts.num_heads)
         first = offset == 0
-        output = inspector.run(loaded, probe.encoded, [consumer], layers=layers, need_output=first)
+        output = inspector.run(loaded, probe.encoded, [consumer], layers=call.layers, need_output=first)
         runs.append(consumer.scores())
         measured.seeds.append(args.seed + offset)
         if first:
@@ -448,12 +423,8 @@ class _Evidence:
     """Mean-ablation of single heads against random heads, per input: one recorded clean run gives every head's
     mean output, then one batched forward patches each tested head and each random head in a row of its own."""
 
-    inspector: Inspector
-    loaded: LoadedModel
+    call: _Call
     measured: _Measured
-    text: _TextPass | None
-    args: ProfileHeadsInput
-    num_layers: int
 
     def measure(self, wanted: Mapping[HeadRole, list[Head]]) -> dict[tuple[MeasuredOn, int, int], AblationEvidence]:
         found: dict[tuple[MeasuredOn, int, int], AblationEvidence] = {}
@@ -463,26 +434,20 @@ class _Evidence:
                 found.update({(on, *h): e for h, e in self._on_input(on, heads).items()})
         return found
 
-    def _encoded(self, on: MeasuredOn) -> Encoded | None:
+    def _encoded(self, on: MeasuredOn) -> Encoded:
+        call = self.call
         if on == "text":
-            return self.text.encoded if self.text is not None else None
+            assert call.text is not None, "text roles are scored, and so checked, only after a text pass"
+            return call.text.encoded
         if self.measured.probe is None:  # a check on the probe with no probe role asked: build the seed's probe
-            self.measured.probe = build_probe(self.inspector, self.loaded, self.args.probe_length, self.args.seed)
-            self.measured.seeds = [self.args.seed]
+            self.measured.probe = build_probe(call.inspector, call.loaded, call.args.probe_length, call.args.seed)
+            self.measured.seeds = [call.args.seed]
         return self.measured.probe.encoded
 
     def _on_input(self, on: MeasuredOn, heads: list[Head]) -> dict[Head, AblationEvidence]:
-        encoded = self._encoded(on)
-        if encoded is None:
-            return {}
-        random_heads = draw_random_heads(
-            self.num_layers,
-            self.loaded.facts.num_heads,
-            exclude=heads,
-            count=self.args.baseline_draws,
-            seed=self.args.seed,
-        )
-        effects, metric = self._effects(on, encoded, [*heads, *random_heads])
+        args = self.call.args
+        random_heads = draw_random_heads(self.call, exclude=heads, count=args.baseline_draws, seed=args.seed)
+        effects, metric = self._effects(on, self._encoded(on), [*heads, *random_heads])
         baseline = random_baseline(effects[len(heads) :])
         return {
             head: _evidence(metric, value, baseline) for head, value in zip(heads, effects[: len(heads)], strict=True)
@@ -494,8 +459,9 @@ class _Evidence:
         A row keeps only what the measure reads (every position's next-token loss, or a model without a next-token
         head its pooled final hidden state): no row's (T, V) logits outlive its batch."""
         readout = PositionLosses(encoded.input_ids) if self.measured.language_model else pooled_hidden
-        with guarded(self.loaded):
-            recorded = recorded_run(self.loaded, encoded.input_ids, keep_last=False, readout=readout)
+        loaded = self.call.loaded
+        with guarded(loaded):
+            recorded = recorded_run(loaded, encoded.input_ids, keep_last=False, readout=readout)
         used = {layer for layer, _ in heads}
         means = {  # layer -> (T, H, D): every head's mean output over the positions, at every position
             layer: outputs.mean(0, keepdim=True).expand_as(outputs)
@@ -504,8 +470,8 @@ class _Evidence:
         }
         metric, measure = self._measure_for(on, recorded.output[None].cpu())
         patches = [HeadPatch(layer, (head,)) for layer, head in heads]
-        (kept,) = self.inspector.patched_outputs(
-            self.loaded, encoded, patches, readout=readout, sources=means, keep_last=False
+        (kept,) = self.call.inspector.patched_outputs(
+            loaded, encoded, patches, readout=readout, sources=means, keep_last=False
         )
         return measure(kept.cpu()).tolist(), metric  # one copy for every row
 
@@ -525,11 +491,11 @@ class _Evidence:
         return "next_token_loss_change", lambda kept: kept.double().mean(-1) - text_before
 
 
-def draw_random_heads(num_layers: int, num_heads: int, *, exclude: Sequence[Head], count: int, seed: int) -> list[Head]:
+def draw_random_heads(call: _Call, *, exclude: Sequence[Head], count: int, seed: int) -> list[Head]:
     """``count`` distinct heads drawn uniformly (seeded) from the stack's heads other than ``exclude`` (fewer when
     fewer remain: the report states how many were drawn)."""
-    excluded = set(exclude)
-    pool = [(la, he) for la in range(num_layers) for he in range(num_heads) if (la, he) not in excluded]
+    excluded, num_heads = set(exclude), call.loaded.facts.num_heads
+    pool = [(la, he) for la in range(call.num_layers) for he in range(num_heads) if (la, he) not in excluded]
     order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed)).tolist()
     return [pool[i] for i in order[:count]]
 
@@ -557,22 +523,20 @@ def _role_report(
 ) -> RoleReport:
     """The role's top heads by their mean over its inputs (the first ``ablate_top`` with their ablation check),
     and how many heads take it on the text."""
-    threshold, spreads, spec = thresholds[role], measured.spreads, ROLES[role]
+    threshold, spec = thresholds[role], ROLES[role]
     top = []
     for rank, (layer, head, mean) in enumerate(top_heads(measured.means, role, top_k)):
         found = evidence.get((_evidence_input(role), layer, head)) if rank < ablate_top else None
         checked = found.exceeds_baseline if found is not None and spec.ablation_check is not None else None
         if found is not None and found.metric == "pooled_cosine_change":
             checked = None  # the check is a next-token loss: an encoder cannot run it
-        on_text = float(measured.scores[layer][role][head]) if spec.measured_on == "text" else None
-        spread = spreads.get(layer, {}).get(role)
         top.append(
             TopHead(
                 layer=layer,
                 head=head,
                 score=mean,
-                spread=float(spread[head]) if spread is not None else None,
-                score_on_text=on_text,
+                spread=_at(measured.spreads, layer, role, head),
+                score_on_text=_at(measured.scores, layer, role, head) if spec.measured_on == "text" else None,
                 qualifies=mean >= threshold,
                 primary_role=primary[(layer, head)],
                 ablation=found,
@@ -594,6 +558,12 @@ def _role_report(
         primary_for=sum(1 for p in primary.values() if p == role),
         top=top,
     )
+
+
+def _at(scores: Mapping[int, Mapping[_N, torch.Tensor]], layer: int, name: _N, head: int) -> float | None:
+    """One head's number for a role or pattern (layer -> name -> (H,)), None where it was not measured."""
+    per_name = scores.get(layer, {})
+    return float(per_name[name][head]) if name in per_name else None
 
 
 def _uniform(layout: SequenceLayout) -> torch.Tensor:
@@ -626,8 +596,8 @@ def _pattern_reports(
                 layer=layer,
                 head=head,
                 score=score,
-                spread=float(spreads[layer][name][head]) if name in spreads.get(layer, {}) else None,
-                score_on_text=float(on_text[layer][name][head]) if name in on_text.get(layer, {}) else None,
+                spread=_at(spreads, layer, name, head),
+                score_on_text=_at(on_text, layer, name, head),
             )
             for layer, head, score in top_heads(means, name, top_k)
         ]
@@ -655,18 +625,11 @@ def _pattern_uniform(name: PatternName, text: _TextPass) -> float | None:
     return float(scores[0])
 
 
-def _induction_losses(
-    inspector: Inspector,
-    loaded: LoadedModel,
-    measured: _Measured,
-    args: ProfileHeadsInput,
-    num_layers: int,
-    *,
-    tested: Sequence[Head],
-) -> InductionLosses | None:
+def _induction_losses(call: _Call, measured: _Measured, *, tested: Sequence[Head]) -> InductionLosses | None:
     """A causal LM's loss on the probe's first and second copy, on the second with the top induction heads
     mean-ablated together, and with as many random heads mean-ablated together (``baseline_draws`` sets drawn from
     the heads not under test on the probe: neither these nor the single-head checks' heads)."""
+    inspector, loaded, args = call.inspector, call.loaded, call.args
     probe, clean = measured.probe, measured.probe_output
     if probe is None or clean is None or not measured.language_model:
         return None
@@ -682,9 +645,7 @@ def _induction_losses(
     together = ablated(chosen)
     draws = []
     for draw in range(args.baseline_draws):
-        heads = draw_random_heads(
-            num_layers, loaded.facts.num_heads, exclude=[*chosen, *tested], count=len(chosen), seed=args.seed + 1 + draw
-        )
+        heads = draw_random_heads(call, exclude=[*chosen, *tested], count=len(chosen), seed=args.seed + 1 + draw)
         if len(heads) == len(chosen):
             draws.append(ablated(heads))
     baseline = random_baseline([value - second for value in draws])
