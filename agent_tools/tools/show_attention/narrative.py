@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_tools.schemas import Finding, NextCall, follow_up, rounded
+from agent_tools.schemas import Finding, NextCall, head_label, rounded, text_follow_up
 from agent_tools.tools.show_attention.models import AttentionView, ShowAttentionInput
+from agent_tools.wording import head_name
 
 SINK_SHARE = 0.1  # a sink's mean share of the other queries' attention (trace_prompt_attention's default too)
 QUERY_LINES = 16  # texts of at most this many queries get one line per query (their top keys)
@@ -105,24 +106,24 @@ def summary(view: HeadView) -> str:
 
 def next_calls(args: ShowAttentionInput, report: AttentionView) -> list[NextCall]:
     """Does this head matter, is its layer collapsed, and which ingredient makes it read what it reads."""
-    label, where = f"{report.layer}.{report.head}", {"layer": report.layer, "head": report.head}
+    name = head_name(report.layer, report.head)
     return [
-        follow_up(
+        text_follow_up(
+            args,
             "ablate_heads",
-            {"text": args.text, "heads": [label]},
-            f"whether L{report.layer}H{report.head}'s reading matters for the output",
-            model=args.model,
+            {"heads": [head_label(report.layer, report.head)]},
+            f"whether {name}'s reading matters for the output",
         ),
-        follow_up(
+        text_follow_up(
+            args,
             "diagnose_collapse",
-            {"text": args.text, "layers": [report.layer]},
+            {"layers": [report.layer]},
             f"which heads of layer {report.layer} collapse, and whether harmlessly",
-            model=args.model,
         ),
-        follow_up(
+        text_follow_up(
+            args,
             "reconstruct_attention",
-            {"text": args.text, **where},
+            {"layer": report.layer, "head": report.head},
             "which step (scale, projections, positions, mask) makes it read that token",
-            model=args.model,
         ),
     ]
