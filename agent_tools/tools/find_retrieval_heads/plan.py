@@ -154,7 +154,7 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
     random_accuracy = [r[0] for r in random_results]
     random_sd = statistics.pstdev(random_accuracy) if len(random_accuracy) > 1 else 0.0
     labelled = [
-        (head_label(layer, head), float(mean[layer, head]), float(spread[layer, head]))
+        (layer, head, float(mean[layer, head]), float(spread[layer, head]))
         for layer, head in top
         if float(mean[layer, head]) > 0
     ]

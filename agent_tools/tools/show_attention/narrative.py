@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent_tools.schemas import Finding, NextCall, head_label, rounded, text_follow_up
-from agent_tools.tools.show_attention.models import AttentionView, ShowAttentionInput
+from agent_tools.tools.show_attention.models import AttentionView, QueryRow, ShowAttentionInput
 from agent_tools.wording import head_name
 
 SINK_SHARE = 0.1  # a sink's mean share of the other queries' attention (trace_prompt_attention's default too)
@@ -27,15 +28,6 @@ class HeadView:
     sinks: tuple[tuple[int, str, float], ...] = ()  # (position, token, mean share over its readers), largest first
 
 
-@dataclass(frozen=True)
-class QueryReading:
-    """One query's top keys: (position, token, weight) by weight, largest first."""
-
-    position: int
-    token: str
-    keys: tuple[tuple[int, str, float], ...]
-
-
 def most_read_finding(view: HeadView) -> Finding:
     """The key the head reads most, on average over its queries."""
     return Finding(
@@ -50,7 +42,7 @@ def most_read_finding(view: HeadView) -> Finding:
     )
 
 
-def _keys_text(keys: tuple[tuple[int, str, float], ...]) -> str:
+def _keys_text(keys: Sequence[tuple[int, str, float]]) -> str:
     return ", ".join(f"{position} {token!r} {share:.1%}" for position, token, share in keys)
 
 
@@ -74,7 +66,7 @@ def sink_finding(view: HeadView) -> Finding | None:
     )
 
 
-def query_findings(readings: list[QueryReading]) -> list[Finding]:
+def query_findings(rows: list[QueryRow]) -> list[Finding]:
     """Each query's top keys, one low-severity line each (the concise text keeps them when they fit)."""
     return [
         Finding(
@@ -82,10 +74,11 @@ def query_findings(readings: list[QueryReading]) -> list[Finding]:
             severity="low",
             position=r.position,
             token=r.token,
-            value=rounded(r.keys[0][2]) if r.keys else None,
-            detail=f"query {r.position} {r.token!r} reads {_keys_text(r.keys)}",
+            value=rounded(r.top_keys[0].weight) if r.top_keys else None,
+            detail=f"query {r.position} {r.token!r} reads "
+            + _keys_text([(k.position, k.token, k.weight) for k in r.top_keys]),
         )
-        for r in readings
+        for r in rows
     ]
 
 

@@ -21,7 +21,6 @@ from agent_tools.tools.show_attention.narrative import (
     QUERY_LINES,
     SINK_SHARE,
     HeadView,
-    QueryReading,
     most_read_finding,
     query_findings,
     sink_finding,
@@ -78,10 +77,7 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
     rows = _rows(weights, allowed, entropy, queries, keys, args.top_k)
     findings = [f for f in (sink_finding(view), most_read_finding(view)) if f is not None]
     if len(rows) <= QUERY_LINES:
-        readings = [
-            QueryReading(r.position, r.token, tuple((k.position, k.token, k.weight) for k in r.top_keys)) for r in rows
-        ]
-        findings += query_findings(readings)
+        findings += query_findings(rows)
     png_path = None
     if args.png:
         where = "" if stack.name == "self" else f"{stack.name}-"
