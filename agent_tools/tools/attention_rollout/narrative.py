@@ -28,7 +28,7 @@ def narrate(numbers: RolloutNumbers) -> tuple[str, list[Finding]]:
     """The summary and the findings of one rollout; a sink-dominance caveat leads both when token 0 soaks it up."""
     findings = [_source(numbers, s) for s in numbers.top]
     summary = _summary(numbers)
-    if _sink_dominates(numbers):
+    if numbers.position > 0 and numbers.shares[0] >= SINK_DOMINANCE:
         summary += _sink_caveat(numbers)
         findings.insert(0, _sink_finding(numbers))
     return summary, findings
@@ -56,10 +56,6 @@ def _summary(numbers: RolloutNumbers) -> str:
         f"keeps {numbers.shares[position]:.1%}. Last-layer attention alone puts {numbers.raw_max:.1%} on token "
         f"{numbers.raw_argmax} {tokens[numbers.raw_argmax].text!r}."
     )
-
-
-def _sink_dominates(numbers: RolloutNumbers) -> bool:
-    return numbers.position > 0 and numbers.shares[0] >= SINK_DOMINANCE
 
 
 def _sink_caveat(numbers: RolloutNumbers) -> str:
