@@ -66,8 +66,7 @@ def plan_inspect_projections(inspector: Inspector, args: InspectProjectionsInput
     capture = plan_head_inputs(inspector, target.loaded, target.encoded, target.layer, [head, *others])
 
     def finish(output: object) -> ProjectionReport:
-        report = _report(inspector, args, target, capture.finish(output), others)
-        return report.model_copy(update={"attention": stack.name, "summary": on_stack(stack.name, report.summary)})
+        return _report(inspector, args, target, capture.finish(output), others)
 
     return PassPlan(target.loaded, target.encoded, capture.consumers, finish, layers=[target.layer], record_inputs=True)
 
@@ -91,6 +90,7 @@ def _report(
         model=target.loaded.name,
         summary="",
         findings=[],
+        attention=stack.name,
         layer=target.layer,
         head=target.head,
         kv_head=stack.kv_head_of(target.head),
@@ -109,7 +109,7 @@ def _report(
         model_weight_error=inputs.errors["model_weights"],
     )
     measured = Measured(report, symmetric, identity, inputs.effective_scale)
-    return report.model_copy(update={"summary": summary(report), "findings": findings(measured)})
+    return report.model_copy(update={"summary": on_stack(stack.name, summary(report)), "findings": findings(measured)})
 
 
 def _spectrum_report(
