@@ -13,7 +13,7 @@ from agent_tools.analysis.metrics import SATURATION
 from agent_tools.analysis.scaling import SettingKind
 from agent_tools.schemas import Finding, NextCall, follow_up, rounded, text_follow_up
 from agent_tools.tools.explain_scaling.models import ExplainScalingInput, ScaleSetting, ScalingReport
-from agent_tools.wording import head_name
+from agent_tools.wording import head_name, scale_phrase
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def summary(n: ScalingNumbers) -> str:
     r = n.report
     where = f"layer {r.layer}" + (f" head {r.head}" if r.head is not None else f" ({len(r.heads)} heads)")
     model, unscaled = n.setting("model_scale"), n.setting("no_scaling")
-    scale = "= 1/sqrt(d_k)" if r.standard_scale else f"{n.ratio:.3g}× 1/sqrt(d_k)"
+    scale = scale_phrase(n.ratio)
     return (
         f"In {where}, d_k = {r.head_dim} and scores are q·k × {n.scaling:.4g} ({scale}). Raw q·k has variance "
         f"{n.raw_mean:.3g} (var(q)·var(k)·d_k predicts {n.predicted:.3g}, ratio {n.raw_mean / n.predicted:.2f}); "

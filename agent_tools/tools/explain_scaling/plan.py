@@ -28,6 +28,7 @@ from agent_tools.tools.explain_scaling.models import (
     SyntheticRow,
 )
 from agent_tools.tools.explain_scaling.narrative import ScalingNumbers
+from agent_tools.wording import is_standard_scale
 
 
 def explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> ScalingReport:
@@ -124,7 +125,7 @@ def _report(
         scaling=stack.scaling,
         inverse_sqrt_head_dim=1 / math.sqrt(stack.qk_dim),
         scaling_ratio=ratio,
-        standard_scale=abs(ratio - 1) <= 1e-3,
+        standard_scale=is_standard_scale(ratio),
         softcap=facts.softcap,
         query_prescaled=facts.query_prescaled,
         raw_score_variance=raw,

@@ -16,7 +16,7 @@ from agent_tools.tools.reconstruct_attention.models import (
     ReconstructAttentionInput,
     StageReport,
 )
-from agent_tools.wording import head_name
+from agent_tools.wording import head_name, is_standard_scale
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def model_scale_text(recipe: Recipe) -> str:
     """The model's own factor on q·k, as a divisor, and how it compares with 1/sqrt(d_k)."""
     standard = 1 / math.sqrt(recipe.head_dim)
     ratio = recipe.effective_scale / standard
-    compared = "= 1/sqrt(d_k)" if abs(ratio - 1) <= 1e-3 else f"= {ratio:.3g}/sqrt(d_k), not the textbook 1/sqrt(d_k)"
+    compared = "= 1/sqrt(d_k)" if is_standard_scale(ratio) else f"= {ratio:.3g}/sqrt(d_k), not the textbook 1/sqrt(d_k)"
     return f"{_divided_by(recipe.effective_scale)} (the model's factor {recipe.effective_scale:.4g} {compared})"
 
 
