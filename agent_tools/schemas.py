@@ -296,6 +296,11 @@ class TextInput(ModelInput):
     text: str  # what a text is, said once in the prompts (prompts/mcp_instructions.md "Arguments")
 
 
+def text_follow_up(args: TextInput, tool: str, arguments: dict[str, Any], why: str) -> NextCall:
+    """A next call on the same text and model as the call ``args`` made (:func:`follow_up` with ``text`` first)."""
+    return follow_up(tool, {"text": args.text} | arguments, why, model=args.model)
+
+
 class KeyWeight(BaseModel):
     position: int
     token: str

@@ -1,4 +1,5 @@
-"""Phrases several tools' sentences write the same way: a head's name, short lists, the random-head baseline.
+"""Phrases several tools' sentences write the same way: a head's name, short lists, the score scale against
+1/sqrt(d_k), the random-head baseline.
 
 Base layer: pure string functions of plain values (no torch, no pydantic), so every narrative can use them.
 """
@@ -23,6 +24,19 @@ def listed(items: Sequence[str], shown: int | None = None) -> str:
 def head_names(labels: Sequence[str], shown: int | None = None) -> str:
     """``"layer.head"`` labels as ``L1H0, L2H3`` (the first ``shown``, then how many more)."""
     return listed(["L" + label.replace(".", "H") for label in labels], shown)
+
+
+STANDARD_SCALE_TOLERANCE = 1e-3  # |scaling · sqrt(d_k) − 1| within this counts as the standard 1/sqrt(d_k)
+
+
+def is_standard_scale(ratio: float) -> bool:
+    """Whether a factor on q·k, given as ``ratio`` = scaling · sqrt(d_k), is the textbook 1/sqrt(d_k)."""
+    return abs(ratio - 1) <= STANDARD_SCALE_TOLERANCE
+
+
+def scale_phrase(ratio: float) -> str:
+    """``= 1/sqrt(d_k)``, or ``1.41× 1/sqrt(d_k)``: a factor on q·k against the textbook one."""
+    return "= 1/sqrt(d_k)" if is_standard_scale(ratio) else f"{ratio:.3g}× 1/sqrt(d_k)"
 
 
 def random_heads(draws: int, per_draw: int) -> str:

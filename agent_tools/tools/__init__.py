@@ -1,7 +1,8 @@
 """The product's API: every tool, declared once. Surfaces are generated from :data:`TOOLS`.
 
-To add a tool: write ``agent_tools/tools/<name>.py`` defining ``SPEC = ToolSpec(...)`` (and optionally
-``EXTRA_SPECS``). Modules are discovered automatically; :data:`PREFERRED_ORDER` only orders the listing.
+To add a tool: write a package ``agent_tools/tools/<name>/`` whose ``__init__`` defines ``SPEC = ToolSpec(...)``
+(docs/ARCHITECTURE.md, "A tool"). Packages are discovered automatically; :data:`PREFERRED_ORDER` only orders the
+listing.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ def _collect() -> dict[str, ToolSpec]:
     for info in pkgutil.iter_modules(__path__):
         if info.name in _NOT_TOOLS or info.name.startswith("_"):
             continue
-        module = import_module(f"{__name__}.{info.name}")
-        for spec in (getattr(module, "SPEC", None), *getattr(module, "EXTRA_SPECS", ())):
-            if isinstance(spec, ToolSpec):
-                if spec.name in found:
-                    raise RuntimeError(f"tool {spec.name!r} declared twice")
-                found[spec.name] = spec
+        spec = getattr(import_module(f"{__name__}.{info.name}"), "SPEC", None)
+        if isinstance(spec, ToolSpec):
+            if spec.name in found:
+                raise RuntimeError(f"tool {spec.name!r} declared twice")
+            found[spec.name] = spec
     rank = {name: i for i, name in enumerate(PREFERRED_ORDER)}
     return dict(sorted(found.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
 

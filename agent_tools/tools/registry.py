@@ -52,6 +52,10 @@ class Top:
         value = self.by(row) if callable(self.by) else getattr(row, self.by) if self.by else None
         return None if value is None else float(value)
 
+    def _signed(self, value: float) -> float:
+        """The value as a sort key: the most important first (``largest``/``smallest``/``largest_abs``)."""
+        return {"largest": -value, "smallest": value, "largest_abs": -abs(value)}[self.order]
+
     def select(self, rows: Sequence[Any]) -> tuple[list[Any], list[Any]]:
         """(kept, left out): the ``limit`` most important rows, most important first, and the rest."""
         if self.order == "first":
@@ -64,26 +68,17 @@ class Top:
 
         def rank(row: Any) -> tuple[bool, float]:
             value = self.key(row)
-            if value is None:
-                return True, 0.0  # rows without the number go last
-            signed = {"largest": -value, "smallest": value, "largest_abs": -abs(value)}[self.order]
-            return False, signed
+            return (True, 0.0) if value is None else (False, self._signed(value))  # rows without it go last
 
         ordered = sorted(rows, key=rank)  # stable: ties keep the list's order
         return ordered[: self.limit], ordered[self.limit :]
 
     def cutoff(self, rest: list[Any]) -> float | None:
-        """The most important value left out (None when rows are not ranked by a number)."""
+        """The most important value left out (None when rows are not ranked by a number, or none has one)."""
         if self.order in ("first", "spaced"):
             return None
-        return self.most_important([v for v in (self.key(r) for r in rest) if v is not None])
-
-    def most_important(self, values: list[float]) -> float | None:
-        """The value this order ranks first (None for no values)."""
-        if not values:
-            return None
-        best = {"largest": max, "smallest": min}.get(self.order)
-        return best(values) if best else max(values, key=abs)
+        values = [v for v in map(self.key, rest) if v is not None]
+        return min(values, key=self._signed) if values else None
 
 
 def _owners(node: Any, path: str) -> Iterator[tuple[Any, str]]:
@@ -105,7 +100,7 @@ def trim(report: BaseModel, rules: Sequence[Top]) -> list[Omitted]:
     omitted = []
     for rule in rules:
         kept = total = 0
-        cutoffs: list[float] = []
+        left: list[Any] = []  # the rows left out, of every list the path names
         for owner, name in _owners(report, rule.field):
             rows = getattr(owner, name)
             if not isinstance(rows, list):
@@ -117,11 +112,9 @@ def trim(report: BaseModel, rules: Sequence[Top]) -> list[Omitted]:
             chosen, rest = rule.select(rows)
             setattr(owner, name, chosen)
             kept += len(chosen)
-            cutoff = rule.cutoff(rest)
-            if cutoff is not None:
-                cutoffs.append(cutoff)
+            left += rest
         if kept < total:
-            best = rule.most_important(cutoffs)
+            best = rule.cutoff(left)
             cutoff = None if best is None else round(best, 4)
             omitted.append(Omitted(field=rule.field, kept=kept, total=total, order=rule.words(), cutoff=cutoff))
     return omitted
@@ -333,15 +326,14 @@ def _fix(model: type[BaseModel] | None, location: tuple[Any, ...], item: Any) ->
     """The fix for a top-level argument of the wrong type (``"18,6"`` for a head, ``"18"`` for a list), as the
     command line's early check names it (:func:`agent_tools.usage.type_fix`)."""
     kind = str(item.get("type", ""))
-    if model is None or not location or not (kind.endswith(("_type", "_parsing")) or kind == "int_from_float"):
+    if model is None or len(location) != 1 or not (kind.endswith(("_type", "_parsing")) or kind == "int_from_float"):
         return ""
     name = str(location[0])
     try:
         field = model.model_json_schema()["properties"][name]
     except (KeyError, TypeError, ValueError):
         return ""
-    value = item.get("input") if len(location) == 1 else None
-    return type_fix(name, value, field) if len(location) == 1 else ""
+    return type_fix(name, item.get("input"), field)
 
 
 def _number(value: float) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_tools.schemas import Finding, NextCall, Token, follow_up, rounded
+from agent_tools.schemas import Finding, NextCall, Token, follow_up, rounded, text_follow_up
 from agent_tools.tools.attention_rollout.models import AttentionRolloutInput, RolloutReport, SourceShare
 
 SINK_DOMINANCE = 0.9  # rollout share of token 0 above which the summary warns that a sink dominates
@@ -28,7 +28,7 @@ def narrate(numbers: RolloutNumbers) -> tuple[str, list[Finding]]:
     """The summary and the findings of one rollout; a sink-dominance caveat leads both when token 0 soaks it up."""
     findings = [_source(numbers, s) for s in numbers.top]
     summary = _summary(numbers)
-    if _sink_dominates(numbers):
+    if numbers.position > 0 and numbers.shares[0] >= SINK_DOMINANCE:
         summary += _sink_caveat(numbers)
         findings.insert(0, _sink_finding(numbers))
     return summary, findings
@@ -58,10 +58,6 @@ def _summary(numbers: RolloutNumbers) -> str:
     )
 
 
-def _sink_dominates(numbers: RolloutNumbers) -> bool:
-    return numbers.position > 0 and numbers.shares[0] >= SINK_DOMINANCE
-
-
 def _sink_caveat(numbers: RolloutNumbers) -> str:
     return (
         f" Caveat: {numbers.shares[0]:.0%} of the rollout lands on token 0 {numbers.tokens[0].text!r} — multiplying "
@@ -89,19 +85,16 @@ def next_calls(args: AttentionRolloutInput, report: RolloutReport) -> list[NextC
     calls = []
     if any(f.kind == "rollout_sink_dominance" for f in report.findings) and report.layers > 2:
         calls.append(
-            follow_up(
+            text_follow_up(
+                args,
                 "attention_rollout",
-                {"text": args.text, "position": report.position, "up_to_layer": report.layers // 2 - 1},
+                {"position": report.position, "up_to_layer": report.layers // 2 - 1},
                 f"rollout through the first {report.layers // 2} layers only, before the sink soaks it up",
-                model=args.model,
             )
         )
     calls.append(
-        follow_up(
-            "diagnose_collapse",
-            {"text": args.text},
-            "which heads park on the first token, and whether they write anything",
-            model=args.model,
+        text_follow_up(
+            args, "diagnose_collapse", {}, "which heads park on the first token, and whether they write anything"
         )
     )
     calls.append(

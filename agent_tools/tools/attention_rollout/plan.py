@@ -42,10 +42,7 @@ def plan_attention_rollout(inspector: Inspector, args: AttentionRolloutInput) ->
     def finish(_output: object) -> RolloutReport:
         raw = target.row if target.row is not None else torch.zeros(length)  # (T,) on the CPU
         row = rollout.rollout()[position].cpu().double()  # (T,): the one row of the rollout the report reads
-        report = _report(loaded, encoded, args, position=position, last_layer=last_layer, row=row, raw=raw)
-        report.attention = stack.name
-        report.summary = on_stack(stack.name, report.summary)
-        return report
+        return _report(loaded, encoded, args, stack.name, position=position, last_layer=last_layer, row=row, raw=raw)
 
     return PassPlan(loaded, encoded, [rollout, target], finish, layers=list(range(last_layer + 1)), need_output=False)
 
@@ -71,13 +68,14 @@ def _report(
     loaded: LoadedModel,
     encoded: Encoded,
     args: AttentionRolloutInput,
+    stack: str,
     *,
     position: int,
     last_layer: int,
     row: torch.Tensor,
     raw: torch.Tensor,
 ) -> RolloutReport:
-    """(T,) rollout row and (T,) raw last-layer row of the target -> the report."""
+    """(T,) rollout row and (T,) raw last-layer row of the target -> the report (on the attention ``stack``)."""
     tokens = encoded.query_tokens  # = the key tokens: rollout runs on a self-attention stack
     shares: list[float] = row.tolist()
     raw_values: list[float] = raw.tolist()
@@ -104,8 +102,9 @@ def _report(
     summary, findings = narrate(numbers)
     return RolloutReport(
         model=loaded.name,
-        summary=summary,
+        summary=on_stack(stack, summary),
         findings=findings,
+        attention=stack,
         position=position,
         token=tokens[position].text,
         layers=last_layer + 1,

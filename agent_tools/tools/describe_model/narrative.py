@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from agent_tools.families import ModelFacts
 from agent_tools.schemas import Finding, NextCall, follow_up, rounded
 from agent_tools.tools.describe_model.models import DescribeModelInput, ModelDescription
-
-SCALE_TOLERANCE = 1e-3  # |ratio − 1| within this counts as the standard 1/sqrt(d_k)
+from agent_tools.wording import is_standard_scale, scale_phrase
 
 
 @dataclass(frozen=True)
@@ -21,7 +20,7 @@ class Scale:
 
     @property
     def standard(self) -> bool:
-        return abs(self.ratio - 1) <= SCALE_TOLERANCE
+        return is_standard_scale(self.ratio)
 
 
 def mask_text(facts: ModelFacts) -> str:
@@ -64,7 +63,6 @@ def findings(facts: ModelFacts, scale: Scale) -> list[Finding]:
 
 def summary(name: str, facts: ModelFacts, scale: Scale) -> str:
     """One paragraph: kind, size, scale, positions, mask."""
-    scale_note = "= 1/sqrt(d_k)" if scale.standard else f"{scale.ratio:.3g}× 1/sqrt(d_k)"
     kind = f"{'decoder' if facts.is_causal else 'encoder'} with"
     if facts.is_encoder_decoder:
         kind = "encoder–decoder whose encoder has"
@@ -72,7 +70,7 @@ def summary(name: str, facts: ModelFacts, scale: Scale) -> str:
         f"{name} is a {facts.family} {kind} {facts.num_layers} layers × "
         f"{facts.num_heads} heads (head_dim {facts.head_dim}, {facts.num_kv_heads} KV heads), "
         f"{facts.num_parameters / 1e6:.0f}M parameters. "
-        f"Scores are q·k × {facts.scaling:.4g} ({scale_note}); "
+        f"Scores are q·k × {facts.scaling:.4g} ({scale_phrase(scale.ratio)}); "
         f"positions: {facts.positional}; mask: {'causal' if facts.is_causal else 'bidirectional'}."
     )
 

@@ -28,6 +28,7 @@ from agent_tools.tools.explain_scaling.models import (
     SyntheticRow,
 )
 from agent_tools.tools.explain_scaling.narrative import ScalingNumbers
+from agent_tools.wording import is_standard_scale
 
 
 def explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> ScalingReport:
@@ -95,31 +96,6 @@ def _setting(setting: SettingSums) -> ScaleSetting:
     )
 
 
-def _measure(
-    args: ExplainScalingInput, stack: StackFacts, *, layer: int, heads: list[int], consumer: ScalingConsumer
-) -> ScalingNumbers:
-    """Everything the report states, from the consumer's sums (and the synthetic demonstration when asked for)."""
-    variances = consumer.variances()
-    settings = sorted((_setting(s) for s in consumer.settings), key=lambda s: s.beta)
-    return ScalingNumbers(
-        layer=layer,
-        head=args.head,
-        head_count=len(heads),
-        head_dim=stack.qk_dim,
-        scaling=stack.scaling,
-        raw_mean=float(variances["raw_variance"].mean()),
-        scaled_mean=float(variances["scaled_variance"].mean()),
-        predicted=float(variances["predicted_isotropic"].mean()),
-        head_rows=_head_rows(variances, heads, stack),
-        model_setting=next(s for s in settings if s.kind == "model_scale"),
-        unscaled=next(s for s in settings if s.kind == "no_scaling"),
-        settings=settings,
-        monotone_rows=consumer.monotone_rows,
-        monotone_violations=consumer.monotone_violations,
-        synthetic=[SyntheticRow.model_validate(asdict(d)) for d in synthetic_scaling_demo()] if args.synthetic else [],
-    )
-
-
 def _report(
     args: ExplainScalingInput,
     loaded: LoadedModel,
@@ -130,12 +106,16 @@ def _report(
     consumer: ScalingConsumer,
     num_tokens: int,
 ) -> ScalingReport:
-    facts = loaded.facts
-    n = _measure(args, stack, layer=layer, heads=heads, consumer=consumer)
-    return ScalingReport(
+    """The report from the consumer's sums (and the synthetic demonstration when asked for), then its words."""
+    facts, variances = loaded.facts, consumer.variances()
+    raw, scaled, predicted = (
+        float(variances[name].mean()) for name in ("raw_variance", "scaled_variance", "predicted_isotropic")
+    )
+    ratio = stack.scaling * math.sqrt(stack.qk_dim)
+    report = ScalingReport(
         model=loaded.name,
-        summary=on_stack(stack.name, narrative.summary(n)),
-        findings=narrative.findings(n),
+        summary="",
+        findings=[],
         attention=stack.name,
         layer=layer,
         head=args.head,
@@ -144,18 +124,21 @@ def _report(
         head_dim=stack.qk_dim,
         scaling=stack.scaling,
         inverse_sqrt_head_dim=1 / math.sqrt(stack.qk_dim),
-        scaling_ratio=n.ratio,
-        standard_scale=n.standard_scale,
+        scaling_ratio=ratio,
+        standard_scale=is_standard_scale(ratio),
         softcap=facts.softcap,
         query_prescaled=facts.query_prescaled,
-        raw_score_variance=n.raw_mean,
-        scaled_score_variance=n.scaled_mean,
-        predicted_variance=n.predicted,
-        variance_ratio=n.variance_ratio,
-        head_variances=n.head_rows,
-        settings=n.settings,
-        entropy_monotone=n.monotone_violations == 0,
-        monotonicity_violations=n.monotone_violations,
-        rows_checked=n.monotone_rows,
-        synthetic=n.synthetic,
+        raw_score_variance=raw,
+        scaled_score_variance=scaled,
+        predicted_variance=predicted,
+        variance_ratio=raw / predicted if predicted > 0 else math.inf,  # infinite when nothing is predicted
+        head_variances=_head_rows(variances, heads, stack),
+        settings=sorted((_setting(s) for s in consumer.settings), key=lambda s: s.beta),
+        entropy_monotone=consumer.monotone_violations == 0,
+        monotonicity_violations=consumer.monotone_violations,
+        rows_checked=consumer.monotone_rows,
+        synthetic=[SyntheticRow.model_validate(asdict(d)) for d in synthetic_scaling_demo()] if args.synthetic else [],
     )
+    n = ScalingNumbers(report, stack.scaling, raw, scaled, predicted)
+    words = {"summary": on_stack(stack.name, narrative.summary(n)), "findings": narrative.findings(n)}
+    return report.model_copy(update=words)

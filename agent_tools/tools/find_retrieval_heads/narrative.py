@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent_tools.schemas import Finding
+from agent_tools.schemas import Finding, head_label
+from agent_tools.wording import head_name
 
 
 @dataclass(frozen=True)
@@ -13,7 +14,7 @@ class RetrievalNumbers:
     haystacks: int
     lengths: Sequence[int]
     depths: Sequence[float]
-    top: Sequence[tuple[str, float, float]]  # (label, mean score, sd), best first
+    top: Sequence[tuple[int, int, float, float]]  # (layer, head, mean score, sd), best first
     accuracy_clean: float
     accuracy_top: float
     accuracy_random: float
@@ -44,12 +45,12 @@ def verdict(n: RetrievalNumbers) -> str:
 
 
 def summary(n: RetrievalNumbers) -> str:
-    best = ", ".join(f"{label} {score:.2f}±{sd:.2f}" for label, score, sd in n.top[:4]) or "none"
+    best = ", ".join(f"{head_label(layer, head)} {score:.2f}±{sd:.2f}" for layer, head, score, sd in n.top[:4])
     lengths = "/".join(str(x) for x in n.lengths)
     return (
         f"Over {n.haystacks} needle-in-a-haystack prompts ({len(n.depths)} depths × lengths {lengths}) the model "
         f"copies {n.accuracy_clean:.0%} of answer tokens; retrieval heads (Wu et al. score, mean ± sd over "
-        f"prompts): {best}. "
+        f"prompts): {best or 'none'}. "
         f"Causal check: {verdict(n)}."
     )
 
@@ -59,13 +60,13 @@ def findings(n: RetrievalNumbers) -> list[Finding]:
         Finding(
             kind="retrieval_head",
             severity="high" if index == 0 else "medium",
-            layer=int(label.split(".")[0]),
-            head=int(label.split(".")[1]),
+            layer=layer,
+            head=head,
             value=score,
-            detail=f"L{label.replace('.', 'H')}: while the answer is copied, its most-attended token is the needle "
+            detail=f"{head_name(layer, head)}: while the answer is copied, its most-attended token is the needle "
             f"token being copied {score:.0%} of the time (sd {sd:.2f} over depths and lengths)",
         )
-        for index, (label, score, sd) in enumerate(n.top[:3])
+        for index, (layer, head, score, sd) in enumerate(n.top[:3])
     ]
     found.append(
         Finding(kind="retrieval_ablation", severity="high", value=n.accuracy_top, detail=f"causal check: {verdict(n)}")

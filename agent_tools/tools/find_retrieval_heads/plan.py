@@ -104,13 +104,8 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
     for hay in stacks:
         consumer = TopKeyConsumer(hay.answer_queries, facts.num_layers, facts.num_heads)
         inspector.run(loaded, _encoded(hay.ids), [consumer], need_output=False)  # no logits: scores only
-        hits = torch.stack(
-            [
-                retrieval_hits(consumer.top[layer], hay.answer_queries, hay.ids, hay.needle)
-                for layer in range(len(consumer.top))
-            ]
-        )  # (L, H, A)
-        scores.append(retrieval_score(hits))  # (L, H)
+        hits = [retrieval_hits(top, hay.answer_queries, hay.ids, hay.needle) for top in consumer.top]  # L × (H, A)
+        scores.append(retrieval_score(torch.stack(hits)))  # (L, H)
     grid = torch.stack(scores)  # (N, L, H)
     mean, spread = grid.mean(0), grid.std(0, unbiased=False)
     order = [int(i) for i in mean.flatten().argsort(descending=True, stable=True)]
@@ -125,22 +120,19 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
     # Every head set mean-ablated as one row of a batch beside the clean row, per haystack: each row joins at its
     # first ablated layer, and only the answer positions' logits are computed and kept.
     sets = [top, *draws]
-    per_stack = []
+    layers = sorted({layer for heads in sets for layer, _ in heads})
+    rows = [HeadSetAblation(tuple(heads), "mean") for heads in sets]
+    per_stack = []  # (clean row, ablated rows) of each haystack: each (accuracy, log-probability)
     for hay in stacks:
         ids = hay.ids[None]
-        layers = sorted({layer for heads in sets for layer, _ in heads})
         with guarded(loaded):
             means = mean_head_outputs(loaded, ids, layers)
-        rows = [HeadSetAblation(tuple(heads), "mean") for heads in sets]
-        clean_row, found = inspector.ablated_rows(
-            loaded,
-            ids,
-            rows,
-            replacements={"mean": means},
-            reduce=partial(_answer_scores, hay=hay),
-            logits_to_keep=_kept(hay),
+        reduce = partial(_answer_scores, hay=hay)
+        per_stack.append(
+            inspector.ablated_rows(
+                loaded, ids, rows, replacements={"mean": means}, reduce=reduce, logits_to_keep=_kept(hay)
+            )
         )
-        per_stack.append((clean_row, found))
     clean = [(float(c[0]), float(c[1])) for c, _ in per_stack]
     results = [
         (
@@ -154,7 +146,7 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
     random_accuracy = [r[0] for r in random_results]
     random_sd = statistics.pstdev(random_accuracy) if len(random_accuracy) > 1 else 0.0
     labelled = [
-        (head_label(layer, head), float(mean[layer, head]), float(spread[layer, head]))
+        (layer, head, float(mean[layer, head]), float(spread[layer, head]))
         for layer, head in top
         if float(mean[layer, head]) > 0
     ]

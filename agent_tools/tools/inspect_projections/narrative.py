@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_tools.consumers.head_inputs import mask_phrase
-from agent_tools.schemas import Finding, NextCall, follow_up
+from agent_tools.schemas import Finding, NextCall, head_label, text_follow_up
 from agent_tools.tools.inspect_projections.models import (
     InspectProjectionsInput,
     ProjectionReport,
     SharedKVHead,
 )
+from agent_tools.wording import head_name
 
 
 @dataclass(frozen=True)
@@ -151,20 +152,19 @@ def summary(r: ProjectionReport) -> str:
 
 def next_calls(args: InspectProjectionsInput, report: ProjectionReport) -> list[NextCall]:
     """Rebuild the head step by step, see its map, and whether it matters."""
-    where = {"layer": report.layer, "head": report.head}
-    name = f"L{report.layer}H{report.head}"
+    where, name = {"layer": report.layer, "head": report.head}, head_name(report.layer, report.head)
     return [
-        follow_up(
+        text_follow_up(
+            args,
             "reconstruct_attention",
-            {"text": args.text, **where},
+            where,
             f"{name}'s map rebuilt stage by stage: which step the projections' effect comes from",
-            model=args.model,
         ),
-        follow_up("show_attention", {"text": args.text, **where}, f"{name}'s map, query by query", model=args.model),
-        follow_up(
+        text_follow_up(args, "show_attention", where, f"{name}'s map, query by query"),
+        text_follow_up(
+            args,
             "ablate_heads",
-            {"text": args.text, "heads": [f"{report.layer}.{report.head}"]},
+            {"heads": [head_label(report.layer, report.head)]},
             f"whether {name} matters for the output",
-            model=args.model,
         ),
     ]

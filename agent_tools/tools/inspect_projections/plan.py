@@ -9,7 +9,6 @@ come from :mod:`.narrative`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -31,12 +30,9 @@ from agent_tools.analysis.projections import (
     top_key_agreement,
 )
 from agent_tools.consumers.head_inputs import HeadInputs, describe_mask
-from agent_tools.families import StackFacts
-from agent_tools.head_inputs_pass import plan_head_inputs
-from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
+from agent_tools.head_inputs_pass import HeadOnText, head_on_text, plan_head_inputs
+from agent_tools.inspector import Inspector, PassPlan, text_digest
 from agent_tools.layout import HeadProjections, head_projections
-from agent_tools.loading import LoadedModel
-from agent_tools.render import attention_heatmap
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.inspect_projections.models import (
     EFFECTIVE_RANK_DEFINITION,
@@ -49,18 +45,6 @@ from agent_tools.tools.inspect_projections.models import (
     SubspaceAngles,
 )
 from agent_tools.tools.inspect_projections.narrative import Measured, findings, summary
-
-
-@dataclass(frozen=True)
-class _Head:
-    """The head inspected, the text it was run on, and the other query heads reading its KV head."""
-
-    loaded: LoadedModel
-    encoded: Encoded
-    layer: int
-    head: int
-    others: list[int]
-
 
 CROSS_REFUSAL = (
     "inspect_projections rebuilds a head from one input x (Q = K = V = x for its counterfactual); a "
@@ -76,38 +60,37 @@ def inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> 
 
 def plan_inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> PassPlan[ProjectionReport]:
     """The pass over the head's layer (its input recorded) and the report built from it."""
-    loaded = inspector.model(args.model)
-    stack = inspector.attention_stack(loaded, args.attention)
-    inspector.require_stack(loaded, stack, ("self", "encoder", "decoder"), CROSS_REFUSAL)
-    layer = inspector.check_layer(loaded, args.layer, stack)
-    head = inspector.check_head(loaded, args.head, stack)
-    encoded = inspector.encode_on(loaded, args.text, stack)
+    target = head_on_text(inspector, args, CROSS_REFUSAL)
+    stack, head = target.stack, target.head
     others = [h for h in stack.heads_sharing_kv(stack.kv_head_of(head)) if h != head]
-    capture = plan_head_inputs(inspector, loaded, encoded, layer, [head, *others])
-    target = _Head(loaded, encoded, layer, head, others)
+    capture = plan_head_inputs(inspector, target.loaded, target.encoded, target.layer, [head, *others])
 
     def finish(output: object) -> ProjectionReport:
-        report = _report(inspector, args, target, capture.finish(output), stack)
-        return report.model_copy(update={"attention": stack.name, "summary": on_stack(stack.name, report.summary)})
+        return _report(inspector, args, target, capture.finish(output), others)
 
-    return PassPlan(loaded, encoded, capture.consumers, finish, layers=[layer], record_inputs=True)
+    return PassPlan(target.loaded, target.encoded, capture.consumers, finish, layers=[target.layer], record_inputs=True)
 
 
 def _report(
-    inspector: Inspector, args: InspectProjectionsInput, target: _Head, inputs: HeadInputs, stack: StackFacts
+    inspector: Inspector, args: InspectProjectionsInput, target: HeadOnText, inputs: HeadInputs, others: list[int]
 ) -> ProjectionReport:
-    p = inputs.projections
+    p, stack = inputs.projections, target.stack
     symmetric, identity = qk_symmetric_share(p.w_q, p.w_k), qk_identity_alignment(p.w_q, p.w_k)
     counterfactual = no_projection_attention(inputs.x, inputs.effective_scale, inputs.mask)  # (T, T)
     png_path = None
     if args.png:
-        png_path = _counterfactual_png(
-            inspector, target, counterfactual, inputs.effective_scale, text_digest(args.text)
+        name, where = target.loaded.name, f"L{target.layer}H{target.head}"
+        png_path = target.heatmap(
+            inspector,
+            counterfactual,
+            f"no-projection-{name}-{where}-{text_digest(args.text)}",
+            f"{name} {where}: Q = K = V = x (no projections), scale {inputs.effective_scale:.4g}",
         )
     report = ProjectionReport(
         model=target.loaded.name,
         summary="",
         findings=[],
+        attention=stack.name,
         layer=target.layer,
         head=target.head,
         kv_head=stack.kv_head_of(target.head),
@@ -121,12 +104,12 @@ def _report(
         qk_symmetric_share=symmetric,
         qk_identity_alignment=identity,
         heads_sharing_kv=stack.heads_sharing_kv(stack.kv_head_of(target.head)),
-        shared_kv_heads=_shared_kv_heads(target, inputs),
+        shared_kv_heads=_shared_kv_heads(target, inputs, others),
         counterfactual=_counterfactual(target, inputs, counterfactual, png_path),
         model_weight_error=inputs.errors["model_weights"],
     )
     measured = Measured(report, symmetric, identity, inputs.effective_scale)
-    return report.model_copy(update={"summary": summary(report), "findings": findings(measured)})
+    return report.model_copy(update={"summary": on_stack(stack.name, summary(report)), "findings": findings(measured)})
 
 
 def _spectrum_report(
@@ -171,12 +154,12 @@ def _angles(first: str, second: str, a: torch.Tensor, b: torch.Tensor) -> Subspa
     )
 
 
-def _shared_kv_heads(target: _Head, inputs: HeadInputs) -> list[SharedKVHead]:
+def _shared_kv_heads(target: HeadOnText, inputs: HeadInputs, others: list[int]) -> list[SharedKVHead]:
     """How each other query head reading the same K and V compares: its W_Q and its map."""
     w_q = inputs.projections.w_q
     model_map = inputs.weights[target.head]  # (T, T)
     reports = []
-    for other in target.others:
+    for other in others:
         other_w_q = head_projections(
             target.loaded.model, target.layer, other, facts=target.loaded.facts, stack=target.encoded.stack
         ).w_q
@@ -196,20 +179,8 @@ def _shared_kv_heads(target: _Head, inputs: HeadInputs) -> list[SharedKVHead]:
     return reports
 
 
-def _counterfactual_png(
-    inspector: Inspector, target: _Head, counterfactual: torch.Tensor, scale: float, digest: str
-) -> str:
-    """Draw the (T, T) no-projection map into the artifact folder; its path (``digest``: the text's)."""
-    name, layer, head = target.loaded.name, target.layer, target.head
-    path = inspector.artifact_path(f"no-projection-{name}-L{layer}H{head}-{digest}", ".png")
-    labels = target.encoded.query_labels()
-    title = f"{name} L{layer}H{head}: Q = K = V = x (no projections), scale {scale:.4g}"
-    attention_heatmap(counterfactual.tolist(), labels, labels, title, path)
-    return str(path)
-
-
 def _counterfactual(
-    target: _Head, inputs: HeadInputs, counterfactual: torch.Tensor, png_path: str | None
+    target: HeadOnText, inputs: HeadInputs, counterfactual: torch.Tensor, png_path: str | None
 ) -> NoProjectionCounterfactual:
     """The (T, T) map with Q = K = V = x (the model's scale and mask) against the model's, per query and overall."""
     model_map = inputs.weights[target.head]  # (T, T)
@@ -237,7 +208,7 @@ def _counterfactual(
 
 
 def _counterfactual_rows(
-    target: _Head, model_map: torch.Tensor, counterfactual: torch.Tensor, js_rows: torch.Tensor
+    target: HeadOnText, model_map: torch.Tensor, counterfactual: torch.Tensor, js_rows: torch.Tensor
 ) -> list[CounterfactualRow]:
     """Per query: its divergence and top key with and without the projections."""
     tokens = target.encoded.query_tokens  # = the key tokens: a self-attention stack

@@ -11,25 +11,25 @@ from agent_tools.settings import readable_size
 
 @dataclass(frozen=True)
 class PlanNumbers:
-    """What was measured (unrounded)."""
+    """What was measured (unrounded), under the names the report's plan and memory rows give it."""
 
     tokens: int
     sink: int
     window: int
-    budget: float
-    planned: int
-    total: int
-    predicted: float
-    verified: float
-    agreement: float
+    loss_budget: float
+    planned_kv_heads: int
+    total_kv_heads: int
+    predicted_loss_change: float
+    verified_loss_change: float
+    verified_top_token_agreement: float
     context_length: int
     precision: str
     saved_bytes: int
     saved_fraction: float
     needs_full: Sequence[tuple[str, float]]  # (KV head label, loss change), the largest first
-    additive: int = 0  # heads the additive plan chose before verification
-    additive_verified: float = 0.0  # its verified loss change
-    additive_sum: float = 0.0  # Σ of the planned heads' own changes
+    additive_kv_heads: int = 0  # heads the additive plan chose before verification
+    additive_verified_loss_change: float = 0.0  # its verified loss change
+    additive_loss_change: float = 0.0  # Σ of the planned heads' own changes
     tolerance: float = 0.0  # |verified − predicted| every accepted step kept within
     runs: int = 0  # verifying runs
 
@@ -38,22 +38,23 @@ def summary(n: PlanNumbers) -> str:
     """How many KV heads fit the short cache, prediction vs verification, the memory, and the caveat."""
     worst = ", ".join(f"{label} {change:+.4f}" for label, change in n.needs_full[:3])
     return (
-        f"On this text ({n.tokens} tokens) {n.planned} of {n.total} KV heads could keep only the first {n.sink} and "
-        f"last {n.window} tokens within a loss budget of {n.budget:g} nats: predicted loss change {n.predicted:+.4f}, "
-        f"verified {n.verified:+.4f} with all of them restricted at once (within the {n.tolerance:g}-nat tolerance; "
-        f"top next token unchanged at {n.agreement:.1%} of positions){_cut(n)}. At {n.context_length:,} tokens in "
-        f"{n.precision} that saves "
-        f"{readable_size(n.saved_bytes)} ({n.saved_fraction:.1%} of the KV cache). Heads needing the full cache most: "
-        f"{worst}. Measured on this text only: check on texts like the ones you serve."
+        f"On this text ({n.tokens} tokens) {n.planned_kv_heads} of {n.total_kv_heads} KV heads could keep only the "
+        f"first {n.sink} and last {n.window} tokens within a loss budget of {n.loss_budget:g} nats: predicted loss "
+        f"change {n.predicted_loss_change:+.4f}, verified {n.verified_loss_change:+.4f} with all of them restricted "
+        f"at once (within the {n.tolerance:g}-nat tolerance; top next token unchanged at "
+        f"{n.verified_top_token_agreement:.1%} of positions){_cut(n)}. At {n.context_length:,} tokens in "
+        f"{n.precision} that saves {readable_size(n.saved_bytes)} ({n.saved_fraction:.1%} of the KV cache). Heads "
+        f"needing the full cache most: {worst}. Measured on this text only: check on texts like the ones you serve."
     )
 
 
 def _cut(n: PlanNumbers) -> str:
-    if n.additive <= n.planned or n.additive_verified <= n.budget:
+    if n.additive_kv_heads <= n.planned_kv_heads or n.additive_verified_loss_change <= n.loss_budget:
         return ""
     return (
-        f"; single-head effects did not add up: the additive plan of {n.additive} heads verified at "
-        f"{n.additive_verified:+.4f}, over the budget, so the plan was built in verified groups ({n.runs} runs)"
+        f"; single-head effects did not add up: the additive plan of {n.additive_kv_heads} heads verified at "
+        f"{n.additive_verified_loss_change:+.4f}, over the budget, so the plan was built in verified groups "
+        f"({n.runs} runs)"
     )
 
 
@@ -68,16 +69,17 @@ def findings(n: PlanNumbers) -> list[Finding]:
         for index, (label, change) in enumerate(n.needs_full[:3])
         if change > 0
     ]
-    gap = n.verified - n.predicted
+    gap = n.verified_loss_change - n.predicted_loss_change
     found.append(
         Finding(
             kind="plan_verified",
             severity="high",
-            value=n.verified,
-            detail=f"the plan ({n.planned} KV heads) was run at once: loss change {n.verified:+.4f} vs "
-            f"{n.predicted:+.4f} predicted from the previous verified step plus the added heads' own changes (gap "
-            f"{gap:+.4f}, tolerance {n.tolerance:g}); adding every planned head's own change gives "
-            f"{n.additive_sum:+.4f}; top token agrees at {n.agreement:.1%}",
+            value=n.verified_loss_change,
+            detail=f"the plan ({n.planned_kv_heads} KV heads) was run at once: loss change "
+            f"{n.verified_loss_change:+.4f} vs {n.predicted_loss_change:+.4f} predicted from the previous verified "
+            f"step plus the added heads' own changes (gap {gap:+.4f}, tolerance {n.tolerance:g}); adding every "
+            "planned head's own change gives "
+            f"{n.additive_loss_change:+.4f}; top token agrees at {n.verified_top_token_agreement:.1%}",
         )
     )
     found.append(

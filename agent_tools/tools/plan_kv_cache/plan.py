@@ -84,7 +84,6 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
     first = built.steps[0] if built.steps else None
     additive_verified = first.verified if first is not None and len(first.added) == len(additive.chosen) else 0.0
     chosen = set(built.chosen)
-    predicted, verified, verified_agreement = built.predicted, built.verified, built.agreement
     per_number = KV_PRECISION_BYTES[args.precision]
     full = kv_cache_bytes(
         layers=facts.num_layers,
@@ -116,23 +115,33 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
         tokens=length,
         sink=args.sink,
         window=args.window,
-        budget=args.loss_budget,
-        planned=len(chosen),
-        total=facts.num_layers * facts.num_kv_heads,
-        predicted=predicted,
-        verified=verified,
-        agreement=verified_agreement,
+        loss_budget=args.loss_budget,
+        planned_kv_heads=len(chosen),
+        total_kv_heads=facts.num_layers * facts.num_kv_heads,
+        predicted_loss_change=built.predicted,
+        verified_loss_change=built.verified,
+        verified_top_token_agreement=built.agreement,
         context_length=context,
         precision=args.precision,
         saved_bytes=saved,
         saved_fraction=saved / full if full else 0.0,
-        additive=len(additive.chosen),
-        additive_verified=additive_verified,
-        additive_sum=built.additive,
+        additive_kv_heads=len(additive.chosen),
+        additive_verified_loss_change=additive_verified,
+        additive_loss_change=built.additive,
         tolerance=tolerance,
         runs=len(built.steps),
         needs_full=[(_label(units[i][0], i % facts.num_kv_heads), changes[i]) for i in ranked[:3]],
     )
+    steps = [
+        PlanStepRun(
+            added_kv_heads=len(step.added),
+            predicted_loss_change=step.predicted,
+            verified_loss_change=step.verified,
+            accepted=step.accepted,
+        )
+        for step in built.steps
+    ]
+    measured_numbers = vars(numbers)  # the plan and memory rows take theirs by name
     return PlanKvCacheReport(
         model=loaded.name,
         summary=summary(numbers),
@@ -145,35 +154,11 @@ def plan_kv_cache(inspector: Inspector, args: PlanKvCacheInput) -> PlanKvCacheRe
         loss_budget=args.loss_budget,
         layers=layers,
         heads=heads,
-        plan=PlanCheck(
-            planned_kv_heads=len(chosen),
-            total_kv_heads=facts.num_layers * facts.num_kv_heads,
-            predicted_loss_change=predicted,
-            verified_loss_change=verified,
-            tolerance=tolerance,
-            additive_loss_change=built.additive,
-            additive_kv_heads=len(additive.chosen),
-            additive_verified_loss_change=additive_verified,
-            verified_top_token_agreement=verified_agreement,
-            loss_full=loss_full,
-            loss_planned=loss_full + verified,
-            steps=[
-                PlanStepRun(
-                    added_kv_heads=len(step.added),
-                    predicted_loss_change=step.predicted,
-                    verified_loss_change=step.verified,
-                    accepted=step.accepted,
-                )
-                for step in built.steps
-            ],
+        plan=PlanCheck.model_validate(
+            measured_numbers | {"loss_full": loss_full, "loss_planned": loss_full + built.verified, "steps": steps}
         ),
-        memory=MemorySaving(
-            context_length=context,
-            precision=args.precision,
-            full_kv_bytes=full,
-            planned_kv_bytes=full - saved,
-            saved_bytes=saved,
-            saved_fraction=saved / full if full else 0.0,
+        memory=MemorySaving.model_validate(
+            measured_numbers | {"full_kv_bytes": full, "planned_kv_bytes": full - saved}
         ),
         masked_passes=measured.passes + len(built.steps),
         measured_on=(

@@ -14,7 +14,7 @@ from agent_tools.tools.position_sensitivity.models import (
 from agent_tools.tools.position_sensitivity.plan import position_sensitivity
 from agent_tools.tools.registry import ToolSpec, Top
 
-__all__ = ["SPEC", "PositionResult", "PositionSensitivityInput", "PositionSensitivityReport", "position_sensitivity"]
+__all__ = ["SPEC", "PositionSensitivityInput", "PositionSensitivityReport", "position_sensitivity"]
 
 _DOCS = [
     "The bakery opens at seven and sells rye bread.",

@@ -34,7 +34,7 @@ def summary(report: PositionSensitivityReport) -> str:
         "flat": "the answer hardly depends on where it sits",
         "u_shaped": "a U-curve: both ends beat every middle position",
         "other": "not a U-curve",
-    }[curve_shape(logprobs)]
+    }[report.shape]
     best, worst = by_slot[report.best_slot], by_slot[report.worst_slot]
     return (
         f"Moving {report.moved!r} through {len(logprobs)} positions: log p({report.answer!r}) is best "

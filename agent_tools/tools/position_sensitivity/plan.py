@@ -134,8 +134,7 @@ def position_sensitivity(inspector: Inspector, args: PositionSensitivityInput) -
             )
         )
     values = [r.answer_logprob for r in results]
-    best = results[max(range(len(values)), key=values.__getitem__)]
-    worst = results[min(range(len(values)), key=values.__getitem__)]
+    best, worst = max(results, key=lambda r: r.answer_logprob), min(results, key=lambda r: r.answer_logprob)
     report = PositionSensitivityReport(
         model=loaded.name,
         summary="",

@@ -10,12 +10,13 @@ import math
 from dataclasses import dataclass
 
 from agent_tools.consumers.head_inputs import mask_phrase
-from agent_tools.schemas import Finding, NextCall, follow_up, rounded
+from agent_tools.schemas import Finding, NextCall, rounded, text_follow_up
 from agent_tools.tools.reconstruct_attention.models import (
     AttentionReconstruction,
     ReconstructAttentionInput,
     StageReport,
 )
+from agent_tools.wording import head_name, is_standard_scale
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def model_scale_text(recipe: Recipe) -> str:
     """The model's own factor on q·k, as a divisor, and how it compares with 1/sqrt(d_k)."""
     standard = 1 / math.sqrt(recipe.head_dim)
     ratio = recipe.effective_scale / standard
-    compared = "= 1/sqrt(d_k)" if abs(ratio - 1) <= 1e-3 else f"= {ratio:.3g}/sqrt(d_k), not the textbook 1/sqrt(d_k)"
+    compared = "= 1/sqrt(d_k)" if is_standard_scale(ratio) else f"= {ratio:.3g}/sqrt(d_k), not the textbook 1/sqrt(d_k)"
     return f"{_divided_by(recipe.effective_scale)} (the model's factor {recipe.effective_scale:.4g} {compared})"
 
 
@@ -184,20 +185,14 @@ def summary(recipe: Recipe, report: AttentionReconstruction) -> str:
 
 def next_calls(args: ReconstructAttentionInput, report: AttentionReconstruction) -> list[NextCall]:
     """The projections behind stage 3, the score scale behind stage 2, and the head's map."""
-    where = {"layer": report.layer, "head": report.head}
-    name = f"L{report.layer}H{report.head}"
+    where, name = {"layer": report.layer, "head": report.head}, head_name(report.layer, report.head)
     return [
-        follow_up(
+        text_follow_up(
+            args,
             "inspect_projections",
-            {"text": args.text, **where},
+            where,
             f"what W_Q, W_K, W_V of {name} look for and offer (spectra, subspaces, no-projection counterfactual)",
-            model=args.model,
         ),
-        follow_up(
-            "explain_scaling",
-            {"text": args.text, **where},
-            f"what the 1/sqrt(d_k) scale does to {name}'s softmax",
-            model=args.model,
-        ),
-        follow_up("show_attention", {"text": args.text, **where}, f"{name}'s map, query by query", model=args.model),
+        text_follow_up(args, "explain_scaling", where, f"what the 1/sqrt(d_k) scale does to {name}'s softmax"),
+        text_follow_up(args, "show_attention", where, f"{name}'s map, query by query"),
     ]

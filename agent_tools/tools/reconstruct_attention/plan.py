@@ -17,10 +17,8 @@ from agent_tools.analysis.projections import top_key_agreement
 from agent_tools.analysis.reconstruct import StageMap, stage_measures
 from agent_tools.consumers.head_inputs import HeadInputs, describe_mask, reconstruct
 from agent_tools.families import SINK_LOGIT
-from agent_tools.head_inputs_pass import plan_head_inputs
-from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
-from agent_tools.loading import LoadedModel
-from agent_tools.render import attention_heatmap
+from agent_tools.head_inputs_pass import HeadOnText, head_on_text, plan_head_inputs
+from agent_tools.inspector import Inspector, PassPlan, text_digest
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.reconstruct_attention.models import (
     PARITY_TOLERANCE,
@@ -36,17 +34,6 @@ from agent_tools.tools.reconstruct_attention.narrative import (
     stage_descriptions,
     summary,
 )
-
-
-@dataclass(frozen=True)
-class _Head:
-    """The head being rebuilt, the text it was run on and what the pass kept of it."""
-
-    loaded: LoadedModel
-    encoded: Encoded
-    layer: int
-    head: int
-    inputs: HeadInputs
 
 
 @dataclass(frozen=True)
@@ -89,38 +76,34 @@ def plan_reconstruct_attention(
 
 def plan_reconstruction(inspector: Inspector, args: ReconstructAttentionInput) -> PassPlan[Reconstruction]:
     """The same pass, finishing with the report *and* the stage tensors (for the ``analyze`` job's pictures)."""
-    loaded = inspector.model(args.model)
-    stack = inspector.attention_stack(loaded, args.attention)
-    inspector.require_stack(loaded, stack, ("self", "encoder", "decoder"), CROSS_REFUSAL)
-    layer = inspector.check_layer(loaded, args.layer, stack)
-    head = inspector.check_head(loaded, args.head, stack)
-    encoded = inspector.encode_on(loaded, args.text, stack)
-    capture = plan_head_inputs(inspector, loaded, encoded, layer, [head])
+    target = head_on_text(inspector, args, CROSS_REFUSAL)
+    capture = plan_head_inputs(inspector, target.loaded, target.encoded, target.layer, [target.head])
 
     def finish(output: object) -> Reconstruction:
-        rebuilt = _Head(loaded, encoded, layer, head, capture.finish(output))
-        stages = reconstruct(rebuilt.inputs, mask_every_stage=args.mask_every_stage)
-        recipe = _recipe(rebuilt, describe_mask(rebuilt.inputs.allowed()), mask_every_stage=args.mask_every_stage)
+        inputs = capture.finish(output)
+        stages = reconstruct(inputs, mask_every_stage=args.mask_every_stage)
+        recipe = _recipe(target, inputs, describe_mask(inputs.allowed()), mask_every_stage=args.mask_every_stage)
         digest = text_digest(args.text)
         reports = [
             _stage_report(
-                rebuilt,
+                target,
+                inputs,
                 number,
                 stage,
                 added,
                 masked=stage.stage == "model" or args.mask_every_stage,
-                png_path=_stage_png(inspector, rebuilt, number, stage, digest) if args.png else None,
+                png_path=_stage_png(inspector, target, number, stage, digest) if args.png else None,
             )
             for number, (stage, added) in enumerate(zip(stages, stage_descriptions(recipe), strict=True), start=1)
         ]
-        return Reconstruction(_report(rebuilt, recipe, reports), stages, rebuilt.inputs)
+        return Reconstruction(_report(target, inputs, recipe, reports), stages, inputs)
 
-    return PassPlan(loaded, encoded, capture.consumers, finish, layers=capture.layers, record_inputs=True)
+    return PassPlan(target.loaded, target.encoded, capture.consumers, finish, layers=capture.layers, record_inputs=True)
 
 
-def _recipe(rebuilt: _Head, mask_text: str, *, mask_every_stage: bool) -> Recipe:
+def _recipe(target: HeadOnText, inputs: HeadInputs, mask_text: str, *, mask_every_stage: bool) -> Recipe:
     """The ingredients the stages add, read from the pass and the model's facts."""
-    inputs, p = rebuilt.inputs, rebuilt.inputs.projections
+    p = inputs.projections
     shares = inputs.sink_shares
     return Recipe(
         family=p.family,
@@ -130,13 +113,13 @@ def _recipe(rebuilt: _Head, mask_text: str, *, mask_every_stage: bool) -> Recipe
         query_prescale=p.query_prescale,
         effective_scale=inputs.effective_scale,
         rotary_dims=inputs.rotary[0].shape[-1] if inputs.rotary is not None else None,
-        positional=rebuilt.loaded.facts.positional,
+        positional=target.loaded.facts.positional,
         softcap=inputs.softcap,
         mask=mask_text,
         mask_every_stage=mask_every_stage,
         terms=tuple(term for term in inputs.terms if term != SINK_LOGIT) if inputs.bias is not None else (),
         sink=inputs.sink,
-        sink_share=float(shares[rebuilt.head]) if shares is not None else None,
+        sink_share=float(shares[target.head]) if shares is not None else None,
     )
 
 
@@ -167,14 +150,21 @@ def mean_js(p: torch.Tensor, q: torch.Tensor, *, block: int = JS_ROW_BLOCK) -> f
 
 
 def _stage_report(
-    rebuilt: _Head, number: int, stage: StageMap, added: str, *, masked: bool, png_path: str | None
+    target: HeadOnText,
+    inputs: HeadInputs,
+    number: int,
+    stage: StageMap,
+    added: str,
+    *,
+    masked: bool,
+    png_path: str | None,
 ) -> StageReport:
     """One stage's measures and its distance to the model's map (with and without the model's mask)."""
     measures = stage_measures(stage)
-    model_map = rebuilt.inputs.weights[rebuilt.head]
+    model_map = inputs.weights[target.head]
     js = mean_js(stage.weights, model_map)
-    masked_js = js if masked else mean_js(_masked_map(stage, rebuilt.inputs), model_map)  # a masked stage: the same
-    tokens = rebuilt.encoded.query_tokens  # = the key tokens: a self-attention stack
+    masked_js = js if masked else mean_js(_masked_map(stage, inputs), model_map)  # a masked stage: the same
+    tokens = target.encoded.query_tokens  # = the key tokens: a self-attention stack
     top_keys = [  # one per query (thousands on long texts): built unvalidated, the whole report is checked after
         QueryTopKey.model_construct(
             position=q,
@@ -203,28 +193,26 @@ def _stage_report(
     )
 
 
-def _stage_png(inspector: Inspector, rebuilt: _Head, number: int, stage: StageMap, digest: str) -> str:
+def _stage_png(inspector: Inspector, target: HeadOnText, number: int, stage: StageMap, digest: str) -> str:
     """Draw one stage's map into the artifact folder; its path (``digest``: the text's, for the file name)."""
-    name, layer, head = rebuilt.loaded.name, rebuilt.layer, rebuilt.head
-    path = inspector.artifact_path(f"reconstruct-{name}-L{layer}H{head}-{number}-{stage.stage}-{digest}", ".png")
-    labels = rebuilt.encoded.query_labels()
-    attention_heatmap(
-        stage.weights.tolist(), labels, labels, f"{name} L{layer}H{head} stage {number}: {stage.stage}", path
-    )
-    return str(path)
+    where = f"{target.loaded.name}-L{target.layer}H{target.head}"
+    title = f"{target.loaded.name} L{target.layer}H{target.head} stage {number}: {stage.stage}"
+    return target.heatmap(inspector, stage.weights, f"reconstruct-{where}-{number}-{stage.stage}-{digest}", title)
 
 
-def _report(rebuilt: _Head, recipe: Recipe, reports: list[StageReport]) -> AttentionReconstruction:
-    inputs, facts = rebuilt.inputs, rebuilt.loaded.facts
-    stack = rebuilt.encoded.stack or facts.default_stack
+def _report(
+    target: HeadOnText, inputs: HeadInputs, recipe: Recipe, reports: list[StageReport]
+) -> AttentionReconstruction:
+    facts = target.loaded.facts
+    stack = target.encoded.stack or facts.default_stack
     weight_error = inputs.errors["model_weights"]
     report = AttentionReconstruction(
-        model=rebuilt.loaded.name,
+        model=target.loaded.name,
         summary="",
         findings=[],
         attention=stack,
-        layer=rebuilt.layer,
-        head=rebuilt.head,
+        layer=target.layer,
+        head=target.head,
         kv_head=inputs.projections.kv_head,
         family=facts.family,
         hidden_size=recipe.hidden_size,
@@ -233,7 +221,7 @@ def _report(rebuilt: _Head, recipe: Recipe, reports: list[StageReport]) -> Atten
         positional=facts.positional,
         mask=recipe.mask,
         softcap=inputs.softcap,
-        tokens=rebuilt.encoded.query_tokens,
+        tokens=target.encoded.query_tokens,
         stages=reports,
         positional_score_error=inputs.errors["positional_scores"],
         model_weight_error=weight_error,

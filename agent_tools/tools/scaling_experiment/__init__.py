@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from agent_tools.tools.registry import ToolSpec, Top
 from agent_tools.tools.scaling_experiment.models import (
+    CURVES,
     DESCRIPTION,
     ScalingExperimentInput,
     ScalingExperimentReport,
@@ -29,16 +30,7 @@ SPEC = ToolSpec(
     output_model=ScalingExperimentReport,
     run=scaling_experiment,
     example={"steps": 60},
-    summary_lists=(
-        Top("runs[].steps", 16, order="spaced"),
-        Top("runs[].loss", 16, order="spaced"),
-        Top("runs[].accuracy", 16, order="spaced"),
-        Top("runs[].grad_norm_q", 16, order="spaced"),
-        Top("runs[].grad_norm_k", 16, order="spaced"),
-        Top("runs[].attention_entropy", 16, order="spaced"),
-        Top("runs[].saturated_fraction", 16, order="spaced"),
-        Top("runs[].target_weight", 16, order="spaced"),
-    ),
+    summary_lists=tuple(Top(f"runs[].{curve}", 16, order="spaced") for curve in CURVES),  # each curve thinned alike
     next_calls=next_calls,
     advanced=("learning_rate", "items", "batch", "log_every", "seed"),
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, get_origin
 
 from pydantic import AfterValidator, BaseModel, Field
 
@@ -57,6 +57,10 @@ class ExperimentCurve(BaseModel):
     final_accuracy: Rounded = Field(description="mean accuracy over the last 20% of logged points")
     vanished_gradient_fraction: Rounded = Field(description=f"logged steps with ‖∂loss/∂W_q‖ < {VANISHED}")
     median_grad_norm_q: Significant3
+
+
+CURVES = tuple(name for name, field in ExperimentCurve.model_fields.items() if get_origin(field.annotation) is list)
+"""The curves a run logs, one value per logged step (``steps``, ``loss``, ...), in the report's order."""
 
 
 class ScalingExperimentReport(Report):

@@ -18,11 +18,6 @@ from agent_tools.tools.scaling_experiment.models import (
 )
 
 
-def _curve(report: ScalingExperimentReport, head_dim: int, *, scaled: bool) -> ExperimentCurve:
-    """The run at ``head_dim``, with or without the scale."""
-    return next(c for c in report.runs if c.head_dim == head_dim and c.scaled == scaled)
-
-
 def task(d_model: int, labels: int, gain: float) -> str:
     """What the model is trained on, in one paragraph."""
     return (
@@ -54,10 +49,9 @@ def findings(report: ScalingExperimentReport) -> list[Finding]:
 
 def summary(n: ScalingExperimentReport) -> str:
     """The set-up, the four final losses, and how the unscaled large-d_k run starts saturated and stalls (from a
-    report whose runs are filled in: small d_k first)."""
-    small, large = n.runs[0].head_dim, n.runs[-1].head_dim
-    small_scaled, large_scaled = _curve(n, small, scaled=True), _curve(n, large, scaled=True)
-    small_raw, large_raw = _curve(n, small, scaled=False), _curve(n, large, scaled=False)
+    report whose runs are filled in, in the order they were trained: small d_k first, each with then without)."""
+    small_scaled, small_raw, large_scaled, large_raw = n.runs
+    small, large = small_scaled.head_dim, large_scaled.head_dim
     return (
         f"One attention head retrieving the label of 1 of {n.items} items ({n.steps} SGD steps, lr "
         f"{n.learning_rate:g}, seed {n.seed}; chance loss {math.log(n.labels):.2f}). With 1/sqrt(d_k) the final "

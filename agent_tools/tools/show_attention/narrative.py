@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent_tools.schemas import Finding, NextCall, follow_up, rounded
-from agent_tools.tools.show_attention.models import AttentionView, ShowAttentionInput
+from agent_tools.schemas import Finding, NextCall, head_label, rounded, text_follow_up
+from agent_tools.tools.show_attention.models import AttentionView, QueryRow, ShowAttentionInput
+from agent_tools.wording import head_name
 
 SINK_SHARE = 0.1  # a sink's mean share of the other queries' attention (trace_prompt_attention's default too)
 QUERY_LINES = 16  # texts of at most this many queries get one line per query (their top keys)
@@ -26,15 +28,6 @@ class HeadView:
     sinks: tuple[tuple[int, str, float], ...] = ()  # (position, token, mean share over its readers), largest first
 
 
-@dataclass(frozen=True)
-class QueryReading:
-    """One query's top keys: (position, token, weight) by weight, largest first."""
-
-    position: int
-    token: str
-    keys: tuple[tuple[int, str, float], ...]
-
-
 def most_read_finding(view: HeadView) -> Finding:
     """The key the head reads most, on average over its queries."""
     return Finding(
@@ -49,7 +42,7 @@ def most_read_finding(view: HeadView) -> Finding:
     )
 
 
-def _keys_text(keys: tuple[tuple[int, str, float], ...]) -> str:
+def _keys_text(keys: Sequence[tuple[int, str, float]]) -> str:
     return ", ".join(f"{position} {token!r} {share:.1%}" for position, token, share in keys)
 
 
@@ -73,7 +66,7 @@ def sink_finding(view: HeadView) -> Finding | None:
     )
 
 
-def query_findings(readings: list[QueryReading]) -> list[Finding]:
+def query_findings(rows: list[QueryRow]) -> list[Finding]:
     """Each query's top keys, one low-severity line each (the concise text keeps them when they fit)."""
     return [
         Finding(
@@ -81,10 +74,11 @@ def query_findings(readings: list[QueryReading]) -> list[Finding]:
             severity="low",
             position=r.position,
             token=r.token,
-            value=rounded(r.keys[0][2]) if r.keys else None,
-            detail=f"query {r.position} {r.token!r} reads {_keys_text(r.keys)}",
+            value=rounded(r.top_keys[0].weight) if r.top_keys else None,
+            detail=f"query {r.position} {r.token!r} reads "
+            + _keys_text([(k.position, k.token, k.weight) for k in r.top_keys]),
         )
-        for r in readings
+        for r in rows
     ]
 
 
@@ -105,24 +99,24 @@ def summary(view: HeadView) -> str:
 
 def next_calls(args: ShowAttentionInput, report: AttentionView) -> list[NextCall]:
     """Does this head matter, is its layer collapsed, and which ingredient makes it read what it reads."""
-    label, where = f"{report.layer}.{report.head}", {"layer": report.layer, "head": report.head}
+    name = head_name(report.layer, report.head)
     return [
-        follow_up(
+        text_follow_up(
+            args,
             "ablate_heads",
-            {"text": args.text, "heads": [label]},
-            f"whether L{report.layer}H{report.head}'s reading matters for the output",
-            model=args.model,
+            {"heads": [head_label(report.layer, report.head)]},
+            f"whether {name}'s reading matters for the output",
         ),
-        follow_up(
+        text_follow_up(
+            args,
             "diagnose_collapse",
-            {"text": args.text, "layers": [report.layer]},
+            {"layers": [report.layer]},
             f"which heads of layer {report.layer} collapse, and whether harmlessly",
-            model=args.model,
         ),
-        follow_up(
+        text_follow_up(
+            args,
             "reconstruct_attention",
-            {"text": args.text, **where},
+            {"layer": report.layer, "head": report.head},
             "which step (scale, projections, positions, mask) makes it read that token",
-            model=args.model,
         ),
     ]

@@ -11,8 +11,7 @@ import torch
 from agent_tools.analysis.maps import top_keys
 from agent_tools.analysis.metrics import attention_entropy, normalised_entropy, received_attention, threshold_sinks
 from agent_tools.consumers.head_map import HeadMapConsumer
-from agent_tools.inspector import Encoded, Inspector, text_digest
-from agent_tools.loading import LoadedModel
+from agent_tools.inspector import Inspector, text_digest
 from agent_tools.render import attention_heatmap
 from agent_tools.schemas import KeyWeight, Token
 from agent_tools.stack_input import on_stack
@@ -21,7 +20,6 @@ from agent_tools.tools.show_attention.narrative import (
     QUERY_LINES,
     SINK_SHARE,
     HeadView,
-    QueryReading,
     most_read_finding,
     query_findings,
     sink_finding,
@@ -41,15 +39,6 @@ def held_bytes(length: int, *, include_map: bool, png: bool) -> int:
     return length * length * per_entry
 
 
-def capture_head_map(
-    inspector: Inspector, loaded: LoadedModel, encoded: Encoded, layer: int, head: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward pass that keeps only layer/head's map: (T, T) weights and (T, T) allowed."""
-    consumer = HeadMapConsumer(layer, head)
-    inspector.run(loaded, encoded, [consumer], layers=[layer], need_output=False)
-    return consumer.result()
-
-
 def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionView:
     """For one layer and head: each query's top keys with weights, entropies, and optionally the map."""
     loaded = inspector.model(args.model)
@@ -60,7 +49,9 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
     queries, keys = encoded.query_tokens, encoded.key_tokens
     side = max(len(queries), len(keys))
     inspector.check_budget(held_bytes(side, include_map=args.include_map, png=args.png), "this map")
-    weights, allowed = capture_head_map(inspector, loaded, encoded, layer, head)  # (rows, keys)
+    consumer = HeadMapConsumer(layer, head)  # one forward pass keeping only this head's map
+    inspector.run(loaded, encoded, [consumer], layers=[layer], need_output=False)
+    weights, allowed = consumer.result()  # (rows, keys) each
     entropy = attention_entropy(weights)  # (rows,)
     column_share = weights.mean(0)  # (keys,) mean weight each key receives
     top_key = int(column_share.argmax())
@@ -78,10 +69,7 @@ def show_attention(inspector: Inspector, args: ShowAttentionInput) -> AttentionV
     rows = _rows(weights, allowed, entropy, queries, keys, args.top_k)
     findings = [f for f in (sink_finding(view), most_read_finding(view)) if f is not None]
     if len(rows) <= QUERY_LINES:
-        readings = [
-            QueryReading(r.position, r.token, tuple((k.position, k.token, k.weight) for k in r.top_keys)) for r in rows
-        ]
-        findings += query_findings(readings)
+        findings += query_findings(rows)
     png_path = None
     if args.png:
         where = "" if stack.name == "self" else f"{stack.name}-"
