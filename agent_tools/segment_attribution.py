@@ -27,8 +27,9 @@ from agent_tools.analysis.attribution import spearman
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.attribution import SegmentVariant
+from agent_tools.runner.attribution import SegmentVariant, segment_ablations
 from agent_tools.schemas import rounded
+from agent_tools.session import guarded
 
 VERIFIED = 3  # segments with the largest |estimate| ablated exactly
 SAMPLED = 1  # segments drawn at random outside them and ablated exactly (what the ranking may have missed)
@@ -155,7 +156,8 @@ def verified_segment_effects(
         SegmentVariant(start=spans[i][0], removed=prompt[: spans[i][0]] + prompt[spans[i][1] :], neutral=variants[i])
         for i in choice.verified
     ]
-    measured = inspector.segment_ablations(loaded, prompt, answer, checks)
+    with guarded(loaded):
+        measured = segment_ablations(loaded, prompt, answer, checks)
     clean = float(measured.clean.sum())
     exact = [float(row.sum()) - clean for row in measured.neutral]
     checked = segment_check(choice, dict(zip(choice.verified, exact, strict=True)))
