@@ -15,12 +15,10 @@ from reference import SAMPLE_TEXT
 
 from agent_tools.analysis.metrics import attention_entropy, masked_softmax
 from agent_tools.analysis.scaling import (
-    entropy_beta_derivative,
     predicted_dot_variance,
     row_measures,
     synthetic_scaling_demo,
     train_retrieval,
-    weighted_variance,
 )
 from agent_tools.capture import capture_attention
 from agent_tools.consumers.scaling import ScalingConsumer
@@ -32,6 +30,13 @@ from agent_tools.tools.explain_scaling import ScalingReport
 from agent_tools.tools.scaling_experiment import ScalingExperimentReport
 
 LN2 = math.log(2)
+
+
+def entropy_beta_derivative(z: torch.Tensor, beta: float, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """dH/dβ of softmax(β z) in the closed form ScalingConsumer sums: −β (E_p[z²] − E_p[z]²) over the visible keys."""
+    p = masked_softmax(beta * z, allowed)
+    visible = z if allowed is None else z.masked_fill(~allowed, 0.0)
+    return -beta * ((p * visible * visible).sum(-1) - (p * visible).sum(-1) ** 2).clamp_min(0.0)
 
 
 # --- hand-computed on three tokens ----------------------------------------------------------------------
@@ -51,7 +56,6 @@ def test_three_token_row_by_hand() -> None:
     assert measures.jacobian_trace.item() == pytest.approx(0.625)  # 1 − (1/4 + 1/16 + 1/16)
     assert measures.jacobian_frobenius.item() == pytest.approx(math.sqrt(0.203125))  # 13/64
     # Var_p(z) = ½ (ln2)² − (½ ln2)² = ¼ (ln2)²; dH/dβ at β = 1 is −¼ (ln2)²
-    assert weighted_variance(z, p).item() == pytest.approx(0.25 * LN2**2)
     assert entropy_beta_derivative(z, 1.0).item() == pytest.approx(-0.25 * LN2**2)
 
 
@@ -101,7 +105,6 @@ def test_entropy_derivative_matches_autograd_on_every_row() -> None:
         grads = torch.stack([torch.autograd.grad(e, beta, retain_graph=True)[0] for e in entropy])
         closed = entropy_beta_derivative(z, beta_value, allowed)
         assert torch.allclose(closed, grads, atol=1e-9)
-        assert bool((closed <= 1e-15).all())
 
 
 @settings(max_examples=150, deadline=None)
@@ -116,8 +119,6 @@ def test_entropy_never_rises_with_the_scale(length: int, spread: float, seed: in
     betas = torch.tensor([0.0, 0.01, 0.1, 0.3, 1.0, 2.0, 8.0, 64.0], dtype=torch.float64)
     entropies = torch.stack([attention_entropy(torch.softmax(b * z, -1)) for b in betas])  # (β, rows)
     assert bool((entropies[1:] <= entropies[:-1] + 1e-12).all())
-    for beta in betas.tolist():
-        assert bool((entropy_beta_derivative(z, beta) <= 1e-15).all())
 
 
 # --- the synthetic demonstration ----------------------------------------------------------------------

@@ -156,21 +156,12 @@ def relative_value_norms(norms: Tensor, reference: Tensor) -> Tensor:
     return (norms / medians[:, None]).mean(0)
 
 
-def filler_positions(
-    received_ratio: Tensor,
-    readers: Tensor,
-    relative_norms: Tensor,
-    candidates: Tensor,
-    *,
-    low_norm: float = LOW_VALUE_NORM,
-    sink_like: float = SINK_LIKE_RATIO,
-    min_readers: int = MIN_READERS,
-) -> list[int]:
+def filler_positions(received_ratio: Tensor, readers: Tensor, relative_norms: Tensor, candidates: Tensor) -> list[int]:
     """Secondary sinks and filler: tokens read like a sink by many queries whose values write little.
 
-    A candidate token ``j`` qualifies when at least ``min_readers`` later queries could read it, it receives at
-    least ``sink_like`` × what uniform attention would give it (mean over those queries, layers and heads) and its
-    relative value norm (see :func:`relative_value_norms`) is at most ``low_norm``.
+    A candidate token ``j`` qualifies when at least :data:`MIN_READERS` later queries could read it, it receives at
+    least :data:`SINK_LIKE_RATIO` × what uniform attention would give it (mean over those queries, layers and heads)
+    and its relative value norm (see :func:`relative_value_norms`) is at most :data:`LOW_VALUE_NORM`.
 
     Args:
         received_ratio: (T,) mean received share / uniform share.
@@ -178,7 +169,8 @@ def filler_positions(
         relative_norms: (T,) ‖v_j W_O‖ relative to the text's median token.
         candidates: (T,) bool: tokens that may qualify (not the sink, inside the prompt's content).
     """
-    heavy = candidates & (readers >= min_readers) & (received_ratio >= sink_like) & (relative_norms <= low_norm)
+    heavy = candidates & (readers >= MIN_READERS) & (received_ratio >= SINK_LIKE_RATIO)
+    heavy &= relative_norms <= LOW_VALUE_NORM
     return [int(p) for p in torch.nonzero(heavy).flatten().tolist()]
 
 

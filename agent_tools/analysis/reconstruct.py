@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -36,13 +36,10 @@ from agent_tools.analysis.metrics import (
 )
 from agent_tools.layout import apply_rotary
 
+# The stages in order; "score_terms" only where the family adds a term to the scores.
 ReconstructionStage = Literal[
     "raw_dot_product", "scaled_dot_product", "projected", "positional", "score_terms", "model"
 ]
-# The stages every head has; a family with an additive score term also has "score_terms" before "model".
-RECONSTRUCTION_STAGES: tuple[str, ...] = tuple(
-    stage for stage in get_args(ReconstructionStage) if stage != "score_terms"
-)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ flows back into W_q and W_k. Dividing by sqrt(d_k) restores unit variance.
 Closed forms used per row (``p`` a probability vector):
 
 * ``tr J = 1 − Σ p²`` and ``‖J‖_F² = Σ p² − 2 Σ p³ + (Σ p²)²``;
-* for ``p = softmax(β z)``: ``dH/dβ = −β · Var_p(z) ≤ 0`` — entropy never rises as the scale grows.
+* for ``p = softmax(β z)``: ``dH/dβ = −β · Var_p(z) ≤ 0`` — entropy never rises as the scale grows (the sweep
+  computes it from the moments, ``−β (E_p[z²] − E_p[z]²)``, with the row's other sums).
 
 Entropy, normalised entropy and the masked softmax are :mod:`agent_tools.analysis.metrics`'; the streamed sweep
 (``ScalingConsumer``) lives in :mod:`agent_tools.consumers.scaling`.
@@ -29,7 +30,6 @@ from torch import Tensor, nn
 from agent_tools.analysis.metrics import (
     SATURATION,
     attention_entropy,
-    masked_softmax,
     normalised_entropy,
     saturated,
     upcast,
@@ -53,27 +53,6 @@ def _jacobian_measures(weights: Tensor) -> tuple[Tensor, Tensor]:
     sum_cubes = torch.einsum("...k,...k->...", squared, weights)  # Σ p³
     frobenius = (sum_squares - 2 * sum_cubes + sum_squares.pow(2)).clamp_min(0.0).sqrt()
     return 1.0 - sum_squares, frobenius
-
-
-def weighted_variance(values: Tensor, weights: Tensor, allowed: Tensor | None = None) -> Tensor:
-    """(..., k) values z, (..., k) probabilities p -> (...): Var_p(z) over the visible keys (half precision upcast)."""
-    values, weights = upcast(values), upcast(weights)
-    if allowed is not None:
-        values = values.masked_fill(~allowed.expand(values.shape), 0.0)
-    mean = (weights * values).sum(-1, keepdim=True)
-    return (weights * (values - mean).pow(2)).sum(-1)
-
-
-def entropy_beta_derivative(
-    z: Tensor, beta: float, allowed: Tensor | None = None, *, weights: Tensor | None = None
-) -> Tensor:
-    """(..., k) logits z -> (...): dH/dβ of softmax(β z) in closed form, −β·Var_p(z).
-
-    ``weights`` = softmax(β z) when the caller already has them (they are recomputed otherwise).
-    """
-    if weights is None:
-        weights = masked_softmax(beta * z, allowed)
-    return -beta * weighted_variance(z, weights, allowed)
 
 
 @dataclass(frozen=True)

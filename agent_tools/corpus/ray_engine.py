@@ -35,8 +35,6 @@ from agent_tools.corpus.flow import EngineRun, batches_by_length
 from agent_tools.corpus.tasks import Task, TaskOptions, analyse
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector, current_call
-from agent_tools.loading import ModelPolicy
-from agent_tools.placement import Placement
 from agent_tools.runs.items import CorpusItem, ItemOutcome
 
 LOCAL_OBJECT_STORE = 256 * 1024**2  # items and results are small: a local Ray needs little shared memory
@@ -72,37 +70,20 @@ class ActorsKeptDying(ResourceLimitError):
     """The pool's actors died more often than the run's bound: the run stops (every returned batch is kept)."""
 
 
-@dataclass(frozen=True)
-class ActorSession:
+def session_arguments(inspector: Inspector) -> dict[str, Any]:
     """What an actor needs to rebuild the driver's inspector: the operator's policy, placement and limits."""
-
-    policy: ModelPolicy
-    placement: Placement
-    token_limit: int | None
-    memory_budget: int
-    threads: int
-
-    @classmethod
-    def of(cls, inspector: Inspector, threads: int) -> ActorSession:
-        return cls(inspector.policy, inspector.placement, inspector.token_limit, inspector.memory_budget, threads)
-
-    def inspector(self) -> Inspector:
-        return Inspector(
-            policy=self.policy,
-            placement=self.placement,
-            token_limit=self.token_limit,
-            memory_budget=self.memory_budget,
-        )
+    names = ("policy", "placement", "token_limit", "memory_budget")
+    return {name: getattr(inspector, name) for name in names}
 
 
 class CorpusActor:
     """One Ray actor: the model loaded once in ``__init__``, then one batch of items per call."""
 
-    def __init__(self, session: ActorSession, task: Task, options: TaskOptions) -> None:
+    def __init__(self, session: dict[str, Any], threads: int, task: Task, options: TaskOptions) -> None:
         import torch
 
-        torch.set_num_threads(session.threads)
-        self.inspector = session.inspector()
+        torch.set_num_threads(threads)
+        self.inspector = Inspector(**session)
         self.task, self.options = task, options
         self.inspector.model(options.model)  # load now, not on the first item
 
@@ -225,7 +206,7 @@ def run_ray(run: EngineRun, items: Iterable[CorpusItem], ray_options: RayOptions
 
     total = sum(len(batch.payloads) for batch in batches)
     started = _connect(ray_options)
-    actor_args = (ActorSession.of(run.inspector, ray_options.actor_cpus), run.task, run.options)
+    actor_args = (session_arguments(run.inspector), ray_options.actor_cpus, run.task, run.options)
     pool = Pool(ray_options, actor_args, batches)
     call = current_call()
     try:

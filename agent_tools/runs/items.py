@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -139,10 +139,9 @@ def read_items(path: Path) -> Iterator[CorpusItem]:
     kind = data_kind(path)
     if kind == "jsonl":
         yield from _jsonl_items(path)
-    elif kind == "parquet":
-        yield from _records_as_items(_parquet_records(path))
-    else:
-        yield from _records_as_items(_datasets_records(path))
+        return
+    records = _parquet_records(path) if kind == "parquet" else _datasets_records(path)
+    yield from (item_from_record(index, record) for index, record in enumerate(records))
 
 
 def count_items(path: Path) -> int:
@@ -184,11 +183,6 @@ def _jsonl_items(path: Path) -> Iterator[CorpusItem]:
             else:
                 yield item_from_record(index, record)
             index += 1
-
-
-def _records_as_items(records: Iterable[dict[str, Any]]) -> Iterator[CorpusItem]:
-    for index, record in enumerate(records):
-        yield item_from_record(index, record)
 
 
 def _check_columns(columns: list[str], path: Path) -> list[str]:
