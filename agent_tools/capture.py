@@ -256,12 +256,14 @@ class _CaptureState:
 _ACTIVE: contextvars.ContextVar[_CaptureState | None] = contextvars.ContextVar("attention_capture", default=None)
 
 
+def soft_capped(scores: Tensor, softcap: float | None) -> Tensor:
+    """Logit soft-capping ``c · tanh(scores / c)`` where the family uses it (``softcap = c``); else the scores."""
+    return torch.tanh(scores / softcap) * softcap if softcap is not None else scores
+
+
 def attention_scores(query: Tensor, key: Tensor, scaling: float, softcap: float | None) -> Tensor:
     """(B, H, q, D) x (B, H, Tk, D) -> (B, H, q, Tk): the families' eager pre-mask scores (before additive terms)."""
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    return scores
+    return soft_capped(torch.matmul(query, key.transpose(-1, -2)) * scaling, softcap)
 
 
 @dataclass(frozen=True)
@@ -431,13 +433,11 @@ def capture_attention_forward(
         state.checkpoint()  # between layers: a cancelled or overdue call stops here, before this layer's work
     if state is None or where is None:
         # No capture in this context (e.g. another thread) or a module capture does not know: plain eager math.
-        groups = query.shape[1] // key.shape[1]
-        mask = _additive_mask(attention_mask, query.dtype, key.shape[-2])
-        _, weights, output, _ = _eager_rows(
-            query, repeat_kv(key, groups), repeat_kv(value, groups), mask, scaling, softcap, dropout,
-            module.training, bias=terms.rows(0, query.shape[2], key.shape[-2]), sinks=terms.sinks,
-        )  # fmt: skip
-        return output.transpose(1, 2).contiguous(), weights
+        plain = _CaptureState(modules={}, consumers=(), layers=None, query_chunk=None)  # one block, no consumer
+        outputs, weights = _captured_rows(
+            plain, None, module, query, key, value, attention_mask, float(scaling), softcap, dropout, terms
+        )
+        return outputs[0].transpose(1, 2).contiguous(), weights
     stack, layer = where
     wanted = stack == state.stack and state.wants(layer)
     fast = terms.empty and softcap is None and query.dtype in SDPA_AFTER_DTYPES

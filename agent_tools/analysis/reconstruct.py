@@ -34,6 +34,7 @@ from agent_tools.analysis.metrics import (
     normalised_from_entropy,
     visible_keys,
 )
+from agent_tools.capture import soft_capped
 from agent_tools.layout import apply_rotary
 
 # The stages in order; "score_terms" only where the family adds a term to the scores.
@@ -172,11 +173,6 @@ def sink_softmax(logits: Tensor, allowed: Tensor | None, sink: float) -> Tensor:
     column = torch.full((*logits.shape[:-1], 1), float(sink), dtype=logits.dtype, device=logits.device)
     hidden = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
     return torch.softmax(torch.cat([hidden, column], dim=-1), dim=-1)[..., :-1]
-
-
-def soft_capped(scores: Tensor, softcap: float | None) -> Tensor:
-    """Logit soft-capping ``c · tanh(scores / c)`` where the family uses it (``softcap = c``); else the scores."""
-    return torch.tanh(scores / softcap) * softcap if softcap is not None else scores
 
 
 def positional_scores(stages: list[StageMap], softcap: float | None = None, bias: Tensor | None = None) -> Tensor:

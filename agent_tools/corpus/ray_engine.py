@@ -91,9 +91,8 @@ class CorpusActor:
         """The actor's process id (for the driver's log: which process died)."""
         return os.getpid()
 
-    def analyse(self, payloads: list[str]) -> list[str]:
-        items = [CorpusItem.from_json(payload) for payload in payloads]
-        return [analyse(self.inspector, self.task, item, self.options).to_json() for item in items]
+    def analyse(self, items: list[CorpusItem]) -> list[ItemOutcome]:
+        return [analyse(self.inspector, self.task, item, self.options) for item in items]
 
 
 def _connect(options: RayOptions) -> bool:
@@ -120,7 +119,7 @@ def _connect(options: RayOptions) -> bool:
 class Batch:
     """Items handed to one actor call, and how many times an actor died running them."""
 
-    payloads: list[str]
+    items: list[CorpusItem]
     attempts: int = 0
 
 
@@ -151,7 +150,7 @@ class Pool:
     def submit(self) -> None:
         while self.idle and self.queue:
             actor, batch = self.idle.pop(), self.queue.popleft()
-            self.flight[actor.analyse.remote(batch.payloads)] = (actor, batch)
+            self.flight[actor.analyse.remote(batch.items)] = (actor, batch)
 
     def died(self, actor: Any, batch: Batch, error: Exception) -> None:
         """Count the death; retry the batch on a replacement actor, or, past a bound, stop handing out work (the
@@ -169,7 +168,7 @@ class Pool:
             bound = (
                 f"{self.restarts} actor deaths, more than max_restarts {options.max_restarts}"
                 if self.restarts > options.max_restarts
-                else f"a batch of {len(batch.payloads)} items lost its actor {batch.attempts} times, "
+                else f"a batch of {len(batch.items)} items lost its actor {batch.attempts} times, "
                 f"more than max_task_retries {options.max_task_retries}"
             )
             self.failure = f"Ray run stopped: {bound} (last: {cause})"
@@ -177,7 +176,7 @@ class Pool:
             return
         log.warning(
             "corpus: a Ray actor died (%s); restart %d of at most %d; its batch of %d items is retried (%d of %d)",
-            cause, self.restarts, options.max_restarts, len(batch.payloads), batch.attempts,
+            cause, self.restarts, options.max_restarts, len(batch.items), batch.attempts,
             options.max_task_retries,
         )  # fmt: skip
         self.queue.appendleft(batch)
@@ -199,12 +198,12 @@ def run_ray(run: EngineRun, items: Iterable[CorpusItem], ray_options: RayOptions
     Raises :class:`ActorsKeptDying` past the pool's bounds and :class:`~agent_tools.corpus.flow.TooManyErrors`
     past the error budget, in both cases after committing every batch that came back.
     """
-    batches = deque(Batch([item.to_json() for item in batch]) for batch in batches_by_length(items, run.batch_size))
+    batches = deque(Batch(batch) for batch in batches_by_length(items, run.batch_size))
     if not batches:
         return
     import ray
 
-    total = sum(len(batch.payloads) for batch in batches)
+    total = sum(len(batch.items) for batch in batches)
     started = _connect(ray_options)
     actor_args = (session_arguments(run.inspector), ray_options.actor_cpus, run.task, run.options)
     pool = Pool(ray_options, actor_args, batches)
@@ -221,14 +220,13 @@ def run_ray(run: EngineRun, items: Iterable[CorpusItem], ray_options: RayOptions
                 continue
             actor, batch = pool.flight.pop(ready[0])
             try:
-                payloads = ray.get(ready[0])
+                outcomes: list[ItemOutcome] = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:  # the actor's process died (killed, OOM, lost node)
                 pool.died(actor, batch, exc)
                 run.progress.describe(f"{pool.restarts} actor restarts")
                 pool.submit()
                 pool.check()
                 continue
-            outcomes = [ItemOutcome.from_json(payload) for payload in payloads]
             run.store.write_part(outcomes)
             pool.done += len(outcomes)
             run.progress.advance(len(outcomes))

@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,13 +54,6 @@ class CorpusItem:
             return sum(len(str(m.get("content", ""))) for m in self.messages if isinstance(m, dict))
         return len(self.text or "")
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, payload: str) -> CorpusItem:
-        return cls(**json.loads(payload))
-
 
 @dataclass(frozen=True)
 class ItemOutcome:
@@ -75,13 +68,6 @@ class ItemOutcome:
 
     def error_row(self) -> Row:
         return {"item": self.index, "id": self.id, "kind": self.error_kind, "reason": self.error}
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, payload: str) -> ItemOutcome:
-        return cls(**json.loads(payload))
 
 
 def item_from_record(index: int, record: object) -> CorpusItem:
