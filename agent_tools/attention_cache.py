@@ -70,17 +70,8 @@ class LayerMaps:
 
     def head(self, head: int) -> HeadMaps:
         kv_head = head // self.kv_groups
-        return HeadMaps(
-            layer=self.layer,
-            head=head,
-            kv_head=kv_head,
-            pattern=self.pattern[head],
-            scores=self.scores[head],
-            q=self.q[head],
-            k=self.k[kv_head],
-            v=self.v[kv_head],
-            output=self.output[head],
-        )
+        per_head = {name: getattr(self, name)[head] for name in ("pattern", "scores", "q", "output")}
+        return HeadMaps(layer=self.layer, head=head, kv_head=kv_head, k=self.k[kv_head], v=self.v[kv_head], **per_head)
 
 
 @dataclass

@@ -241,7 +241,6 @@ class _CaptureState:
     key_prefix: bool = False  # every consumer reads per-row tensors only up to key_width
     stop_after: int | None = None  # raise StopCapture once this layer has been handed to the consumers
     last_wanted: int | None = None  # the last layer of ``stack`` handed to the consumers (None: the stack's last)
-    calls: int = 0
     checkpoint: Callable[[], None] | None = None  # raises to stop the pass (cancelled call, deadline)
 
     def wants(self, layer: int) -> bool:
@@ -257,12 +256,14 @@ class _CaptureState:
 _ACTIVE: contextvars.ContextVar[_CaptureState | None] = contextvars.ContextVar("attention_capture", default=None)
 
 
+def soft_capped(scores: Tensor, softcap: float | None) -> Tensor:
+    """Logit soft-capping ``c · tanh(scores / c)`` where the family uses it (``softcap = c``); else the scores."""
+    return torch.tanh(scores / softcap) * softcap if softcap is not None else scores
+
+
 def attention_scores(query: Tensor, key: Tensor, scaling: float, softcap: float | None) -> Tensor:
     """(B, H, q, D) x (B, H, Tk, D) -> (B, H, q, Tk): the families' eager pre-mask scores (before additive terms)."""
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    return scores
+    return soft_capped(torch.matmul(query, key.transpose(-1, -2)) * scaling, softcap)
 
 
 @dataclass(frozen=True)
@@ -391,6 +392,22 @@ def _score_terms(module: nn.Module, query: Tensor, kwargs: dict[str, Any]) -> _T
     return _Terms(bias=bias, names=names if bias is not None else (), sinks=sinks)
 
 
+def attention_scale(module: nn.Module, query: Tensor, scaling: float | None) -> float:
+    """The ``scaling`` an attention function was given, or the families' default ``head_dim ** -0.5`` for None."""
+    return scaling if scaling is not None else getattr(module, "head_dim", query.shape[-1]) ** -0.5
+
+
+def sdpa_forward(
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
+) -> tuple[Tensor, Any]:
+    """transformers' sdpa attention; GQA is expanded here for modules without ``num_key_value_groups`` (sdpa expands
+    it from there, and adapted modules such as Falcon's do not carry it)."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1 and getattr(module, "num_key_value_groups", None) != groups:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
 def capture_attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -408,8 +425,7 @@ def capture_attention_forward(
     ``s_aux=``/``sinks=`` (one sink logit per head).
     """
     terms = _score_terms(module, query, kwargs)
-    if scaling is None:
-        scaling = getattr(module, "head_dim", query.shape[-1]) ** -0.5
+    scaling = attention_scale(module, query, scaling)
     softcap = kwargs.get("softcap")
     state = _ACTIVE.get()
     where = state.modules.get(id(module)) if state is not None else None
@@ -417,13 +433,11 @@ def capture_attention_forward(
         state.checkpoint()  # between layers: a cancelled or overdue call stops here, before this layer's work
     if state is None or where is None:
         # No capture in this context (e.g. another thread) or a module capture does not know: plain eager math.
-        groups = query.shape[1] // key.shape[1]
-        mask = _additive_mask(attention_mask, query.dtype, key.shape[-2])
-        _, weights, output, _ = _eager_rows(
-            query, repeat_kv(key, groups), repeat_kv(value, groups), mask, scaling, softcap, dropout,
-            module.training, bias=terms.rows(0, query.shape[2], key.shape[-2]), sinks=terms.sinks,
-        )  # fmt: skip
-        return output.transpose(1, 2).contiguous(), weights
+        plain = _CaptureState(modules={}, consumers=(), layers=None, query_chunk=None)  # one block, no consumer
+        outputs, weights = _captured_rows(
+            plain, None, module, query, key, value, attention_mask, float(scaling), softcap, dropout, terms
+        )
+        return outputs[0].transpose(1, 2).contiguous(), weights
     stack, layer = where
     wanted = stack == state.stack and state.wants(layer)
     fast = terms.empty and softcap is None and query.dtype in SDPA_AFTER_DTYPES
@@ -434,18 +448,11 @@ def capture_attention_forward(
         # sdpa cannot soft-cap or add a bias or a sink column, so such layers stay eager. In half precision the
         # output would be neither the eager pass the report explains nor the sdpa pass (SDPA_AFTER_DTYPES says
         # what was measured), so there every layer that runs runs the eager math.
-        groups = query.shape[1] // key.shape[1]
-        if groups > 1 and getattr(module, "num_key_value_groups", None) != groups:
-            # sdpa expands GQA from module.num_key_value_groups, which adapted modules (Falcon) do not carry
-            key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-        )
+        return sdpa_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     outputs, last_weights = _captured_rows(
         state, (stack, layer) if wanted else None, module, query, key, value, attention_mask, float(scaling),
         softcap, dropout, terms,
     )  # fmt: skip
-    state.calls += 1
     if wanted and layer == state.stop_after:
         raise StopCapture
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (B, H, T, D)
@@ -542,10 +549,15 @@ def _configs(model: nn.Module) -> list[Any]:
 
 
 @contextmanager
-def attention_implementation(model: nn.Module, implementation: str) -> Iterator[None]:
-    """Switch a model's attention implementation for the block; restore every config in ``finally``."""
+def attention_implementation(
+    model: nn.Module, implementation: str, *, active: tuple[contextvars.ContextVar[Any], Any] | None = None
+) -> Iterator[None]:
+    """Switch a model's attention implementation for the block; restore every config in ``finally``.
+
+    ``active``: (the registered function's context variable, its state for the block), set and reset with it."""
     configs = _configs(model)
     previous = [config._attn_implementation_internal for config in configs]
+    token = active[0].set(active[1]) if active is not None else None
     try:
         for config in configs:
             config._attn_implementation_internal = implementation
@@ -553,6 +565,8 @@ def attention_implementation(model: nn.Module, implementation: str) -> Iterator[
     finally:
         for config, value in zip(configs, previous, strict=True):
             config._attn_implementation_internal = value
+        if active is not None and token is not None:
+            active[0].reset(token)
 
 
 @contextmanager
@@ -611,21 +625,17 @@ def capture_attention(
         for index, module in enumerate(modules)
         if record_inputs and state.wants(index)
     )
-    token = _ACTIVE.set(state)
-    try:
-        with hooks_registered(recorders), ExitStack() as routes:
-            # A family outside the interface: every one of its modules (wanted or not) runs its adapter's forward,
-            # which calls ours; its own forward under our implementation name could take a different path (Falcon's
-            # eager branch adds ALiBi twice), so no layer is left to it.
-            for members in stacks.values():
-                for module in members:
-                    adapter = adapter_for(module)
-                    if adapter is not None:
-                        routes.enter_context(adapter.routed(module, capture_attention_forward))
-            with attention_implementation(model, CAPTURE_IMPLEMENTATION):
-                yield state
-    finally:
-        _ACTIVE.reset(token)
+    with hooks_registered(recorders), ExitStack() as routes:
+        # A family outside the interface: every one of its modules (wanted or not) runs its adapter's forward, which
+        # calls ours; its own forward under our implementation name could take a different path (Falcon's eager
+        # branch adds ALiBi twice), so no layer is left to it.
+        for members in stacks.values():
+            for module in members:
+                adapter = adapter_for(module)
+                if adapter is not None:
+                    routes.enter_context(adapter.routed(module, capture_attention_forward))
+        with attention_implementation(model, CAPTURE_IMPLEMENTATION, active=(_ACTIVE, state)):
+            yield state
 
 
 @contextmanager

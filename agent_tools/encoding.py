@@ -61,9 +61,6 @@ class Encoded:
     def length(self) -> int:
         return int(self.input_ids.shape[-1])
 
-    def labels(self) -> list[str]:
-        return [f"{t.position}:{t.text}" for t in self.tokens]
-
     @property
     def query_tokens(self) -> list[Token]:
         """The tokens of the captured map's rows: the decoder's for the decoder and cross stacks."""

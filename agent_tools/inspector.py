@@ -148,11 +148,6 @@ def check_new_tokens(value: int) -> int:
     return value
 
 
-def kv_head_of(stack: StackFacts, head: int) -> int:
-    """The KV head query head ``head`` of ``stack`` reads (:meth:`~agent_tools.families.KvGrouping.kv_head_of`)."""
-    return stack.kv_head_of(head)
-
-
 def stack_where(loaded: LoadedModel, stack: StackFacts) -> str:
     """The end of a range error: ' of the decoder stack' on an encoder–decoder, nothing on a single-stack model."""
     return f" of the {stack.name} stack" if loaded.facts.is_encoder_decoder else ""
@@ -441,21 +436,8 @@ class Inspector(Session):
 
     # --- evidence -------------------------------------------------------------------------------------
     # Causal and gradient checks beside attention: each sizes its rows or refuses by the session's budget, then
-    # runs agent_tools.runner.attribution / patching / attribution_patching / edge_attribution under guarded().
-    def segment_ablations(
-        self,
-        loaded: LoadedModel,
-        prompt: list[int],
-        answer: list[int],
-        variants: Sequence[evidence.SegmentVariant],
-        *,
-        traced: evidence.TracedAnswer | None = None,
-    ) -> evidence.AblationLogprobs:
-        """The answer's log-probabilities clean and with each segment removed / replaced by neutral tokens
-        (``traced``: the traced pass's logits and KV cache, so the clean prompt does not run again)."""
-        with guarded(loaded):
-            return evidence.segment_ablations(loaded, prompt, answer, variants, traced=traced)
-
+    # runs agent_tools.runner.attribution / patching / attribution_patching / edge_attribution under guarded()
+    # (runner.attribution.segment_ablations, sized by its caller's segments, runs under guarded() directly).
     def traced_answer(
         self, loaded: LoadedModel, encoded: Encoded, consumers: Sequence[AttentionConsumer] = ()
     ) -> evidence.TracedAnswer:

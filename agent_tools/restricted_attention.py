@@ -30,11 +30,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
-from agent_tools.capture import attention_implementation, repeat_kv
+from agent_tools.capture import attention_implementation, attention_scale, repeat_kv, sdpa_forward
 from agent_tools.errors import UnsupportedModelError
 from agent_tools.families import find_attention_modules
 
@@ -155,15 +154,8 @@ def restricted_attention_forward(
             "reproduces plain softmax(q·kᵀ·scale + mask) attention only"
         )
         raise UnsupportedModelError(msg)
-    if scaling is None:
-        scaling = getattr(module, "head_dim", query.shape[-1]) ** -0.5
-    groups = query.shape[1] // key.shape[1]
-    sdpa_key, sdpa_value = key, value
-    if groups > 1 and getattr(module, "num_key_value_groups", None) != groups:
-        sdpa_key, sdpa_value = repeat_kv(key, groups), repeat_kv(value, groups)
-    output, _ = sdpa_attention_forward(
-        module, query, sdpa_key, sdpa_value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-    )  # (B, q, H, D)
+    scaling = attention_scale(module, query, scaling)
+    output, _ = sdpa_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     state = _ACTIVE.get()
     layer = state.layers.get(id(module)) if state is not None else None
     if state is None or layer is None or layer not in state.restrictions:
@@ -173,6 +165,7 @@ def restricted_attention_forward(
     if not pairs:
         return output, None
     batch, rows = query.shape[0], query.shape[2]
+    groups = query.shape[1] // key.shape[1]
     key_states, value_states = repeat_kv(key, groups), repeat_kv(value, groups)  # (B, H, Tk, D)
     allowed = _base_allowed(attention_mask, batch, rows, key_states.shape[2], query.device)
     restricted, first = _restricted_heads(
@@ -211,12 +204,8 @@ def heads_restricted(
         sink=sink,
         window=window,
     )
-    token = _ACTIVE.set(state)
-    try:
-        with attention_implementation(model, RESTRICTED_IMPLEMENTATION):
-            yield state
-    finally:
-        _ACTIVE.reset(token)
+    with attention_implementation(model, RESTRICTED_IMPLEMENTATION, active=(_ACTIVE, state)):
+        yield state
     missed = sorted(set(restrictions) - state.seen)
     if missed:
         msg = (

@@ -384,17 +384,8 @@ _PATH_GAPS_KEPT = 16  # (model, text) path gaps kept per session
 
 def _gap_fields(gap: paths.PathGap) -> dict[str, Any]:
     """The gap's numbers for :class:`AttentionPath`, at three significant digits (KL can be 1e-12)."""
-
-    def short(value: float | None) -> float | None:
-        return None if value is None else float(f"{value:.3g}")
-
-    return {
-        "tokens": gap.tokens,
-        "max_output_difference": short(gap.max_output_difference),
-        "mean_kl": short(gap.mean_kl),
-        "max_kl": short(gap.max_kl),
-        "top1_agreement": short(gap.top1_agreement),
-    }
+    numbers = {name: getattr(gap, name) for name in ("max_output_difference", "mean_kl", "max_kl", "top1_agreement")}
+    return {"tokens": gap.tokens} | {k: None if v is None else float(f"{v:.3g}") for k, v in numbers.items()}
 
 
 def text_digest(text: str) -> str:

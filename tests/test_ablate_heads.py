@@ -275,16 +275,20 @@ def test_draws_and_derangement() -> None:
 
 
 def test_tie_margin() -> None:
-    from agent_tools.analysis.ablation import TIE_MARGIN, top_token_change
+    from agent_tools.analysis.ablation import TIE_MARGIN
+    from agent_tools.analysis.attribution_patching import top_token_change
+
+    def logits(*top: float) -> torch.Tensor:  # these probabilities, the rest spread over 10 less likely tokens
+        return torch.tensor([*top, *[(1 - sum(top)) / 10] * 10], dtype=torch.float64).log()
 
     assert TIE_MARGIN == 0.02
-    clean = torch.tensor([0.40, 0.20, 0.05])  # ' He', '\n', other: ' He' on top
-    tie = top_token_change(clean, torch.tensor([0.148, 0.151, 0.05]))  # the ' He' 0.148 vs '\n' 0.151
-    assert (tie.kind, tie.clean, tie.ablated) == ("tie", 0, 1)
-    assert tie.p_new_top_ablated == pytest.approx(0.151) and tie.p_clean_top_ablated == pytest.approx(0.148)
-    assert top_token_change(clean, torch.tensor([0.10, 0.121, 0.05])).kind == "flip"  # 0.021 apart
-    assert top_token_change(clean, torch.tensor([0.10, 0.119, 0.05])).kind == "tie"  # 0.019 apart
-    assert top_token_change(clean, torch.tensor([0.30, 0.20, 0.05])).kind == "same"
+    clean = logits(0.40, 0.20)  # ' He', '\n', others: ' He' on top
+    tie = top_token_change(clean, logits(0.148, 0.151))  # the ' He' 0.148 vs '\n' 0.151
+    assert (tie.kind, tie.before, tie.after) == ("tie", 0, 1)
+    assert tie.p_after == pytest.approx(0.151) and tie.p_before == pytest.approx(0.148)
+    assert top_token_change(clean, logits(0.10, 0.121)).kind == "flip"  # 0.021 apart
+    assert top_token_change(clean, logits(0.10, 0.119)).kind == "tie"  # 0.019 apart
+    assert top_token_change(clean, logits(0.30, 0.20)).kind == "unchanged"
 
 
 def test_effect_is_sized_against_random_heads(tiny_models, inspector: Inspector) -> None:

@@ -26,7 +26,6 @@ from agent_tools.analysis.norms import (
     norm_shares,
     transformed_value_norms,
     value_share_sums,
-    weighted_value_norms,
 )
 from agent_tools.capture import capture_attention, repeat_kv
 from agent_tools.consumers.collapse import CollapseConsumer, output_grams_for
@@ -161,7 +160,7 @@ def test_value_share_sums_equal_the_explicit_shares() -> None:
     weights = torch.softmax(torch.randn(2, 6, 5, generator=generator), -1)  # (h, q, k)
     norms = torch.rand(2, 5, generator=generator) + 0.1
     norms[1, :] = 0.0  # a head whose values write nothing: every share is 0, not NaN
-    explicit = norm_shares(weighted_value_norms(weights[None], norms[None]))[0].sum(1)  # (h, k)
+    explicit = norm_shares(weights * norms[:, None, :]).sum(1)  # (h, k): each row's shares of ‖α_ij v_j W_O^h‖
     assert torch.allclose(value_share_sums(weights, norms), explicit, atol=1e-6)
     assert float(value_share_sums(weights, norms)[0].sum()) == pytest.approx(6.0, abs=1e-5)  # shares sum to 1 a row
     assert float(value_share_sums(weights, norms)[1].abs().sum()) == 0.0
@@ -224,8 +223,6 @@ def test_value_norms_match_the_materialised_products() -> None:
     slices = [o_weight[:, h * head_dim : (h + 1) * head_dim] for h in range(heads)]  # W_O^h (C, D)
     explicit = torch.stack([(per_head[0, h] @ slices[h].T).norm(dim=-1) for h in range(heads)])[None]  # (1, H, k)
     assert torch.allclose(transformed_value_norms(value, grams, kv_groups=groups), explicit, atol=1e-5)
-    contributions = weighted_value_norms(weights, explicit)
-    assert torch.allclose(contributions[0, 1, 2], weights[0, 1, 2] * explicit[0, 1], atol=1e-6)
     outputs = torch.stack([(weights[0, h] @ per_head[0, h]) @ slices[h].T for h in range(heads)])  # (H, q, C)
     assert torch.allclose(
         head_output_norms(weights, value, grams, kv_groups=groups)[0], outputs.norm(dim=-1), atol=1e-5

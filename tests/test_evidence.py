@@ -23,7 +23,6 @@ from agent_tools.analysis.attribution import (
     relative_value_norms,
     restored_fraction,
     spearman,
-    uniform_segment_shares,
     value_weighted_rows,
 )
 from agent_tools.errors import InvalidInputError, ResourceLimitError
@@ -32,6 +31,7 @@ from agent_tools.loading import LoadedModel, register_model
 from agent_tools.runner import attribution as attribution_runner
 from agent_tools.runner.attribution import SegmentVariant, direct_logits
 from agent_tools.runner.patching import HeadPatch, patched_outputs, recorded_run
+from agent_tools.session import guarded
 from agent_tools.tools import get_tool
 
 TEXT = "the cat sat on the mat because it was tired and the dog"
@@ -118,7 +118,6 @@ def test_value_weighted_rows_filler_and_content_shares_by_hand() -> None:
     tokens = torch.tensor([0.4, 0.3, 0.2, 0.1])
     shares = content_shares(tokens, torch.tensor([0, 1, 1, 2]), 3, torch.tensor([True, False, True, False]))
     assert shares.tolist() == pytest.approx([0.0, 0.75, 0.25])
-    assert uniform_segment_shares([1, 3, 0], 4) == [0.25, 0.75, 0.0]
 
 
 # --- the runners: batched equals one at a time ------------------------------------------------------------------
@@ -139,14 +138,16 @@ def test_segment_ablations_equal_separate_forwards(
     answer = [8, 9, 10]
     spans = [(1, 4), (5, 9), (9, 14), (13, 14)]  # the last removes the prompt's last token
     variants = [SegmentVariant(s, prompt[:s] + prompt[e:], prompt[:s] + [12] * (e - s) + prompt[e:]) for s, e in spans]
-    found = inspector.segment_ablations(loaded, prompt, answer, variants)
+    with guarded(loaded):
+        found = attribution_runner.segment_ablations(loaded, prompt, answer, variants)
     assert torch.allclose(found.clean, _full_logprobs(loaded, prompt, answer), atol=1e-5)
     for row, variant in enumerate(variants):
         assert torch.allclose(found.removed[row], _full_logprobs(loaded, variant.removed, answer), atol=1e-5)
         assert torch.allclose(found.neutral[row], _full_logprobs(loaded, variant.neutral, answer), atol=1e-5)
     # starting from the traced (captured) pass's KV cache gives the same numbers
     traced = inspector.traced_answer(loaded, inspector.encode(loaded, TEXT))
-    reused = inspector.segment_ablations(loaded, prompt, answer, variants, traced=traced)
+    with guarded(loaded):
+        reused = attribution_runner.segment_ablations(loaded, prompt, answer, variants, traced=traced)
     for name in ("clean", "removed", "neutral"):
         assert torch.allclose(getattr(reused, name), getattr(found, name), atol=1e-5), name
 

@@ -25,7 +25,6 @@ from agent_tools.analysis.metrics import (
     first_token_share_excluding_early_rows,
     js_divergence,
     kl_divergence,
-    kl_divergence_probabilities,
     masked_softmax,
     max_weight,
     next_token_losses,
@@ -38,7 +37,6 @@ from agent_tools.analysis.metrics import (
     sink_key_mask,
     sink_row_fraction,
     threshold_sinks,
-    uniform_entropy,
     visible_keys,
     without_sink,
 )
@@ -72,7 +70,6 @@ def test_entropy_of_hand_rows() -> None:
     rows = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0], [0.5, 0.25, 0.25]], dtype=torch.float64)
     # H([½, ½]) = ln 2; H(one-hot) = 0 (0·ln 0 = 0); H([½, ¼, ¼]) = ½ ln 2 + 2·¼ ln 4 = 1.5 ln 2 = 1.039721
     assert attention_entropy(rows).tolist() == pytest.approx([LN2, 0.0, 1.5 * LN2], abs=1e-12)
-    assert uniform_entropy(4) == pytest.approx(LN4) and uniform_entropy(1) == 0.0
 
 
 def test_normalised_entropy_divides_by_log_of_visible_keys() -> None:
@@ -131,8 +128,6 @@ def test_kl_divergence_direction_and_inputs() -> None:
     assert float(kl_divergence(q.log(), p.log())) == pytest.approx(-0.25 * LN2 + 0.75 * math.log(1.5), abs=1e-12)
     # logits, not probabilities: adding a constant to the logits changes nothing
     assert float(kl_divergence(p.log() + 3.0, q.log() - 1.0)) == pytest.approx(0.5 * math.log(4 / 3), abs=1e-12)
-    # the probability form gives the same number
-    assert float(kl_divergence_probabilities(p, q)) == pytest.approx(0.5 * math.log(4 / 3), abs=1e-12)
     assert float(kl_divergence(p.log(), p.log())) == 0.0
 
 

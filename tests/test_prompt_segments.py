@@ -9,14 +9,13 @@ import math
 import pytest
 import torch
 
-from agent_tools.analysis.metrics import Received, kl_divergence, received_attention
+from agent_tools.analysis.metrics import Received, kl_divergence, received_attention, without_sink
 from agent_tools.analysis.metrics import threshold_sinks as find_sinks
 from agent_tools.analysis.segments import (
     leading_segment,
     segment_shares,
     share_changes,
     top_positions,
-    without_sink,
 )
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.inspector import Inspector

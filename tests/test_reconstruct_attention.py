@@ -11,7 +11,6 @@ from families import FAMILIES, build_family
 from reference import ATOL, SAMPLE_TEXT, eager_reference
 
 from agent_tools.analysis.reconstruct import (
-    RECONSTRUCTION_STAGES,
     positional_scores,
     reconstruction_stages,
     stage_measures,
@@ -44,7 +43,7 @@ def _three_token_stages(**options):
 
 def test_stages_by_hand() -> None:
     stages = _three_token_stages()
-    assert [s.stage for s in stages] == list(RECONSTRUCTION_STAGES)
+    assert [s.stage for s in stages] == ["raw_dot_product", "scaled_dot_product", "projected", "positional", "model"]
     raw = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 2.0]])
     assert torch.allclose(stages[0].scores, raw)
     assert torch.allclose(stages[1].scores, raw / math.sqrt(2))  # d_k = 2 (W_Q's columns)

@@ -176,26 +176,3 @@ def derangement(length: int, fixed: Sequence[int], *, seed: int = 0) -> list[int
     for source, target in zip(free, shuffled, strict=True):
         order[source] = target
     return order
-
-
-@dataclass(frozen=True)
-class TopTokenChange:
-    """The top next token clean vs ablated, and whether a change is a real flip or a tie within the margin."""
-
-    clean: int  # token id, clean model
-    ablated: int  # token id, ablated model
-    p_clean_top_ablated: float  # the clean top token's probability under the ablation
-    p_new_top_ablated: float  # the ablated top token's probability under the ablation
-    kind: Literal["same", "tie", "flip"]
-
-
-def top_token_change(clean_probs: Tensor, ablated_probs: Tensor, *, margin: float = TIE_MARGIN) -> TopTokenChange:
-    """(V,) next-token probabilities clean and ablated -> same / tie / flip.
-
-    A change is a ``tie`` when, under the ablation, the new top token leads the old one by less than ``margin``
-    (probability); a ``flip`` otherwise.
-    """
-    clean, ablated = int(clean_probs.argmax()), int(ablated_probs.argmax())
-    old, new = float(ablated_probs[clean]), float(ablated_probs[ablated])
-    kind: Literal["same", "tie", "flip"] = "same" if clean == ablated else ("tie" if new - old < margin else "flip")
-    return TopTokenChange(clean=clean, ablated=ablated, p_clean_top_ablated=old, p_new_top_ablated=new, kind=kind)

@@ -7,11 +7,10 @@ gradients, patched logit differences, per-head writes) into the numbers the repo
 * :func:`spearman` / :func:`rank_agreement` — do two measures order the segments alike?
 * :func:`answer_logprobs` / :func:`logprob_changes` — teacher-forced answer log-probabilities and their change;
 * :func:`restored_fraction` — the share of a logit difference a patch restores (activation patching);
-* :func:`frozen_norm_map` / :func:`direct_logit_attribution` — what each head writes into one logit through
-  the final norm with its scale frozen at the clean run's value;
+* :func:`frozen_norm_map` — the final norm with its scale frozen at the clean run's value, through which each head
+  writes into one logit (direct logit attribution);
 * :func:`value_weighted_rows` / :func:`relative_value_norms` / :func:`filler_positions` — Kobayashi et al.'s
-  ‖α·v·W_O‖ shares and the tokens that are read like sinks but write little (secondary sinks, filler);
-* :func:`uniform_segment_shares` — the baseline every attention claim is stated against.
+  ‖α·v·W_O‖ shares and the tokens that are read like sinks but write little (secondary sinks, filler).
 
 Tensors in, tensors or floats out; inputs are never modified. Shapes: ``S`` segments, ``T`` positions, ``L``
 layers, ``H`` heads, ``A`` answer tokens, ``V`` vocabulary, ``C`` model width.
@@ -138,15 +137,6 @@ def frozen_norm_map(
     return (outputs.double() - bias.double()) * (sigma / scale.double())[:, None]
 
 
-def direct_logit_attribution(head_logits: Tensor, bias_logit: Tensor) -> Tensor:
-    """(K, …) unembedded frozen-norm images of K components, (…) the unembedding of 0 -> (K, …) their logits.
-
-    The unembedding is affine (``W_U F(c) + b_U``); subtracting its value at 0 leaves each component's own part,
-    so the components of a residual stream add up to the logit (less ``β`` and ``b_U``, which no head writes).
-    """
-    return head_logits.double() - bias_logit.double()
-
-
 # --- value-weighted shares and filler --------------------------------------------------------------------------------
 def value_weighted_rows(weights: Tensor, value_norms: Tensor) -> Tensor:
     """(…, Tk) attention rows, (…, Tk) ‖v_j W_O^h‖ -> (…, Tk) each key's share of Σ_j ‖α_j v_j W_O^h‖.
@@ -166,21 +156,12 @@ def relative_value_norms(norms: Tensor, reference: Tensor) -> Tensor:
     return (norms / medians[:, None]).mean(0)
 
 
-def filler_positions(
-    received_ratio: Tensor,
-    readers: Tensor,
-    relative_norms: Tensor,
-    candidates: Tensor,
-    *,
-    low_norm: float = LOW_VALUE_NORM,
-    sink_like: float = SINK_LIKE_RATIO,
-    min_readers: int = MIN_READERS,
-) -> list[int]:
+def filler_positions(received_ratio: Tensor, readers: Tensor, relative_norms: Tensor, candidates: Tensor) -> list[int]:
     """Secondary sinks and filler: tokens read like a sink by many queries whose values write little.
 
-    A candidate token ``j`` qualifies when at least ``min_readers`` later queries could read it, it receives at
-    least ``sink_like`` × what uniform attention would give it (mean over those queries, layers and heads) and its
-    relative value norm (see :func:`relative_value_norms`) is at most ``low_norm``.
+    A candidate token ``j`` qualifies when at least :data:`MIN_READERS` later queries could read it, it receives at
+    least :data:`SINK_LIKE_RATIO` × what uniform attention would give it (mean over those queries, layers and heads)
+    and its relative value norm (see :func:`relative_value_norms`) is at most :data:`LOW_VALUE_NORM`.
 
     Args:
         received_ratio: (T,) mean received share / uniform share.
@@ -188,13 +169,9 @@ def filler_positions(
         relative_norms: (T,) ‖v_j W_O‖ relative to the text's median token.
         candidates: (T,) bool: tokens that may qualify (not the sink, inside the prompt's content).
     """
-    heavy = candidates & (readers >= min_readers) & (received_ratio >= sink_like) & (relative_norms <= low_norm)
+    heavy = candidates & (readers >= MIN_READERS) & (received_ratio >= SINK_LIKE_RATIO)
+    heavy &= relative_norms <= LOW_VALUE_NORM
     return [int(p) for p in torch.nonzero(heavy).flatten().tolist()]
-
-
-def uniform_segment_shares(counts: Sequence[int], visible: int) -> list[float]:
-    """The share of each segment under uniform attention over ``visible`` keys: token count / visible."""
-    return [count / visible if visible > 0 else 0.0 for count in counts]
 
 
 def content_shares(token_weights: Tensor, segment_index: Tensor, num_segments: int, excluded: Tensor) -> Tensor:

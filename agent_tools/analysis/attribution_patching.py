@@ -29,7 +29,7 @@ from torch import Tensor
 from agent_tools.analysis.ablation import TIE_MARGIN as TIE_MARGIN  # the one tie rule (patch_heads imports it here)
 from agent_tools.analysis.ablation import Baseline as Draws
 from agent_tools.analysis.attribution import spearman
-from agent_tools.analysis.metrics import chance_side
+from agent_tools.analysis.metrics import allowed_from_additive_mask, chance_side
 
 LARGE_SPREADS = 3.0  # an effect is large when it is this many baseline spreads from the baseline mean ...
 LARGE_FLOOR = 0.05  # ... and at least this far (5% of the clean–corrupted gap), so a zero-spread baseline
@@ -161,14 +161,10 @@ def saturated_heads(
     while the first-order change J(A)·Δs misses more than ``missed`` of it (‖ΔA − J(A)·Δs‖₁ > missed·‖ΔA‖₁): the
     softmax's gradient says little about patching its inputs there. Masked keys carry no weight in either run."""
     weights, patched = torch.softmax(scores, -1), torch.softmax(target, -1)
-    change = torch.where(_allowed(scores), target - scores, torch.zeros_like(scores))
+    change = torch.where(allowed_from_additive_mask(scores), target - scores, torch.zeros_like(scores))
     moved = (patched - weights).abs().sum(-1)  # (H, T)
     error = (patched - weights - _softmax_jvp(weights, change)).abs().sum(-1)  # (H, T)
     return ((moved >= mass) & (error > missed * moved)).any(-1)
-
-
-def _allowed(scores: Tensor) -> Tensor:
-    return scores > torch.finfo(torch.float32).min / 2
 
 
 def corrected_score_gradient(scores: Tensor, target: Tensor, gradient: Tensor, heads: Tensor) -> Tensor:
@@ -185,7 +181,7 @@ def corrected_score_gradient(scores: Tensor, target: Tensor, gradient: Tensor, h
     change has along c (a change orthogonal to c, or a constant shift, gets the plain gradient)."""
     weights = torch.softmax(scores, -1)
     local = _softmax_jvp(weights, gradient)
-    allowed = _allowed(scores)
+    allowed = allowed_from_additive_mask(scores)
     change = torch.where(allowed, target - scores, torch.zeros_like(scores))
     count = allowed.sum(-1, keepdim=True).clamp(min=1)
     centred = torch.where(allowed, change - change.sum(-1, keepdim=True) / count, torch.zeros_like(change))

@@ -10,8 +10,6 @@ Logs are natural: entropies and divergences are in nats.
     --------------------------------------  ---------------------------------------------------------------  ----------
     attention_entropy                       H_i = −Σ_j A_ij ln A_ij (0 ln 0 = 0), nats                       [0, ln n_i]
                                             used by: every per-head statistic (grid, show_attention, collapse, …)
-    uniform_entropy                         ln n, 0 for n ≤ 1 (the maximum entropy)                          [0, ∞)
-                                            used by: the maximum normalised_entropy divides by
     visible_keys                            n_i = Σ_j allowed_ij                                             0, 1, …
                                             used by: normalised_entropy, diagnose_collapse, the grid
     normalised_entropy                      H_i / ln n_i, 0 when n_i ≤ 1                                     [0, 1]
@@ -28,8 +26,6 @@ Logs are natural: entropies and divergences are in nats.
                                             used by: reconstruct_attention, inspect_projections
     kl_divergence                           KL(P‖Q) = Σ_v P_v (ln P_v − ln Q_v), P, Q = softmax(logits)      [0, ∞)
                                             used by: ablate_heads, profile_heads' evidence, compare_prompts
-    kl_divergence_probabilities             the same from probability rows                                   [0, ∞)
-                                            used by: js_divergence
     js_divergence                           ½ KL(P‖M) + ½ KL(Q‖M), M = ½ (P + Q)                             [0, ln 2]
                                             used by: reconstruct_attention, inspect_projections
     next_token_losses                       −ln softmax(logits_{t−1})[x_t], nats                             [0, ∞)
@@ -108,11 +104,6 @@ def attention_entropy(weights: Tensor) -> Tensor:
         logs = torch.where(weights > 0, weights.clamp_min(1e-30).log(), torch.zeros_like(weights))
         return (-(weights * logs).sum(-1)).clamp_min(0.0)
     return torch.special.entr(weights).sum(-1).clamp_min(0.0)  # entr(p) = −p log p, entr(0) = 0: one pass
-
-
-def uniform_entropy(count: int) -> float:
-    """Entropy of a uniform row over ``count`` keys, ``ln count`` nats (the maximum); 0 for ``count ≤ 1``."""
-    return math.log(count) if count > 1 else 0.0
 
 
 def visible_keys(allowed: Tensor, shape: torch.Size | None = None) -> Tensor:
@@ -206,15 +197,6 @@ def _kl_sum(p: Tensor, q: Tensor) -> Tensor:
     """``Σ_j p_j (ln p_j − ln q_j)`` over terms with ``p_j > 0``, float64 inputs, not clamped."""
     terms = torch.where(p > 0, p * (p.clamp_min(1e-300).log() - q.clamp_min(1e-300).log()), torch.zeros_like(p))
     return terms.sum(-1)
-
-
-def kl_divergence_probabilities(p: Tensor, q: Tensor) -> Tensor:
-    """(..., k) probability rows -> (...,): ``KL(p ‖ q) = Σ_j p_j (ln p_j − ln q_j)`` in nats (0·ln 0 = 0), ≥ 0.
-
-    The same divergence as :func:`kl_divergence` for callers that hold probabilities (attention rows), in float64.
-    Infinite in theory where ``q_j = 0 < p_j``; here ``ln q_j`` is clamped at ``ln 1e-300``.
-    """
-    return _kl_sum(p.double(), q.double()).clamp_min(0.0)
 
 
 def js_divergence(p: Tensor, q: Tensor) -> Tensor:

@@ -39,11 +39,6 @@ def transformed_value_norms(value: Tensor, grams: Tensor, *, kv_groups: int) -> 
     return squared.clamp_min(0.0).sqrt()
 
 
-def weighted_value_norms(weights: Tensor, value_norms: Tensor) -> Tensor:
-    """(B, H, q, Tk) weights, (B, H, Tk) norms -> (B, H, q, Tk): ‖α_ij · v_j W_O^h‖ = α_ij ‖v_j W_O^h‖."""
-    return weights.float() * value_norms[:, :, None, :]
-
-
 def norm_shares(weighted: Tensor) -> Tensor:
     """(..., q, Tk) ‖α f(x)‖ -> each key's share of the row's total (rows summing to zero give zeros)."""
     total = weighted.sum(-1, keepdim=True)
@@ -53,7 +48,7 @@ def norm_shares(weighted: Tensor) -> Tensor:
 def value_share_sums(weights: Tensor, value_norms: Tensor, *, rows: Tensor | None = None) -> Tensor:
     """(h, q, k) weights, (h, k) ‖v_j W_O^h‖ -> (h, k): Σ_i of each key's share of ``Σ_j ‖α_ij v_j W_O^h‖``.
 
-    Equals ``norm_shares(weighted_value_norms(...)).sum(q)`` without the (h, q, k) temporaries: with
+    Equals ``norm_shares(α_ij · n_j).sum(q)`` (``‖α_ij v_j W_O^h‖ = α_ij n_j``) without the (h, q, k) temporaries: with
     ``d_i = Σ_j α_ij n_j`` the sum is ``n_j · Σ_i α_ij / d_i`` (rows with ``d_i = 0`` add nothing). ``rows``
     (h, q) or (q,) weighs each row's shares (1 counts it, 0 leaves it out); None counts every row.
     """

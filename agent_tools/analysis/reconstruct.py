@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -34,15 +34,13 @@ from agent_tools.analysis.metrics import (
     normalised_from_entropy,
     visible_keys,
 )
+from agent_tools.capture import soft_capped
 from agent_tools.layout import apply_rotary
 
+# The stages in order; "score_terms" only where the family adds a term to the scores.
 ReconstructionStage = Literal[
     "raw_dot_product", "scaled_dot_product", "projected", "positional", "score_terms", "model"
 ]
-# The stages every head has; a family with an additive score term also has "score_terms" before "model".
-RECONSTRUCTION_STAGES: tuple[str, ...] = tuple(
-    stage for stage in get_args(ReconstructionStage) if stage != "score_terms"
-)
 
 
 @dataclass(frozen=True)
@@ -175,11 +173,6 @@ def sink_softmax(logits: Tensor, allowed: Tensor | None, sink: float) -> Tensor:
     column = torch.full((*logits.shape[:-1], 1), float(sink), dtype=logits.dtype, device=logits.device)
     hidden = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
     return torch.softmax(torch.cat([hidden, column], dim=-1), dim=-1)[..., :-1]
-
-
-def soft_capped(scores: Tensor, softcap: float | None) -> Tensor:
-    """Logit soft-capping ``c · tanh(scores / c)`` where the family uses it (``softcap = c``); else the scores."""
-    return torch.tanh(scores / softcap) * softcap if softcap is not None else scores
 
 
 def positional_scores(stages: list[StageMap], softcap: float | None = None, bias: Tensor | None = None) -> Tensor:

@@ -8,7 +8,8 @@ flows back into W_q and W_k. Dividing by sqrt(d_k) restores unit variance.
 Closed forms used per row (``p`` a probability vector):
 
 * ``tr J = 1 − Σ p²`` and ``‖J‖_F² = Σ p² − 2 Σ p³ + (Σ p²)²``;
-* for ``p = softmax(β z)``: ``dH/dβ = −β · Var_p(z) ≤ 0`` — entropy never rises as the scale grows.
+* for ``p = softmax(β z)``: ``dH/dβ = −β · Var_p(z) ≤ 0`` — entropy never rises as the scale grows (the sweep
+  computes it from the moments, ``−β (E_p[z²] − E_p[z]²)``, with the row's other sums).
 
 Entropy, normalised entropy and the masked softmax are :mod:`agent_tools.analysis.metrics`'; the streamed sweep
 (``ScalingConsumer``) lives in :mod:`agent_tools.consumers.scaling`.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +30,6 @@ from torch import Tensor, nn
 from agent_tools.analysis.metrics import (
     SATURATION,
     attention_entropy,
-    masked_softmax,
     normalised_entropy,
     saturated,
     upcast,
@@ -37,24 +37,14 @@ from agent_tools.analysis.metrics import (
 
 SYNTHETIC_HEAD_DIMS = (16, 64, 256, 1024)
 SettingKind = Literal["model_scale", "no_scaling", "temperature"]
-SETTING_KINDS: tuple[str, ...] = get_args(SettingKind)
 
 
 # --- per-row measures ---------------------------------------------------------------------------------------
 
 
-def softmax_jacobian_trace(weights: Tensor) -> Tensor:
-    """(..., k) -> (...): trace of diag(p) − p pᵀ = 1 − Σ p²."""
-    return _jacobian_measures(weights)[0]
-
-
-def softmax_jacobian_frobenius(weights: Tensor) -> Tensor:
-    """(..., k) -> (...): ‖diag(p) − p pᵀ‖_F = sqrt(Σ p² − 2 Σ p³ + (Σ p²)²)."""
-    return _jacobian_measures(weights)[1]
-
-
 def _jacobian_measures(weights: Tensor) -> tuple[Tensor, Tensor]:
-    """(..., k) -> trace and Frobenius norm of the softmax Jacobian, from Σ p² and Σ p³ (one temporary).
+    """(..., k) -> trace and Frobenius norm of the softmax Jacobian J = diag(p) − p pᵀ: ``tr J = 1 − Σ p²`` and
+    ``‖J‖_F = sqrt(Σ p² − 2 Σ p³ + (Σ p²)²)``, from Σ p² and Σ p³ (one temporary).
 
     Half-precision weights are upcast to float32."""
     weights = upcast(weights)
@@ -63,32 +53,6 @@ def _jacobian_measures(weights: Tensor) -> tuple[Tensor, Tensor]:
     sum_cubes = torch.einsum("...k,...k->...", squared, weights)  # Σ p³
     frobenius = (sum_squares - 2 * sum_cubes + sum_squares.pow(2)).clamp_min(0.0).sqrt()
     return 1.0 - sum_squares, frobenius
-
-
-def softmax_jacobian(weights: Tensor) -> Tensor:
-    """(..., k) -> (..., k, k): diag(p) − p pᵀ (for tests and small rows)."""
-    return torch.diag_embed(weights) - weights[..., :, None] * weights[..., None, :]
-
-
-def weighted_variance(values: Tensor, weights: Tensor, allowed: Tensor | None = None) -> Tensor:
-    """(..., k) values z, (..., k) probabilities p -> (...): Var_p(z) over the visible keys (half precision upcast)."""
-    values, weights = upcast(values), upcast(weights)
-    if allowed is not None:
-        values = values.masked_fill(~allowed.expand(values.shape), 0.0)
-    mean = (weights * values).sum(-1, keepdim=True)
-    return (weights * (values - mean).pow(2)).sum(-1)
-
-
-def entropy_beta_derivative(
-    z: Tensor, beta: float, allowed: Tensor | None = None, *, weights: Tensor | None = None
-) -> Tensor:
-    """(..., k) logits z -> (...): dH/dβ of softmax(β z) in closed form, −β·Var_p(z).
-
-    ``weights`` = softmax(β z) when the caller already has them (they are recomputed otherwise).
-    """
-    if weights is None:
-        weights = masked_softmax(beta * z, allowed)
-    return -beta * weighted_variance(z, weights, allowed)
 
 
 @dataclass(frozen=True)
@@ -120,16 +84,6 @@ def row_measures(weights: Tensor, allowed: Tensor | None = None, *, saturation: 
         jacobian_trace=trace,
         jacobian_frobenius=frobenius,
     )
-
-
-def masked_variance(values: Tensor, allowed: Tensor) -> Tensor:
-    """(..., q, k) values over the visible pairs of each leading index -> (...): population variance."""
-    allowed = allowed.expand(values.shape)
-    count = allowed.sum((-2, -1)).clamp_min(1)
-    masked = values.double().masked_fill(~allowed, 0.0)
-    mean = masked.sum((-2, -1)) / count
-    centred = (values.double() - mean[..., None, None]).masked_fill(~allowed, 0.0)
-    return centred.pow(2).sum((-2, -1)) / count
 
 
 def predicted_dot_variance(q_mean: Tensor, q_var: Tensor, k_mean: Tensor, k_var: Tensor) -> tuple[Tensor, Tensor]:

@@ -3,8 +3,7 @@
 Shapes: ``L`` layers, ``H`` heads, ``q`` query rows, ``Tk`` keys, ``S`` segments, ``V`` vocabulary.
 ``segment_index`` is a (Tk,) long tensor giving each key's segment (0..S-1). Nothing is modified in place.
 What keys receive (``received_attention``), the sink threshold (``threshold_sinks``, was ``find_sinks``), the
-shares without the sink (``without_sink``, imported here for the trace) and the KL divergence are defined in
-:mod:`agent_tools.analysis.metrics`.
+shares without the sink (``without_sink``) and the KL divergence are defined in :mod:`agent_tools.analysis.metrics`.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-
-from agent_tools.analysis.metrics import without_sink as without_sink  # the trace's import (defined in metrics)
 
 
 def segment_shares(weights: Tensor, segment_index: Tensor, num_segments: int) -> Tensor:

@@ -1,7 +1,7 @@
 """The scale sweep, streamed: one layer's q, k and scores by query chunk into variance and row-measure sums.
 
-The measures (entropy, saturation, softmax Jacobian, dH/dβ) are :mod:`agent_tools.analysis.scaling`'s and
-:mod:`agent_tools.analysis.metrics`'; this module keeps their running sums per scale setting. Each chunk is reduced
+The measures (entropy, saturation, softmax Jacobian; dH/dβ's closed form) are :mod:`agent_tools.analysis.scaling`'s
+and :mod:`agent_tools.analysis.metrics`'; this module keeps their running sums per scale setting. Each chunk is reduced
 on the layer's device (the sweep in float32, upcast from half precision); only per-head sums cross to the CPU.
 """
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from agent_tools.schemas import head_label
+
 STABLE_SHARE = 0.8
 CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 1000
@@ -159,7 +161,7 @@ def head_summary(task: str, table: Any, *, resamples: int, seed: int, confidence
             {
                 "layer": layer,
                 "head": head,
-                "label": f"{layer}.{head}",
+                "label": head_label(layer, head),
                 "items": int(counts[(layer, head)]),
                 "role": roles["role"],
                 "role_share": roles["role_share"],

@@ -72,11 +72,6 @@ def _check_numbers(*, batch_size: int, max_errors: int | None, resamples: int, r
             raise InvalidInputError(message)
 
 
-def default_out(task: str, data: Path) -> Path:
-    """Where a run writes without ``out``: ``./corpus-TASK-STEM`` in the working directory."""
-    return Path.cwd() / f"corpus-{task}-{data.stem}"
-
-
 def run_corpus(
     task: str,
     data: str | Path,
@@ -115,9 +110,8 @@ def run_corpus(
         "data_fingerprint": data_fingerprint(path),
         "model": session.policy.check(model),
     }
-    store = RunStore(
-        Path(out).expanduser().resolve() if out else default_out(checked, path), identity, columns(checked)
-    )
+    folder = Path(out).expanduser().resolve() if out else Path.cwd() / f"corpus-{checked}-{path.stem}"  # no out
+    store = RunStore(folder, identity, columns(checked))
     with store.locked():  # one run per folder: a second one is refused at once, naming this one
         store.open()
         done = store.done()

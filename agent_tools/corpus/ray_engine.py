@@ -35,8 +35,6 @@ from agent_tools.corpus.flow import EngineRun, batches_by_length
 from agent_tools.corpus.tasks import Task, TaskOptions, analyse
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Inspector, current_call
-from agent_tools.loading import ModelPolicy
-from agent_tools.placement import Placement
 from agent_tools.runs.items import CorpusItem, ItemOutcome
 
 LOCAL_OBJECT_STORE = 256 * 1024**2  # items and results are small: a local Ray needs little shared memory
@@ -72,37 +70,20 @@ class ActorsKeptDying(ResourceLimitError):
     """The pool's actors died more often than the run's bound: the run stops (every returned batch is kept)."""
 
 
-@dataclass(frozen=True)
-class ActorSession:
+def session_arguments(inspector: Inspector) -> dict[str, Any]:
     """What an actor needs to rebuild the driver's inspector: the operator's policy, placement and limits."""
-
-    policy: ModelPolicy
-    placement: Placement
-    token_limit: int | None
-    memory_budget: int
-    threads: int
-
-    @classmethod
-    def of(cls, inspector: Inspector, threads: int) -> ActorSession:
-        return cls(inspector.policy, inspector.placement, inspector.token_limit, inspector.memory_budget, threads)
-
-    def inspector(self) -> Inspector:
-        return Inspector(
-            policy=self.policy,
-            placement=self.placement,
-            token_limit=self.token_limit,
-            memory_budget=self.memory_budget,
-        )
+    names = ("policy", "placement", "token_limit", "memory_budget")
+    return {name: getattr(inspector, name) for name in names}
 
 
 class CorpusActor:
     """One Ray actor: the model loaded once in ``__init__``, then one batch of items per call."""
 
-    def __init__(self, session: ActorSession, task: Task, options: TaskOptions) -> None:
+    def __init__(self, session: dict[str, Any], threads: int, task: Task, options: TaskOptions) -> None:
         import torch
 
-        torch.set_num_threads(session.threads)
-        self.inspector = session.inspector()
+        torch.set_num_threads(threads)
+        self.inspector = Inspector(**session)
         self.task, self.options = task, options
         self.inspector.model(options.model)  # load now, not on the first item
 
@@ -110,9 +91,8 @@ class CorpusActor:
         """The actor's process id (for the driver's log: which process died)."""
         return os.getpid()
 
-    def analyse(self, payloads: list[str]) -> list[str]:
-        items = [CorpusItem.from_json(payload) for payload in payloads]
-        return [analyse(self.inspector, self.task, item, self.options).to_json() for item in items]
+    def analyse(self, items: list[CorpusItem]) -> list[ItemOutcome]:
+        return [analyse(self.inspector, self.task, item, self.options) for item in items]
 
 
 def _connect(options: RayOptions) -> bool:
@@ -139,7 +119,7 @@ def _connect(options: RayOptions) -> bool:
 class Batch:
     """Items handed to one actor call, and how many times an actor died running them."""
 
-    payloads: list[str]
+    items: list[CorpusItem]
     attempts: int = 0
 
 
@@ -170,7 +150,7 @@ class Pool:
     def submit(self) -> None:
         while self.idle and self.queue:
             actor, batch = self.idle.pop(), self.queue.popleft()
-            self.flight[actor.analyse.remote(batch.payloads)] = (actor, batch)
+            self.flight[actor.analyse.remote(batch.items)] = (actor, batch)
 
     def died(self, actor: Any, batch: Batch, error: Exception) -> None:
         """Count the death; retry the batch on a replacement actor, or, past a bound, stop handing out work (the
@@ -188,7 +168,7 @@ class Pool:
             bound = (
                 f"{self.restarts} actor deaths, more than max_restarts {options.max_restarts}"
                 if self.restarts > options.max_restarts
-                else f"a batch of {len(batch.payloads)} items lost its actor {batch.attempts} times, "
+                else f"a batch of {len(batch.items)} items lost its actor {batch.attempts} times, "
                 f"more than max_task_retries {options.max_task_retries}"
             )
             self.failure = f"Ray run stopped: {bound} (last: {cause})"
@@ -196,7 +176,7 @@ class Pool:
             return
         log.warning(
             "corpus: a Ray actor died (%s); restart %d of at most %d; its batch of %d items is retried (%d of %d)",
-            cause, self.restarts, options.max_restarts, len(batch.payloads), batch.attempts,
+            cause, self.restarts, options.max_restarts, len(batch.items), batch.attempts,
             options.max_task_retries,
         )  # fmt: skip
         self.queue.appendleft(batch)
@@ -218,14 +198,14 @@ def run_ray(run: EngineRun, items: Iterable[CorpusItem], ray_options: RayOptions
     Raises :class:`ActorsKeptDying` past the pool's bounds and :class:`~agent_tools.corpus.flow.TooManyErrors`
     past the error budget, in both cases after committing every batch that came back.
     """
-    batches = deque(Batch([item.to_json() for item in batch]) for batch in batches_by_length(items, run.batch_size))
+    batches = deque(Batch(batch) for batch in batches_by_length(items, run.batch_size))
     if not batches:
         return
     import ray
 
-    total = sum(len(batch.payloads) for batch in batches)
+    total = sum(len(batch.items) for batch in batches)
     started = _connect(ray_options)
-    actor_args = (ActorSession.of(run.inspector, ray_options.actor_cpus), run.task, run.options)
+    actor_args = (session_arguments(run.inspector), ray_options.actor_cpus, run.task, run.options)
     pool = Pool(ray_options, actor_args, batches)
     call = current_call()
     try:
@@ -240,14 +220,13 @@ def run_ray(run: EngineRun, items: Iterable[CorpusItem], ray_options: RayOptions
                 continue
             actor, batch = pool.flight.pop(ready[0])
             try:
-                payloads = ray.get(ready[0])
+                outcomes: list[ItemOutcome] = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:  # the actor's process died (killed, OOM, lost node)
                 pool.died(actor, batch, exc)
                 run.progress.describe(f"{pool.restarts} actor restarts")
                 pool.submit()
                 pool.check()
                 continue
-            outcomes = [ItemOutcome.from_json(payload) for payload in payloads]
             run.store.write_part(outcomes)
             pool.done += len(outcomes)
             run.progress.advance(len(outcomes))

@@ -31,6 +31,8 @@ from agent_tools.tools import get_tool
 
 Task = Literal["profile", "trace", "collapse", "kv_cache", "retrieval", "position"]
 TASKS: tuple[str, ...] = get_args(Task)
+PROFILE_HEAD_FIELDS = ("layer", "head", "kv_head")  # profile_heads' row: before the role scores ...
+PROFILE_ROLE_FIELDS = ("primary_role", "confidence", "runner_up", "runner_up_score")  # ... and after them
 PROFILE_COLLAPSE_FIELDS = (
     "verdict",
     "concentration",
@@ -145,14 +147,8 @@ def profile_rows(inspector: Inspector, item: CorpusItem, options: TaskOptions) -
         rows.append(
             {
                 "num_tokens": report.text_tokens,
-                "layer": head.layer,
-                "head": head.head,
-                "kv_head": head.kv_head,
+                **{name: getattr(head, name) for name in PROFILE_HEAD_FIELDS + PROFILE_ROLE_FIELDS},
                 **{f"score_{role}": head.scores.get(role) for role in TEXT_ROLES},
-                "primary_role": head.primary_role,
-                "confidence": head.confidence,
-                "runner_up": head.runner_up,
-                "runner_up_score": head.runner_up_score,
                 **{name: getattr(collapsed, name) for name in PROFILE_COLLAPSE_FIELDS},
                 "collapsed": collapsed.verdict != "not_collapsed",
             }
@@ -291,9 +287,9 @@ def columns(task: Task) -> list[tuple[str, ColumnType]]:
     kinds = dict(collapse_fields)
     return [
         *lead,
-        *[(name, profile_fields[name]) for name in ("layer", "head", "kv_head")],
+        *[(name, profile_fields[name]) for name in PROFILE_HEAD_FIELDS],
         *[(f"score_{role}", "float") for role in TEXT_ROLES],
-        *[(name, profile_fields[name]) for name in ("primary_role", "confidence", "runner_up", "runner_up_score")],
+        *[(name, profile_fields[name]) for name in PROFILE_ROLE_FIELDS],
         *[(name, kinds[name]) for name in PROFILE_COLLAPSE_FIELDS],
         ("collapsed", "bool"),
     ]

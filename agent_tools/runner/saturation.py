@@ -32,6 +32,7 @@ from agent_tools.capture import (
     _additive_mask,
     _score_terms,
     attention_implementation,
+    attention_scale,
     attention_scores,
     repeat_kv,
 )
@@ -64,12 +65,8 @@ def saturation_corrected(model: nn.Module, state: SaturationState, *, record: bo
     """Inside the block the model runs :func:`saturation_attention_forward` with ``state`` (recording the clean
     scores when ``record``, correcting saturated heads otherwise); the implementation is restored in ``finally``."""
     state.record = record
-    token = _ACTIVE.set(state)
-    try:
-        with attention_implementation(model, SATURATION_IMPLEMENTATION):
-            yield state
-    finally:
-        _ACTIVE.reset(token)
+    with attention_implementation(model, SATURATION_IMPLEMENTATION, active=(_ACTIVE, state)):
+        yield state
 
 
 def saturation_attention_forward(
@@ -84,8 +81,7 @@ def saturation_attention_forward(
 ) -> tuple[Tensor, Tensor]:
     """Eager attention, softmax in float32; scores recorded or saturated heads corrected per the active state."""
     terms = _score_terms(module, query, kwargs)
-    if scaling is None:
-        scaling = getattr(module, "head_dim", query.shape[-1]) ** -0.5
+    scaling = attention_scale(module, query, scaling)
     groups = query.shape[1] // key.shape[1]
     keys, values = repeat_kv(key, groups), repeat_kv(value, groups)  # (B, H, K, D)
     width = keys.shape[-2]

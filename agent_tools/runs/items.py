@@ -14,8 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,13 +54,6 @@ class CorpusItem:
             return sum(len(str(m.get("content", ""))) for m in self.messages if isinstance(m, dict))
         return len(self.text or "")
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, payload: str) -> CorpusItem:
-        return cls(**json.loads(payload))
-
 
 @dataclass(frozen=True)
 class ItemOutcome:
@@ -75,13 +68,6 @@ class ItemOutcome:
 
     def error_row(self) -> Row:
         return {"item": self.index, "id": self.id, "kind": self.error_kind, "reason": self.error}
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, payload: str) -> ItemOutcome:
-        return cls(**json.loads(payload))
 
 
 def item_from_record(index: int, record: object) -> CorpusItem:
@@ -139,10 +125,9 @@ def read_items(path: Path) -> Iterator[CorpusItem]:
     kind = data_kind(path)
     if kind == "jsonl":
         yield from _jsonl_items(path)
-    elif kind == "parquet":
-        yield from _records_as_items(_parquet_records(path))
-    else:
-        yield from _records_as_items(_datasets_records(path))
+        return
+    records = _parquet_records(path) if kind == "parquet" else _datasets_records(path)
+    yield from (item_from_record(index, record) for index, record in enumerate(records))
 
 
 def count_items(path: Path) -> int:
@@ -184,11 +169,6 @@ def _jsonl_items(path: Path) -> Iterator[CorpusItem]:
             else:
                 yield item_from_record(index, record)
             index += 1
-
-
-def _records_as_items(records: Iterable[dict[str, Any]]) -> Iterator[CorpusItem]:
-    for index, record in enumerate(records):
-        yield item_from_record(index, record)
 
 
 def _check_columns(columns: list[str], path: Path) -> list[str]:

@@ -34,8 +34,9 @@ from agent_tools.errors import AttentionToolError, InvalidInputError, ResourceLi
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel
 from agent_tools.prompt_segments import CONTENT_KINDS, SegmentedPrompt
-from agent_tools.runner.attribution import InputGradients, SegmentVariant, input_embeddings
+from agent_tools.runner.attribution import InputGradients, SegmentVariant, input_embeddings, segment_ablations
 from agent_tools.segment_attribution import SegmentCheck, choice_for_trace, segment_check, unchecked_note
+from agent_tools.session import guarded
 from agent_tools.traced_prompt.answer import measured_ids
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
 from agent_tools.traced_prompt.models import AGREEMENT_RHO, CHECKS, DEFAULT_CHECKS, NEGLIGIBLE_NATS, Check, Direction
@@ -264,9 +265,10 @@ def _causal(
     choice = choice_for_trace(inspector, loaded, ids, evidence.answer_ids, neutral_ids, evidence.notes)
     rows = choice.chosen if choice is not None else list(range(len(candidates)))  # the rest only estimated
     segments = [candidates[r] for r in rows]
-    result = inspector.segment_ablations(
-        loaded, ids, evidence.answer_ids, [variants[r] for r in rows], traced=traced.answer_pass
-    )
+    with guarded(loaded):
+        result = segment_ablations(
+            loaded, ids, evidence.answer_ids, [variants[r] for r in rows], traced=traced.answer_pass
+        )
     evidence.clean = result.clean
     first_removed, whole_removed = logprob_changes(result.removed, result.clean)  # (n,) each
     first_neutral, whole_neutral = logprob_changes(result.neutral, result.clean)

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from agent_tools.analysis.attribution import content_shares, filler_positions, relative_value_norms
-from agent_tools.analysis.metrics import Received, threshold_sinks
-from agent_tools.analysis.segments import Lead, leading_segment, segment_shares, without_sink
+from agent_tools.analysis.metrics import Received, threshold_sinks, without_sink
+from agent_tools.analysis.segments import Lead, leading_segment, segment_shares
 from agent_tools.consumers.cross_rows import CrossRowsConsumer
 from agent_tools.consumers.last_row import LastRowConsumer
 from agent_tools.consumers.received import ReceivedShareConsumer

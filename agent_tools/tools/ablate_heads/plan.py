@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from agent_tools.ablation_check import ResampleSource, baseline_of, measure_head_sets, random_sets, resample_source
-from agent_tools.analysis.ablation import Baseline, compare_with_baseline, cosine_change, size_against, top_token_change
+from agent_tools.analysis.ablation import Baseline, compare_with_baseline, cosine_change, size_against
+from agent_tools.analysis.attribution_patching import top_token_change
 from agent_tools.analysis.metrics import kl_divergence, next_token_losses
 from agent_tools.clean_corrupted import single_token
 from agent_tools.encoding import decode
@@ -223,8 +224,7 @@ def _next_token_effect(
     """The report's KL summary (per-position ``kl_values``), the top next token clean vs ablated, and the loss on the
     text."""
     clean_probs = torch.softmax(effect.clean[0, -1].double(), -1)  # (V,)
-    ablated_probs = torch.softmax(effect.ablated[0, -1].double(), -1)  # (V,)
-    change = top_token_change(clean_probs, ablated_probs)
+    change = top_token_change(effect.clean[0, -1], effect.ablated[0, -1])
     measured: dict[str, object] = {}
     if encoded.length > 1:
         loss_clean = float(next_token_losses(effect.clean, encoded.input_ids).mean())
@@ -233,13 +233,13 @@ def _next_token_effect(
     return measured | {
         "kl_last_position": kl_values[-1],
         "kl_mean": sum(kl_values) / len(kl_values),
-        "top_token_clean": decode(loaded, [change.clean]),
-        "top_token_ablated": decode(loaded, [change.ablated]),
-        "top_token_changed": change.kind != "same",
-        "top_token_change": change.kind,
-        "top_token_probability_clean": float(clean_probs[change.clean]),
-        "top_token_probability_ablated": float(ablated_probs[change.clean]),
-        "top_token_probability_new": change.p_new_top_ablated,
+        "top_token_clean": decode(loaded, [change.before]),
+        "top_token_ablated": decode(loaded, [change.after]),
+        "top_token_changed": change.kind != "unchanged",
+        "top_token_change": "same" if change.kind == "unchanged" else change.kind,
+        "top_token_probability_clean": float(clean_probs[change.before]),
+        "top_token_probability_ablated": change.p_before,
+        "top_token_probability_new": change.p_after,
     }
 
 

@@ -24,7 +24,7 @@ from agent_tools.analysis.metrics import sink_key_mask
 from agent_tools.consumers.collapse import CollapseConsumer, output_grams_for
 from agent_tools.errors import InvalidInputError
 from agent_tools.families import StackFacts
-from agent_tools.inspector import Encoded, Inspector, PassPlan, kv_head_of, text_digest
+from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
 from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel
 from agent_tools.render import grid_heatmap
@@ -117,7 +117,7 @@ def head_row(stats: HeadCollapse, tokens: Sequence[Token], kv_head: int) -> Head
 
 def _measure(stats: Sequence[HeadCollapse], encoded: Encoded, stack: StackFacts) -> CollapseNumbers:
     """Every examined head's row, most collapsed first, with the verdict counts and the bound's row totals."""
-    rows = [head_row(s, encoded.key_tokens, kv_head_of(stack, s.head)) for s in rank_heads(stats)]
+    rows = [head_row(s, encoded.key_tokens, stack.kv_head_of(s.head)) for s in rank_heads(stats)]
     counts: dict[str, int] = {v: sum(1 for r in rows if r.verdict == v) for v in sorted({r.verdict for r in rows})}
     return CollapseNumbers(
         num_tokens=len(encoded.query_tokens),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from agent_tools.analysis.maps import top_keys
 from agent_tools.analysis.metrics import attention_entropy, normalised_entropy, received_attention, threshold_sinks
 from agent_tools.consumers.head_map import HeadMapConsumer
 from agent_tools.inspector import Inspector, text_digest
@@ -119,7 +118,7 @@ def _rows(
     top_k: int,
 ) -> list[QueryRow]:
     """Per query: its entropy and its top keys among those it may read (``key_tokens`` label the columns)."""
-    values, indices = top_keys(weights, top_k)  # (rows, k)
+    values, indices = weights.topk(min(top_k, weights.shape[-1]), dim=-1)  # (rows, k) largest first
     readable = allowed.gather(-1, indices)  # (rows, k) whether each top key may be read
     # one copy each, not a conversion per row and key
     value_rows, index_rows, readable_rows = values.tolist(), indices.tolist(), readable.tolist()
