@@ -23,10 +23,3 @@ def plan_head_inputs(
         return consumer.inputs()
 
     return PassPlan(loaded, encoded, [consumer], finish, layers=[layer], record_inputs=True)
-
-
-def capture_head_inputs(
-    inspector: Inspector, loaded: LoadedModel, encoded: Encoded, layer: int, heads: list[int]
-) -> HeadInputs:
-    """One forward pass keeping what reconstruct/inspect need for ``heads[0]`` (and the maps of ``heads``)."""
-    return inspector.execute(plan_head_inputs(inspector, loaded, encoded, layer, heads))

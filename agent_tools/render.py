@@ -77,7 +77,6 @@ def _attention_figure(
     query_tokens: Sequence[str],
     key_tokens: Sequence[str],
     title: str,
-    colorbar_label: str = "attention weight",
 ) -> Any:
     """A (queries × keys) heatmap with its colour bar, sized to the number of tokens."""
     rows, cols = len(query_tokens), len(key_tokens)
@@ -88,7 +87,7 @@ def _attention_figure(
     ax.set_xlabel("key (token attended to)")
     ax.set_ylabel("query (token attending)")
     ax.set_title(title, fontsize=10)
-    fig.colorbar(image, ax=ax, label=colorbar_label, fraction=0.046, pad=0.04)
+    fig.colorbar(image, ax=ax, label="attention weight", fraction=0.046, pad=0.04)
     return fig
 
 
@@ -98,11 +97,9 @@ def attention_heatmap(
     key_tokens: Sequence[str],
     title: str,
     path: str | Path,
-    *,
-    colorbar_label: str = "attention weight",
 ) -> Path:
     """Write a (queries × keys) heatmap; rows are query tokens, columns the keys they read."""
-    return _write_png(_attention_figure(weights, query_tokens, key_tokens, title, colorbar_label), path)
+    return _write_png(_attention_figure(weights, query_tokens, key_tokens, title), path)
 
 
 def attention_png(
@@ -191,19 +188,9 @@ def _grid_figure(values: Sequence[Sequence[float]], title: str, style: GridStyle
     return fig
 
 
-def grid_heatmap(
-    values: Sequence[Sequence[float]],
-    title: str,
-    path: str | Path,
-    *,
-    colorbar_label: str,
-    cmap: str = "magma",
-    vmin: float | None = None,
-    vmax: float | None = None,
-    annotations: Sequence[Sequence[str]] | None = None,
-) -> Path:
+def grid_heatmap(values: Sequence[Sequence[float]], title: str, path: str | Path, style: GridStyle) -> Path:
     """A layer × head grid of one number per head (entropy, sink share, role score), written to ``path``."""
-    return _write_png(_grid_figure(values, title, GridStyle(colorbar_label, cmap, vmin, vmax, annotations)), path)
+    return _write_png(_grid_figure(values, title, style), path)
 
 
 def grid_png(values: Sequence[Sequence[float]], title: str, style: GridStyle) -> bytes:

@@ -25,7 +25,7 @@ from agent_tools.analysis.projections import (
 )
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
 from agent_tools.families import find_attention_modules
-from agent_tools.head_inputs_pass import capture_head_inputs
+from agent_tools.head_inputs_pass import plan_head_inputs
 from agent_tools.inspector import Inspector
 from agent_tools.layout import SUPPORTED_PROJECTION_FAMILIES, apply_rotary, head_projections
 from agent_tools.loading import register_model
@@ -156,7 +156,7 @@ def test_head_slices_reproduce_the_captured_attention(name: str, tiny_models, in
     loaded = tiny_models[name]
     encoded = inspector.encode(loaded, TINY_TEXT)
     for head in range(loaded.facts.num_heads):
-        inputs = capture_head_inputs(inspector, loaded, encoded, 1, [head])
+        inputs = inspector.execute(plan_head_inputs(inspector, loaded, encoded, 1, [head]))
         assert inputs.errors["values"] <= ATOL, (name, head)
         assert inputs.errors["positional_scores"] <= ATOL, (name, head)
         assert inputs.errors["model_weights"] <= ATOL, (name, head)
@@ -234,7 +234,7 @@ def test_counterfactual_numbers_match_a_direct_computation(tiny_models, inspecto
         inspector, {"model": "tiny-bert", "text": TINY_TEXT, "layer": 0, "head": 1}
     )
     encoded = inspector.encode(loaded, TINY_TEXT)
-    inputs = capture_head_inputs(inspector, loaded, encoded, 0, [1])
+    inputs = inspector.execute(plan_head_inputs(inspector, loaded, encoded, 0, [1]))
     direct = no_projection_attention(inputs.x, loaded.facts.scaling, None)
     assert report.counterfactual.self_argmax_fraction == pytest.approx(self_argmax_fraction(direct), abs=1e-4)
     js = js_divergence(inputs.weights[1], direct)

@@ -18,7 +18,7 @@ from agent_tools.analysis.reconstruct import (
 )
 from agent_tools.consumers.head_inputs import reconstruct
 from agent_tools.errors import InvalidInputError
-from agent_tools.head_inputs_pass import capture_head_inputs
+from agent_tools.head_inputs_pass import plan_head_inputs
 from agent_tools.inspector import Inspector
 from agent_tools.tools import get_tool
 from agent_tools.tools.reconstruct_attention import AttentionReconstruction
@@ -130,7 +130,7 @@ def test_stage_five_equals_eager_output_attentions(name: str, tiny_models, inspe
     reference = eager_reference(twin, input_ids=encoded.input_ids, attention_mask=encoded.attention_mask)
     for layer in range(loaded.facts.num_layers):
         for head in range(loaded.facts.num_heads):
-            inputs = capture_head_inputs(inspector, loaded, encoded, layer, [head])
+            inputs = inspector.execute(plan_head_inputs(inspector, loaded, encoded, layer, [head]))
             stages = reconstruct(inputs)
             eager = reference.attentions[layer][0, head]
             assert (stages[-1].weights - eager).abs().max().item() <= ATOL, (name, layer, head)
@@ -221,7 +221,7 @@ def test_reconstruct_real_models(model: str, layer: int, head: int, smol, minilm
     assert report.matches_model and report.model_weight_error <= ATOL
     encoded = inspector.encode(loaded, SAMPLE_TEXT)
     reference = eager_reference(loaded.model, input_ids=encoded.input_ids, attention_mask=encoded.attention_mask)
-    inputs = capture_head_inputs(inspector, loaded, encoded, layer, [head])
+    inputs = inspector.execute(plan_head_inputs(inspector, loaded, encoded, layer, [head]))
     stages = reconstruct(inputs)
     assert (stages[-1].weights - reference.attentions[layer][0, head]).abs().max().item() <= ATOL
     assert (positional_scores(stages) - inputs.scores).abs().max().item() <= ATOL
