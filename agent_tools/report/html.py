@@ -17,14 +17,7 @@ from typing import Any
 import torch
 
 from agent_tools.render import png_uri
-from agent_tools.report.content import (
-    SECTION_QUESTIONS,
-    SECTION_TITLES,
-    head_descriptions,
-    html_grids,
-    model_card,
-    top_heads,
-)
+from agent_tools.report.content import head_descriptions, html_grids, model_card, sections, top_heads
 from agent_tools.report.figures import draw_pictures
 from agent_tools.report.glossary import glossary
 from agent_tools.report.job import AnalysisResult, most_collapsed_head
@@ -68,13 +61,12 @@ def page_for(result: AnalysisResult) -> dict[str, Any]:
         "more_pictures": [name for name in pictures if name not in in_story],
         "sections": [
             {
-                "title": SECTION_TITLES.get(name, name),
-                "question": SECTION_QUESTIONS.get(name, ""),
+                "title": title,
+                "question": question,
                 "summary": report.summary,
                 "findings": [f.model_dump(mode="json") for f in report.findings[:12]],
             }
-            for name, report in result.reports.items()
-            if name != "describe_model"
+            for title, question, report in sections(result)
         ],
         "neuron": _neuron_json(result.neuron),
         "glossary": [t.as_json() for t in glossary()],
