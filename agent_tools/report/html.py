@@ -22,7 +22,7 @@ from agent_tools.report.figures import draw_pictures
 from agent_tools.report.glossary import glossary
 from agent_tools.report.job import AnalysisResult, most_collapsed_head
 from agent_tools.report.story import build_story, read_first
-from agent_tools.report.views import NeuronData, tensor_b64
+from agent_tools.report.views import tensor_b64
 
 CARD_TERMS = {"head_dim": "dk", "scaling": "scale", "scaling_ratio": "scale"}  # card key -> glossary key
 # The page's size is bounded by these, not by the model: full (T, T) maps for at most FULL_MAP_HEADS heads (the ones
@@ -68,7 +68,7 @@ def page_for(result: AnalysisResult) -> dict[str, Any]:
             }
             for title, question, report in sections(result)
         ],
-        "neuron": _neuron_json(result.neuron),
+        "neuron": asdict(result.neuron) if result.neuron is not None else None,  # the page reads q, k, allowed
         "glossary": [t.as_json() for t in glossary()],
         "notes": [f"skipped {name}: {why}" for name, why in result.skipped.items()] + [f"timings: {timing}"],
     }
@@ -118,11 +118,6 @@ def page_maps(maps: torch.Tensor | None, full_heads: list[tuple[int, int]]) -> d
         "thumb_side": side,
         "thumbs_b64": tensor_b64(thumbs) if thumbs is not None else None,
     }
-
-
-def _neuron_json(neuron: NeuronData | None) -> dict[str, Any] | None:
-    """The neuron view's numbers; the page reads the base64 arrays as ``q``, ``k`` and ``allowed``."""
-    return {key.removesuffix("_b64"): value for key, value in asdict(neuron).items()} if neuron is not None else None
 
 
 def render_html(data: dict[str, Any]) -> str:

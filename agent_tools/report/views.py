@@ -67,9 +67,9 @@ class NeuronData:
     head_dim: int
     scale: float  # the model's factor on q·k
     softcap: float | None
-    q_b64: str  # (T, d_head) float32
-    k_b64: str  # (T, d_head) float32
-    allowed_b64: str  # (T, T) uint8, 1 = the query may read the key
+    q: str  # base64 of (T, d_head) float32
+    k: str  # base64 of (T, d_head) float32
+    allowed: str  # base64 of (T, T) uint8, 1 = the query may read the key
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,9 @@ def neuron_data(rebuilt: Reconstruction) -> NeuronData | None:
         head_dim=int(q.shape[-1]),
         scale=float(inputs.scaling),
         softcap=inputs.softcap,
-        q_b64=tensor_b64(q.float().cpu()),
-        k_b64=tensor_b64(k.float().cpu()),
-        allowed_b64=tensor_b64(inputs.allowed().to(torch.uint8).cpu()),
+        q=tensor_b64(q.float().cpu()),
+        k=tensor_b64(k.float().cpu()),
+        allowed=tensor_b64(inputs.allowed().to(torch.uint8).cpu()),
     )
 
 
