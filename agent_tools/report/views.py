@@ -80,7 +80,6 @@ class ProbeView:
     head: int
     labels: list[str]
     weights: list[list[float]]
-    start: int  # where the first copy begins
     repeat_length: int  # N tokens per copy
     induction_share: float  # mean weight second-copy queries give the token after their earlier occurrence
     seed: int
@@ -150,7 +149,6 @@ def probe_view(
         head=chosen.head,
         labels=[f"{t.position}:{t.text}" for t in probe.encoded.tokens],
         weights=_grid(weights.float(), len(probe.encoded.tokens)),
-        start=probe.start,
         repeat_length=probe.repeat_length,
         induction_share=chosen.score,
         seed=seed,
