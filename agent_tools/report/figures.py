@@ -305,10 +305,7 @@ def draw_pictures(result: AnalysisResult) -> dict[str, Picture]:
     grids = {p.name: p for p in _grids(result)}
     for step in build_story(result):
         for wanted in step.pictures:
-            if wanted.name in grids:
-                pictures[wanted.name] = Picture(wanted.name, wanted.caption, grids[wanted.name].png)
-                continue
-            png = _story_png(result, wanted.name, pictures)
+            png = grids[wanted.name].png if wanted.name in grids else _story_png(result, wanted.name, pictures)
             if png is not None:
                 pictures[wanted.name] = Picture(wanted.name, wanted.caption, png)
     for picture in [*grids.values(), *_head_maps(result)]:
