@@ -59,26 +59,19 @@ class SettingSums:
         return {name: value / n for name, value in self.sums.items()}
 
 
-_SUMMED = (
-    "entropy",
-    "normalised_entropy",
-    "mean_max_weight",
-    "saturated_fraction",
-    "jacobian_trace",
-    "jacobian_frobenius",
-)
+_SUMMED = {  # the sums a setting keeps -> the RowMeasures field each adds up
+    "entropy": "entropy",
+    "normalised_entropy": "normalised_entropy",
+    "mean_max_weight": "max_weight",
+    "saturated_fraction": "saturated",
+    "jacobian_trace": "jacobian_trace",
+    "jacobian_frobenius": "jacobian_frobenius",
+}
 
 
 def _sums(measures: RowMeasures, keep: Tensor, dtype: torch.dtype) -> Tensor:
     """(6,) sums of the row measures over the rows ``keep`` marks, in the order of ``_SUMMED``, on their device."""
-    measured = (
-        measures.entropy,
-        measures.normalised_entropy,
-        measures.max_weight,
-        measures.saturated,
-        measures.jacobian_trace,
-        measures.jacobian_frobenius,
-    )
+    measured = [getattr(measures, field) for field in _SUMMED.values()]
     return torch.stack([torch.where(keep, value.to(dtype), 0.0).sum() for value in measured])
 
 
