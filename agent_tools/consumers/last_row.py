@@ -26,14 +26,13 @@ class LastRowConsumer:
 
     accepts_key_prefix: ClassVar[bool] = False
 
-    def __init__(self, *, batch_index: int = 0) -> None:
-        self.batch_index = batch_index
+    def __init__(self) -> None:
         self._rows: dict[int, Tensor] = {}
 
     def on_layer(self, layer: LayerAttention) -> None:
         if layer.query_start + layer.weights.shape[2] != layer.query_length:
             return  # this chunk does not hold the call's last query row
-        self._rows[layer.layer] = to_host(layer.weights[self.batch_index, :, -1, :].float()).clone()  # (H, Tk)
+        self._rows[layer.layer] = to_host(layer.weights[0, :, -1, :].float()).clone()  # (H, Tk)
 
     def take(self, keys: int | None = None) -> Tensor:
         """(L, H, keys): each layer's row, layers in order, right-aligned to ``keys`` columns (default: the longest

@@ -29,20 +29,19 @@ class ValueRowConsumer(LastRowConsumer):
     afresh).
     """
 
-    def __init__(self, grams: dict[int, Tensor], *, batch_index: int = 0) -> None:
-        super().__init__(batch_index=batch_index)
+    def __init__(self, grams: dict[int, Tensor]) -> None:
+        super().__init__()
         self.grams = grams
         self.key_norms: dict[int, Tensor] = {}  # layer -> (T,) mean over heads, from the first forward
 
     def on_layer(self, layer: LayerAttention) -> None:
         if layer.query_start + layer.weights.shape[2] != layer.query_length:
             return
-        b = self.batch_index
         grams = self.grams[layer.layer].to(layer.value.device)
-        norms = transformed_value_norms(layer.value[b : b + 1], grams, kv_groups=layer.kv_groups)[0]  # (H, Tk)
+        norms = transformed_value_norms(layer.value[:1], grams, kv_groups=layer.kv_groups)[0]  # (H, Tk)
         if layer.layer not in self.key_norms:
             self.key_norms[layer.layer] = to_host(norms.mean(0)).clone()
-        row = layer.weights[b, :, -1, :]  # (H, Tk)
+        row = layer.weights[0, :, -1, :]  # (H, Tk)
         self._rows[layer.layer] = to_host(value_weighted_rows(row, norms[:, -row.shape[-1] :])).clone()
 
     def prompt_norms(self) -> Tensor:
