@@ -186,14 +186,12 @@ class StepOutcomes:
     timings: dict[str, float] = field(default_factory=dict)
     reconstruction: Reconstruction | None = None  # kept by the reconstruction's plan for the pictures
 
-    def attempt(self, name: str, call: Callable[[], Report | None]) -> None:
+    def attempt(self, name: str, call: Callable[[], Report]) -> None:
         """Run one step, timed; an expected failure of its input skips it with the error's message."""
         self.say(f"running {name}")
         start = time.perf_counter()
         try:
-            report = call()
-            if report is not None:
-                self.reports[name] = report
+            self.reports[name] = call()
         except AttentionToolError as exc:
             self.skipped[name] = exc.message
         self.timings[name] = time.perf_counter() - start
