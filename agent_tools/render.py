@@ -77,7 +77,6 @@ def _attention_figure(
     query_tokens: Sequence[str],
     key_tokens: Sequence[str],
     title: str,
-    colorbar_label: str = "attention weight",
 ) -> Any:
     """A (queries × keys) heatmap with its colour bar, sized to the number of tokens."""
     rows, cols = len(query_tokens), len(key_tokens)
@@ -88,7 +87,7 @@ def _attention_figure(
     ax.set_xlabel("key (token attended to)")
     ax.set_ylabel("query (token attending)")
     ax.set_title(title, fontsize=10)
-    fig.colorbar(image, ax=ax, label=colorbar_label, fraction=0.046, pad=0.04)
+    fig.colorbar(image, ax=ax, label="attention weight", fraction=0.046, pad=0.04)
     return fig
 
 
@@ -98,11 +97,9 @@ def attention_heatmap(
     key_tokens: Sequence[str],
     title: str,
     path: str | Path,
-    *,
-    colorbar_label: str = "attention weight",
 ) -> Path:
     """Write a (queries × keys) heatmap; rows are query tokens, columns the keys they read."""
-    return _write_png(_attention_figure(weights, query_tokens, key_tokens, title, colorbar_label), path)
+    return _write_png(_attention_figure(weights, query_tokens, key_tokens, title), path)
 
 
 def attention_png(
@@ -119,7 +116,6 @@ class HeatPanel:
     weights: Sequence[Sequence[float]]
     labels: Sequence[str]  # rows and columns (a square map)
     title: str
-    column_labels: Sequence[str] | None = None  # when the columns differ from the rows
 
 
 def _norm(gamma: float) -> Normalize:
@@ -127,9 +123,7 @@ def _norm(gamma: float) -> Normalize:
     return Normalize(0.0, 1.0) if gamma == 1.0 else PowerNorm(gamma, 0.0, 1.0)
 
 
-def heatmaps_png(
-    panels: Sequence[HeatPanel], *, title: str | None = None, gamma: float = 1.0, panel_size: float = 3.6
-) -> bytes:
+def heatmaps_png(panels: Sequence[HeatPanel], *, gamma: float = 1.0, panel_size: float = 3.6) -> bytes:
     """One or more square attention maps side by side with a shared 0..1 colour bar; PNG bytes."""
     count = len(panels)
     longest = max(len(p.labels) for p in panels)
@@ -139,14 +133,12 @@ def heatmaps_png(
     for ax, panel in zip(axes[0], panels, strict=True):
         image = ax.imshow(panel.weights, cmap="viridis", norm=_norm(gamma), aspect="equal", interpolation="nearest")
         fontsize = 7 if len(panel.labels) <= 24 else 5.5
-        _token_axes(ax, panel.labels, panel.column_labels or panel.labels, fontsize=fontsize)
+        _token_axes(ax, panel.labels, panel.labels, fontsize=fontsize)
         ax.set_title(panel.title, fontsize=9)
         ax.set_xlabel("key", fontsize=8)
         ax.set_ylabel("query", fontsize=8)
     label = "attention weight" if gamma == 1.0 else f"attention weight (colour ∝ weight^{gamma:g})"
     fig.colorbar(image, ax=list(axes[0]), label=label, fraction=0.046 / count, pad=0.02)
-    if title:
-        fig.suptitle(title, fontsize=10)
     return png_bytes(fig)
 
 
@@ -191,19 +183,9 @@ def _grid_figure(values: Sequence[Sequence[float]], title: str, style: GridStyle
     return fig
 
 
-def grid_heatmap(
-    values: Sequence[Sequence[float]],
-    title: str,
-    path: str | Path,
-    *,
-    colorbar_label: str,
-    cmap: str = "magma",
-    vmin: float | None = None,
-    vmax: float | None = None,
-    annotations: Sequence[Sequence[str]] | None = None,
-) -> Path:
+def grid_heatmap(values: Sequence[Sequence[float]], title: str, path: str | Path, style: GridStyle) -> Path:
     """A layer × head grid of one number per head (entropy, sink share, role score), written to ``path``."""
-    return _write_png(_grid_figure(values, title, GridStyle(colorbar_label, cmap, vmin, vmax, annotations)), path)
+    return _write_png(_grid_figure(values, title, style), path)
 
 
 def grid_png(values: Sequence[Sequence[float]], title: str, style: GridStyle) -> bytes:
@@ -267,13 +249,11 @@ def _draw_panel(ax: Any, panel: CurvePanel) -> None:
         ax.legend(fontsize=6.5, frameon=False, loc=panel.legend_at)
 
 
-def curves_png(panels: Sequence[CurvePanel], *, title: str | None = None, panel_width: float = 3.4) -> bytes:
+def curves_png(panels: Sequence[CurvePanel], *, panel_width: float = 3.4) -> bytes:
     """Curve panels side by side; PNG bytes."""
     fig, axes = plt.subplots(1, len(panels), figsize=(panel_width * len(panels), 3.0), squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):
         _draw_panel(ax, panel)
-    if title:
-        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return png_bytes(fig)
 

@@ -125,9 +125,9 @@ def test_the_neuron_views_q_and_k_give_the_models_map(analysed) -> None:
     neuron, maps = result.neuron, result.maps.maps
     assert neuron is not None and maps is not None
     shape = (neuron.length, neuron.head_dim)
-    q = torch.frombuffer(bytearray(base64.b64decode(neuron.q_b64)), dtype=torch.float32).reshape(shape)
-    k = torch.frombuffer(bytearray(base64.b64decode(neuron.k_b64)), dtype=torch.float32).reshape(shape)
-    allowed = torch.frombuffer(bytearray(base64.b64decode(neuron.allowed_b64)), dtype=torch.uint8).bool()
+    q = torch.frombuffer(bytearray(base64.b64decode(neuron.q)), dtype=torch.float32).reshape(shape)
+    k = torch.frombuffer(bytearray(base64.b64decode(neuron.k)), dtype=torch.float32).reshape(shape)
+    allowed = torch.frombuffer(bytearray(base64.b64decode(neuron.allowed)), dtype=torch.uint8).bool()
     weights = masked_softmax((q @ k.T) * neuron.scale, allowed.reshape(neuron.length, neuron.length))
     captured = maps[neuron.layer, neuron.head].float() / 255
     assert (weights - captured).abs().max() <= 0.5 / 255 + 1e-5

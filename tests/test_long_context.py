@@ -208,7 +208,7 @@ def test_analyze_long_context_section_in_every_output(long_analysis) -> None:
 
 
 def test_analyze_long_context_sentences_with_a_retrieving_model(long_analysis) -> None:
-    from agent_tools.report.long_context import long_context_sentences
+    from agent_tools.report.long_context import NO_U_CURVE, long_context_sentences
     from agent_tools.tools.find_retrieval_heads.models import FindRetrievalHeadsReport, RetrievalHead
 
     result, _ = long_analysis
@@ -225,9 +225,10 @@ def test_analyze_long_context_sentences_with_a_retrieving_model(long_analysis) -
         }
     )
     report = measured.model_copy(update={"heads": [head], "causal": causal})
-    first, second = long_context_sentences(report, None, u_curve=True)
+    first, second, no_u_curve = long_context_sentences(report, None, None)
     assert "1 heads score above 0; the best, L1H2, scores 0.75 ± 0.10" in first
     assert "leaves 20% answer-token accuracy (full model 80%), against 70% ± 5% with 1 random heads" in second
+    assert no_u_curve == NO_U_CURVE  # no position_sensitivity report: the section says why there is no U-curve
 
 
 def test_analyze_skips_the_long_context_section_for_a_short_text_or_when_asked(tiny_llama) -> None:

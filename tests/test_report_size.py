@@ -11,7 +11,7 @@ import torch
 from agent_tools.report.html import (
     FULL_MAP_HEADS,
     THUMBNAIL_BYTES,
-    HtmlReport,
+    page_maps,
     render_html,
     thumbnail_side,
     thumbnails,
@@ -23,17 +23,14 @@ LENGTH = 96
 def _page(num_layers: int, num_heads: int) -> tuple[str, dict]:
     generator = torch.Generator().manual_seed(0)
     maps = torch.randint(0, 256, (num_layers, num_heads, LENGTH, LENGTH), dtype=torch.uint8, generator=generator)
-    report = HtmlReport(
-        model="tiny",
-        subtitle="",
-        card=[],
-        tokens=[f"t{i}" for i in range(LENGTH)],
-        maps=maps,
-        grids={},
-        head_info=[["h"] * num_heads for _ in range(num_layers)],
-        full_heads=[(layer % num_layers, layer) for layer in range(2 * FULL_MAP_HEADS)],  # more than the page keeps
-    )
-    page = render_html(report)
+    full_heads = [(layer % num_layers, layer) for layer in range(2 * FULL_MAP_HEADS)]  # more than the page keeps
+    data = {
+        "model": "tiny",
+        "tokens": [{"text": f"t{i}"} for i in range(LENGTH)],
+        **page_maps(maps, full_heads),
+        "head_info": [["h"] * num_heads for _ in range(num_layers)],
+    }
+    page = render_html(data)
     start = page.index('<script type="application/json" id="report-data">') + len(
         '<script type="application/json" id="report-data">'
     )

@@ -23,15 +23,14 @@ class CrossRowsConsumer:
 
     accepts_key_prefix: ClassVar[bool] = False
 
-    def __init__(self, *, batch_index: int = 0) -> None:
-        self.batch_index = batch_index
+    def __init__(self) -> None:
         self._rows: dict[int, list[Tensor]] = {}
         self.sums: Received | None = None
 
     def on_layer(self, layer: LayerAttention) -> None:
-        weights = layer.weights[self.batch_index].float()  # (H, q, Tk)
+        weights = layer.weights[0].float()  # (H, q, Tk)
         self._rows.setdefault(layer.layer, []).append(to_host(weights).clone())
-        allowed = layer.allowed()[self.batch_index, 0]  # (q, Tk)
+        allowed = layer.allowed()[0, 0]  # (q, Tk)
         # no key is the query itself: the keys are the input's positions, the queries the answer's
         nobody = torch.full((weights.shape[1],), -1, dtype=torch.long, device=weights.device)
         received = received_attention(weights, allowed, nobody).to(HOST)

@@ -37,10 +37,10 @@ class QuantisedMaps:
         self.maps = (
             torch.zeros(num_layers, num_heads, length, length, dtype=torch.uint8) if keep_maps else None
         )  # (L, H, T, T) on the CPU, like the statistics below
-        self.entropy = torch.zeros(num_layers, num_heads)  # mean nats per head
-        self.normalised_entropy = torch.zeros(num_layers, num_heads)
-        self.first_token_share = torch.zeros(num_layers, num_heads)  # mean weight on position 0, every row
-        self.max_weight = torch.zeros(num_layers, num_heads)
+        # (4, L, H): mean entropy (nats), normalised entropy, weight on position 0 (every row) and max weight; each
+        # statistic is a view of it, so one addition per layer fills all four
+        self.means = torch.zeros(4, num_layers, num_heads)
+        self.entropy, self.normalised_entropy, self.first_token_share, self.max_weight = self.means
         self.length = length
         self._pending = PendingSums()  # the current layer's statistics, on its device
 
@@ -64,8 +64,4 @@ class QuantisedMaps:
         )  # (4, H) on the layer's device
         self._pending.add("means", means * share)  # this chunk's share, summed on the device
         if layer.query_start + weights.shape[1] == layer.query_length:  # the layer's last chunk: one copy
-            entropy_part, normalised_part, first_part, peak_part = self._pending.take()["means"].float()
-            self.entropy[layer.layer] += entropy_part
-            self.normalised_entropy[layer.layer] += normalised_part
-            self.first_token_share[layer.layer] += first_part
-            self.max_weight[layer.layer] += peak_part
+            self.means[:, layer.layer] += self._pending.take()["means"].float()

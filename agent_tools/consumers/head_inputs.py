@@ -10,7 +10,7 @@ beside the head's weights, where the reconstruction runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -79,20 +79,11 @@ class HeadInputsConsumer:
     def __init__(self, layer: int, heads: list[int], projections: HeadProjections) -> None:
         self.layer, self.heads, self.projections = layer, heads, projections
         self.kv_head = projections.kv_head
-        self.layer_input: torch.Tensor | None = None
-        self.rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kept: dict[str, Any] = {}  # HeadInputs' fields the first chunk carries for the whole layer
         self.mask_rows: list[torch.Tensor] = []
         self.weight_rows: list[torch.Tensor] = []
         self.score_rows: list[torch.Tensor] = []
-        self.key: torch.Tensor | None = None
-        self.value: torch.Tensor | None = None
-        self.scaling = 1.0
-        self.softcap: float | None = None
-        self.dtype = torch.float32
-        self.terms: tuple[str, ...] = ()
         self.bias_rows: list[torch.Tensor] = []
-        self.sink: float | None = None
-        self.sink_logits: torch.Tensor | None = None
         self.sink_sums: torch.Tensor | None = None  # (H,) over rows
         self.first_sums: torch.Tensor | None = None  # (H,) over rows
         self.rows = 0
@@ -135,44 +126,42 @@ class HeadInputsConsumer:
         if captured.layer_input is None:
             msg = f"layer {self.layer}'s attention input could not be recorded for this family"
             raise UnsupportedModelError(msg)
-        self.layer_input = captured.layer_input[0].detach().float().clone()  # (T, C)
+        rotary = None
         if captured.position_embeddings is not None:
             cos, sin = captured.position_embeddings
             cos, sin = cos[0].float(), sin[0].float()  # (T, d_rot) each
             if self.projections.family in HALF_ROTARY_FAMILIES and 2 * cos.shape[-1] == self.projections.d_head:
                 # GPT-OSS rotates (x₁, x₂) halves with half-width cos/sin: the rotate_half form with them repeated
                 cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
-            self.rotary = (cos.clone(), sin.clone())
-        self.key = captured.key[0, self.kv_head].float().clone()  # (Tk, D)
-        self.value = captured.value[0, self.kv_head].float().clone()  # (Tk, D)
-        self.scaling, self.softcap = captured.scaling, captured.softcap
-        self.dtype = captured.weights.dtype
-        self.terms = tuple(captured.terms)
+            rotary = (cos.clone(), sin.clone())
+        sink_logits = None
         if captured.sink_logits is not None:
-            self.sink_logits = captured.sink_logits.detach().float().cpu().clone()  # (H,)
-            self.sink = float(self.sink_logits[self.heads[0]])
+            sink_logits = captured.sink_logits.detach().float().cpu().clone()  # (H,)
+        self.kept = {
+            "x": captured.layer_input[0].detach().float().clone(),  # (T, C)
+            "rotary": rotary,
+            "key": captured.key[0, self.kv_head].float().clone(),  # (Tk, D)
+            "value": captured.value[0, self.kv_head].float().clone(),  # (Tk, D)
+            "scaling": captured.scaling,
+            "softcap": captured.softcap,
+            "dtype": captured.weights.dtype,
+            "terms": tuple(captured.terms),
+            "sink_logits": sink_logits,
+            "sink": float(sink_logits[self.heads[0]]) if sink_logits is not None else None,
+        }
 
     def inputs(self) -> HeadInputs:
         """After the pass: the head's inputs, checked against the model (:func:`check_parity`)."""
-        if self.layer_input is None or self.key is None or self.value is None:
+        if not self.kept:
             raise UnsupportedModelError(f"layer {self.layer} was not captured for this model")
         weights = torch.cat(self.weight_rows, dim=1)  # (len(heads), T, T)
         inputs = HeadInputs(
-            x=self.layer_input,
-            rotary=self.rotary,
+            **self.kept,
             mask=torch.cat(self.mask_rows) if self.mask_rows else None,
             weights={h: weights[i] for i, h in enumerate(self.heads)},
             scores=torch.cat(self.score_rows),
-            key=self.key,
-            value=self.value,
-            scaling=self.scaling,
-            softcap=self.softcap,
-            dtype=self.dtype,
             projections=self.projections,
-            terms=self.terms,
             bias=torch.cat(self.bias_rows) if self.bias_rows else None,
-            sink=self.sink,
-            sink_logits=self.sink_logits,
             sink_shares=self.sink_sums / self.rows if self.sink_sums is not None else None,
             first_token_shares=self.first_sums / self.rows if self.first_sums is not None else None,
         )

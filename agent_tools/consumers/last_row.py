@@ -26,32 +26,25 @@ class LastRowConsumer:
 
     accepts_key_prefix: ClassVar[bool] = False
 
-    def __init__(self, *, batch_index: int = 0) -> None:
-        self.batch_index = batch_index
+    def __init__(self) -> None:
         self._rows: dict[int, Tensor] = {}
 
     def on_layer(self, layer: LayerAttention) -> None:
         if layer.query_start + layer.weights.shape[2] != layer.query_length:
             return  # this chunk does not hold the call's last query row
-        self._rows[layer.layer] = to_host(layer.weights[self.batch_index, :, -1, :].float()).clone()  # (H, Tk)
+        self._rows[layer.layer] = to_host(layer.weights[0, :, -1, :].float()).clone()  # (H, Tk)
 
     def take(self, keys: int | None = None) -> Tensor:
-        """(L, H, keys): each layer's row right-aligned to ``keys`` columns (default: the longest row)."""
-        stacked = right_aligned(self._rows, keys)
+        """(L, H, keys): each layer's row, layers in order, right-aligned to ``keys`` columns (default: the longest
+        row); the columns a shorter row lacks (keys a sliding window evicted) get 0. Starts afresh."""
+        if not self._rows:
+            raise RuntimeError("no layer was captured")
+        rows = [self._rows[layer] for layer in sorted(self._rows)]
+        width = keys if keys is not None else max(row.shape[-1] for row in rows)
+        stacked = rows[0].new_zeros(len(rows), rows[0].shape[0], width)  # (L, H, keys)
+        for index, row in enumerate(rows):
+            if row.shape[-1] > width:
+                raise ValueError(f"a row has {row.shape[-1]} keys, more than the {width} asked for")
+            stacked[index, :, width - row.shape[-1] :] = row
         self._rows = {}
         return stacked
-
-
-def right_aligned(rows_by_layer: dict[int, Tensor], keys: int | None = None) -> Tensor:
-    """Per-layer (H, Tk) rows -> (L, H, keys), layers in order, each row right-aligned to ``keys`` columns (default:
-    the longest row); the columns a shorter row lacks (keys a sliding window evicted) get 0."""
-    if not rows_by_layer:
-        raise RuntimeError("no layer was captured")
-    rows = [rows_by_layer[layer] for layer in sorted(rows_by_layer)]
-    width = keys if keys is not None else max(row.shape[-1] for row in rows)
-    stacked = rows[0].new_zeros(len(rows), rows[0].shape[0], width)  # (L, H, keys)
-    for index, row in enumerate(rows):
-        if row.shape[-1] > width:
-            raise ValueError(f"a row has {row.shape[-1]} keys, more than the {width} asked for")
-        stacked[index, :, width - row.shape[-1] :] = row
-    return stacked

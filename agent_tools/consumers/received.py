@@ -20,15 +20,14 @@ class ReceivedShareConsumer:
 
     accepts_key_prefix: ClassVar[bool] = False
 
-    def __init__(self, *, batch_index: int = 0) -> None:
-        self.batch_index = batch_index
+    def __init__(self) -> None:
         self.sums: Received | None = None
         self.layers: set[int] = set()
         self._pending = PendingSums()  # the current layer's sums, on its device
 
     def on_layer(self, layer: LayerAttention) -> None:
-        weights = layer.weights[self.batch_index].float()  # (H, q, Tk)
-        allowed = layer.allowed()[self.batch_index, 0]  # (q, Tk)
+        weights = layer.weights[0].float()  # (H, q, Tk)
+        allowed = layer.allowed()[0, 0]  # (q, Tk)
         positions = torch.arange(weights.shape[1], device=weights.device) + layer.key_index_offset  # (q,)
         received = received_attention(weights, allowed, positions)
         dtype = accumulation_dtype(weights.device)

@@ -25,9 +25,8 @@ class RolloutConsumer:
 
     accepts_key_prefix: ClassVar[bool] = False
 
-    def __init__(self, *, residual: float = 0.5, batch_index: int = 0) -> None:
+    def __init__(self, *, residual: float = 0.5) -> None:
         self.residual = residual
-        self.batch_index = batch_index
         self.result: Tensor | None = None
         self._rows: list[Tensor] = []
         self._layer: int | None = None
@@ -36,7 +35,7 @@ class RolloutConsumer:
         if self._layer is not None and layer.layer != self._layer:
             self._flush()
         self._layer = layer.layer
-        self._rows.append(layer.weights[self.batch_index].float().mean(0))  # (q, T) averaged over heads
+        self._rows.append(layer.weights[0].float().mean(0))  # (q, T) averaged over heads
         if layer.query_start + layer.weights.shape[2] == layer.query_length:
             self._flush()
 

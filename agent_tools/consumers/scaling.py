@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from agent_tools.analysis.metrics import SATURATION, masked_softmax, upcast
+from agent_tools.analysis.metrics import masked_softmax, upcast
 from agent_tools.analysis.scaling import (
     RowMeasures,
     SettingKind,
@@ -59,26 +59,19 @@ class SettingSums:
         return {name: value / n for name, value in self.sums.items()}
 
 
-_SUMMED = (
-    "entropy",
-    "normalised_entropy",
-    "mean_max_weight",
-    "saturated_fraction",
-    "jacobian_trace",
-    "jacobian_frobenius",
-)
+_SUMMED = {  # the sums a setting keeps -> the RowMeasures field each adds up
+    "entropy": "entropy",
+    "normalised_entropy": "normalised_entropy",
+    "mean_max_weight": "max_weight",
+    "saturated_fraction": "saturated",
+    "jacobian_trace": "jacobian_trace",
+    "jacobian_frobenius": "jacobian_frobenius",
+}
 
 
 def _sums(measures: RowMeasures, keep: Tensor, dtype: torch.dtype) -> Tensor:
     """(6,) sums of the row measures over the rows ``keep`` marks, in the order of ``_SUMMED``, on their device."""
-    measured = (
-        measures.entropy,
-        measures.normalised_entropy,
-        measures.max_weight,
-        measures.saturated,
-        measures.jacobian_trace,
-        measures.jacobian_frobenius,
-    )
+    measured = [getattr(measures, field) for field in _SUMMED.values()]
     return torch.stack([torch.where(keep, value.to(dtype), 0.0).sum() for value in measured])
 
 
@@ -101,12 +94,9 @@ class ScalingConsumer:
         *,
         model_scale: float,
         query_prescaled: bool = False,
-        saturation: float = SATURATION,
-        batch_index: int = 0,
     ) -> None:
         self.layer, self.heads = layer, list(heads)
         self.model_scale, self.query_prescaled = model_scale, query_prescaled
-        self.saturation, self.batch_index = saturation, batch_index
         self.temperatures = sorted(set(temperatures) | {1.0}, reverse=True)  # β ascending along the family
         n = len(self.heads)
         self.q_sum: Tensor | None = None  # (h, D) running sums over query rows
@@ -127,19 +117,18 @@ class ScalingConsumer:
     def on_layer(self, captured: LayerAttention) -> None:
         if captured.layer != self.layer:
             return
-        b = self.batch_index
         index = torch.tensor(self.heads, device=captured.query.device)
         dtype = accumulation_dtype(captured.query.device)  # float64 on the CPU, float32 on an accelerator
-        query = captured.query[b].index_select(0, index).to(dtype)  # (h, q, D)
+        query = captured.query[0].index_select(0, index).to(dtype)  # (h, q, D)
         if self.query_prescaled:
             query = query / self.model_scale
         width = captured.key_width  # key columns of this chunk's rows (later ones carry no weight)
-        key = captured.head_key(captured.key)[b].index_select(0, index).to(dtype)  # (h, Tk, D)
+        key = captured.head_key(captured.key)[0].index_select(0, index).to(dtype)  # (h, Tk, D)
         # (h, q, k) the model's scores where a key may be read: the softmax input equals them there (the mask adds
         # 0), so no second q·kᵀ; hidden keys are masked below.
         source = captured.logits if captured.logits is not None else captured.scores
-        scores = source[b].index_select(0, index)
-        allowed = captured.allowed()[b, 0]  # (q, k)
+        scores = source[0].index_select(0, index)
+        allowed = captured.allowed()[0, 0]  # (q, k)
         self.softcap = captured.softcap
         self.head_dim = query.shape[-1]
         self._add_moments(query, key)
@@ -198,7 +187,7 @@ class ScalingConsumer:
                 first = torch.einsum("hqk,hqk->hq", weights, visible_scores)  # E_p[z]
                 second = torch.einsum("hqk,hqk->hq", weights, visible_squares)  # E_p[z²]
                 derivative = -(setting.beta / self.model_scale) * (second - first * first).clamp_min(0.0)
-            measures = row_measures(weights, allowed, saturation=self.saturation)
+            measures = row_measures(weights, allowed)  # saturation at the glossary's SATURATION
             blocks.append(setting.block(measures, derivative, kept))
             if setting.in_family:
                 family_entropies.append((setting.beta, measures.entropy))

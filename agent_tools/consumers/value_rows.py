@@ -10,8 +10,6 @@ filler detection compares against the text's typical token).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import Tensor
 
@@ -19,41 +17,32 @@ from agent_tools.analysis.attribution import value_weighted_rows
 from agent_tools.analysis.norms import transformed_value_norms
 from agent_tools.capture import LayerAttention
 from agent_tools.consumers.host import to_host
-from agent_tools.consumers.last_row import right_aligned
+from agent_tools.consumers.last_row import LastRowConsumer
 
 
-class ValueRowConsumer:
+class ValueRowConsumer(LastRowConsumer):
     """Per layer: the last query's value-weighted row (H, Tk), and the prompt's per-key value norms (Tk,).
 
     ``grams``: layer -> (H, D, D) output-projection Gram matrices (``consumers.collapse.output_grams_for``).
     Only the chunk holding a layer call's last query row computes anything (the value tensor holds every key in
-    every chunk). Rows are taken with :meth:`take` after each forward, right-aligned like ``LastRowConsumer``'s.
+    every chunk). Rows are taken with :meth:`take` after each forward (``LastRowConsumer``'s: right-aligned, starting
+    afresh).
     """
 
-    accepts_key_prefix: ClassVar[bool] = False
-
-    def __init__(self, grams: dict[int, Tensor], *, batch_index: int = 0) -> None:
+    def __init__(self, grams: dict[int, Tensor]) -> None:
+        super().__init__()
         self.grams = grams
-        self.batch_index = batch_index
         self.key_norms: dict[int, Tensor] = {}  # layer -> (T,) mean over heads, from the first forward
-        self._rows: dict[int, Tensor] = {}
 
     def on_layer(self, layer: LayerAttention) -> None:
         if layer.query_start + layer.weights.shape[2] != layer.query_length:
             return
-        b = self.batch_index
         grams = self.grams[layer.layer].to(layer.value.device)
-        norms = transformed_value_norms(layer.value[b : b + 1], grams, kv_groups=layer.kv_groups)[0]  # (H, Tk)
+        norms = transformed_value_norms(layer.value[:1], grams, kv_groups=layer.kv_groups)[0]  # (H, Tk)
         if layer.layer not in self.key_norms:
             self.key_norms[layer.layer] = to_host(norms.mean(0)).clone()
-        row = layer.weights[b, :, -1, :]  # (H, Tk)
+        row = layer.weights[0, :, -1, :]  # (H, Tk)
         self._rows[layer.layer] = to_host(value_weighted_rows(row, norms[:, -row.shape[-1] :])).clone()
-
-    def take(self, keys: int | None = None) -> Tensor:
-        """(L, H, keys): each layer's value-weighted row right-aligned to ``keys`` columns; starts afresh."""
-        stacked = right_aligned(self._rows, keys)
-        self._rows = {}
-        return stacked
 
     def prompt_norms(self) -> Tensor:
         """(L, T) the prompt forward's per-key value norms, mean over heads, layers in order."""

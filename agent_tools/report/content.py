@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent_tools.report.job import AnalysisResult
+from agent_tools.schemas import Report
 
 SECTION_TITLES = {
     "describe_model": "Model",
@@ -95,6 +96,15 @@ CARD_FIELDS = (
     "max_positions",
     "num_parameters",
 )
+
+
+def sections(result: AnalysisResult) -> list[tuple[str, str, Report]]:
+    """(title, the question its numbers answer or "", report) of every analysis but the model card, in run order."""
+    return [
+        (SECTION_TITLES.get(name, name), SECTION_QUESTIONS.get(name, ""), report)
+        for name, report in result.reports.items()
+        if name != "describe_model"
+    ]
 
 
 def model_card(result: AnalysisResult) -> list[tuple[str, Any]]:

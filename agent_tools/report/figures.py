@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION
 from agent_tools.analysis.metrics import SATURATION
@@ -79,30 +80,16 @@ def _variance(result: AnalysisResult) -> bytes | None:
     dims = [row.head_dim for row in scaling.synthetic]
     d_k = scaling.head_dim
     heads = scaling.head_variances
-    at_dk, left, right = [d_k] * len(heads), [d_k * 0.9] * len(heads), [d_k * 1.1] * len(heads)  # side by side
+    measured = (  # this layer's heads side by side at d_k: (label, x, variances, colour, marker)
+        (f"layer {scaling.layer}'s heads: Var(q·k)", d_k, [h.raw_variance for h in heads], HARMFUL, "x"),
+        ("  predicted var(q)·var(k)·d_k", d_k * 0.9, [h.predicted_isotropic for h in heads], "#f08c00", "+"),
+        ("  after the model's scale", d_k * 1.1, [h.scaled_variance for h in heads], "#2b8a3e", "o"),
+    )
     styled = [
         Series("random q, k: Var(q·k)", dims, [r.dot_variance for r in scaling.synthetic], marker="o"),
         Series("random q, k: ÷ sqrt(d_k)", dims, [r.scaled_variance for r in scaling.synthetic], marker="o"),
         Series("Var = d_k", dims, dims, colour="#adb5bd", dashed=True),
-        Series(
-            f"layer {scaling.layer}'s heads: Var(q·k)",
-            at_dk,
-            [h.raw_variance for h in heads],
-            HARMFUL,
-            marker="x",
-            line=False,
-        ),
-        Series(
-            "  predicted var(q)·var(k)·d_k",
-            left,
-            [h.predicted_isotropic for h in heads],
-            "#f08c00",
-            marker="+",
-            line=False,
-        ),
-        Series(
-            "  after the model's scale", right, [h.scaled_variance for h in heads], "#2b8a3e", marker="o", line=False
-        ),
+        *(Series(label, [x] * len(ys), ys, colour, marker=m, line=False) for label, x, ys, colour, m in measured),
     ]
     panel = CurvePanel(
         f"Var(q·k) grows with d_k (this model: d_k = {d_k})", "d_k", "variance", styled, log_x=True, log_y=True
@@ -197,23 +184,13 @@ def _training(result: AnalysisResult, name: str) -> bytes | None:
     if experiment is None:
         return None
     chance = [(experiment.chance_loss, f"chance ln {experiment.labels} = {experiment.chance_loss:.2f}")]
-    panels = {
-        "story-7-loss": CurvePanel(
-            "loss",
-            "SGD step",
-            "cross-entropy (nats)",
-            _run_lines(experiment, "loss"),
-            levels=chance,
-            legend=False,
-        ),
-        "story-7-accuracy": CurvePanel(
-            "accuracy", "SGD step", "share correct", _run_lines(experiment, "accuracy"), legend_at="center right"
-        ),
-        "story-7-gradient": CurvePanel(
-            "‖∂L/∂W_q‖", "SGD step", "gradient norm", _run_lines(experiment, "grad_norm_q"), log_y=True, legend=False
-        ),
+    panels: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+        "story-7-loss": ("loss", "cross-entropy (nats)", "loss", {"levels": chance, "legend": False}),
+        "story-7-accuracy": ("accuracy", "share correct", "accuracy", {"legend_at": "center right"}),
+        "story-7-gradient": ("‖∂L/∂W_q‖", "gradient norm", "grad_norm_q", {"log_y": True, "legend": False}),
     }
-    return curves_png([panels[name]])
+    title, ylabel, values, options = panels[name]
+    return curves_png([CurvePanel(title, "SGD step", ylabel, _run_lines(experiment, values), **options)])
 
 
 def _retrieval(result: AnalysisResult) -> bytes | None:
@@ -328,10 +305,7 @@ def draw_pictures(result: AnalysisResult) -> dict[str, Picture]:
     grids = {p.name: p for p in _grids(result)}
     for step in build_story(result):
         for wanted in step.pictures:
-            if wanted.name in grids:
-                pictures[wanted.name] = Picture(wanted.name, wanted.caption, grids[wanted.name].png)
-                continue
-            png = _story_png(result, wanted.name, pictures)
+            png = grids[wanted.name].png if wanted.name in grids else _story_png(result, wanted.name, pictures)
             if png is not None:
                 pictures[wanted.name] = Picture(wanted.name, wanted.caption, png)
     for picture in [*grids.values(), *_head_maps(result)]:

@@ -10,27 +10,19 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from importlib.resources import files
 from typing import Any
 
 import torch
 
 from agent_tools.render import png_uri
-from agent_tools.report.content import (
-    SECTION_QUESTIONS,
-    SECTION_TITLES,
-    head_descriptions,
-    html_grids,
-    model_card,
-    top_heads,
-)
-from agent_tools.report.figures import Picture, draw_pictures
+from agent_tools.report.content import head_descriptions, html_grids, model_card, sections, top_heads
+from agent_tools.report.figures import draw_pictures
 from agent_tools.report.glossary import glossary
 from agent_tools.report.job import AnalysisResult, most_collapsed_head
 from agent_tools.report.story import build_story, read_first
-from agent_tools.report.views import NeuronData, tensor_b64
-from agent_tools.schemas import Report
+from agent_tools.report.views import tensor_b64
 
 CARD_TERMS = {"head_dim": "dk", "scaling": "scale", "scaling_ratio": "scale"}  # card key -> glossary key
 # The page's size is bounded by these, not by the model: full (T, T) maps for at most FULL_MAP_HEADS heads (the ones
@@ -42,58 +34,44 @@ THUMBNAIL_SIDE = 48
 MIN_THUMBNAIL_SIDE = 4
 
 
-@dataclass
-class HtmlReport:
-    """What the page shows. ``maps`` is (L, H, T, T) uint8 (weight × 255)."""
-
-    model: str
-    subtitle: str
-    card: list[tuple[str, Any]]
-    tokens: list[str]
-    maps: torch.Tensor | None  # None: text too long to keep every map; the page shows grids only
-    grids: dict[str, dict[str, Any]]  # name -> {values: L×H floats, description, min?, max?, labels?}
-    head_info: list[list[str]]  # L × H one-line description of each head
-    sections: list[tuple[str, Report]] = field(default_factory=list)
-    initial: tuple[int, int] = (0, 0)
-    model_summary: str = ""
-    read_first: str = ""
-    story: list[dict[str, Any]] = field(default_factory=list)  # steps, pictures as {name, caption}
-    pictures: dict[str, Picture] = field(default_factory=dict)  # every drawn picture, by name
-    more_pictures: list[str] = field(default_factory=list)  # names of the pictures outside the story
-    neuron: NeuronData | None = None
-    questions: dict[str, str] = field(default_factory=dict)  # section title -> what its numbers mean
-    notes: list[str] = field(default_factory=list)  # skipped steps and timings
-    full_heads: list[tuple[int, int]] = field(default_factory=list)  # heads whose whole map the page embeds
-
-
-def page_for(result: AnalysisResult) -> HtmlReport:
-    """The page of one ``analyze`` run: every picture drawn once (or reused) and embedded."""
+def page_for(result: AnalysisResult) -> dict[str, Any]:
+    """The page's data for one ``analyze`` run, as the template reads it: every picture drawn once (or reused)."""
     pictures = draw_pictures(result)
     steps = build_story(result)
     in_story = {p.name for step in steps for p in step.pictures}
     description = result.reports.get("describe_model")
-    sections = [(SECTION_TITLES.get(n, n), r) for n, r in result.reports.items() if n != "describe_model"]
+    head_info = head_descriptions(result)
+    layer, head = most_collapsed_head(result.maps)
     timing = ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items())
-    return HtmlReport(
-        model=result.model,
-        subtitle=f"{len(result.tokens)} tokens: {result.text[:160]}{'…' if len(result.text) > 160 else ''}",
-        card=model_card(result),
-        tokens=[t.text for t in result.tokens],
-        maps=result.maps.maps,
-        grids=html_grids(result),
-        head_info=head_descriptions(result),
-        sections=sections,
-        initial=most_collapsed_head(result.maps),
-        model_summary=description.summary if description is not None else "",
-        read_first=read_first(result),
-        story=[step.as_json() for step in steps],
-        pictures=pictures,
-        more_pictures=[name for name in pictures if name not in in_story],
-        neuron=result.neuron,
-        questions={SECTION_TITLES.get(n, n): q for n, q in SECTION_QUESTIONS.items()},
-        notes=[f"skipped {name}: {why}" for name, why in result.skipped.items()] + [f"timings: {timing}"],
-        full_heads=story_heads(result),
-    )
+    return {
+        "model": result.model,
+        "subtitle": f"{len(result.tokens)} tokens: {result.text[:160]}{'…' if len(result.text) > 160 else ''}",
+        "card": [[k, v, CARD_TERMS.get(k)] for k, v in model_card(result)],
+        "model_summary": description.summary if description is not None else "",
+        "read_first": read_first(result),
+        "num_layers": len(head_info),
+        "num_heads": len(head_info[0]),
+        "tokens": [{"text": t.text} for t in result.tokens],
+        **page_maps(result.maps.maps, story_heads(result)),
+        "grids": html_grids(result),
+        "head_info": head_info,
+        "initial": {"layer": layer, "head": head},
+        "story": [step.as_json() for step in steps],
+        "pictures": {name: {"src": png_uri(p.png), "caption": p.caption} for name, p in pictures.items()},
+        "more_pictures": [name for name in pictures if name not in in_story],
+        "sections": [
+            {
+                "title": title,
+                "question": question,
+                "summary": report.summary,
+                "findings": [f.model_dump(mode="json") for f in report.findings[:12]],
+            }
+            for title, question, report in sections(result)
+        ],
+        "neuron": asdict(result.neuron) if result.neuron is not None else None,  # the page reads q, k, allowed
+        "glossary": [t.as_json() for t in glossary()],
+        "notes": [f"skipped {name}: {why}" for name, why in result.skipped.items()] + [f"timings: {timing}"],
+    }
 
 
 def story_heads(result: AnalysisResult) -> list[tuple[int, int]]:
@@ -124,12 +102,13 @@ def thumbnails(maps: torch.Tensor, side: int) -> torch.Tensor:
     return out
 
 
-def _maps_json(report: HtmlReport) -> dict[str, Any]:
-    """The maps the page embeds: whole maps of ``full_heads``, every head's thumbnail (within the budget)."""
-    maps = report.maps
+def page_maps(maps: torch.Tensor | None, full_heads: list[tuple[int, int]]) -> dict[str, Any]:
+    """The maps the page embeds from (L, H, T, T) uint8 ``maps`` (None: text too long to keep every map; the page
+    shows grids only): whole maps of ``full_heads`` (at most :data:`FULL_MAP_HEADS`), every head's thumbnail
+    (within the budget)."""
     if maps is None:
         return {"full_heads": [], "full_b64": None, "thumb_side": 0, "thumbs_b64": None}
-    heads = [(layer, head) for layer, head in report.full_heads[:FULL_MAP_HEADS]]
+    heads = full_heads[:FULL_MAP_HEADS]
     full = torch.stack([maps[layer, head] for layer, head in heads]) if heads else maps.new_zeros(0)
     side = thumbnail_side(maps.shape[-1], maps.shape[0], maps.shape[1])
     thumbs = thumbnails(maps, side) if side else None
@@ -141,56 +120,10 @@ def _maps_json(report: HtmlReport) -> dict[str, Any]:
     }
 
 
-def _neuron_json(neuron: NeuronData | None) -> dict[str, Any] | None:
-    """The neuron view's numbers; the page reads the base64 arrays as ``q``, ``k`` and ``allowed``."""
-    return {key.removesuffix("_b64"): value for key, value in asdict(neuron).items()} if neuron is not None else None
-
-
-def _sections_json(report: HtmlReport) -> list[dict[str, Any]]:
-    return [
-        {
-            "title": title,
-            "question": report.questions.get(title, ""),
-            "summary": section.summary,
-            "findings": [f.model_dump(mode="json") for f in section.findings[:12]],
-        }
-        for title, section in report.sections
-    ]
-
-
-def _pictures_json(report: HtmlReport) -> dict[str, dict[str, str]]:
-    shown = {p["name"] for step in report.story for p in step["pictures"]} | set(report.more_pictures)
-    found = {
-        name: {"src": png_uri(p.png), "caption": p.caption} for name, p in report.pictures.items() if name in shown
-    }
-    return found
-
-
-def render_html(report: HtmlReport) -> str:
-    """The page as one string: the template with the data inlined (``</`` escaped so no script ends early)."""
-    num_layers, num_heads = len(report.head_info), len(report.head_info[0])
-    data = {
-        "model": report.model,
-        "subtitle": report.subtitle,
-        "card": [[k, v, CARD_TERMS.get(k)] for k, v in report.card],
-        "model_summary": report.model_summary,
-        "read_first": report.read_first,
-        "num_layers": num_layers,
-        "num_heads": num_heads,
-        "tokens": [{"text": t} for t in report.tokens],
-        **_maps_json(report),
-        "grids": report.grids,
-        "head_info": report.head_info,
-        "initial": {"layer": report.initial[0], "head": report.initial[1]},
-        "story": report.story,
-        "pictures": _pictures_json(report),
-        "more_pictures": report.more_pictures,
-        "sections": _sections_json(report),
-        "neuron": _neuron_json(report.neuron),
-        "glossary": [t.as_json() for t in glossary()],
-        "notes": report.notes,
-    }
+def render_html(data: dict[str, Any]) -> str:
+    """The page as one string: the template with ``data`` (:func:`page_for`) inlined (``</`` escaped so no script
+    ends early)."""
     payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
     template = files("agent_tools.report").joinpath("template.html").read_text(encoding="utf-8")
-    title = report.model.replace("<", "&lt;").replace(">", "&gt;")
+    title = data["model"].replace("<", "&lt;").replace(">", "&gt;")
     return template.replace("__TITLE__", title).replace("__DATA__", payload)

@@ -199,20 +199,16 @@ def u_curve_sentence(report: PositionSensitivityReport) -> str:
 def long_context_sentences(
     retrieval: FindRetrievalHeadsReport | None,
     plan: PlanKvCacheReport | None,
-    *,
-    u_curve: bool | PositionSensitivityReport | None = False,
+    u_curve: PositionSensitivityReport | None,
 ) -> list[str]:
-    """The section's sentences, each a function of the reports' numbers (empty when none ran). ``u_curve``: the
-    position_sensitivity report (its sentence), True (drawn elsewhere: nothing said), or None/False (why none)."""
-    if retrieval is None and plan is None and not u_curve:
+    """The section's sentences, each a function of the reports' numbers (empty when none ran); without a U-curve
+    (``u_curve`` None) they say why there is none."""
+    if retrieval is None and plan is None and u_curve is None:
         return []
     sentences = _retrieval_sentences(retrieval) if retrieval is not None else []
     if plan is not None:
         sentences.append(_plan_sentence(plan))
-    if u_curve is None or u_curve is False:
-        sentences.append(NO_U_CURVE)
-    elif u_curve is not True:
-        sentences.append(u_curve_sentence(u_curve))
+    sentences.append(NO_U_CURVE if u_curve is None else u_curve_sentence(u_curve))
     return sentences
 
 

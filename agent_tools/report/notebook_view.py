@@ -1,7 +1,7 @@
 """How reports render themselves in Jupyter: importing this module registers the functions here with
-``schemas.register_notebook_renderer`` (``Report._repr_html_`` / ``_repr_markdown_``) and ``job.ANALYSIS_VIEWS``
-(the ``analyze`` result's ``_repr_html_``, ``_repr_markdown_``, ``step`` and ``page``), so neither lower module
-imports this one.
+``schemas.register_notebook_renderer`` (``Report._repr_html_`` / ``_repr_markdown_``), so that lower module
+imports none of this one; the ``analyze`` result's ``_repr_html_``, ``_repr_markdown_``, ``step`` and ``page``
+import theirs from here on use.
 
 A tool's report shows its summary, its key figure and its findings, and the glossary lines of the terms it
 uses. The key figure is drawn from the report's own numbers (a report holds no tensors) with the same drawing
@@ -31,7 +31,6 @@ from agent_tools.render import (
 )
 from agent_tools.report.figures import contribution_bars
 from agent_tools.report.glossary import Term, terms_in
-from agent_tools.report.job import ANALYSIS_VIEWS
 from agent_tools.schemas import Report, register_notebook_renderer
 
 if TYPE_CHECKING:
@@ -276,7 +275,7 @@ def _glossary_html(terms: list[Term]) -> str:
 
 def analysis_html(result: AnalysisResult) -> str:
     """The story with its pictures (drawn once), the findings per analysis, the glossary: an HTML fragment."""
-    from agent_tools.report.content import SECTION_QUESTIONS, SECTION_TITLES
+    from agent_tools.report.content import sections
     from agent_tools.report.story import build_story, read_first
 
     steps = build_story(result)
@@ -287,29 +286,25 @@ def analysis_html(result: AnalysisResult) -> str:
     parts.append(f"<p class='q'>{_e(read_first(result, where='notebook'))}</p>")
     parts += [view.body_html() for view in _step_views(result, steps).values()]
     parts.append("<h3>What the analyses found</h3>")
-    for name, report in result.reports.items():
-        if name == "describe_model":
-            continue
-        parts.append(
-            f"<h4>{_e(SECTION_TITLES.get(name, name))}</h4><p class='q'>{_e(SECTION_QUESTIONS.get(name, ''))}</p>"
-            f"<p>{_e(report.summary)}</p>"
-        )
+    parts += [
+        f"<h4>{_e(title)}</h4><p class='q'>{_e(question)}</p><p>{_e(report.summary)}</p>"
+        for title, question, report in sections(result)
+    ]
     parts.append(_glossary_html(terms_in(" ".join(" ".join(s.sentences) for s in steps))))
     return "".join(parts) + "</div>"
 
 
 def analysis_markdown(result: AnalysisResult) -> str:
     """The story's sentences, each analysis's summary and the glossary, as Markdown (no pictures)."""
-    from agent_tools.report.content import SECTION_TITLES
+    from agent_tools.report.content import sections
     from agent_tools.report.story import build_story
 
     lines = [f"## Attention of `{result.model}`", ""]
     steps = build_story(result)
     for step in steps:
         lines += [f"### {step.number}. {step.title}", f"*{step.question}*", "", " ".join(step.sentences), ""]
-    for name, report in result.reports.items():
-        if name != "describe_model":
-            lines += [f"**{SECTION_TITLES.get(name, name)}**: {report.summary}", ""]
+    for title, _question, report in sections(result):
+        lines += [f"**{title}**: {report.summary}", ""]
     used = " ".join(" ".join(s.sentences) for s in steps)
     lines += ["**Glossary**", ""] + [f"- **{t.name}**: {t.formula} — {t.meaning}" for t in terms_in(used)]
     return "\n".join(lines)
@@ -386,6 +381,3 @@ def interactive_page(result: AnalysisResult, *, height: int = 900) -> Interactiv
     from agent_tools.report.html import page_for, render_html
 
     return InteractivePage(render_html(page_for(result)), height)
-
-
-ANALYSIS_VIEWS.update(html=analysis_html, markdown=analysis_markdown, step=step_view, page=interactive_page)

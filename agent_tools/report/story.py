@@ -471,7 +471,7 @@ def long_context_step(result: AnalysisResult) -> StoryStep | None:
     retrieval = result.report("find_retrieval_heads", FindRetrievalHeadsReport)
     plan = result.report("plan_kv_cache", PlanKvCacheReport)
     u_curve = result.report("position_sensitivity", PositionSensitivityReport)
-    sentences = long_context_sentences(retrieval, plan, u_curve=u_curve)
+    sentences = long_context_sentences(retrieval, plan, u_curve)
     if not sentences:
         return None
     pictures = []

@@ -11,10 +11,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from agent_tools.report.content import SECTION_QUESTIONS, SECTION_TITLES, model_card, role_grid_values
+from agent_tools.report.content import model_card, role_grid_values, sections
 from agent_tools.report.glossary import terms_in
 from agent_tools.report.job import AnalysisResult
 from agent_tools.report.story import StoryStep, build_story, read_first
+from agent_tools.schemas import Report
 
 SHADES = " ░▒▓█"
 # One mark per primary role (keys are content.ROLE_ABBREVIATIONS values).
@@ -50,8 +51,7 @@ def _story_step(step: StoryStep, out: Path | None) -> Panel:
     return Panel(Group(*lines), title=f"{step.number}. {step.title}", title_align="left", border_style="blue")
 
 
-def _section(name: str, result: AnalysisResult) -> Panel:
-    report = result.reports[name]
+def _section(title: str, question: str, report: Report) -> Panel:
     body = Table(show_header=True, header_style="bold", box=None)
     body.add_column("layer", justify="right")
     body.add_column("head", justify="right")
@@ -63,12 +63,12 @@ def _section(name: str, result: AnalysisResult) -> Panel:
             finding.detail,
         )
     parts: list[Text | Table] = []
-    if name in SECTION_QUESTIONS:
-        parts.append(Text(SECTION_QUESTIONS[name], style="italic dim"))
+    if question:
+        parts.append(Text(question, style="italic dim"))
     parts.append(Text(report.summary))
     if report.findings:
         parts.append(body)
-    return Panel(Group(*parts), title=SECTION_TITLES.get(name, name), title_align="left")
+    return Panel(Group(*parts), title=title, title_align="left")
 
 
 def _grid(result: AnalysisResult) -> Panel:
@@ -112,9 +112,8 @@ def print_report(result: AnalysisResult, console: Console | None = None, *, out:
     steps = build_story(result)
     for step in steps:
         console.print(_story_step(step, out))
-    for name in result.reports:
-        if name != "describe_model":
-            console.print(_section(name, result))
+    for title, question, report in sections(result):
+        console.print(_section(title, question, report))
     console.print(_grid(result))
     console.print(_glossary(result, steps))
     for name, why in result.skipped.items():

@@ -67,9 +67,9 @@ class NeuronData:
     head_dim: int
     scale: float  # the model's factor on q·k
     softcap: float | None
-    q_b64: str  # (T, d_head) float32
-    k_b64: str  # (T, d_head) float32
-    allowed_b64: str  # (T, T) uint8, 1 = the query may read the key
+    q: str  # base64 of (T, d_head) float32
+    k: str  # base64 of (T, d_head) float32
+    allowed: str  # base64 of (T, T) uint8, 1 = the query may read the key
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,6 @@ class ProbeView:
     head: int
     labels: list[str]
     weights: list[list[float]]
-    start: int  # where the first copy begins
     repeat_length: int  # N tokens per copy
     induction_share: float  # mean weight second-copy queries give the token after their earlier occurrence
     seed: int
@@ -126,9 +125,9 @@ def neuron_data(rebuilt: Reconstruction) -> NeuronData | None:
         head_dim=int(q.shape[-1]),
         scale=float(inputs.scaling),
         softcap=inputs.softcap,
-        q_b64=tensor_b64(q.float().cpu()),
-        k_b64=tensor_b64(k.float().cpu()),
-        allowed_b64=tensor_b64(inputs.allowed().to(torch.uint8).cpu()),
+        q=tensor_b64(q.float().cpu()),
+        k=tensor_b64(k.float().cpu()),
+        allowed=tensor_b64(inputs.allowed().to(torch.uint8).cpu()),
     )
 
 
@@ -150,7 +149,6 @@ def probe_view(
         head=chosen.head,
         labels=[f"{t.position}:{t.text}" for t in probe.encoded.tokens],
         weights=_grid(weights.float(), len(probe.encoded.tokens)),
-        start=probe.start,
         repeat_length=probe.repeat_length,
         induction_share=chosen.score,
         seed=seed,

@@ -17,6 +17,7 @@ from torch import Tensor
 from agent_tools.analysis.attribution import content_shares, filler_positions, relative_value_norms
 from agent_tools.analysis.metrics import Received, threshold_sinks, without_sink
 from agent_tools.analysis.segments import Lead, leading_segment, segment_shares
+from agent_tools.capture import AttentionConsumer
 from agent_tools.consumers.cross_rows import CrossRowsConsumer
 from agent_tools.consumers.last_row import LastRowConsumer
 from agent_tools.consumers.received import ReceivedShareConsumer
@@ -183,7 +184,7 @@ def trace_pass(
             stop_when=stop_when,
         )
         return run.traced(generation.first_logits, generation)
-    consumers = [*step_consumers, run.received, run.rollout]
+    consumers: list[AttentionConsumer] = [*step_consumers, run.received, run.rollout]
     kept = inspector.traced_answer(loaded, encoded, consumers) if keep_cache else None
     answer_logits = kept.logits if kept is not None else inspector.answer_logits(loaded, encoded, consumers)
     run.finish_prompt()

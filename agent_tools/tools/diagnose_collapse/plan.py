@@ -27,7 +27,7 @@ from agent_tools.families import StackFacts
 from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
 from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel
-from agent_tools.render import grid_heatmap
+from agent_tools.render import GridStyle, grid_heatmap
 from agent_tools.schemas import Token, head_label
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.diagnose_collapse import narrative
@@ -146,10 +146,7 @@ def _write_png(
         [grid[layer] for layer in layers],
         f"{loaded.name} — {where}mean max attention weight (1 = collapsed)",
         path,
-        colorbar_label="mean max weight",
-        cmap="magma",
-        vmin=0.0,
-        vmax=1.0,
+        GridStyle("mean max weight", "magma", 0.0, 1.0),
     )
     return str(written)
 
