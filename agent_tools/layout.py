@@ -297,8 +297,9 @@ def _module_layout(layout: WeightLayout, attention: nn.Module) -> WeightLayout:
     return layout
 
 
-def _qkv_starts(layout: WeightLayout, facts: ModelFacts, head: int, kv_head: int) -> tuple[int, int, int]:
-    """The first output feature of the head's query, key and value slices in its layout's module(s)."""
+def _qkv_starts(layout: WeightLayout, facts: StackFacts, head: int, kv_head: int) -> tuple[int, int, int]:
+    """The first output feature of the head's query, key and value slices in its layout's module(s), by the facts
+    of the head's own stack (an encoder–decoder's stacks may differ in heads and widths)."""
     d_head = facts.head_dim
     if layout.storage == "fused_grouped":  # view(B, T, Hkv, g + 2, D): g query heads, the key, the value
         groups = facts.kv_groups
@@ -340,7 +341,7 @@ def head_projections(
     facts, attention, layout, heads, modules = _layer_projections(model, layer, facts, stack)
     d_head, kv_head = heads.head_dim, heads.kv_head_of(head)
     qkv_modules = modules if len(modules) == 3 else modules * 3
-    starts = _qkv_starts(layout, facts, head, kv_head)
+    starts = _qkv_starts(layout, heads, head, kv_head)
     projection = output_projection(model, layer, in_features=heads.num_heads * d_head, stack=stack)
     with materialised(*modules, projection):  # a disk-offloaded layer holds meta placeholders between forwards
         q, k, v = (_features(module, start, d_head) for module, start in zip(qkv_modules, starts, strict=True))
@@ -362,7 +363,7 @@ def qkv_reads(
     reads: dict[tuple[str, int], tuple[int, int]] = {}
     for head in range(heads.num_heads):
         kv_head = heads.kv_head_of(head)
-        starts = _qkv_starts(layout, facts, head, kv_head)
+        starts = _qkv_starts(layout, heads, head, kv_head)
         for key, index, start in zip((("Q", head), ("K", kv_head), ("V", kv_head)), indices, starts, strict=True):
             reads.setdefault(key, (index, start))  # a KV head's slice: where its first query head finds it
     return modules, reads

@@ -258,3 +258,35 @@ def test_reconstruct_shows_gpt_oss_sink_logits_beside_first_token_sinks(inspecto
         assert row.sink_share == pytest.approx(float(1 - weights[row.head].sum(-1).mean()), abs=1e-4)
         assert row.first_token_share == pytest.approx(float(weights[row.head, :, 0].mean()), abs=1e-4)
     assert max(report.head_sinks, key=lambda s: s.sink_share).head == 2  # the largest sink logit takes most
+
+
+def test_a_stack_with_its_own_head_count_is_sliced_by_its_own_widths(inspector):
+    """BART with 4 encoder heads and 2 decoder heads over d_model 32: the encoder's heads are 8 wide, the decoder's
+    16. Each head's W_Q/W_K/W_V slice is read by its own stack's width (the default stack's 8 put decoder head 1 at
+    feature 8, inside head 0), so the weights rebuild the model's own decoder map."""
+    from agent_tools.layout import head_projections, qkv_reads
+
+    torch.manual_seed(0)
+    config = tf.BartConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        bos_token_id=0, eos_token_id=1, pad_token_id=3, decoder_start_token_id=0, forced_bos_token_id=None,
+        forced_eos_token_id=None,
+    )  # fmt: skip
+    model = _peaked(
+        tf.BartForConditionalGeneration._from_config(config, attn_implementation="eager"), ("q_proj", "k_proj"), 30.0
+    )
+    loaded = register_model("tiny-stack-bart-2-heads", model, tiny_tokenizer())
+    assert (loaded.facts.stack("encoder").head_dim, loaded.facts.stack("decoder").head_dim) == (8, 16)
+    attention = model.model.decoder.layers[1].self_attn
+    for head in range(2):
+        rows = slice(16 * head, 16 * (head + 1))
+        projections = head_projections(model, 1, head, stack="decoder")
+        for got, module in ((projections.w_q, "q_proj"), (projections.w_k, "k_proj"), (projections.w_v, "v_proj")):
+            assert torch.equal(got, getattr(attention, module).weight[rows].T.float())
+    _, reads = qkv_reads(model, 1, stack="decoder")
+    assert [reads[("Q", h)][1] for h in range(2)] == [reads[("K", h)][1] for h in range(2)] == [0, 16]
+    report = TOOLS["inspect_projections"](
+        inspector, {"model": loaded.name, "text": TEXT, "layer": 1, "head": 1, "attention": "decoder"}
+    )
+    assert report.model_weight_error < 1e-5
