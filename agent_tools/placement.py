@@ -270,13 +270,12 @@ def checkpoint_dtype(config: object | None) -> torch.dtype | None:
     """The floating dtype a config says its weights were saved in (``dtype``, older ``torch_dtype``), if any."""
     import torch
 
-    for name in ("dtype", "torch_dtype"):
-        value = getattr(config, name, None) if config is not None else None
-        if isinstance(value, str):
-            value = getattr(torch, value.removeprefix("torch."), None)
-        if isinstance(value, torch.dtype) and value.is_floating_point:
-            return value
-    return None
+    # transformers 5 keeps ``torch_dtype`` as a deprecated alias of ``dtype`` (reading it prints a warning), so the old
+    # name is read only from a config without the new one
+    value = getattr(config, "dtype" if hasattr(config, "dtype") else "torch_dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value.removeprefix("torch."), None)
+    return value if isinstance(value, torch.dtype) and value.is_floating_point else None
 
 
 # CPU flags whose presence means bfloat16 matmuls run in hardware (AMX tiles, AVX-512 BF16 dot products). Without

@@ -78,6 +78,19 @@ class AnalysisReport(BaseModel):
     timings: dict[str, float] = Field(description="seconds per step")
 
 
+ANALYSIS_VIEWS: dict[str, Callable[..., Any]] = {}
+"""How an :class:`AnalysisResult` draws itself in a notebook ("html", "markdown", "step", "page"), registered by
+:mod:`agent_tools.report.notebook_view` when it is imported, so the orchestration imports none of its renderers."""
+
+
+def _view(name: str) -> Callable[..., Any]:
+    found = ANALYSIS_VIEWS.get(name)
+    if found is None:
+        msg = f"no notebook view {name!r} registered: import agent_tools.report.notebook_view (Explainer does)"
+        raise RuntimeError(msg)
+    return found
+
+
 @dataclass
 class AnalysisResult:
     """One ``analyze`` run in memory: the reports as models and the maps as tensors, for every output."""
@@ -103,31 +116,22 @@ class AnalysisResult:
         found = self.reports.get(name)
         return found if isinstance(found, kind) else None
 
-    # How the result draws itself in a notebook lives in :mod:`.notebook_view`, imported on use (as the story is).
     def _repr_html_(self) -> str:
         """Jupyter: the story with its pictures, the findings and the glossary (:mod:`.notebook_view`)."""
-        from agent_tools.report.notebook_view import analysis_html
-
-        return analysis_html(self)
+        return _view("html")(self)
 
     def _repr_markdown_(self) -> str:
         """Text front-ends: the story's sentences, the findings and the glossary."""
-        from agent_tools.report.notebook_view import analysis_markdown
-
-        return analysis_markdown(self)
+        return _view("markdown")(self)
 
     def step(self, key: str) -> StepView:
         """One step of the story for a notebook cell (raw, scale, stages, no_projections, collapse, roles,
         training): its sentences and pictures."""
-        from agent_tools.report.notebook_view import step_view
-
-        return step_view(self, key)
+        return _view("step")(self, key)
 
     def page(self, *, height: int = 900) -> InteractivePage:
         """The interactive page (model view, attention view, neuron view) for a notebook cell (an iframe)."""
-        from agent_tools.report.notebook_view import interactive_page
-
-        return interactive_page(self, height=height)
+        return _view("page")(self, height=height)
 
     def to_report(self) -> AnalysisReport:
         from agent_tools.report.story import build_story  # the story reads this result: imported on use

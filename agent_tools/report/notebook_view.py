@@ -1,7 +1,7 @@
 """How reports render themselves in Jupyter: importing this module registers the functions here with
-``schemas.register_notebook_renderer`` (``Report._repr_html_`` / ``_repr_markdown_``), so that lower module
-imports none of this one; the ``analyze`` result's ``_repr_html_``, ``_repr_markdown_``, ``step`` and ``page``
-import theirs from here on use.
+``schemas.register_notebook_renderer`` (``Report._repr_html_`` / ``_repr_markdown_``) and ``job.ANALYSIS_VIEWS``
+(the ``analyze`` result's ``_repr_html_``, ``_repr_markdown_``, ``step`` and ``page``), so neither lower module
+imports this one.
 
 A tool's report shows its summary, its key figure and its findings, and the glossary lines of the terms it
 uses. The key figure is drawn from the report's own numbers (a report holds no tensors) with the same drawing
@@ -31,6 +31,7 @@ from agent_tools.render import (
 )
 from agent_tools.report.figures import contribution_bars
 from agent_tools.report.glossary import Term, terms_in
+from agent_tools.report.job import ANALYSIS_VIEWS
 from agent_tools.schemas import Report, register_notebook_renderer
 
 if TYPE_CHECKING:
@@ -381,3 +382,6 @@ def interactive_page(result: AnalysisResult, *, height: int = 900) -> Interactiv
     from agent_tools.report.html import page_for, render_html
 
     return InteractivePage(render_html(page_for(result)), height)
+
+
+ANALYSIS_VIEWS.update(html=analysis_html, markdown=analysis_markdown, step=step_view, page=interactive_page)
