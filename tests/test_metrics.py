@@ -22,7 +22,6 @@ from agent_tools.analysis.metrics import (
     chance_side,
     exceeds_baseline,
     first_token_share,
-    first_token_share_excluding_early_rows,
     js_divergence,
     kl_divergence,
     masked_softmax,
@@ -33,13 +32,13 @@ from agent_tools.analysis.metrics import (
     random_baseline,
     received_attention,
     saturated,
-    sink_column_share,
     sink_key_mask,
     sink_row_fraction,
     threshold_sinks,
     visible_keys,
     without_sink,
 )
+from agent_tools.analysis.reconstruct import sink_softmax
 from agent_tools.capture import LayerAttention
 from agent_tools.consumers.grid import QuantisedMaps
 from agent_tools.consumers.roles import role_scores
@@ -157,11 +156,17 @@ def test_first_token_share_counts_every_row() -> None:
     assert float(first_token_share(CAUSAL_MAP)) == pytest.approx(0.575, abs=1e-12)
 
 
-def test_first_token_share_excluding_early_rows() -> None:
-    # skip = 2: rows 2 and 3 only: (0.2 + 0.5) / 2 = 0.35
-    assert float(first_token_share_excluding_early_rows(CAUSAL_MAP, skip=2)) == pytest.approx(0.35, abs=1e-12)
+def test_the_first_token_role_leaves_out_the_early_rows() -> None:
+    """The first_token role is its kernel in the registry scored like every role: no second formula."""
+    # skip = 2 (a 4-token text): rows 2 and 3 only: (0.2 + 0.5) / 2 = 0.35
+    layout = SequenceLayout.for_text(["a", "b", "c", "d"], [False] * 4, causal=True)
+    assert layout.skip_queries == 2
+    roles = role_scores(CAUSAL_MAP[None].float(), layout, ["first_token"], CAUSAL)
+    assert float(roles["first_token"][0]) == pytest.approx(0.35, abs=1e-6)
     # skip = 0 still leaves out row 0 (i ≥ max(1, skip)): (0.6 + 0.2 + 0.5) / 3 = 0.433333
-    assert float(first_token_share_excluding_early_rows(CAUSAL_MAP, skip=0)) == pytest.approx(1.3 / 3, abs=1e-12)
+    unskipped = SequenceLayout.for_text(["a", "b", "c", "d"], [False] * 4, causal=True, skip_queries=0)
+    roles = role_scores(CAUSAL_MAP[None].float(), unskipped, ["first_token"], CAUSAL)
+    assert float(roles["first_token"][0]) == pytest.approx(1.3 / 3, abs=1e-6)
 
 
 def test_sink_row_fraction_counts_argmax_rows() -> None:
@@ -261,12 +266,16 @@ def test_one_beyond_chance_rule_with_each_callers_parameters() -> None:
 
 def test_a_learned_sink_column_takes_what_the_keys_do_not() -> None:
     # real-key weights 0.2 + 0.4 leave 0.4 to the sink column; a sum a rounding above 1 gives 0, not −1e-7
-    weights = torch.tensor([[0.2, 0.4], [1.0, 0.0], [0.6, 0.4000001]])
-    assert sink_column_share(weights).tolist() == pytest.approx([0.4, 0.0, 0.0], abs=1e-6)  # rounding: clamped at 0
-    # GPT-OSS's eager form: exp logits (1, 2) and sink exp 2 -> real keys 0.2, 0.4, sink 0.4
-    logits = torch.tensor([0.0, math.log(2.0), math.log(2.0)])
-    real = torch.softmax(logits, -1)[:-1]
-    assert float(sink_column_share(real)) == pytest.approx(0.4)
+    """The sink column share is measured where the softmax runs (reconstruct's sink_softmax, capture's
+    LayerAttention.sink_share, which test_family_coverage checks the same way): no formula of its own."""
+    # GPT-OSS's eager form: exp logits (1, 2) and sink exp 2 -> real keys 1/5 = 0.2, 2/5 = 0.4, sink 0.4
+    logits = torch.tensor([[0.0, math.log(2.0)]])
+    real = sink_softmax(logits, None, math.log(2.0))
+    assert real.tolist() == [pytest.approx([0.2, 0.4], abs=1e-6)]
+    assert float(1 - real.sum()) == pytest.approx(0.4, abs=1e-6)
+    # a key that may not be read gets exactly 0, and the sink takes its part: exp logits (1) and sink 1 -> 0.5, 0.5
+    hidden = sink_softmax(logits, torch.tensor([[True, False]]), 0.0)
+    assert hidden.tolist() == [[pytest.approx(0.5, abs=1e-6), 0.0]]
 
 
 def test_shares_without_the_sink_segment() -> None:

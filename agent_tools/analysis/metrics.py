@@ -32,8 +32,6 @@ Logs are natural: entropies and divergences are in nats.
                                             used by: ablate_heads, profile_heads' induction probe
     first_token_share                       mean_i A_i0 over every row, row 0 included                       [0, 1]
                                             used by: the analyze grid's 'sink share'
-    first_token_share_excluding_early_rows  mean_i A_i0 over rows i ≥ max(1, skip)                           [0, 1]
-                                            used by: profile_heads' first_token role
     sink_row_fraction                       mean_i [argmax_j A_ij is a sink key] over rows with n_i ≥ 2      [0, 1]
                                             used by: diagnose_collapse's sink_fraction
     sink_key_mask                           key 0 or a special token                                         bool
@@ -42,14 +40,16 @@ Logs are natural: entropies and divergences are in nats.
                                             used by: trace_prompt_attention, compare_prompts
     threshold_sinks                         keys with mean received share ≥ threshold and ≥ ratio · uniform  positions
                                             used by: trace_prompt_attention's sink segment
-    sink_column_share                       1 − Σ_j A_ij: a learned sink column's share (GPT-OSS)            [0, 1]
-                                            used by: reconstruct_attention's sink softmax (capture keeps the
-                                            column's weight itself: LayerAttention.sink_share)
+    sink column share                       a learned sink column's softmax weight = 1 − Σ_j A_ij (GPT-OSS)  [0, 1]
+                                            measured where the model's softmax runs (capture's
+                                            LayerAttention.sink_share; analysis/reconstruct.sink_softmax)
+                                            used by: reconstruct_attention's head_sinks
     without_sink                            s_k / Σ_{m ≠ sink} s_m, the sink segment 0                       [0, 1]
                                             used by: trace_prompt_attention's shares without the sink
     head role / pattern score               mean_i Σ_j A_ij P_ij over rows i ≥ skip that may read a key of P  [0, 1]
                                             (P: the role's kernel; one definition per role in the registry
-                                            analysis/heads.ROLES, scored by consumers/roles.ShareAccumulator)
+                                            analysis/heads.ROLES, scored by consumers/roles.ShareAccumulator;
+                                            the first_token role: mean_i A_i0 over rows i ≥ max(1, skip))
                                             used by: profile_heads' roles and named patterns, pattern_scores
     random_baseline                         mean and population std of an effect over random heads          ℝ
                                             used by: profile_heads' ablation checks
@@ -59,9 +59,9 @@ Logs are natural: entropies and divergences are in nats.
     exceeds_baseline                        chance_side(k = 2) = 1 over ≥ 2 random draws                     bool
                                             used by: profile_heads' "is a <role> head" verdicts
 
-The "sink" numbers (``first_token_share``, ``first_token_share_excluding_early_rows``, ``sink_row_fraction``,
-``threshold_sinks``, ``sink_column_share``, ``without_sink``) are different measures and keep distinct names; each is
-defined here and only here (the table above, and each function's docstring says how it differs from the others).
+The "sink" numbers (``first_token_share``, the ``first_token`` role, ``sink_row_fraction``, ``threshold_sinks``, the
+sink column share, ``without_sink``) are different measures and keep distinct names; each is defined once (the table
+above says where, and each docstring says how it differs from the others).
 
 Streaming consumers (:mod:`agent_tools.consumers`) add the same per-row terms chunk by chunk; the tests check
 that their results equal these functions on whole maps. ``LayerAttention.row_entropy`` (capture) computes the
@@ -230,18 +230,6 @@ def first_token_share(weights: Tensor) -> Tensor:
     return weights[..., 0].mean(-1)
 
 
-def first_token_share_excluding_early_rows(weights: Tensor, *, skip: int, rows: Tensor | None = None) -> Tensor:
-    """(..., q, k) -> (...): ``mean_i A_i0`` over rows ``i ≥ max(1, skip)`` (``profile_heads``' ``first_token``).
-
-    Row 0 (which reads only key 0 in a causal model) and the ``skip`` early rows (which see one or two keys, so
-    their shares are forced, not chosen) are left out. ``rows`` (q,): each row's position (default 0..q−1).
-    NaN when no row qualifies. Range [0, 1].
-    """
-    positions = torch.arange(weights.shape[-2], device=weights.device) if rows is None else rows
-    counted = positions >= max(1, skip)  # (q,)
-    return weights[..., counted, 0].mean(-1)
-
-
 def sink_key_mask(special: Sequence[bool] | Tensor) -> Tensor:
     """(k,) special-token flags -> (k,) bool: the sink keys — the first token plus every special token."""
     mask = torch.as_tensor(special, dtype=torch.bool).clone()
@@ -335,12 +323,6 @@ def threshold_sinks(
     found = {p for p in always if 0 <= p < mean.shape[0]}
     found |= {int(p) for p in torch.nonzero(heavy).flatten().tolist()}
     return sorted(found)
-
-
-def sink_column_share(weights: Tensor) -> Tensor:
-    """(..., q, k) real-key weights of a softmax with a learned sink column (GPT-OSS) -> (..., q): the share the
-    sink column took, ``1 − Σ_j A_ij`` (clamped at 0 against rounding). Range [0, 1]."""
-    return (1.0 - weights.sum(-1)).clamp_min(0.0)
 
 
 def without_sink(shares: Tensor, sink: int | None) -> Tensor:

@@ -167,8 +167,8 @@ def reconstruction_stages(
 def sink_softmax(logits: Tensor, allowed: Tensor | None, sink: float) -> Tensor:
     """(T, T) softmax over the allowed keys *and* one more column holding ``sink``, the sink column dropped.
 
-    GPT-OSS's eager attention: ``softmax(cat([logits, sink]))[..., :-1]``. Rows sum to 1 − the sink's share
-    (:func:`agent_tools.analysis.metrics.sink_column_share`); keys that may not be read get exactly 0.
+    GPT-OSS's eager attention: ``softmax(cat([logits, sink]))[..., :-1]``. Rows sum to 1 − the sink column's
+    share (the glossary's "sink column share"); keys that may not be read get exactly 0.
     """
     column = torch.full((*logits.shape[:-1], 1), float(sink), dtype=logits.dtype, device=logits.device)
     hidden = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
