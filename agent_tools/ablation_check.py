@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from agent_tools.analysis.ablation import Baseline, cosine_change, derangement, draw_head_sets
-from agent_tools.analysis.metrics import kl_divergence, next_token_losses
+from agent_tools.analysis.ablation import cosine_change, derangement, draw_head_sets
+from agent_tools.analysis.metrics import Baseline, kl_divergence, next_token_losses
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
 from agent_tools.intervene import AblationMethod

@@ -240,16 +240,25 @@ def test_direct_logit_attribution_target_and_bad_target(tiny_models, inspector: 
 
 
 def test_baseline_statistics_by_hand() -> None:
-    from agent_tools.analysis.ablation import Baseline, compare_with_baseline, size_against
+    from agent_tools.analysis.ablation import (
+        BASELINE_SPREAD_MULTIPLE,
+        EFFECT_FLOOR,
+        compare_with_baseline,
+        size_against,
+    )
+    from agent_tools.analysis.metrics import Baseline, chance_margin
+
+    def margin(baseline: Baseline) -> float:
+        return chance_margin(baseline.spread, sds=BASELINE_SPREAD_MULTIPLE, floor=EFFECT_FLOOR)
 
     base = Baseline((1.0, 2.0, 3.0, 4.0))
     assert base.mean == 2.5 and base.spread == pytest.approx(math.sqrt(5 / 3))  # Σ(x − 2.5)² = 5, n − 1 = 3
-    assert base.margin == pytest.approx(2 * math.sqrt(5 / 3))
+    assert margin(base) == pytest.approx(2 * math.sqrt(5 / 3))
     assert compare_with_baseline(10.0, base) == "raises" and compare_with_baseline(-10.0, base) == "lowers"
     assert compare_with_baseline(3.0, base) == "within" and compare_with_baseline(5.08, base) == "within"
     assert compare_with_baseline(5.09, base) == "raises"  # 2.5 + 2·1.29099 = 5.082
     zero = Baseline((0.0, 0.0, 0.0))
-    assert zero.spread == 0.0 and zero.margin == 1e-3  # the floor when random heads do exactly nothing
+    assert zero.spread == 0.0 and margin(zero) == 1e-3  # the floor when random heads do exactly nothing
     assert compare_with_baseline(0.0011, zero) == "raises" and compare_with_baseline(0.0009, zero) == "within"
     # beyond chance AND beyond the floor from 0: less of a drop than random heads is not "raises"
     assert compare_with_baseline(-0.5, Baseline((-1.0, -1.0))) == "within"
@@ -293,7 +302,8 @@ def test_tie_margin() -> None:
 
 def test_effect_is_sized_against_random_heads(tiny_models, inspector: Inspector) -> None:
     """The baseline's mean and sd equal the draws ablated one at a time (unbatched), and the words follow them."""
-    from agent_tools.analysis.ablation import Baseline, draw_head_sets
+    from agent_tools.analysis.ablation import draw_head_sets
+    from agent_tools.analysis.metrics import Baseline
 
     args = {"model": "tiny-llama", "text": TEXT, "heads": ["0.1", "1.2"], "baseline_draws": 5, "seed": 2}
     report = get_tool("ablate_heads")(inspector, args)

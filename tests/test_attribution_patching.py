@@ -13,8 +13,6 @@ from crafted import circuit_tokenizer, induction_circuit
 
 from agent_tools.analysis.attribution_patching import (
     LARGE_FLOOR,
-    Baseline,
-    baseline,
     effect_size,
     grad_drop_scores,
     head_estimates,
@@ -22,6 +20,7 @@ from agent_tools.analysis.attribution_patching import (
     top_token_change,
     verify,
 )
+from agent_tools.analysis.metrics import Baseline
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Inspector
 from agent_tools.loading import LoadedModel, register_model
@@ -51,11 +50,11 @@ def test_grad_drop_score_is_the_mean_absolute_dropped_estimate_over_l_minus_one(
 
 
 def test_baseline_effect_size_and_ties() -> None:
-    reference = baseline([0.1, 0.3, 0.2], size=2)
-    assert (reference.mean, reference.spread, reference.draws, reference.size) == pytest.approx((0.2, 0.1, 3, 2))
+    reference = Baseline((0.1, 0.3, 0.2))  # mean 0.2; sample sd sqrt((0.01 + 0.01 + 0) / (3 − 1)) = 0.1
+    assert (reference.mean, reference.spread, reference.draws) == pytest.approx((0.2, 0.1, 3))
     assert effect_size(0.2 + 3.01 * 0.1, reference) == "large"
     assert effect_size(0.2 - 0.29, reference) == "small"  # 2.9 spreads below the mean
-    flat = Baseline(mean=0.0, spread=0.0, draws=8, size=1)
+    flat = Baseline((0.0,) * 8)
     assert effect_size(LARGE_FLOOR * 0.9, flat) == "small" and effect_size(LARGE_FLOOR * 1.1, flat) == "large"
     before = torch.tensor([2.0, 1.0, 0.0])
     # after: token 1 on top by ln(1.05) over token 0: p 0.4083 vs 0.4287 (< 0.02 apart) -> a tie, not a flip

@@ -29,7 +29,6 @@ from agent_tools.analysis.metrics import (
     next_token_losses,
     normalised_entropy,
     normalised_from_entropy,
-    random_baseline,
     received_attention,
     saturated,
     sink_key_mask,
@@ -241,16 +240,23 @@ def test_every_role_score_by_hand() -> None:
 
 
 def test_random_baseline_and_when_an_effect_exceeds_it() -> None:
-    # mean 0.05; deviations -0.05, 0.05, -0.15, 0.15: population variance 0.05 / 4 = 0.0125, std 0.111803
-    baseline = random_baseline([0.0, 0.1, -0.1, 0.2])
-    assert (baseline.mean, baseline.spread, baseline.draws) == pytest.approx((0.05, math.sqrt(0.0125), 4))
-    # the bar: 0.05 + 2 × 0.111803 = 0.273607
-    assert exceeds_baseline(0.3, baseline, floor=0.01) and not exceeds_baseline(0.25, baseline, floor=0.01)
+    # mean 0.05; deviations -0.05, 0.05, -0.15, 0.15: Σ dev² = 0.0025 + 0.0025 + 0.0225 + 0.0225 = 0.05;
+    # SAMPLE variance 0.05 / (4 − 1) = 0.016667, std 0.129099 (the population std, 0.05 / 4 -> 0.111803, is smaller)
+    baseline = Baseline((0.0, 0.1, -0.1, 0.2))
+    assert (baseline.mean, baseline.spread, baseline.draws) == pytest.approx((0.05, math.sqrt(0.05 / 3), 4))
+    # the bar: 0.05 + 2 × 0.129099 = 0.308199 (with the population std it was 0.273607: 0.3 passed it)
+    assert exceeds_baseline(0.31, baseline, floor=0.01) and not exceeds_baseline(0.3, baseline, floor=0.01)
     assert not exceeds_baseline(-1.0, baseline, floor=0.01)  # lowering the loss is not "needed"
-    zeros = random_baseline([0.0, 0.0, 0.0])  # no spread: the floor is the bar
+    assert baseline.side(-0.21, sds=2.0, floor=0.01) == -1 and baseline.side(-0.2, sds=2.0, floor=0.01) == 0
+    two = Baseline((1.0, 2.0))  # mean 1.5, Σ dev² = 0.5, sample sd sqrt(0.5 / 1) = 0.707107 (population: 0.5)
+    assert two.spread == pytest.approx(math.sqrt(0.5)) and two.side(2.9, sds=2.0, floor=0.01) == 0  # bar 2.914214
+    zeros = Baseline((0.0, 0.0, 0.0))  # no spread: the floor is the bar
     assert not exceeds_baseline(0.005, zeros, floor=0.01) and exceeds_baseline(0.02, zeros, floor=0.01)
-    assert not exceeds_baseline(5.0, Baseline(0.0, 0.0, 1), floor=0.01)  # one draw is no baseline
-    assert random_baseline([]).draws == 0
+    one = Baseline((0.0,))  # one draw: no spread, and no baseline
+    assert (one.mean, one.spread, one.draws) == (0.0, 0.0, 1) and not exceeds_baseline(5.0, one, floor=0.01)
+    none = Baseline(())  # no draws: a NaN mean, within chance whatever the effect
+    assert none.draws == 0 and math.isnan(none.mean) and none.spread == 0.0
+    assert none.side(5.0, sds=2.0, floor=0.01) == 0 and not exceeds_baseline(5.0, none, floor=0.01)
 
 
 def test_one_beyond_chance_rule_with_each_callers_parameters() -> None:

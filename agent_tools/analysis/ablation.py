@@ -13,13 +13,12 @@ import itertools
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from agent_tools.analysis.metrics import chance_margin, chance_side, kl_divergence
+from agent_tools.analysis.metrics import Baseline, kl_divergence
 
 
 def replace_head_slices(hidden: Tensor, heads: Sequence[int], head_dim: int, means: Tensor | None = None) -> Tensor:
@@ -79,48 +78,15 @@ TIE_MARGIN = 0.02  # two tokens whose probabilities differ by less than this are
 Direction = Literal["raises", "lowers", "within"]
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """The same measure for ``draws`` random head sets: mean and sample standard deviation (n − 1; 0 for one)."""
-
-    values: tuple[float, ...]
-
-    @property
-    def draws(self) -> int:
-        return len(self.values)
-
-    @property
-    def mean(self) -> float:
-        return sum(self.values) / len(self.values) if self.values else math.nan
-
-    @property
-    def spread(self) -> float:
-        """Sample standard deviation of the draws (0 with fewer than two)."""
-        n = len(self.values)
-        if n < 2:
-            return 0.0
-        mean = self.mean
-        return math.sqrt(sum((v - mean) ** 2 for v in self.values) / (n - 1))
-
-    @property
-    def margin(self) -> float:
-        """How far from the mean an effect must fall to be beyond chance: max(2·spread, the floor)."""
-        return chance_margin(self.spread, sds=BASELINE_SPREAD_MULTIPLE, floor=EFFECT_FLOOR)
-
-    def side(self, effect: float) -> Literal[1, 0, -1]:
-        """:func:`~agent_tools.analysis.metrics.chance_side` with this module's 2 sd and floor."""
-        return chance_side(effect, self.mean, self.spread, sds=BASELINE_SPREAD_MULTIPLE, floor=EFFECT_FLOOR)
-
-
 def compare_with_baseline(effect: float, baseline: Baseline) -> Direction:
     """Where a signed effect (e.g. the loss change when heads are removed) falls against random heads' effects.
 
-    ``raises``: above the baseline's mean by more than :attr:`Baseline.margin` and above +floor; ``lowers``: below
-    the mean by more than the margin and below −floor; ``within`` otherwise (also with no draws: no comparison).
+    ``raises``: above the baseline's mean by more than max(2·spread, floor) and above +floor; ``lowers``: below the
+    mean by more than that and below −floor; ``within`` otherwise (also with no draws: no comparison).
     """
     if baseline.draws == 0:
         return "within"
-    side = baseline.side(effect)
+    side = baseline.side(effect, sds=BASELINE_SPREAD_MULTIPLE, floor=EFFECT_FLOOR)
     if side == 1 and effect > EFFECT_FLOOR:
         return "raises"
     if side == -1 and effect < -EFFECT_FLOOR:
@@ -129,11 +95,11 @@ def compare_with_baseline(effect: float, baseline: Baseline) -> Direction:
 
 
 def size_against(effect: float, baseline: Baseline) -> Literal["larger", "smaller", "within"]:
-    """An unsigned effect (a KL) against random heads': beyond :attr:`Baseline.margin` above or below the mean."""
+    """An unsigned effect (a KL) against random heads': beyond max(2·spread, floor) above or below the mean."""
     if baseline.draws == 0:
         return "within"
     sizes: dict[int, Literal["larger", "smaller", "within"]] = {1: "larger", -1: "smaller", 0: "within"}
-    return sizes[baseline.side(effect)]
+    return sizes[baseline.side(effect, sds=BASELINE_SPREAD_MULTIPLE, floor=EFFECT_FLOOR)]
 
 
 def draw_head_sets(

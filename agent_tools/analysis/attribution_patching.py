@@ -10,8 +10,9 @@ dropping one of them shows the size each has alone, so a cancelling component st
 patched exactly.
 
 The sizing helpers say whether an effect is large against patching the same number of random components
-(:func:`baseline`, :func:`effect_size`), whether a change of the top token is a flip or a tie
-(:func:`top_token_change`), and whether a clean–corrupted gap is large enough to divide by (:func:`minimum_gap`).
+(:func:`effect_size` against their :class:`~agent_tools.analysis.metrics.Baseline`), whether a change of the top
+token is a flip or a tie (:func:`top_token_change`), and whether a clean–corrupted gap is large enough to divide by
+(:func:`minimum_gap`).
 
 Tensors in, tensors or floats out; inputs are never modified. Shapes: ``T`` positions, ``H`` heads, ``D`` head
 dims, ``L`` layers, ``C`` model width, ``V`` vocabulary.
@@ -27,9 +28,8 @@ import torch
 from torch import Tensor
 
 from agent_tools.analysis.ablation import TIE_MARGIN as TIE_MARGIN  # the one tie rule (patch_heads imports it here)
-from agent_tools.analysis.ablation import Baseline as Draws
 from agent_tools.analysis.attribution import spearman
-from agent_tools.analysis.metrics import allowed_from_additive_mask, chance_side
+from agent_tools.analysis.metrics import Baseline, allowed_from_additive_mask
 
 LARGE_SPREADS = 3.0  # an effect is large when it is this many baseline spreads from the baseline mean ...
 LARGE_FLOOR = 0.05  # ... and at least this far (5% of the clean–corrupted gap), so a zero-spread baseline
@@ -60,30 +60,10 @@ def grad_drop_scores(estimates: Tensor) -> Tensor:
     return estimates.abs().sum(0) / max(1, count - 1)
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """What patching ``size`` random components gives: the mean and standard deviation over ``draws`` draws."""
-
-    mean: float
-    spread: float
-    draws: int
-    size: int
-
-
-def baseline(values: Sequence[float], size: int) -> Baseline:
-    """The mean and sample standard deviation (n − 1; 0 for one draw) of the draws' effects (the ablation
-    baseline's :class:`~agent_tools.analysis.ablation.Baseline`, with the set size)."""
-    if not values:
-        raise ValueError("a baseline needs at least one draw")
-    drawn = Draws(tuple(values))
-    return Baseline(mean=drawn.mean, spread=drawn.spread, draws=drawn.draws, size=size)
-
-
 def effect_size(value: float, reference: Baseline) -> EffectSize:
-    """``large`` when |value − mean| exceeds both LARGE_SPREADS × the baseline's spread and LARGE_FLOOR
+    """``large`` when |value − mean| exceeds both LARGE_SPREADS × the random draws' spread and LARGE_FLOOR
     (:func:`~agent_tools.analysis.metrics.chance_side` on either side)."""
-    side = chance_side(value, reference.mean, reference.spread, sds=LARGE_SPREADS, floor=LARGE_FLOOR)
-    return "large" if side != 0 else "small"
+    return "large" if reference.side(value, sds=LARGE_SPREADS, floor=LARGE_FLOOR) != 0 else "small"
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,9 @@ Logs are natural: entropies and divergences are in nats.
                                             analysis/heads.ROLES, scored by consumers/roles.ShareAccumulator;
                                             the first_token role: mean_i A_i0 over rows i ≥ max(1, skip))
                                             used by: profile_heads' roles and named patterns, pattern_scores
-    random_baseline                         mean and population std of an effect over random heads          ℝ
-                                            used by: profile_heads' ablation checks
+    Baseline                                mean and sample std (n − 1) of an effect over random draws       ℝ
+                                            used by: every random-heads baseline (profile_heads, ablate_heads,
+                                            diagnose_collapse, patch_heads, find_circuit, find_retrieval_heads)
     chance_side                             +1 / −1 when effect ≷ mean ± max(k·std, floor), else 0            −1, 0, 1
                                             used by: every "beyond chance" verdict (ablation: k = 2, floor
                                             1e-3 nats; attribution patching: k = 3, floor 0.05 of the gap)
@@ -338,26 +339,6 @@ def without_sink(shares: Tensor, sink: int | None) -> Tensor:
 # --- random-head baselines: is an effect larger than removing random heads? ----------------------------------
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """An effect measured on ``draws`` random components: its mean and population standard deviation."""
-
-    mean: float
-    spread: float
-    draws: int
-
-
-def random_baseline(effects: Sequence[float]) -> Baseline:
-    """The same measurement on random heads (or random sets of heads) -> mean ± population std over the draws."""
-    values = torch.tensor(list(effects), dtype=torch.float64)
-    if values.numel() == 0:
-        return Baseline(math.nan, math.nan, 0)
-    return Baseline(float(values.mean()), float(values.std(correction=0)), int(values.numel()))
-
-
-BASELINE_SIGMAS = 2.0  # an effect counts when it is past the random draws' mean by two of their standard deviations
-
-
 def chance_margin(spread: float, *, sds: float, floor: float) -> float:
     """How far from the random draws' mean an effect must fall to be beyond chance: ``max(sds·spread, floor)``."""
     return max(sds * spread, floor)
@@ -376,9 +357,42 @@ def chance_side(effect: float, mean: float, spread: float, *, sds: float, floor:
     return 0
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """An effect measured on random components (heads or head sets), one value per draw: the draws' mean (NaN with
+    none) and sample standard deviation (n − 1: with few draws the population std understates the spread; 0 with
+    fewer than two draws). The one random baseline of every "beyond chance" verdict."""
+
+    values: tuple[float, ...]
+
+    @property
+    def draws(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values) if self.values else math.nan
+
+    @property
+    def spread(self) -> float:
+        """Sample standard deviation of the draws, ``sqrt(Σ (v − mean)² / (n − 1))`` (0 with fewer than two)."""
+        n = len(self.values)
+        if n < 2:
+            return 0.0
+        mean = self.mean
+        return math.sqrt(sum((v - mean) ** 2 for v in self.values) / (n - 1))
+
+    def side(self, effect: float, *, sds: float, floor: float) -> Literal[1, 0, -1]:
+        """:func:`chance_side` against these draws (``0`` with none: the mean is NaN)."""
+        return chance_side(effect, self.mean, self.spread, sds=sds, floor=floor)
+
+
+BASELINE_SIGMAS = 2.0  # an effect counts when it is past the random draws' mean by two of their standard deviations
+
+
 def exceeds_baseline(effect: float, baseline: Baseline, *, floor: float) -> bool:
     """:func:`chance_side` ``== 1`` with ``sds = 2``: the effect raises the measure (positive direction) by more
     than removing random components does. False with fewer than 2 draws: no baseline, no verdict."""
-    if baseline.draws < 2 or math.isnan(baseline.mean):
+    if baseline.draws < 2:
         return False
-    return chance_side(effect, baseline.mean, baseline.spread, sds=BASELINE_SIGMAS, floor=floor) == 1
+    return baseline.side(effect, sds=BASELINE_SIGMAS, floor=floor) == 1

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from agent_tools.ablation_check import ResampleSource, baseline_of, measure_head_sets, random_sets, resample_source
-from agent_tools.analysis.ablation import Baseline, compare_with_baseline, cosine_change, size_against
+from agent_tools.analysis.ablation import compare_with_baseline, cosine_change, size_against
 from agent_tools.analysis.attribution_patching import top_token_change
-from agent_tools.analysis.metrics import kl_divergence, next_token_losses
+from agent_tools.analysis.metrics import Baseline, kl_divergence, next_token_losses
 from agent_tools.clean_corrupted import single_token
 from agent_tools.encoding import decode
 from agent_tools.errors import InvalidInputError, UnsupportedModelError

@@ -18,9 +18,9 @@ from agent_tools.ablation_check import (
     random_sets,
     resample_source,
 )
-from agent_tools.analysis.ablation import Baseline, compare_with_baseline
+from agent_tools.analysis.ablation import compare_with_baseline
 from agent_tools.analysis.collapse import COLLAPSED_VERDICTS, HeadCollapse, collapse_kind, rank_heads
-from agent_tools.analysis.metrics import sink_key_mask
+from agent_tools.analysis.metrics import Baseline, sink_key_mask
 from agent_tools.consumers.collapse import CollapseConsumer, output_grams_for
 from agent_tools.errors import InvalidInputError
 from agent_tools.families import StackFacts

@@ -20,8 +20,9 @@ import random
 
 import torch
 
-from agent_tools.analysis.attribution_patching import baseline, minimum_gap
+from agent_tools.analysis.attribution_patching import minimum_gap
 from agent_tools.analysis.edge_attribution import curve_sizes
+from agent_tools.analysis.metrics import Baseline
 from agent_tools.clean_corrupted import LogitDifference, encode_pair, first_difference, restored
 from agent_tools.errors import InvalidInputError
 from agent_tools.files import write_atomic
@@ -263,7 +264,7 @@ def find_circuit(inspector: Inspector, args: FindCircuitInput) -> CircuitReport:
     ranked, ranked_values = orderings[ranking], curves[ranking]
     curve = []
     for i, k in enumerate(sizes):
-        drawn = baseline(random_values[i * DRAWS : (i + 1) * DRAWS], k)
+        drawn = Baseline(tuple(random_values[i * DRAWS : (i + 1) * DRAWS]))
         curve.append(
             CurvePoint(
                 edges=k,

@@ -49,7 +49,7 @@ class CausalCheck(BaseModel):
     accuracy_clean: Rounded = Field(description="answer-token accuracy over every haystack, full model")
     accuracy_top_ablated: Rounded
     accuracy_random_mean: Rounded = Field(description="the same with random heads of the same count ablated, mean")
-    accuracy_random_sd: Rounded
+    accuracy_random_sd: Rounded = Field(description="… and its sample standard deviation (n − 1) over the draws")
     random_draws: int
     logprob_clean: Rounded = Field(description="mean log-probability of the answer tokens, full model")
     logprob_top_ablated: Rounded

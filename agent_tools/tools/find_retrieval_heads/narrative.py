@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agent_tools.analysis.metrics import BASELINE_SIGMAS, chance_margin
 from agent_tools.schemas import Finding, head_label
 from agent_tools.wording import head_name
 
@@ -27,7 +28,7 @@ def verdict(n: RetrievalNumbers) -> str:
     two standard deviations of the random draws (and at least 0.05 of accuracy)."""
     drop_top = n.accuracy_clean - n.accuracy_top
     drop_random = n.accuracy_clean - n.accuracy_random
-    margin = max(2 * n.accuracy_random_sd, 0.05)
+    margin = chance_margin(n.accuracy_random_sd, sds=BASELINE_SIGMAS, floor=0.05)
     if n.accuracy_clean < 0.2:
         return (
             f"the model retrieves only {n.accuracy_clean:.0%} of answer tokens even with every head, so the ablation "

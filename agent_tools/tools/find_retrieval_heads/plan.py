@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from agent_tools.analysis.long_context import retrieval_hits, retrieval_score
+from agent_tools.analysis.metrics import Baseline
 from agent_tools.consumers.retrieval import TopKeyConsumer
 from agent_tools.errors import InvalidInputError, ResourceLimitError
 from agent_tools.inspector import Encoded, Inspector, validate_text
@@ -143,8 +144,7 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
     ]
     (top_accuracy, top_logprob), random_results = results[0], results[1:]
     accuracy_clean = statistics.fmean(c[0] for c in clean)
-    random_accuracy = [r[0] for r in random_results]
-    random_sd = statistics.pstdev(random_accuracy) if len(random_accuracy) > 1 else 0.0
+    random_accuracy = Baseline(tuple(r[0] for r in random_results))  # mean ± sample sd over the draws
     labelled = [
         (layer, head, float(mean[layer, head]), float(spread[layer, head]))
         for layer, head in top
@@ -157,8 +157,8 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
         top=labelled,
         accuracy_clean=accuracy_clean,
         accuracy_top=top_accuracy,
-        accuracy_random=statistics.fmean(random_accuracy),
-        accuracy_random_sd=random_sd,
+        accuracy_random=random_accuracy.mean,
+        accuracy_random_sd=random_accuracy.spread,
         draws=args.random_draws,
     )
     heads = [
@@ -196,7 +196,7 @@ def find_retrieval_heads(inspector: Inspector, args: FindRetrievalHeadsInput) ->
             accuracy_clean=accuracy_clean,
             accuracy_top_ablated=top_accuracy,
             accuracy_random_mean=numbers.accuracy_random,
-            accuracy_random_sd=random_sd,
+            accuracy_random_sd=random_accuracy.spread,
             random_draws=args.random_draws,
             logprob_clean=statistics.fmean(c[1] for c in clean),
             logprob_top_ablated=top_logprob,

@@ -16,13 +16,12 @@ import torch
 from agent_tools.analysis.attribution_patching import (
     MIN_RELATIVE_GAP,
     TIE_MARGIN,
-    baseline,
     effect_size,
     minimum_gap,
     top_token_read,
     verify,
 )
-from agent_tools.analysis.attribution_patching import Baseline as SizeBaseline
+from agent_tools.analysis.metrics import Baseline as Draws
 from agent_tools.clean_corrupted import LogitDifference, answer_ids, encode_pair, first_difference, restored
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import Encoded, Inspector
@@ -162,9 +161,8 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
         attribution = attribution.model_copy(update={"layers": estimated})
     ranked = sorted(head_rows, key=lambda r: -abs(r.restored))
     chosen = {(r.layer, r.head) for r in ranked[: args.top_k]}
-    single = _baseline([r.restored for r in sample if (r.layer, r.head) not in chosen], 1)
-    sized = SizeBaseline(mean=single.mean, spread=single.spread, draws=single.draws, size=single.heads)
-    top = [r.model_copy(update={"size": effect_size(r.restored, sized)}) for r in ranked[: args.top_k]]
+    single, drawn = _baseline([r.restored for r in sample if (r.layer, r.head) not in chosen], 1)
+    top = [r.model_copy(update={"size": effect_size(r.restored, drawn)}) for r in ranked[: args.top_k]]
     top_set = _top_set(inspector, loaded, pair, layers, top)
     positions = _positions(inspector, loaded, pair, top) if args.per_position else []
     differing = (pair.clean.input_ids[0] != pair.corrupted.input_ids[0]).nonzero().flatten().tolist()
@@ -206,10 +204,11 @@ def patch_heads(inspector: Inspector, args: PatchHeadsInput) -> PatchReport:
     return report.model_copy(update={"summary": summary(numbers), "findings": findings(numbers)})
 
 
-def _baseline(values: list[float], size: int) -> Baseline:
-    """The report's baseline of the draws' restored fractions; an empty pool gives no spread."""
-    measured = baseline(values or [0.0], size)
-    return Baseline(mean=measured.mean, spread=measured.spread, draws=len(values), heads=measured.size)
+def _baseline(values: list[float], size: int) -> tuple[Baseline, Draws]:
+    """The draws' restored fractions as the report's baseline row and as the baseline effects are sized against;
+    an empty pool counts as one zero (no spread, 0 draws reported)."""
+    drawn = Draws(tuple(values or [0.0]))
+    return Baseline(mean=drawn.mean, spread=drawn.spread, draws=len(values), heads=size), drawn
 
 
 def _patch_heads_exactly(
@@ -251,7 +250,7 @@ def _top_set(
     )
     fractions, _ = pair.restored(outputs)
     values = fractions.tolist()
-    reference = _baseline(values[1:], len(chosen))
+    reference, drawn = _baseline(values[1:], len(chosen))
     chosen_logits, normaliser, top_logit, top_token = (t[0] for t in outputs)  # the top set's row is row 0
     logits = torch.stack([chosen_logits[2], top_logit]).cpu().double()  # the corrupted run's top token, the new top
     p_before, p_after = (logits - float(normaliser)).exp().tolist()
@@ -261,7 +260,7 @@ def _top_set(
         heads=[head_label(layer, head) for layer, head in chosen],
         restored=values[0],
         baseline=reference,
-        size=effect_size(values[0], baseline(values[1:], len(chosen))),
+        size=effect_size(values[0], drawn),
         top_token_corrupted=str(decode([change.before])),
         top_token_patched=str(decode([change.after])),
         change=change.kind,

@@ -159,7 +159,7 @@ class AblationEvidence(BaseModel):
     )
     value: Rounded6
     baseline_mean: Rounded6 | None = Field(default=None, description="the same on random single heads: mean")
-    baseline_spread: Rounded6 | None = Field(default=None, description="… and population standard deviation")
+    baseline_spread: Rounded6 | None = Field(default=None, description="… and sample standard deviation (n − 1)")
     baseline_draws: int = Field(default=0, description="random heads drawn (other than the tested heads)")
     exceeds_baseline: bool = Field(
         default=False, description="value > baseline mean + max(2 × spread, a floor): it matters more than chance"
@@ -234,7 +234,7 @@ class InductionCheck(BaseModel):
     baseline_mean: Rounded | None = Field(
         default=None, description="second-copy loss with as many random heads mean-ablated together: mean"
     )
-    baseline_spread: Rounded | None = Field(default=None, description="… and population standard deviation")
+    baseline_spread: Rounded | None = Field(default=None, description="… and sample standard deviation (n − 1)")
     baseline_draws: int = Field(default=0, description="random sets drawn")
     exceeds_baseline: bool = Field(default=False, description="the rise beats the random sets' (mean + 2 × spread)")
 

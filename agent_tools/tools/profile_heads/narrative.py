@@ -34,7 +34,7 @@ class InductionLosses:
     second: float
     ablated: float
     heads: list[str]  # the top induction heads removed together, as "L.H"
-    baseline: Baseline
+    baseline: Baseline  # the random sets' changes of the second-copy loss
     exceeds: bool
 
 
@@ -120,18 +120,21 @@ def role_finding(report: RoleReport) -> Finding:
 
 def induction_finding(losses: InductionLosses) -> Finding:
     """The behavioural check: the model copies when its loss falls on the second copy, and needs these heads."""
+    drawn = (losses.baseline.draws, losses.baseline.mean, losses.baseline.spread)
     return Finding(
         kind="induction_behaviour",
         value=rounded(losses.first - losses.second),
         detail=f"next-token loss falls from {losses.first:.3f} nats on the probe's first copy to {losses.second:.3f} "
-        f"on the second; {_joint_text(losses.ablated - losses.second, losses.heads, losses.baseline, losses.exceeds)}",
+        f"on the second; {_joint_text(losses.ablated - losses.second, losses.heads, drawn, losses.exceeds)}",
     )
 
 
-def _joint_text(rise: float, heads: list[str], baseline: Baseline, exceeds: bool) -> str:
+def _joint_text(rise: float, heads: list[str], baseline: tuple[int, float, float], exceeds: bool) -> str:
+    """``baseline``: the random sets' draws, mean and spread."""
+    draws, mean, spread = baseline
     said = f"mean-ablating {head_names(heads)} together {'raises' if rise >= 0 else 'lowers'} it by {abs(rise):.2f}"
-    if baseline.draws:
-        said += f" ({baseline.draws} random sets of {len(heads)}: {_signed(baseline.mean)} ± {baseline.spread:.2f})"
+    if draws:
+        said += f" ({draws} random sets of {len(heads)}: {_signed(mean)} ± {spread:.2f})"
     return said + ("" if exceeds else ", no more than random heads")
 
 
@@ -186,10 +189,10 @@ def summary(report: HeadProfiles) -> str:
     )
     check = report.induction_check
     if check is not None and check.loss_second_copy_ablated is not None:
-        baseline = Baseline(
+        baseline = (
+            check.baseline_draws,
             (check.baseline_mean or check.loss_second_copy) - check.loss_second_copy,
             check.baseline_spread or 0.0,
-            check.baseline_draws,
         )
         rise = check.loss_second_copy_ablated - check.loss_second_copy
         text += (

@@ -36,7 +36,7 @@ from agent_tools.analysis.heads import (
     role_verdict,
     top_heads,
 )
-from agent_tools.analysis.metrics import Baseline, exceeds_baseline, random_baseline
+from agent_tools.analysis.metrics import Baseline, exceeds_baseline
 from agent_tools.consumers.roles import (
     PatternScoreConsumer,
     RoleScoreConsumer,
@@ -448,7 +448,7 @@ class _Evidence:
         args = self.call.args
         random_heads = draw_random_heads(self.call, exclude=heads, count=args.baseline_draws, seed=args.seed)
         effects, metric = self._effects(on, self._encoded(on), [*heads, *random_heads])
-        baseline = random_baseline(effects[len(heads) :])
+        baseline = Baseline(tuple(effects[len(heads) :]))
         return {
             head: _evidence(metric, value, baseline) for head, value in zip(heads, effects[: len(heads)], strict=True)
         }
@@ -648,7 +648,7 @@ def _induction_losses(call: _Call, measured: _Measured, *, tested: Sequence[Head
         heads = draw_random_heads(call, exclude=[*chosen, *tested], count=len(chosen), seed=args.seed + 1 + draw)
         if len(heads) == len(chosen):
             draws.append(ablated(heads))
-    baseline = random_baseline([value - second for value in draws])
+    baseline = Baseline(tuple(value - second for value in draws))
     return InductionLosses(
         first,
         second,
