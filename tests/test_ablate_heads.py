@@ -240,16 +240,11 @@ def test_direct_logit_attribution_target_and_bad_target(tiny_models, inspector: 
 
 
 def test_baseline_statistics_by_hand() -> None:
-    from agent_tools.analysis.ablation import (
-        BASELINE_SPREAD_MULTIPLE,
-        EFFECT_FLOOR,
-        compare_with_baseline,
-        size_against,
-    )
-    from agent_tools.analysis.metrics import Baseline, chance_margin
+    from agent_tools.analysis.ablation import EFFECT_FLOOR, compare_with_baseline, size_against
+    from agent_tools.analysis.metrics import BASELINE_SIGMAS, Baseline, chance_margin
 
     def margin(baseline: Baseline) -> float:
-        return chance_margin(baseline.spread, sds=BASELINE_SPREAD_MULTIPLE, floor=EFFECT_FLOOR)
+        return chance_margin(baseline.spread, sds=BASELINE_SIGMAS, floor=EFFECT_FLOOR)
 
     base = Baseline((1.0, 2.0, 3.0, 4.0))
     assert base.mean == 2.5 and base.spread == pytest.approx(math.sqrt(5 / 3))  # Σ(x − 2.5)² = 5, n − 1 = 3

@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from agent_tools.analysis.metrics import Baseline, kl_divergence
+from agent_tools.analysis.metrics import BASELINE_SIGMAS, Baseline, kl_divergence
 
 
 def replace_head_slices(hidden: Tensor, heads: Sequence[int], head_dim: int, means: Tensor | None = None) -> Tensor:
@@ -71,8 +71,8 @@ def effect_size(clean: Tensor, ablated: Tensor, *, language_model: bool) -> floa
 # --- sizing an effect against a baseline of random heads ---------------------------------------------------------
 
 BASELINE_DRAWS = 8  # random head sets drawn for a baseline unless the caller asks for another number
-BASELINE_SPREAD_MULTIPLE = 2.0  # an effect is beyond chance when it is more than 2 standard deviations from ...
-EFFECT_FLOOR = 1e-3  # ... the baseline's mean and more than this (nats) from it and from 0 (float noise, sd ≈ 0)
+# an effect is beyond chance when it is more than BASELINE_SIGMAS (2) standard deviations from the baseline's mean and
+EFFECT_FLOOR = 1e-3  # more than this (nats) from it and from 0 (float noise, sd ≈ 0)
 TIE_MARGIN = 0.02  # two tokens whose probabilities differ by less than this are a tie, not a ranking
 
 Direction = Literal["raises", "lowers", "within"]
@@ -86,7 +86,7 @@ def compare_with_baseline(effect: float, baseline: Baseline) -> Direction:
     """
     if baseline.draws == 0:
         return "within"
-    side = baseline.side(effect, sds=BASELINE_SPREAD_MULTIPLE, floor=EFFECT_FLOOR)
+    side = baseline.side(effect, sds=BASELINE_SIGMAS, floor=EFFECT_FLOOR)
     if side == 1 and effect > EFFECT_FLOOR:
         return "raises"
     if side == -1 and effect < -EFFECT_FLOOR:
@@ -99,7 +99,7 @@ def size_against(effect: float, baseline: Baseline) -> Literal["larger", "smalle
     if baseline.draws == 0:
         return "within"
     sizes: dict[int, Literal["larger", "smaller", "within"]] = {1: "larger", -1: "smaller", 0: "within"}
-    return sizes[baseline.side(effect, sds=BASELINE_SPREAD_MULTIPLE, floor=EFFECT_FLOOR)]
+    return sizes[baseline.side(effect, sds=BASELINE_SIGMAS, floor=EFFECT_FLOOR)]
 
 
 def draw_head_sets(

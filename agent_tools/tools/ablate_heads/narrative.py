@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent_tools.analysis.ablation import BASELINE_SPREAD_MULTIPLE, EFFECT_FLOOR, TIE_MARGIN
+from agent_tools.analysis.ablation import EFFECT_FLOOR, TIE_MARGIN
+from agent_tools.analysis.metrics import BASELINE_SIGMAS
 from agent_tools.schemas import Finding
 from agent_tools.tools.ablate_heads.models import (
     AblationBaseline,
@@ -15,9 +16,7 @@ from agent_tools.tools.ablate_heads.models import (
 )
 from agent_tools.wording import listed, random_heads
 
-BEYOND_RULE = (
-    f"beyond chance: more than max({BASELINE_SPREAD_MULTIPLE:g} × the draws' sd, {EFFECT_FLOOR:g}) from their mean"
-)
+BEYOND_RULE = f"beyond chance: more than max({BASELINE_SIGMAS:g} × the draws' sd, {EFFECT_FLOOR:g}) from their mean"
 METHOD_WORDS = {
     "mean": "mean-ablation: output replaced by its mean over the text's positions",
     "resample": "resample-ablation",

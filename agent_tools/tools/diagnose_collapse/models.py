@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from agent_tools.analysis.ablation import BASELINE_DRAWS, BASELINE_SPREAD_MULTIPLE, EFFECT_FLOOR, Direction
+from agent_tools.analysis.ablation import BASELINE_DRAWS, EFFECT_FLOOR, Direction
 from agent_tools.analysis.collapse import (
     CONCENTRATED_MEAN_MAX,
     CONCENTRATED_SATURATED,
@@ -14,7 +14,7 @@ from agent_tools.analysis.collapse import (
     Concentration,
     Verdict,
 )
-from agent_tools.analysis.metrics import SATURATION
+from agent_tools.analysis.metrics import BASELINE_SIGMAS, SATURATION
 from agent_tools.schemas import Report, Rounded, Rounded6, TextInput
 from agent_tools.stack_input import StackInput, StackReport
 
@@ -163,7 +163,7 @@ class CollapseCheck(BaseModel):
 
 
 BEYOND_RULE = (
-    f"beyond chance: more than max({BASELINE_SPREAD_MULTIPLE:g} × the baseline's sd, {EFFECT_FLOOR:g}) from the "
+    f"beyond chance: more than max({BASELINE_SIGMAS:g} × the baseline's sd, {EFFECT_FLOOR:g}) from the "
     f"baseline's mean and more than {EFFECT_FLOOR:g} from 0"
 )
 
