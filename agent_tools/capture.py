@@ -645,14 +645,10 @@ def hooks_registered(registrations: Iterable[RemovableHandle]) -> Iterator[None]
     Give a generator (``(m.register_forward_hook(h) for m in modules)``): it registers inside the ``try``, so when
     registering a later hook fails the earlier ones are removed too.
     """
-    handles: list[RemovableHandle] = []
-    try:
+    with ExitStack() as handles:
         for handle in registrations:
-            handles.append(handle)
+            handles.callback(handle.remove)
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
