@@ -645,14 +645,10 @@ def hooks_registered(registrations: Iterable[RemovableHandle]) -> Iterator[None]
     Give a generator (``(m.register_forward_hook(h) for m in modules)``): it registers inside the ``try``, so when
     registering a later hook fails the earlier ones are removed too.
     """
-    handles: list[RemovableHandle] = []
-    try:
+    with ExitStack() as handles:
         for handle in registrations:
-            handles.append(handle)
+            handles.callback(handle.remove)
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -676,10 +672,16 @@ def layer_checkpoints(model: nn.Module, checkpoint: Callable[[], None] | None) -
         yield
 
 
+def called_hidden_states(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """The hidden states an attention module was called with (its first argument, or ``hidden_states=``)."""
+    hidden = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("hidden_states")
+    return hidden if isinstance(hidden, Tensor) else None
+
+
 def _input_recorder(state: _CaptureState, layer: int) -> Callable[[nn.Module, tuple, dict], None]:
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        hidden = args[0] if args else kwargs.get("hidden_states")
-        if isinstance(hidden, Tensor):
+        hidden = called_hidden_states(args, kwargs)
+        if hidden is not None:
             rotary = kwargs.get("position_embeddings")
             adapter = adapter_for(module)
             if adapter is not None and not adapter.uses_rotary(module):

@@ -274,29 +274,26 @@ class CollapseConsumer:
         heads: Sequence[int] | None = None,
         threshold: float = SATURATION,
         output_grams: dict[int, Tensor] | None = None,
-        batch_index: int = 0,
     ) -> None:
         self.sink_mask = sink_mask
         self.heads = list(heads) if heads is not None else None
         self.threshold = threshold
         self.output_grams = output_grams or {}
-        self.batch_index = batch_index
         self.layers: dict[int, HeadAccumulator] = {}
         self._layer_norms: tuple[int, Tensor] | None = None  # (layer, (h, Tk) on its device), for later chunks
 
     def on_layer(self, captured: LayerAttention) -> None:
-        b = self.batch_index
         heads = self.heads if self.heads is not None else list(range(captured.weights.shape[1]))
         accumulator = self.layers.get(captured.layer)
         if accumulator is None:
             accumulator = HeadAccumulator(captured.layer, heads, captured.key_length, threshold=self.threshold)
             self.layers[captured.layer] = accumulator
         pick = _Picker(heads, captured.weights.shape[1])
-        allowed = captured.allowed()[b, 0]  # (q, k)
+        allowed = captured.allowed()[0, 0]  # (q, k)
         if captured.logits is not None:  # scores = logits where a key may be read: no second q·kᵀ
-            radius = centred_logit_norm(pick(captured.logits[b]), allowed)  # (h, q)
+            radius = centred_logit_norm(pick(captured.logits[0]), allowed)  # (h, q)
         else:
-            radius = centred_score_norm(pick(captured.scores[b]), allowed)
+            radius = centred_score_norm(pick(captured.scores[0]), allowed)
         top, argmax = captured.row_max()
         start = captured.key_index_offset
         positions = torch.arange(start, start + captured.weights.shape[2], device=captured.weights.device)
@@ -304,15 +301,15 @@ class CollapseConsumer:
             positions = torch.full_like(positions, -2)
         value_norms, output_norms = self._value_norms(captured, pick)
         accumulator.add(
-            pick(captured.weights[b]),
+            pick(captured.weights[0]),
             None,
             allowed,
             positions,
             self.sink_mask.to(captured.weights.device),
             value_norms=value_norms,
             output_norms=output_norms,
-            entropy=pick(captured.row_entropy()[b]),
-            peak=(pick(top[b]), pick(argmax[b])),
+            entropy=pick(captured.row_entropy()[0]),
+            peak=(pick(top[0]), pick(argmax[0])),
             radius=radius,
         )
         if captured.query_start + captured.weights.shape[2] == captured.query_length:
@@ -323,20 +320,17 @@ class CollapseConsumer:
         grams = self.output_grams.get(captured.layer)
         if grams is None:
             return None, None
-        b = self.batch_index
         grams = grams.to(captured.value.device)  # read from the layer's own output projection: already there
         if self._layer_norms is not None and self._layer_norms[0] == captured.layer:
             value_norms = self._layer_norms[1]  # keys are the same for every query chunk
         else:
-            value = captured.value[b : b + 1]  # (1, Hkv, Tk, D)
+            value = captured.value[:1]  # (1, Hkv, Tk, D)
             value_norms = pick(transformed_value_norms(value, grams, kv_groups=captured.kv_groups)[0])  # (h, Tk)
             self._layer_norms = (captured.layer, value_norms)
         if captured.output is not None:
-            outputs = projected_output_norms(captured.output[b : b + 1], grams)  # (1, H, q)
+            outputs = projected_output_norms(captured.output[:1], grams)  # (1, H, q)
         else:
-            outputs = head_output_norms(
-                captured.weights[b : b + 1], captured.value[b : b + 1], grams, kv_groups=captured.kv_groups
-            )
+            outputs = head_output_norms(captured.weights[:1], captured.value[:1], grams, kv_groups=captured.kv_groups)
         return value_norms, pick(outputs[0])
 
     def results(self) -> list[HeadCollapse]:

@@ -21,7 +21,7 @@ from agent_tools.analysis.scaling import (
     predicted_dot_variance,
     row_measures,
 )
-from agent_tools.capture import LayerAttention
+from agent_tools.capture import LayerAttention, soft_capped
 from agent_tools.consumers.host import PendingSums, accumulation_dtype
 
 
@@ -141,8 +141,8 @@ class ScalingConsumer:
             # A half-precision model's scores were rounded (~2⁻⁸ in bf16) after q·k: the sweep's settings would then
             # compare softmaxes of two slightly different score sets (raw vs rounded). Rebuild them in float32
             # from the same q·k, so every setting rescales one z (exact for the model's softmax up to that rounding).
-            scaled = raw * self.model_scale  # raw is the unscaled q·k (a prescaled query was divided back above)
-            scores = torch.tanh(scaled / self.softcap) * self.softcap if self.softcap is not None else scaled
+            # raw is the unscaled q·k (a prescaled query was divided back above)
+            scores = soft_capped(raw * self.model_scale, self.softcap)
         # The sweep runs in float32 (the capture's precision; sums are taken in float64): half the memory traffic.
         self._sweep(raw, upcast(scores), allowed, keep)
         if captured.query_start + captured.weights.shape[2] == captured.query_length:
@@ -177,10 +177,7 @@ class ScalingConsumer:
         for setting in self.settings:
             temperature = setting.temperature if setting.kind != "no_scaling" else None
             rescaled = temperature is not None
-            if temperature is not None:
-                logits = scores / temperature
-            else:
-                logits = raw if self.softcap is None else torch.tanh(raw / self.softcap) * self.softcap
+            logits = scores / temperature if temperature is not None else soft_capped(raw, self.softcap)
             weights = masked_softmax(logits, allowed)
             derivative = None
             if rescaled:  # p = softmax(scores / τ) = softmax(β' · z), β' = 1 / τ: dH/dβ' = −β' Var_p(z)

@@ -226,14 +226,11 @@ def gradient_bytes(loaded: LoadedModel, length: int) -> int:
 
 def input_embeddings(loaded: LoadedModel) -> nn.Module:
     """The input embedding module, if gradients can start there (a float embedding table)."""
-    embeddings = float_embeddings(loaded.model)
-    if embeddings is None:
-        msg = (
-            f"gradient attribution needs float input embeddings; model {loaded.name!r} has none "
-            "(quantized or missing): ask for checks without 'gradient'"
-        )
-        raise InvalidInputError(msg, field="checks")
-    return embeddings
+    msg = (
+        f"gradient attribution needs float input embeddings; model {loaded.name!r} has none "
+        "(quantized or missing): ask for checks without 'gradient'"
+    )
+    return float_embeddings(loaded, msg, "checks")
 
 
 def _answer_function(loaded: LoadedModel, answer: list[int]) -> Callable[[Tensor], Tensor]:

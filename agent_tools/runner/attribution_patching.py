@@ -58,14 +58,11 @@ class AttributionPasses:
 
 def gradient_embeddings(loaded: LoadedModel, field: str) -> nn.Module:
     """The input embedding module, refused (naming ``field``) when its table is not floating point."""
-    embeddings = float_embeddings(loaded.model)
-    if embeddings is None:
-        msg = (
-            f"attribution patching needs gradients through the input embeddings; model {loaded.name!r} has no "
-            "floating-point embedding table (quantized or missing): use method 'exact', or load it unquantized"
-        )
-        raise InvalidInputError(msg, field=field)
-    return embeddings
+    msg = (
+        f"attribution patching needs gradients through the input embeddings; model {loaded.name!r} has no "
+        "floating-point embedding table (quantized or missing): use method 'exact', or load it unquantized"
+    )
+    return float_embeddings(loaded, msg, field)
 
 
 def _loss_scale(loaded: LoadedModel) -> float:

@@ -72,14 +72,12 @@ def edge_attribution(
     model = loaded.model
     layers = list(range(facts.num_layers))
     heads, width = facts.num_heads, facts.head_dim
-    embeddings = float_embeddings(model)
-    if embeddings is None:
-        msg = (
-            f"edge attribution needs gradients through the input embeddings; model {loaded.name!r} has no "
-            "floating-point embedding table (quantized or missing): load it unquantized, or use patch_heads with "
-            "method 'exact' for per-head effects"
-        )
-        raise InvalidInputError(msg, field="model")
+    msg = (
+        f"edge attribution needs gradients through the input embeddings; model {loaded.name!r} has no "
+        "floating-point embedding table (quantized or missing): load it unquantized, or use patch_heads with "
+        "method 'exact' for per-head effects"
+    )
+    embeddings = float_embeddings(loaded, msg, "model")
     clean, corrupted = on_device(loaded, clean_ids), on_device(loaded, corrupted_ids)
     reads = {layer: qkv_reads(model, layer, facts=facts) for layer in layers}
     readers = {layer: reads[layer][0] for layer in layers}

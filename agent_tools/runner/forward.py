@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from agent_tools.capture import AttentionConsumer, StopCapture, capture_attention
+from agent_tools.errors import InvalidInputError
 from agent_tools.loading import LoadedModel
 
 
@@ -25,14 +26,15 @@ def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
     return head if isinstance(head, torch.nn.Module) else None
 
 
-def float_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The input embedding module when gradients can start there (a floating-point table; None: quantized or
-    missing)."""
-    lookup = getattr(model, "get_input_embeddings", None)
+def float_embeddings(loaded: LoadedModel, refusal: str, field: str) -> torch.nn.Module:
+    """The input embedding module when gradients can start there (a floating-point table); a quantized or missing
+    one is refused with ``refusal`` (naming ``field``)."""
+    lookup = getattr(loaded.model, "get_input_embeddings", None)
     embeddings = lookup() if callable(lookup) else None
     weight = getattr(embeddings, "weight", None)
-    usable = isinstance(embeddings, torch.nn.Module) and isinstance(weight, Tensor) and weight.is_floating_point()
-    return embeddings if usable else None
+    if not (isinstance(embeddings, torch.nn.Module) and isinstance(weight, Tensor) and weight.is_floating_point()):
+        raise InvalidInputError(refusal, field=field)
+    return embeddings
 
 
 def _mask_on_device(loaded: LoadedModel, mask: Tensor | None) -> Tensor | None:

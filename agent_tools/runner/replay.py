@@ -15,21 +15,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import Tensor
 
-from agent_tools.capture import AttentionConsumer, capture_attention, hooks_registered
+from agent_tools.capture import AttentionConsumer, called_hidden_states, capture_attention, hooks_registered
 from agent_tools.families import find_attention_modules
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import locked
 
 RecordedCalls = dict[int, tuple[tuple[Any, ...], dict[str, Any]]]  # layer -> (args, kwargs) of its module's call
 _CACHE_ARGUMENTS = ("past_key_values", "past_key_value", "cache", "layer_past")
-
-
-def _hidden_states(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
-    """The hidden states an attention module was called with (its first argument, or ``hidden_states=``)."""
-    hidden = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("hidden_states")
-    return hidden if isinstance(hidden, Tensor) else None
 
 
 @contextmanager
@@ -42,7 +35,7 @@ def recorded_attention_calls(loaded: LoadedModel, *, limit_bytes: int) -> Iterat
 
     def hook_for(layer: int) -> Callable[[torch.nn.Module, tuple, dict], None]:
         def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-            hidden = _hidden_states(args, kwargs)
+            hidden = called_hidden_states(args, kwargs)
             size = hidden.numel() * hidden.element_size() if hidden is not None else 0
             if layer not in calls and hidden is not None and held[0] + size <= limit_bytes:  # the block's first pass
                 calls[layer] = (args, dict(kwargs))
@@ -74,7 +67,7 @@ def replayed_layer(
     if layer not in calls:
         return False
     args, kwargs = calls[layer]
-    hidden = _hidden_states(args, kwargs)
+    hidden = called_hidden_states(args, kwargs)
     if hidden is None or hidden.shape[:-1] != tuple(input_shape):
         return False  # recorded on other tokens than the plans'
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from agent_tools.capture import hooks_registered
+from agent_tools.capture import hooks_registered, soft_capped
 from agent_tools.intervene import row_zero_leaving, rows_joining
 from agent_tools.loading import LoadedModel
 from agent_tools.restricted_attention import heads_restricted
@@ -77,8 +77,7 @@ def _losses(model: nn.Module, head: nn.Module, hidden: Tensor, ids: Tensor, firs
         for start in range(0, count, chunk):
             stop = min(start + chunk, count)
             logits = head(hidden[row, first + start : first + stop]).float()  # (c, V)
-            if softcap:
-                logits = torch.tanh(logits / softcap) * softcap
+            logits = soft_capped(logits, softcap or None)
             target = targets[first + start : first + stop].to(logits.device)
             losses[row, start:stop] = torch.nn.functional.cross_entropy(logits, target, reduction="none").cpu()
             top[row, start:stop] = logits.argmax(-1).cpu()
