@@ -37,7 +37,7 @@ from agent_tools.tools.profile_heads.models import HeadProfiles
 from agent_tools.tools.reconstruct_attention.models import AttentionReconstruction
 from agent_tools.tools.reconstruct_attention.narrative import decisive_stage
 from agent_tools.tools.scaling_experiment.models import VANISHED, ScalingExperimentReport
-from agent_tools.wording import head_name
+from agent_tools.wording import head_name, head_names
 
 if TYPE_CHECKING:
     from agent_tools.report.job import AnalysisResult
@@ -402,8 +402,7 @@ def roles_step(result: AnalysisResult) -> StoryStep | None:
         )
     if check is not None:
         ablated = (
-            f", and {check.loss_second_copy_ablated:.2f} with "
-            f"{', '.join('L{}H{}'.format(*label.split('.')) for label in check.ablated_heads)} mean-ablated"
+            f", and {check.loss_second_copy_ablated:.2f} with {head_names(check.ablated_heads)} mean-ablated"
             if check.loss_second_copy_ablated is not None
             else ""
         )

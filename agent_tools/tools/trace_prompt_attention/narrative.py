@@ -21,6 +21,7 @@ from agent_tools.traced_prompt.answer import STOP_WORDS
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
 from agent_tools.traced_prompt.models import GeneratedToken, MeasuredTrace
 from agent_tools.traced_prompt.run import TraceRun
+from agent_tools.wording import head_name
 
 PEAKS_SHOWN = 3
 
@@ -113,7 +114,7 @@ def _top_head(traced: TracedPrompt, numbers: TraceNumbers) -> Finding:
         layer=layer,
         head=head,
         value=value,
-        detail=f"L{layer}H{head} reads {_best(traced, numbers)!r} hardest: {value:.1%} of its attention",
+        detail=f"{head_name(layer, head)} reads {_best(traced, numbers)!r} hardest: {value:.1%} of its attention",
     )
 
 
