@@ -1,5 +1,5 @@
-"""Phrases several tools' sentences write the same way: a head's name, short lists, the score scale against
-1/sqrt(d_k), the random-head baseline.
+"""Phrases several tools' sentences write the same way: a signed change, a head's name, short lists, the score
+scale against 1/sqrt(d_k), the random-head baseline.
 
 Base layer: pure string functions of plain values (no torch, no pydantic), so every narrative can use them.
 """
@@ -7,6 +7,11 @@ Base layer: pure string functions of plain values (no torch, no pydantic), so ev
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+
+def signed(value: float) -> str:
+    """``+0.12``, ``-0.03``: a change to two decimals with its sign, never ``-0.00``."""
+    return f"{round(value, 2) + 0.0:+.2f}"  # + 0.0 turns -0.0 into 0.0
 
 
 def head_name(layer: int, head: int) -> str:
