@@ -1,5 +1,5 @@
 """Phrases several tools' sentences write the same way: a signed change, a head's name, short lists, the score
-scale against 1/sqrt(d_k), the random-head baseline.
+scale against 1/sqrt(d_k), the random-head baseline; and the sample text a next call suggests.
 
 Base layer: pure string functions of plain values (no torch, no pydantic), so every narrative can use them.
 """
@@ -7,6 +7,8 @@ Base layer: pure string functions of plain values (no torch, no pydantic), so ev
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+SAMPLE_TEXT = "The cat sat on the mat because it was tired."  # a next call's text for a first look, when none was given
 
 
 def signed(value: float) -> str:

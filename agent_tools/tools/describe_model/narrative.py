@@ -7,7 +7,7 @@ import math
 from agent_tools.families import ModelFacts, StackFacts
 from agent_tools.schemas import Finding, NextCall, follow_up, rounded
 from agent_tools.tools.describe_model.models import DescribeModelInput, ModelDescription
-from agent_tools.wording import is_standard_scale, scale_phrase
+from agent_tools.wording import SAMPLE_TEXT, is_standard_scale, scale_phrase
 
 
 def scale_ratio(facts: ModelFacts | StackFacts) -> float:
@@ -65,9 +65,6 @@ def summary(name: str, facts: ModelFacts) -> str:
         f"Scores are q·k × {facts.scaling:.4g} ({scale_phrase(scale_ratio(facts))}); "
         f"positions: {facts.positional}; mask: {'causal' if facts.is_causal else 'bidirectional'}."
     )
-
-
-SAMPLE_TEXT = "The cat sat on the mat because it was tired."  # a text for the first look, when none is given
 
 
 def next_calls(args: DescribeModelInput, report: ModelDescription) -> list[NextCall]:

@@ -17,6 +17,7 @@ from agent_tools.traced_prompt.evidence import MEASURE_NAMES, Evidence, Verdict,
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
 from agent_tools.traced_prompt.models import AGREEMENT_RHO, NEGLIGIBLE_NATS, AnswerEvidence
 from agent_tools.traced_prompt.run import TraceRun
+from agent_tools.wording import listed
 
 FILLER_SHOWN = 5
 SUPPORTERS_SHOWN = 2
@@ -190,10 +191,9 @@ def filler_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
     if not numbers.filler:
         return ""
     tokens = traced.prompt.encoded.tokens
-    shown = ", ".join(f"{tokens[p].text!r} ({p})" for p in numbers.filler[:FILLER_SHOWN])
-    more = f" and {len(numbers.filler) - FILLER_SHOWN} more" if len(numbers.filler) > FILLER_SHOWN else ""
+    shown = listed([f"{tokens[p].text!r} ({p})" for p in numbers.filler], FILLER_SHOWN)
     verb = "set apart from" if numbers.exclude_filler else "counted in"
-    return f" Filler / secondary sinks {verb} 'read most': {shown}{more}."
+    return f" Filler / secondary sinks {verb} 'read most': {shown}."
 
 
 def evidence_findings(run: TraceRun) -> list[Finding]:

@@ -8,6 +8,8 @@ runs the model or decodes tokens: what the model answered arrives decoded, in th
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from agent_tools.schemas import Finding
@@ -157,10 +159,7 @@ def _template(traced: TracedPrompt, numbers: TraceNumbers, template: int) -> Fin
 
 
 def _tokens_read_most(generated: list[GeneratedToken]) -> Finding:
-    counts: dict[str, int] = {}
-    for item in generated:
-        counts[item.read_most] = counts.get(item.read_most, 0) + 1
-    favourite, times = max(counts.items(), key=lambda kv: kv[1])
+    favourite, times = Counter(item.read_most for item in generated).most_common(1)[0]  # ties: the first seen
     return Finding(
         kind="tokens_read_most",
         value=float(times),
