@@ -41,8 +41,10 @@ def _name(traced: TracedPrompt, index: int) -> str:
     return traced.prompt.names[index]
 
 
-def _rho(verdict: Verdict, a: str, b: str) -> float | None:
-    return next((rho for x, y, rho, _ in verdict.agreement if (x, y) == (a, b)), None)
+def _agreement(verdict: Verdict, a: str, b: str) -> tuple[float | None, bool]:
+    """How measures ``a`` and ``b`` agree: their rank correlation (None: undefined) and whether they put the same
+    segment first."""
+    return next(((rho, same) for x, y, rho, same in verdict.agreement if (x, y) == (a, b)), (None, False))
 
 
 def effect_words(name: str, delta: float, *, of: str = "log p") -> str:
@@ -160,7 +162,7 @@ def _agreement_clause(traced: TracedPrompt, numbers: TraceNumbers, verdict: Verd
     if read is None or moves is None or len(verdict.segments) < 2:
         return ""
     text = " " + reading_sentence(traced, numbers, prefix="Attention")
-    rho = _rho(verdict, "attention", "causal")
+    rho, _ = _agreement(verdict, "attention", "causal")
     order = f"ρ = {rho:.2f}" if rho is not None else "ρ undefined"
     count = len(verdict.segments)
     if verdict.agree:
@@ -172,11 +174,9 @@ def _agreement_clause(traced: TracedPrompt, numbers: TraceNumbers, verdict: Verd
             f" They disagree: removal moves {_name(traced, moves)!r} most, attention ranks it {place} of {count} "
             f"({order}; agreement needs the same top and ρ ≥ {AGREEMENT_RHO})."
         )
-    gradient_rho = _rho(verdict, "gradient", "removal")
     if "gradient" in verdict.measures and "removal" in verdict.measures:
-        values = verdict.measures["gradient"]
-        top = verdict.segments[max(range(len(values)), key=lambda i: values[i])]
-        same = next((s for a, b, _, s in verdict.agreement if (a, b) == ("gradient", "removal")), False)
+        gradient_rho, same = _agreement(verdict, "gradient", "removal")
+        [(_, top, _)] = _measure_lead(verdict, "gradient")
         shown = f"ρ = {gradient_rho:.2f}" if gradient_rho is not None else "ρ undefined"
         text += (
             f" Integrated gradients (an approximation of removal, whole answer) put {_name(traced, top)!r} first, "
