@@ -1,5 +1,5 @@
-"""Phrases several tools' sentences write the same way: a head's name, short lists, the score scale against
-1/sqrt(d_k), the random-head baseline.
+"""Phrases several tools' sentences write the same way: a signed change, a head's name, short lists, the score
+scale against 1/sqrt(d_k), the random-head baseline; and the sample text a next call suggests.
 
 Base layer: pure string functions of plain values (no torch, no pydantic), so every narrative can use them.
 """
@@ -7,6 +7,13 @@ Base layer: pure string functions of plain values (no torch, no pydantic), so ev
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+SAMPLE_TEXT = "The cat sat on the mat because it was tired."  # a next call's text for a first look, when none was given
+
+
+def signed(value: float) -> str:
+    """``+0.12``, ``-0.03``: a change to two decimals with its sign, never ``-0.00``."""
+    return f"{round(value, 2) + 0.0:+.2f}"  # + 0.0 turns -0.0 into 0.0
 
 
 def head_name(layer: int, head: int) -> str:

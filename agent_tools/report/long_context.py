@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from agent_tools.wording import head_name
+
 if TYPE_CHECKING:  # the CLI reads the threshold at start-up: nothing heavy is imported here
     from agent_tools.tools.find_retrieval_heads.models import FindRetrievalHeadsReport
     from agent_tools.tools.plan_kv_cache.models import PlanKvCacheReport
@@ -141,8 +143,8 @@ def _retrieval_sentences(report: FindRetrievalHeadsReport) -> list[str]:
     if report.heads:
         best = report.heads[0]
         heads = (
-            f"{len(report.heads)} heads score above 0; the best, L{best.layer}H{best.head}, scores {best.score:.2f} "
-            f"± {best.score_sd:.2f} (mean ± sd over the prompts)."
+            f"{len(report.heads)} heads score above 0; the best, {head_name(best.layer, best.head)}, scores "
+            f"{best.score:.2f} ± {best.score_sd:.2f} (mean ± sd over the prompts)."
         )
     else:
         heads = "no head scores above 0."

@@ -37,7 +37,7 @@ from agent_tools.tools.profile_heads.models import HeadProfiles
 from agent_tools.tools.reconstruct_attention.models import AttentionReconstruction
 from agent_tools.tools.reconstruct_attention.narrative import decisive_stage
 from agent_tools.tools.scaling_experiment.models import VANISHED, ScalingExperimentReport
-from agent_tools.wording import head_name
+from agent_tools.wording import head_name, head_names, signed
 
 if TYPE_CHECKING:
     from agent_tools.report.job import AnalysisResult
@@ -354,10 +354,9 @@ def _role_tops(profile: Any) -> str:
                 and evidence.baseline_mean is not None
             ):
                 word = "confirmed" if top.verdict == "is_role" else "attends only"
-                value, chance = round(evidence.value, 2) + 0.0, round(evidence.baseline_mean, 2) + 0.0  # no -0.00
                 said += (
-                    f"; {word}: mean-ablation {value:+.2f} nats vs {evidence.baseline_draws} random heads "
-                    f"{chance:+.2f} ± {evidence.baseline_spread:.2f}"
+                    f"; {word}: mean-ablation {signed(evidence.value)} nats vs {evidence.baseline_draws} random heads "
+                    f"{signed(evidence.baseline_mean)} ± {evidence.baseline_spread:.2f}"
                 )
             tops.append(said + ")")
     return ", ".join(tops)
@@ -402,8 +401,7 @@ def roles_step(result: AnalysisResult) -> StoryStep | None:
         )
     if check is not None:
         ablated = (
-            f", and {check.loss_second_copy_ablated:.2f} with "
-            f"{', '.join('L{}H{}'.format(*label.split('.')) for label in check.ablated_heads)} mean-ablated"
+            f", and {check.loss_second_copy_ablated:.2f} with {head_names(check.ablated_heads)} mean-ablated"
             if check.loss_second_copy_ablated is not None
             else ""
         )

@@ -14,7 +14,7 @@ from agent_tools.tools.ablate_heads.models import (
     DirectLogitAttribution,
     PositionEffect,
 )
-from agent_tools.wording import listed, random_heads
+from agent_tools.wording import head_name, listed, random_heads
 
 BEYOND_RULE = f"beyond chance: more than max({BASELINE_SIGMAS:g} × the draws' sd, {EFFECT_FLOOR:g}) from their mean"
 METHOD_WORDS = {
@@ -148,8 +148,8 @@ def dla_summary(dla: DirectLogitAttribution) -> str:
     top = dla.top_heads[0]
     return (
         f" Direct logit attribution to {dla.token!r} (logit {dla.logit:.3f}; final {dla.final_norm} scale frozen): "
-        f"the ablated heads write {ablated:+.3f} into it ({each}); the largest writer is L{top.layer}H{top.head} "
-        f"{top.logit:+.3f}."
+        f"the ablated heads write {ablated:+.3f} into it ({each}); the largest writer is "
+        f"{head_name(top.layer, top.head)} {top.logit:+.3f}."
     )
 
 
@@ -160,6 +160,6 @@ def dla_finding(dla: DirectLogitAttribution) -> Finding:
         layer=top.layer,
         head=top.head,
         value=top.logit,
-        detail=f"L{top.layer}H{top.head} writes {top.logit:+.3f} directly into the logit of {dla.token!r} (final "
-        f"{dla.final_norm} scale frozen); all heads together {dla.heads_total:+.3f} of {dla.logit:.3f}",
+        detail=f"{head_name(top.layer, top.head)} writes {top.logit:+.3f} directly into the logit of {dla.token!r} "
+        f"(final {dla.final_norm} scale frozen); all heads together {dla.heads_total:+.3f} of {dla.logit:.3f}",
     )

@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 
-from agent_tools.families import ModelFacts
+from agent_tools.families import ModelFacts, StackFacts
 from agent_tools.schemas import Finding, NextCall, follow_up, rounded
 from agent_tools.tools.describe_model.models import DescribeModelInput, ModelDescription
-from agent_tools.wording import is_standard_scale, scale_phrase
+from agent_tools.wording import SAMPLE_TEXT, is_standard_scale, scale_phrase
 
 
-@dataclass(frozen=True)
-class Scale:
-    """The factor the model multiplies q·k by, against the standard 1/sqrt(head_dim)."""
-
-    scaling: float
-    inverse_sqrt_head_dim: float
-    ratio: float  # scaling · sqrt(head_dim); 1.0 = standard
-
-    @property
-    def standard(self) -> bool:
-        return is_standard_scale(self.ratio)
+def scale_ratio(facts: ModelFacts | StackFacts) -> float:
+    """A model's (or stack's) scaling · sqrt(d_k), d_k the q·k width (head_dim except for MLA): 1.0 is standard."""
+    return facts.scaling * math.sqrt(facts.qk_dim)
 
 
 def mask_text(facts: ModelFacts) -> str:
@@ -35,16 +27,16 @@ def mask_text(facts: ModelFacts) -> str:
     return mask + "; padding keys masked"
 
 
-def findings(facts: ModelFacts, scale: Scale) -> list[Finding]:
+def findings(facts: ModelFacts) -> list[Finding]:
     """What is unusual about the attention: a non-standard scale, grouped-query attention, soft-capping."""
-    found = []
-    if not scale.standard:
+    found, ratio = [], scale_ratio(facts)
+    if not is_standard_scale(ratio):
         found.append(
             Finding(
                 kind="nonstandard_scale",
-                value=rounded(scale.ratio),
-                detail=f"scale {facts.scaling:.4g} is {scale.ratio:.3g}× the standard 1/sqrt({facts.qk_dim}) = "
-                f"{scale.inverse_sqrt_head_dim:.4g}",
+                value=rounded(ratio),
+                detail=f"scale {facts.scaling:.4g} is {ratio:.3g}× the standard 1/sqrt({facts.qk_dim}) = "
+                f"{1 / math.sqrt(facts.qk_dim):.4g}",
             )
         )
     if facts.num_kv_heads < facts.num_heads:
@@ -61,7 +53,7 @@ def findings(facts: ModelFacts, scale: Scale) -> list[Finding]:
     return found
 
 
-def summary(name: str, facts: ModelFacts, scale: Scale) -> str:
+def summary(name: str, facts: ModelFacts) -> str:
     """One paragraph: kind, size, scale, positions, mask."""
     kind = f"{'decoder' if facts.is_causal else 'encoder'} with"
     if facts.is_encoder_decoder:
@@ -70,12 +62,9 @@ def summary(name: str, facts: ModelFacts, scale: Scale) -> str:
         f"{name} is a {facts.family} {kind} {facts.num_layers} layers × "
         f"{facts.num_heads} heads (head_dim {facts.head_dim}, {facts.num_kv_heads} KV heads), "
         f"{facts.num_parameters / 1e6:.0f}M parameters. "
-        f"Scores are q·k × {facts.scaling:.4g} ({scale_phrase(scale.ratio)}); "
+        f"Scores are q·k × {facts.scaling:.4g} ({scale_phrase(scale_ratio(facts))}); "
         f"positions: {facts.positional}; mask: {'causal' if facts.is_causal else 'bidirectional'}."
     )
-
-
-SAMPLE_TEXT = "The cat sat on the mat because it was tired."  # a text for the first look, when none is given
 
 
 def next_calls(args: DescribeModelInput, report: ModelDescription) -> list[NextCall]:

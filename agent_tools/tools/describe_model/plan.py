@@ -40,7 +40,7 @@ from agent_tools.tools.describe_model.models import (
     ModelDescription,
     StackDescription,
 )
-from agent_tools.tools.describe_model.narrative import Scale, findings, mask_text, summary
+from agent_tools.tools.describe_model.narrative import findings, mask_text, scale_ratio, summary
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 FACT_FIELDS = (  # ModelFacts read into the report under the same name
@@ -51,7 +51,7 @@ FACT_FIELDS = (  # ModelFacts read into the report under the same name
 
 def stack_description(stack: StackFacts) -> StackDescription:
     """One stack's facts as the report states them (built from the :class:`StackFacts` fields)."""
-    ratio = stack.scaling * math.sqrt(stack.qk_dim)
+    ratio = scale_ratio(stack)
     return StackDescription.model_validate(asdict(stack) | {"scaling_ratio": ratio, "causal": stack.is_causal})
 
 
@@ -141,11 +141,8 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
     """
     described = _described(inspector, args.model)
     f = described.facts
-    scale = Scale(  # the q·k factor against 1/sqrt(d_k), d_k the q·k width (head_dim except for MLA)
-        scaling=f.scaling, inverse_sqrt_head_dim=1 / math.sqrt(f.qk_dim), ratio=f.scaling * math.sqrt(f.qk_dim)
-    )
     stacks = [stack_description(stack) for stack in f.stacks]
-    said = summary(described.name, f, scale)
+    said = summary(described.name, f)
     if f.is_encoder_decoder:
         said += (
             " Attention stacks (attention=): "
@@ -166,10 +163,10 @@ def describe_model(inspector: Inspector, args: DescribeModelInput) -> ModelDescr
             explained=EXPLAINED_PATH, model_default=str(getattr(described.config, "_attn_implementation", "eager"))
         ),
         summary=said,
-        findings=findings(f, scale),
+        findings=findings(f),
         **{name: getattr(f, name) for name in FACT_FIELDS},
-        inverse_sqrt_head_dim=scale.inverse_sqrt_head_dim,
-        scaling_ratio=scale.ratio,
+        inverse_sqrt_head_dim=1 / math.sqrt(f.qk_dim),
+        scaling_ratio=scale_ratio(f),
         causal=f.is_causal,
         mask=mask_text(f),
         language_model=f.is_language_model,

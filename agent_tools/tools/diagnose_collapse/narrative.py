@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from agent_tools.analysis.collapse import NO_OP_CONTRIBUTION, CollapseKind, Verdict
-from agent_tools.schemas import Finding, NextCall, Severity, follow_up, head_label
+from agent_tools.schemas import Finding, NextCall, Severity, head_label, text_follow_up
 from agent_tools.tools.diagnose_collapse.models import (
     AblationEffectRow,
     BaselineRow,
@@ -415,23 +415,19 @@ def next_calls(args: DiagnoseCollapseInput, report: CollapseReport) -> list[Next
     layer, head = focus[0]
     labels = [head_label(la, he) for la, he in (moved[:4] or focus[:1])]
     what = "the heads whose removal moved the loss" if moved else "the most collapsed head"
+    where, name = {"layer": layer, "head": head}, head_name(layer, head)
     return [
-        follow_up(
+        text_follow_up(
+            args,
             "ablate_heads",
-            {"text": args.text, "heads": labels},
+            {"heads": labels},
             f"remove {what} ({', '.join(labels)}) on this text and see KL, loss and top token against random heads",
-            model=args.model,
         ),
-        follow_up(
-            "show_attention",
-            {"text": args.text, "layer": layer, "head": head},
-            f"{head_name(layer, head)}'s map, query by query",
-            model=args.model,
-        ),
-        follow_up(
+        text_follow_up(args, "show_attention", where, f"{name}'s map, query by query"),
+        text_follow_up(
+            args,
             "reconstruct_attention",
-            {"text": args.text, "layer": layer, "head": head},
-            f"which step (scale, projections, positions, mask) makes {head_name(layer, head)} collapse",
-            model=args.model,
+            where,
+            f"which step (scale, projections, positions, mask) makes {name} collapse",
         ),
     ]

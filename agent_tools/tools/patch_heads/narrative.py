@@ -87,7 +87,7 @@ def _head(result: HeadPatchResult | HeadPositions) -> str:
 
 def _positions_text(item: HeadPositions, tokens_first: int = POSITIONS_SHOWN) -> str:
     ranked = sorted(item.positions, key=lambda p: -abs(p.restored))[:tokens_first]
-    shown = ", ".join(f"{p.position} {p.token!r} ({p.restored:.0%})" for p in ranked if abs(p.restored) >= 0.005)
+    shown = ", ".join(f"{p.position} {p.token!r} ({p.restored:.0%})" for p in ranked if abs(p.restored) >= NO_CHANGE)
     return f"{_head(item)} at {shown or 'no single position'}"
 
 

@@ -22,7 +22,7 @@ from agent_tools.tools.profile_heads.models import (
     RoleReport,
     TopHead,
 )
-from agent_tools.wording import head_name, head_names
+from agent_tools.wording import head_name, head_names, signed
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,6 @@ def _role_words(role: str) -> str:
     return role.replace("_", "-")
 
 
-def _signed(value: float) -> str:
-    return f"{round(value, 2) + 0.0:+.2f}"  # + 0.0: no "-0.00"
-
-
 def _a(words: str) -> str:
     return f"{'an' if words[0] in 'aeiou' else 'a'} {words}"
 
@@ -78,7 +74,7 @@ def effect_text(evidence: AblationEvidence) -> str:
         where = "probe's second-copy loss" if evidence.metric == "second_copy_loss_change" else "text's next-token loss"
         said = f"mean-ablation {'raises' if value >= 0 else 'lowers'} the {where} by {abs(value):.2f} nats"
     if evidence.baseline_draws and evidence.baseline_mean is not None:
-        mean, spread = _signed(evidence.baseline_mean), evidence.baseline_spread
+        mean, spread = signed(evidence.baseline_mean), evidence.baseline_spread
         said += f"; {evidence.baseline_draws} random heads: {mean} ± {spread:.2f}"
     return said
 
@@ -134,7 +130,7 @@ def _joint_text(rise: float, heads: list[str], baseline: tuple[int, float, float
     draws, mean, spread = baseline
     said = f"mean-ablating {head_names(heads)} together {'raises' if rise >= 0 else 'lowers'} it by {abs(rise):.2f}"
     if draws:
-        said += f" ({draws} random sets of {len(heads)}: {_signed(mean)} ± {spread:.2f})"
+        said += f" ({draws} random sets of {len(heads)}: {signed(mean)} ± {spread:.2f})"
     return said + ("" if exceeds else ", no more than random heads")
 
 
@@ -168,7 +164,7 @@ def _leader(report: RoleReport) -> str:
     if evidence is not None and evidence.baseline_mean is not None:
         word = {"is_role": "is one", "attends_only": "attends only"}.get(lead.verdict, "ablated")
         text += (
-            f" ({word}: ablation {_signed(evidence.value)} vs random {_signed(evidence.baseline_mean)} ± "
+            f" ({word}: ablation {signed(evidence.value)} vs random {signed(evidence.baseline_mean)} ± "
             f"{evidence.baseline_spread:.2f})"
         )
     return text

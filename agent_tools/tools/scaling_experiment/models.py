@@ -24,18 +24,22 @@ def significant(value: float) -> float:
 
 
 Significant3 = Annotated[float, AfterValidator(significant)]
+MAX_STEPS = 3000  # training steps per run at most
 
 
 class ScalingExperimentInput(DetailInput):
     small_head_dim: int = Field(default=16, ge=1, le=512, description="d_k")
     large_head_dim: int = Field(default=1024, ge=2, le=4096, description="d_k")
-    steps: int = Field(default=300, ge=1, le=3000, description="per run")
+    steps: int = Field(default=300, ge=1, le=MAX_STEPS, description="per run")
     learning_rate: float = Field(default=1.0, gt=0.0, le=100.0, allow_inf_nan=False, description="SGD learning rate")
     items: int = Field(default=16, ge=2, le=128, description="(key, label) items per example the query must search")
     batch: int = Field(default=64, ge=1, le=512, description="examples per step")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="same seed, same numbers")
     log_every: int | None = Field(
-        default=None, ge=1, le=3000, description=f"log every N steps; omitted = about {CURVE_POINTS} points per run"
+        default=None,
+        ge=1,
+        le=MAX_STEPS,
+        description=f"log every N steps; omitted = about {CURVE_POINTS} points per run",
     )
 
 

@@ -11,11 +11,13 @@ import math
 from agent_tools.analysis.metrics import SATURATION
 from agent_tools.schemas import Finding, NextCall, follow_up
 from agent_tools.tools.scaling_experiment.models import (
+    MAX_STEPS,
     VANISHED,
     ExperimentCurve,
     ScalingExperimentInput,
     ScalingExperimentReport,
 )
+from agent_tools.wording import SAMPLE_TEXT
 
 
 def task(d_model: int, labels: int, gain: float) -> str:
@@ -63,10 +65,6 @@ def summary(n: ScalingExperimentReport) -> str:
         f"{SATURATION}) "
         f"and ‖∂L/∂W_q‖ vanishes (< {VANISHED:g}) on {large_raw.vanished_gradient_fraction:.0%} of logged steps."
     )
-
-
-SAMPLE_TEXT = "The cat sat on the mat because it was tired."
-MAX_STEPS = 3000  # ScalingExperimentInput.steps' upper bound
 
 
 def next_calls(args: ScalingExperimentInput, report: ScalingExperimentReport) -> list[NextCall]:

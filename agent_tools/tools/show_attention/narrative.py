@@ -37,7 +37,7 @@ def most_read_finding(view: HeadView) -> Finding:
         position=view.top_key,
         token=view.top_token,
         value=rounded(view.top_share),
-        detail=f"L{view.layer}H{view.head} gives token {view.top_key} {view.top_token!r} "
+        detail=f"{head_name(view.layer, view.head)} gives token {view.top_key} {view.top_token!r} "
         f"{view.top_share:.1%} of its attention on average",
     )
 
@@ -61,8 +61,8 @@ def sink_finding(view: HeadView) -> Finding | None:
         position=first[0],
         token=first[1],
         value=rounded(share),
-        detail=f"L{view.layer}H{view.head} parks attention on {_keys_text(view.sinks)} (mean share over the other "
-        f"queries, each ≥ {SINK_SHARE:.0%} and ≥ 2× uniform)",
+        detail=f"{head_name(view.layer, view.head)} parks attention on {_keys_text(view.sinks)} (mean share over the "
+        f"other queries, each ≥ {SINK_SHARE:.0%} and ≥ 2× uniform)",
     )
 
 

@@ -17,6 +17,7 @@ from agent_tools.traced_prompt.evidence import MEASURE_NAMES, Evidence, Verdict,
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
 from agent_tools.traced_prompt.models import AGREEMENT_RHO, NEGLIGIBLE_NATS, AnswerEvidence
 from agent_tools.traced_prompt.run import TraceRun
+from agent_tools.wording import listed
 
 FILLER_SHOWN = 5
 SUPPORTERS_SHOWN = 2
@@ -40,8 +41,10 @@ def _name(traced: TracedPrompt, index: int) -> str:
     return traced.prompt.names[index]
 
 
-def _rho(verdict: Verdict, a: str, b: str) -> float | None:
-    return next((rho for x, y, rho, _ in verdict.agreement if (x, y) == (a, b)), None)
+def _agreement(verdict: Verdict, a: str, b: str) -> tuple[float | None, bool]:
+    """How measures ``a`` and ``b`` agree: their rank correlation (None: undefined) and whether they put the same
+    segment first."""
+    return next(((rho, same) for x, y, rho, same in verdict.agreement if (x, y) == (a, b)), (None, False))
 
 
 def effect_words(name: str, delta: float, *, of: str = "log p") -> str:
@@ -159,7 +162,7 @@ def _agreement_clause(traced: TracedPrompt, numbers: TraceNumbers, verdict: Verd
     if read is None or moves is None or len(verdict.segments) < 2:
         return ""
     text = " " + reading_sentence(traced, numbers, prefix="Attention")
-    rho = _rho(verdict, "attention", "causal")
+    rho, _ = _agreement(verdict, "attention", "causal")
     order = f"ρ = {rho:.2f}" if rho is not None else "ρ undefined"
     count = len(verdict.segments)
     if verdict.agree:
@@ -171,11 +174,9 @@ def _agreement_clause(traced: TracedPrompt, numbers: TraceNumbers, verdict: Verd
             f" They disagree: removal moves {_name(traced, moves)!r} most, attention ranks it {place} of {count} "
             f"({order}; agreement needs the same top and ρ ≥ {AGREEMENT_RHO})."
         )
-    gradient_rho = _rho(verdict, "gradient", "removal")
     if "gradient" in verdict.measures and "removal" in verdict.measures:
-        values = verdict.measures["gradient"]
-        top = verdict.segments[max(range(len(values)), key=lambda i: values[i])]
-        same = next((s for a, b, _, s in verdict.agreement if (a, b) == ("gradient", "removal")), False)
+        gradient_rho, same = _agreement(verdict, "gradient", "removal")
+        [(_, top, _)] = _measure_lead(verdict, "gradient")
         shown = f"ρ = {gradient_rho:.2f}" if gradient_rho is not None else "ρ undefined"
         text += (
             f" Integrated gradients (an approximation of removal, whole answer) put {_name(traced, top)!r} first, "
@@ -190,10 +191,9 @@ def filler_clause(traced: TracedPrompt, numbers: TraceNumbers) -> str:
     if not numbers.filler:
         return ""
     tokens = traced.prompt.encoded.tokens
-    shown = ", ".join(f"{tokens[p].text!r} ({p})" for p in numbers.filler[:FILLER_SHOWN])
-    more = f" and {len(numbers.filler) - FILLER_SHOWN} more" if len(numbers.filler) > FILLER_SHOWN else ""
+    shown = listed([f"{tokens[p].text!r} ({p})" for p in numbers.filler], FILLER_SHOWN)
     verb = "set apart from" if numbers.exclude_filler else "counted in"
-    return f" Filler / secondary sinks {verb} 'read most': {shown}{more}."
+    return f" Filler / secondary sinks {verb} 'read most': {shown}."
 
 
 def evidence_findings(run: TraceRun) -> list[Finding]:

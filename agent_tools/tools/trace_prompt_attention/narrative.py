@@ -8,6 +8,8 @@ runs the model or decodes tokens: what the model answered arrives decoded, in th
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from agent_tools.schemas import Finding
@@ -21,6 +23,7 @@ from agent_tools.traced_prompt.answer import STOP_WORDS
 from agent_tools.traced_prompt.measure import TracedPrompt, TraceNumbers
 from agent_tools.traced_prompt.models import GeneratedToken, MeasuredTrace
 from agent_tools.traced_prompt.run import TraceRun
+from agent_tools.wording import head_name
 
 PEAKS_SHOWN = 3
 
@@ -113,7 +116,7 @@ def _top_head(traced: TracedPrompt, numbers: TraceNumbers) -> Finding:
         layer=layer,
         head=head,
         value=value,
-        detail=f"L{layer}H{head} reads {_best(traced, numbers)!r} hardest: {value:.1%} of its attention",
+        detail=f"{head_name(layer, head)} reads {_best(traced, numbers)!r} hardest: {value:.1%} of its attention",
     )
 
 
@@ -156,10 +159,7 @@ def _template(traced: TracedPrompt, numbers: TraceNumbers, template: int) -> Fin
 
 
 def _tokens_read_most(generated: list[GeneratedToken]) -> Finding:
-    counts: dict[str, int] = {}
-    for item in generated:
-        counts[item.read_most] = counts.get(item.read_most, 0) + 1
-    favourite, times = max(counts.items(), key=lambda kv: kv[1])
+    favourite, times = Counter(item.read_most for item in generated).most_common(1)[0]  # ties: the first seen
     return Finding(
         kind="tokens_read_most",
         value=float(times),

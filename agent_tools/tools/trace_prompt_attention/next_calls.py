@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent_tools.prompt_segments import uncovered
-from agent_tools.schemas import ROLES, ChatMessage, NextCall
+from agent_tools.schemas import ROLES, ChatMessage, NextCall, follow_up, head_label
 from agent_tools.tools.trace_prompt_attention.models import PromptTrace, TracePromptInput
 from agent_tools.traced_prompt.measure import TracedPrompt
 from agent_tools.traced_prompt.models import generation_arguments, messages_argument, prompt_argument
+from agent_tools.wording import head_name
 
 
 def prompt_without(traced: TracedPrompt, prompt: str | Sequence[ChatMessage], name: str) -> Any:
@@ -113,11 +114,12 @@ def trace_next_calls(report: PromptTrace, traced: TracedPrompt, args: TracePromp
     top = next((f for f in report.findings if f.kind == "top_head"), None)
     if top is not None and top.layer is not None and top.head is not None:
         calls.append(
-            NextCall(
-                tool="ablate_heads",
-                arguments={"model": report.model, "text": report.rendered_prompt, "heads": [f"{top.layer}.{top.head}"]},
-                why=f"L{top.layer}H{top.head} reads {report.read_most!r} hardest; removing it shows whether that "
+            follow_up(
+                "ablate_heads",
+                {"text": report.rendered_prompt, "heads": [head_label(top.layer, top.head)]},
+                f"{head_name(top.layer, top.head)} reads {report.read_most!r} hardest; removing it shows whether that "
                 "reading matters for the next token",
+                model=report.model,
             )
         )
     return calls
