@@ -45,6 +45,7 @@ DECODER_TOKENS = 16
 MAX_LIST_ITEMS = 4096
 
 Result = TypeVar("Result")
+Next = TypeVar("Next")
 
 
 @dataclass
@@ -64,6 +65,14 @@ class PassPlan(Generic[Result]):
     layers: list[int] | None = None
     need_output: bool = False
     record_inputs: bool = False
+
+    def then(self, step: Callable[[Result], Next]) -> PassPlan[Next]:
+        """The same pass, its result handed on to ``step``."""
+        finish = self.finish
+        return PassPlan(
+            self.loaded, self.encoded, self.consumers, lambda output: step(finish(output)),
+            self.layers, self.need_output, self.record_inputs,
+        )  # fmt: skip
 
     def shares_pass_with(self, other: PassPlan[Any]) -> bool:
         """Same model, same tokens and mask, same layers: one forward pass serves both."""

@@ -1,7 +1,7 @@
 """diagnose_collapse's pass: one :class:`CollapseConsumer` over the requested layers, then the report built from it.
 
 The pass is declared as a :class:`PassPlan` so the ``analyze`` job can stream it together with other tools'
-consumers from one forward pass; run alone, :func:`diagnose_collapse` hands the same plan to
+consumers from one forward pass; run alone, the tool hands the same plan to
 ``inspector.execute``.
 """
 
@@ -45,17 +45,12 @@ from agent_tools.tools.diagnose_collapse.models import (
 from agent_tools.tools.diagnose_collapse.narrative import CollapseNumbers
 
 
-def diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> CollapseReport:
+def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> PassPlan[CollapseReport]:
     """Find collapsed heads (low entropy, max weight near 1), what they collapse onto, and whether it matters.
 
-    One forward pass over the requested layers; per-head statistics are accumulated per layer and query
-    chunk and the maps are dropped.
+    One forward pass over the requested layers (a :class:`CollapseConsumer`: per-head statistics are accumulated
+    per layer and query chunk and the maps are dropped), and the report built from it.
     """
-    return inspector.execute(plan_diagnose_collapse(inspector, args))
-
-
-def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> PassPlan[CollapseReport]:
-    """The pass (a :class:`CollapseConsumer` over the requested layers) and the report built from it."""
     loaded = inspector.model(args.model)
     stack = inspector.attention_stack(loaded, args.attention)
     layers = inspector.check_layers(loaded, args.layers, stack, "layers")
@@ -80,7 +75,16 @@ def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) ->
             rows = [r.model_copy(update={"kind": kinds.get((r.layer, r.head))}) for r in numbers.rows]
             numbers = replace(numbers, rows=rows, check=check)
         findings = narrative.findings(numbers, top_k=args.top_k)
-        png_path = _write_png(inspector, args, loaded, stack, layers, stats) if args.png else None
+        png_path = None
+        if args.png:  # the layer × head grid of (unrounded) mean max weight; heads not examined are blank
+            grid = [[math.nan] * stack.num_heads for _ in range(stack.num_layers)]
+            for s in stats:
+                grid[s.layer][s.head] = s.mean_max_weight
+            where = "" if stack.name == "self" else f"{stack.name}-"
+            path = inspector.artifact_path(f"collapse-{loaded.name}-{where}{text_digest(args.text)}", ".png")
+            title = f"{loaded.name} — {where}mean max attention weight (1 = collapsed)"
+            style = GridStyle("mean max weight", "magma", 0.0, 1.0)
+            png_path = str(grid_heatmap([grid[layer] for layer in layers], title, path, style))
         return CollapseReport(
             model=loaded.name,
             summary=on_stack(stack.name, narrative.summary(numbers)),
@@ -126,29 +130,6 @@ def _measure(stats: Sequence[HeadCollapse], encoded: Encoded, stack: StackFacts)
         bound_violations=sum(s.bound_violations for s in stats),
         rows_counted=sum(s.rows for s in stats),
     )
-
-
-def _write_png(
-    inspector: Inspector,
-    args: DiagnoseCollapseInput,
-    loaded: LoadedModel,
-    stack: StackFacts,
-    layers: list[int],
-    stats: list[HeadCollapse],
-) -> str:
-    """The layer × head grid of (unrounded) mean max weight; heads not examined are blank."""
-    grid = [[math.nan] * stack.num_heads for _ in range(stack.num_layers)]
-    for s in stats:
-        grid[s.layer][s.head] = s.mean_max_weight
-    where = "" if stack.name == "self" else f"{stack.name}-"
-    path = inspector.artifact_path(f"collapse-{loaded.name}-{where}{text_digest(args.text)}", ".png")
-    written = grid_heatmap(
-        [grid[layer] for layer in layers],
-        f"{loaded.name} — {where}mean max attention weight (1 = collapsed)",
-        path,
-        GridStyle("mean max weight", "magma", 0.0, 1.0),
-    )
-    return str(written)
 
 
 # --- the causal check: what removing each collapsed head does, against random heads -------------------------
