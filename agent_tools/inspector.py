@@ -222,6 +222,13 @@ class Inspector(Session):
         msg = f"attention={stack.name!r}: {why}; on {loaded.name!r} {where}"
         raise InvalidInputError(msg, field="attention")
 
+    def require_two_keys(self, encoded: Encoded, stack: StackFacts, why: str) -> None:
+        """On a causal stack, refuse an input of fewer than 2 keys (``why``: what the tool needs them for)."""
+        keys = len(encoded.key_tokens)
+        if stack.is_causal and keys < 2:
+            what = "the model's answer (what the decoder reads)" if stack.name == "decoder" else "text"
+            raise InvalidInputError(f"{what} is {keys} token; {why}", field="text")
+
     def encode_on(
         self, loaded: LoadedModel, text: str, stack: StackFacts, *, max_new_tokens: int | None = None
     ) -> Encoded:

@@ -22,7 +22,6 @@ from agent_tools.analysis.ablation import Baseline, compare_with_baseline
 from agent_tools.analysis.collapse import COLLAPSED_VERDICTS, HeadCollapse, collapse_kind, rank_heads
 from agent_tools.analysis.metrics import sink_key_mask
 from agent_tools.consumers.collapse import CollapseConsumer, output_grams_for
-from agent_tools.errors import InvalidInputError
 from agent_tools.families import StackFacts
 from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
 from agent_tools.intervene import AblationMethod
@@ -56,12 +55,8 @@ def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) ->
     layers = inspector.check_layers(loaded, args.layers, stack, "layers")
     heads = inspector.check_heads(loaded, args.heads, stack, "heads")
     encoded = inspector.encode_on(loaded, args.text, stack)
-    keys = encoded.key_tokens
-    if stack.is_causal and len(keys) < 2:
-        what = "the model's answer (what the decoder reads)" if stack.name == "decoder" else "text"
-        msg = f"{what} is {len(keys)} token; collapse needs at least 2 tokens so a query can choose between keys"
-        raise InvalidInputError(msg, field="text")
-    sinks = sink_key_mask([t.special for t in keys])  # (keys,): position 0 and the special tokens
+    inspector.require_two_keys(encoded, stack, "collapse needs at least 2 tokens so a query can choose between keys")
+    sinks = sink_key_mask([t.special for t in encoded.key_tokens])  # (keys,): position 0 and the special tokens
     grams = output_grams_for(loaded.model, layers, stack.num_heads, stack=stack.name)
     consumer = CollapseConsumer(sinks, heads=heads, threshold=args.threshold, output_grams=grams)
 

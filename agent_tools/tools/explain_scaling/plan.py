@@ -13,7 +13,6 @@ from torch import Tensor
 
 from agent_tools.analysis.scaling import synthetic_scaling_demo
 from agent_tools.consumers.scaling import ScalingConsumer, SettingSums
-from agent_tools.errors import InvalidInputError
 from agent_tools.families import StackFacts
 from agent_tools.inspector import Inspector, PassPlan
 from agent_tools.stack_input import on_stack
@@ -43,12 +42,7 @@ def plan_explain_scaling(inspector: Inspector, args: ExplainScalingInput) -> Pas
     heads = [inspector.check_head(loaded, args.head, stack)] if args.head is not None else every_head
     temperatures = list(args.temperatures) if args.temperatures is not None else list(DEFAULT_TEMPERATURES)
     encoded = inspector.encode_on(loaded, args.text, stack)
-    if stack.is_causal and len(encoded.key_tokens) < 2:
-        what = "the model's answer (what the decoder reads)" if stack.name == "decoder" else "text"
-        msg = (
-            f"{what} is {len(encoded.key_tokens)} token; the scale sweep needs at least 2 tokens so a query sees 2 keys"
-        )
-        raise InvalidInputError(msg, field="text")
+    inspector.require_two_keys(encoded, stack, "the scale sweep needs at least 2 tokens so a query sees 2 keys")
     consumer = ScalingConsumer(
         layer, heads, temperatures, model_scale=stack.scaling, query_prescaled=facts.query_prescaled
     )
