@@ -45,6 +45,7 @@ DECODER_TOKENS = 16
 MAX_LIST_ITEMS = 4096
 
 Result = TypeVar("Result")
+Next = TypeVar("Next")
 
 
 @dataclass
@@ -64,6 +65,14 @@ class PassPlan(Generic[Result]):
     layers: list[int] | None = None
     need_output: bool = False
     record_inputs: bool = False
+
+    def then(self, step: Callable[[Result], Next]) -> PassPlan[Next]:
+        """The same pass, its result handed on to ``step``."""
+        finish = self.finish
+        return PassPlan(
+            self.loaded, self.encoded, self.consumers, lambda output: step(finish(output)),
+            self.layers, self.need_output, self.record_inputs,
+        )  # fmt: skip
 
     def shares_pass_with(self, other: PassPlan[Any]) -> bool:
         """Same model, same tokens and mask, same layers: one forward pass serves both."""
@@ -212,6 +221,13 @@ class Inspector(Session):
         where = f"use attention = one of {usable}" if usable else "it has none of the stacks this tool takes"
         msg = f"attention={stack.name!r}: {why}; on {loaded.name!r} {where}"
         raise InvalidInputError(msg, field="attention")
+
+    def require_two_keys(self, encoded: Encoded, stack: StackFacts, why: str) -> None:
+        """On a causal stack, refuse an input of fewer than 2 keys (``why``: what the tool needs them for)."""
+        keys = len(encoded.key_tokens)
+        if stack.is_causal and keys < 2:
+            what = "the model's answer (what the decoder reads)" if stack.name == "decoder" else "text"
+            raise InvalidInputError(f"{what} is {keys} token; {why}", field="text")
 
     def encode_on(
         self, loaded: LoadedModel, text: str, stack: StackFacts, *, max_new_tokens: int | None = None

@@ -17,11 +17,11 @@ from agent_tools.tools.registry import ToolSpec
 
 
 class ExampleRuns:
-    """``spec.run`` of every tool's example (what a call computes before ``spec.check`` validates and cuts it)."""
+    """``spec.execute`` of every tool's example (what a call computes before ``spec.check`` validates and cuts it)."""
 
     def __init__(self, inspector: Inspector) -> None:
         self.inspector = inspector
-        self._runs = {name: spec.run(inspector, self.arguments(name)) for name, spec in TOOLS.items()}
+        self._runs = {name: spec.execute(inspector, self.arguments(name)) for name, spec in TOOLS.items()}
 
     @staticmethod
     def arguments(name: str, detail: str = "full") -> Any:

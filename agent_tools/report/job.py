@@ -204,15 +204,12 @@ class StepOutcomes:
 def _reconstruction_plan(inspector: Inspector, arguments: dict, outcomes: StepOutcomes) -> PassPlan[Report]:
     """reconstruct_attention's plan, finishing with its checked report and keeping the stage tensors."""
     spec = TOOLS["reconstruct_attention"]
-    plan = plan_reconstruction(inspector, spec.parse(arguments))
-    finish = plan.finish
 
-    def keep(output: object) -> Report:
-        rebuilt = finish(output)
+    def keep(rebuilt: Reconstruction) -> Report:
         outcomes.reconstruction = rebuilt
         return spec.check(rebuilt.report, inspector)
 
-    return PassPlan(plan.loaded, plan.encoded, plan.consumers, keep, layers=plan.layers, record_inputs=True)
+    return plan_reconstruction(inspector, spec.parse(arguments)).then(keep)
 
 
 def _prepare_plans(

@@ -128,7 +128,7 @@ class ToolSpec(Generic[In, Out]):
     description: str
     input_model: type[In]
     output_model: type[Out]
-    run: Callable[[Inspector, In], Out]
+    run: Callable[[Inspector, In], Out] | None  # None: the tool is its ``plan``, run on its own
     example: dict[str, Any]  # valid arguments on the default model: docs, MCP/LangChain tests, smoke runs
     plan: Callable[[Inspector, In], PassPlan[Out]] | None = None  # the pass as a plan others can share
     summary_lists: tuple[Top, ...] = ()  # what detail 'summary' cuts (the report stays ≤ 16 KB)
@@ -142,6 +142,8 @@ class ToolSpec(Generic[In, Out]):
         wrong = [a for a in self.advanced if a not in fields or fields[a].is_required() or a in ("detail", "model")]
         if wrong:
             raise TypeError(f"{self.name}: advanced arguments must be optional tuning knobs, not {wrong}")
+        if self.run is None and self.plan is None:
+            raise TypeError(f"{self.name} declares neither a run nor a plan")
 
     def parse(self, arguments: dict[str, Any] | In) -> In:
         """Validate raw arguments; errors keep pydantic's detail (field, value, what is valid)."""
@@ -163,7 +165,7 @@ class ToolSpec(Generic[In, Out]):
         # a call of its own when the surface opened none, so the report's path gap is never another call's text
         with nullcontext() if current_call() is not None else call_scope(CallContext()):
             try:
-                return self.check(self.run(inspector, parsed), inspector, arguments=parsed)
+                return self.check(self.execute(inspector, parsed), inspector, arguments=parsed)
             except AttentionToolError:
                 raise
             except Exception as exc:  # a bug, unless a float16 model overflowed on the input (the operator's dtype)
@@ -171,6 +173,13 @@ class ToolSpec(Generic[In, Out]):
                 if overflow is not None:
                     raise overflow from exc
                 raise
+
+    def execute(self, inspector: Inspector, arguments: In) -> Out:
+        """The tool's report before :meth:`check`: its ``run``, or its ``plan`` run on its own."""
+        if self.run is not None:
+            return self.run(inspector, arguments)
+        assert self.plan is not None
+        return inspector.execute(self.plan(inspector, arguments))
 
     def resolved(self, inspector: Inspector, arguments: dict[str, Any] | In) -> dict[str, Any] | In:
         """The arguments with every text handle (``"@text:..."``, from an earlier report's next calls) replaced
@@ -187,10 +196,7 @@ class ToolSpec(Generic[In, Out]):
         if self.plan is None:
             return None
         parsed = self.parse(self.resolved(inspector, arguments))
-        plan = self.plan(inspector, parsed)
-        finish = plan.finish
-        plan.finish = lambda output: self.check(finish(output), inspector, arguments=parsed)
-        return plan
+        return self.plan(inspector, parsed).then(lambda report: self.check(report, inspector, arguments=parsed))
 
     def check(self, report: Out, inspector: Inspector | None = None, *, arguments: In | None = None) -> Out:
         """Re-validate from plain data: a half-built report object is a bug, not a result. With the session's

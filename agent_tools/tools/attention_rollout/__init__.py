@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from agent_tools.tools.attention_rollout.models import DESCRIPTION, AttentionRolloutInput, RolloutReport
 from agent_tools.tools.attention_rollout.narrative import next_calls
-from agent_tools.tools.attention_rollout.plan import attention_rollout, plan_attention_rollout
+from agent_tools.tools.attention_rollout.plan import plan_attention_rollout
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SPEC",
     "AttentionRolloutInput",
     "RolloutReport",
-    "attention_rollout",
     "plan_attention_rollout",
 ]
 
@@ -25,7 +24,8 @@ SPEC = ToolSpec(
     description=DESCRIPTION,
     input_model=AttentionRolloutInput,
     output_model=RolloutReport,
-    run=attention_rollout,
+    run=None,
+    plan=plan_attention_rollout,
     example={"text": "The cat sat on the mat because it was tired."},
     summary_lists=(Top("sources", 16, by="share"),),
     next_calls=next_calls,

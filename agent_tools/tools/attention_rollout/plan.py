@@ -11,20 +11,16 @@ import torch
 from agent_tools.consumers.rollout import RolloutConsumer
 from agent_tools.consumers.target_row import TargetRowConsumer
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Encoded, Inspector, PassPlan
-from agent_tools.loading import LoadedModel
+from agent_tools.inspector import Inspector, PassPlan
 from agent_tools.stack_input import on_stack
 from agent_tools.tools.attention_rollout.models import AttentionRolloutInput, RolloutReport, SourceShare
 from agent_tools.tools.attention_rollout.narrative import RolloutNumbers, narrate
 
 
-def attention_rollout(inspector: Inspector, args: AttentionRolloutInput) -> RolloutReport:
-    """Rollout (Abnar & Zuidema 2020) for one target position: every source token's share, summing to 1."""
-    return inspector.execute(plan_attention_rollout(inspector, args))
-
-
 def plan_attention_rollout(inspector: Inspector, args: AttentionRolloutInput) -> PassPlan[RolloutReport]:
-    """Check the arguments and the memory budget, and declare the pass: rollout plus the target's raw row."""
+    """Rollout (Abnar & Zuidema 2020) for one target position: every source token's share, summing to 1.
+
+    Check the arguments and the memory budget, and declare the pass: rollout plus the target's raw row."""
     loaded = inspector.model(args.model)
     stack = inspector.attention_stack(loaded, args.attention)
     inspector.require_stack(loaded, stack, ("self", "encoder", "decoder"), CROSS_REFUSAL)
@@ -40,9 +36,41 @@ def plan_attention_rollout(inspector: Inspector, args: AttentionRolloutInput) ->
     target = TargetRowConsumer(last_layer, position)
 
     def finish(_output: object) -> RolloutReport:
+        """The target's (T,) rollout row and (T,) raw last-layer row -> the report (on the attention stack)."""
         raw = target.row if target.row is not None else torch.zeros(length)  # (T,) on the CPU
         row = rollout.rollout()[position].cpu().double()  # (T,): the one row of the rollout the report reads
-        return _report(loaded, encoded, args, stack.name, position=position, last_layer=last_layer, row=row, raw=raw)
+        tokens = encoded.query_tokens  # = the key tokens: rollout runs on a self-attention stack
+        shares: list[float] = row.tolist()
+        raw_values: list[float] = raw.tolist()
+        sources = [
+            SourceShare(position=j, token=tokens[j].text, share=shares[j], last_layer_attention=raw_values[j])
+            for j in range(len(tokens))
+        ]
+        top = [sources[j] for j in row.argsort(descending=True)[: args.top_k].tolist()]
+        numbers = RolloutNumbers(
+            position=position,
+            last_layer=last_layer,
+            residual=args.residual,
+            tokens=tokens,
+            shares=shares,
+            raw_max=float(raw.max()),
+            raw_argmax=int(raw.argmax()),
+            top=top,
+        )
+        summary, findings = narrate(numbers)
+        return RolloutReport(
+            model=loaded.name,
+            summary=on_stack(stack.name, summary),
+            findings=findings,
+            attention=stack.name,
+            position=position,
+            token=tokens[position].text,
+            layers=last_layer + 1,
+            residual=args.residual,
+            sources=sources,
+            top_sources=top,
+            total=sum(shares),
+        )
 
     return PassPlan(loaded, encoded, [rollout, target], finish, layers=list(range(last_layer + 1)), need_output=False)
 
@@ -62,54 +90,3 @@ def _target_position(position: int | None, length: int, *, causal: bool) -> int:
         msg = f"position {chosen} out of range 0..{length - 1} (or -{length}..-1 from the end) for this text"
         raise InvalidInputError(msg, field="position")
     return chosen % length
-
-
-def _report(
-    loaded: LoadedModel,
-    encoded: Encoded,
-    args: AttentionRolloutInput,
-    stack: str,
-    *,
-    position: int,
-    last_layer: int,
-    row: torch.Tensor,
-    raw: torch.Tensor,
-) -> RolloutReport:
-    """(T,) rollout row and (T,) raw last-layer row of the target -> the report (on the attention ``stack``)."""
-    tokens = encoded.query_tokens  # = the key tokens: rollout runs on a self-attention stack
-    shares: list[float] = row.tolist()
-    raw_values: list[float] = raw.tolist()
-    sources = [
-        SourceShare(
-            position=j,
-            token=tokens[j].text,
-            share=shares[j],
-            last_layer_attention=raw_values[j],
-        )
-        for j in range(len(tokens))
-    ]
-    top = [sources[j] for j in row.argsort(descending=True)[: args.top_k].tolist()]
-    numbers = RolloutNumbers(
-        position=position,
-        last_layer=last_layer,
-        residual=args.residual,
-        tokens=tokens,
-        shares=shares,
-        raw_max=float(raw.max()),
-        raw_argmax=int(raw.argmax()),
-        top=top,
-    )
-    summary, findings = narrate(numbers)
-    return RolloutReport(
-        model=loaded.name,
-        summary=on_stack(stack, summary),
-        findings=findings,
-        attention=stack,
-        position=position,
-        token=tokens[position].text,
-        layers=last_layer + 1,
-        residual=args.residual,
-        sources=sources,
-        top_sources=top,
-        total=sum(shares),
-    )

@@ -25,6 +25,9 @@ COMPARED = {  # SegmentComparison's column -> the trace's field, one column per 
 }
 
 
+PER_VARIANT = ("read_most", "next_tokens", "generated_text", "depends_on_most")  # a trace's fields the report pairs
+
+
 def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptComparison:
     """Compare two prompt variants: segment shares side by side, the largest shifts, and the change in output.
 
@@ -42,7 +45,11 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
     run_a, run_b = (trace(inspector, loaded, prompt, **trace_options(args)) for prompt in prepared)
     comparison = compare(run_a, run_b, generated=args.target == "generate")
     summary, findings = narrate(comparison)
-    a, b = comparison.a, comparison.b
+    paired: dict[str, Any] = {}  # each trace, and its own fields, as <field>_a / <field>_b
+    for side, measured in (("a", comparison.a), ("b", comparison.b)):
+        paired |= {f"{field}_{side}": getattr(measured, field) for field in PER_VARIANT}
+        paired |= {f"inserted_{side}": [s.name for s in measured.segments if s.kind == "inserted"]}
+        paired |= {f"trace_{side}": measured}
     return PromptComparison(
         model=loaded.name,
         attention=run_a.traced.stack,
@@ -50,21 +57,10 @@ def compare_prompts(inspector: Inspector, args: ComparePromptsInput) -> PromptCo
         findings=findings,
         target=args.target,
         segments=comparison.rows,
-        read_most_a=a.read_most,
-        read_most_b=b.read_most,
         next_token_kl=comparison.kl,
-        next_tokens_a=a.next_tokens,
-        next_tokens_b=b.next_tokens,
         same_top_token=comparison.same_top_token,
-        generated_text_a=a.generated_text,
-        generated_text_b=b.generated_text,
         first_difference=comparison.first_difference,
-        depends_on_most_a=a.depends_on_most,
-        depends_on_most_b=b.depends_on_most,
-        inserted_a=[s.name for s in a.segments if s.kind == "inserted"],
-        inserted_b=[s.name for s in b.segments if s.kind == "inserted"],
-        trace_a=a,
-        trace_b=b,
+        **paired,
         next_calls=_next_calls(loaded.name, args, comparison),
     )
 

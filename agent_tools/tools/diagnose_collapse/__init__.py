@@ -12,14 +12,13 @@ from agent_tools.tools.diagnose_collapse.models import (
     DiagnoseCollapseInput,
 )
 from agent_tools.tools.diagnose_collapse.narrative import next_calls
-from agent_tools.tools.diagnose_collapse.plan import diagnose_collapse, plan_diagnose_collapse
+from agent_tools.tools.diagnose_collapse.plan import plan_diagnose_collapse
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SPEC",
     "CollapseReport",
     "DiagnoseCollapseInput",
-    "diagnose_collapse",
     "plan_diagnose_collapse",
 ]
 
@@ -28,7 +27,7 @@ SPEC = ToolSpec(
     description=DESCRIPTION,
     input_model=DiagnoseCollapseInput,
     output_model=CollapseReport,
-    run=diagnose_collapse,
+    run=None,
     plan=plan_diagnose_collapse,
     example={"text": "The cat sat on the mat because it was tired.", "top_k": 5},
     summary_lists=(Top("heads", 10, order="first", label="collapse"),),  # already most collapsed first

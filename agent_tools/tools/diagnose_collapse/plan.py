@@ -1,7 +1,7 @@
 """diagnose_collapse's pass: one :class:`CollapseConsumer` over the requested layers, then the report built from it.
 
 The pass is declared as a :class:`PassPlan` so the ``analyze`` job can stream it together with other tools'
-consumers from one forward pass; run alone, :func:`diagnose_collapse` hands the same plan to
+consumers from one forward pass; run alone, the tool hands the same plan to
 ``inspector.execute``.
 """
 
@@ -22,7 +22,6 @@ from agent_tools.analysis.ablation import compare_with_baseline
 from agent_tools.analysis.collapse import COLLAPSED_VERDICTS, HeadCollapse, collapse_kind, rank_heads
 from agent_tools.analysis.metrics import Baseline, sink_key_mask
 from agent_tools.consumers.collapse import CollapseConsumer, output_grams_for
-from agent_tools.errors import InvalidInputError
 from agent_tools.families import StackFacts
 from agent_tools.inspector import Encoded, Inspector, PassPlan, text_digest
 from agent_tools.intervene import AblationMethod
@@ -45,28 +44,19 @@ from agent_tools.tools.diagnose_collapse.models import (
 from agent_tools.tools.diagnose_collapse.narrative import CollapseNumbers
 
 
-def diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> CollapseReport:
+def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> PassPlan[CollapseReport]:
     """Find collapsed heads (low entropy, max weight near 1), what they collapse onto, and whether it matters.
 
-    One forward pass over the requested layers; per-head statistics are accumulated per layer and query
-    chunk and the maps are dropped.
+    One forward pass over the requested layers (a :class:`CollapseConsumer`: per-head statistics are accumulated
+    per layer and query chunk and the maps are dropped), and the report built from it.
     """
-    return inspector.execute(plan_diagnose_collapse(inspector, args))
-
-
-def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) -> PassPlan[CollapseReport]:
-    """The pass (a :class:`CollapseConsumer` over the requested layers) and the report built from it."""
     loaded = inspector.model(args.model)
     stack = inspector.attention_stack(loaded, args.attention)
     layers = inspector.check_layers(loaded, args.layers, stack, "layers")
     heads = inspector.check_heads(loaded, args.heads, stack, "heads")
     encoded = inspector.encode_on(loaded, args.text, stack)
-    keys = encoded.key_tokens
-    if stack.is_causal and len(keys) < 2:
-        what = "the model's answer (what the decoder reads)" if stack.name == "decoder" else "text"
-        msg = f"{what} is {len(keys)} token; collapse needs at least 2 tokens so a query can choose between keys"
-        raise InvalidInputError(msg, field="text")
-    sinks = sink_key_mask([t.special for t in keys])  # (keys,): position 0 and the special tokens
+    inspector.require_two_keys(encoded, stack, "collapse needs at least 2 tokens so a query can choose between keys")
+    sinks = sink_key_mask([t.special for t in encoded.key_tokens])  # (keys,): position 0 and the special tokens
     grams = output_grams_for(loaded.model, layers, stack.num_heads, stack=stack.name)
     consumer = CollapseConsumer(sinks, heads=heads, threshold=args.threshold, output_grams=grams)
 
@@ -80,7 +70,16 @@ def plan_diagnose_collapse(inspector: Inspector, args: DiagnoseCollapseInput) ->
             rows = [r.model_copy(update={"kind": kinds.get((r.layer, r.head))}) for r in numbers.rows]
             numbers = replace(numbers, rows=rows, check=check)
         findings = narrative.findings(numbers, top_k=args.top_k)
-        png_path = _write_png(inspector, args, loaded, stack, layers, stats) if args.png else None
+        png_path = None
+        if args.png:  # the layer × head grid of (unrounded) mean max weight; heads not examined are blank
+            grid = [[math.nan] * stack.num_heads for _ in range(stack.num_layers)]
+            for s in stats:
+                grid[s.layer][s.head] = s.mean_max_weight
+            where = "" if stack.name == "self" else f"{stack.name}-"
+            path = inspector.artifact_path(f"collapse-{loaded.name}-{where}{text_digest(args.text)}", ".png")
+            title = f"{loaded.name} — {where}mean max attention weight (1 = collapsed)"
+            style = GridStyle("mean max weight", "magma", 0.0, 1.0)
+            png_path = str(grid_heatmap([grid[layer] for layer in layers], title, path, style))
         return CollapseReport(
             model=loaded.name,
             summary=on_stack(stack.name, narrative.summary(numbers)),
@@ -126,29 +125,6 @@ def _measure(stats: Sequence[HeadCollapse], encoded: Encoded, stack: StackFacts)
         bound_violations=sum(s.bound_violations for s in stats),
         rows_counted=sum(s.rows for s in stats),
     )
-
-
-def _write_png(
-    inspector: Inspector,
-    args: DiagnoseCollapseInput,
-    loaded: LoadedModel,
-    stack: StackFacts,
-    layers: list[int],
-    stats: list[HeadCollapse],
-) -> str:
-    """The layer × head grid of (unrounded) mean max weight; heads not examined are blank."""
-    grid = [[math.nan] * stack.num_heads for _ in range(stack.num_layers)]
-    for s in stats:
-        grid[s.layer][s.head] = s.mean_max_weight
-    where = "" if stack.name == "self" else f"{stack.name}-"
-    path = inspector.artifact_path(f"collapse-{loaded.name}-{where}{text_digest(args.text)}", ".png")
-    written = grid_heatmap(
-        [grid[layer] for layer in layers],
-        f"{loaded.name} — {where}mean max attention weight (1 = collapsed)",
-        path,
-        GridStyle("mean max weight", "magma", 0.0, 1.0),
-    )
-    return str(written)
 
 
 # --- the causal check: what removing each collapsed head does, against random heads -------------------------

@@ -12,14 +12,13 @@ from agent_tools.tools.explain_scaling.models import (
     ScalingReport,
 )
 from agent_tools.tools.explain_scaling.narrative import next_calls
-from agent_tools.tools.explain_scaling.plan import explain_scaling, plan_explain_scaling
+from agent_tools.tools.explain_scaling.plan import plan_explain_scaling
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SPEC",
     "ExplainScalingInput",
     "ScalingReport",
-    "explain_scaling",
     "plan_explain_scaling",
 ]
 
@@ -28,7 +27,7 @@ SPEC = ToolSpec(
     description=DESCRIPTION,
     input_model=ExplainScalingInput,
     output_model=ScalingReport,
-    run=explain_scaling,
+    run=None,
     plan=plan_explain_scaling,
     example={"text": "The cat sat on the mat because it was tired.", "layer": 3},
     summary_lists=(Top("head_variances", 12, by="raw_variance"),),

@@ -16,7 +16,7 @@ from agent_tools.tools.find_circuit.models import (
 from agent_tools.tools.find_circuit.plan import find_circuit
 from agent_tools.tools.registry import ToolSpec, Top
 
-__all__ = ["SPEC", "CircuitEdge", "CircuitNode", "CircuitReport", "CurvePoint", "FindCircuitInput", "find_circuit"]
+__all__ = ["SPEC", "CircuitReport", "FindCircuitInput", "find_circuit"]
 
 SPEC = ToolSpec(
     name="find_circuit",

@@ -14,14 +14,13 @@ from agent_tools.tools.inspect_projections.models import (
     ProjectionReport,
 )
 from agent_tools.tools.inspect_projections.narrative import next_calls
-from agent_tools.tools.inspect_projections.plan import inspect_projections, plan_inspect_projections
+from agent_tools.tools.inspect_projections.plan import plan_inspect_projections
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
     "SPEC",
     "InspectProjectionsInput",
     "ProjectionReport",
-    "inspect_projections",
     "plan_inspect_projections",
 ]
 
@@ -30,7 +29,7 @@ SPEC = ToolSpec(
     description=DESCRIPTION,
     input_model=InspectProjectionsInput,
     output_model=ProjectionReport,
-    run=inspect_projections,
+    run=None,
     plan=plan_inspect_projections,
     example={"text": "The cat sat on the mat because it was tired.", "layer": 3, "head": 0},
     summary_lists=(

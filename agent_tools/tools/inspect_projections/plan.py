@@ -52,23 +52,15 @@ CROSS_REFUSAL = (
 )
 
 
-def inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> ProjectionReport:
-    """Compare one head's W_Q, W_K, W_V, W_O (norms, singular values, effective rank, principal angles), the
-    query heads sharing its KV head, and the attention it would have with Q = K = V = the layer's input."""
-    return inspector.execute(plan_inspect_projections(inspector, args))
-
-
 def plan_inspect_projections(inspector: Inspector, args: InspectProjectionsInput) -> PassPlan[ProjectionReport]:
-    """The pass over the head's layer (its input recorded) and the report built from it."""
+    """Compare one head's W_Q, W_K, W_V, W_O (norms, singular values, effective rank, principal angles), the
+    query heads sharing its KV head, and the attention it would have with Q = K = V = the layer's input: the pass
+    over the head's layer (its input recorded) and the report built from it."""
     target = head_on_text(inspector, args, CROSS_REFUSAL)
     stack, head = target.stack, target.head
     others = [h for h in stack.heads_sharing_kv(stack.kv_head_of(head)) if h != head]
     capture = plan_head_inputs(inspector, target.loaded, target.encoded, target.layer, [head, *others])
-
-    def finish(output: object) -> ProjectionReport:
-        return _report(inspector, args, target, capture.finish(output), others)
-
-    return PassPlan(target.loaded, target.encoded, capture.consumers, finish, layers=[target.layer], record_inputs=True)
+    return capture.then(lambda inputs: _report(inspector, args, target, inputs, others))
 
 
 def _report(

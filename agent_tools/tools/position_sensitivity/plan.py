@@ -18,6 +18,7 @@ from agent_tools.tools.position_sensitivity.models import (
     PositionSensitivityReport,
 )
 from agent_tools.tools.position_sensitivity.narrative import curve_shape, findings, summary
+from agent_tools.traced_prompt.models import prompt_argument
 
 Prompt = str | list[ChatMessage]
 
@@ -151,9 +152,7 @@ def position_sensitivity(inspector: Inspector, args: PositionSensitivityInput) -
                 tool="trace_prompt_attention",
                 arguments={
                     "model": loaded.name,
-                    "prompt": [m.model_dump() for m in args.prompt]
-                    if not isinstance(args.prompt, str)
-                    else args.prompt,
+                    "prompt": prompt_argument(args.prompt),
                     "segments": [s.model_dump(exclude_none=True) for s in args.segments],
                 },
                 why="which segment the answer reads and depends on at the original position (causal check)",

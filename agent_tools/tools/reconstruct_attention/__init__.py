@@ -13,12 +13,7 @@ from agent_tools.tools.reconstruct_attention.models import (
     ReconstructAttentionInput,
 )
 from agent_tools.tools.reconstruct_attention.narrative import next_calls
-from agent_tools.tools.reconstruct_attention.plan import (
-    Reconstruction,
-    plan_reconstruct_attention,
-    plan_reconstruction,
-    reconstruct_attention,
-)
+from agent_tools.tools.reconstruct_attention.plan import Reconstruction, plan_reconstruct_attention, plan_reconstruction
 from agent_tools.tools.registry import ToolSpec, Top
 
 __all__ = [
@@ -28,7 +23,6 @@ __all__ = [
     "Reconstruction",
     "plan_reconstruct_attention",
     "plan_reconstruction",
-    "reconstruct_attention",
 ]
 
 SPEC = ToolSpec(
@@ -36,7 +30,7 @@ SPEC = ToolSpec(
     description=DESCRIPTION,
     input_model=ReconstructAttentionInput,
     output_model=AttentionReconstruction,
-    run=reconstruct_attention,
+    run=None,
     plan=plan_reconstruct_attention,
     example={"text": "The cat sat on the mat because it was tired.", "layer": 3, "head": 0},
     summary_lists=(

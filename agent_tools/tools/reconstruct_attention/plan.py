@@ -52,26 +52,14 @@ CROSS_REFUSAL = (
 )
 
 
-def reconstruct_attention(inspector: Inspector, args: ReconstructAttentionInput) -> AttentionReconstruction:
-    """Rebuild one head's attention in five stages and measure each: raw x·xᵀ, divided by sqrt(d_k),
-    projected with W_Q/W_K, with positions (RoPE), with the mask (and soft-capping) → the model's map."""
-    return inspector.execute(plan_reconstruct_attention(inspector, args))
-
-
 def plan_reconstruct_attention(
     inspector: Inspector, args: ReconstructAttentionInput
 ) -> PassPlan[AttentionReconstruction]:
-    """The pass over the head's layer (its input recorded) and the report built from it: shareable in ``analyze``."""
-    plan = plan_reconstruction(inspector, args)
-    finish = plan.finish
-    return PassPlan(
-        plan.loaded,
-        plan.encoded,
-        plan.consumers,
-        lambda output: finish(output).report,
-        layers=plan.layers,
-        record_inputs=plan.record_inputs,
-    )
+    """Rebuild one head's attention in five stages and measure each: raw x·xᵀ, divided by sqrt(d_k),
+    projected with W_Q/W_K, with positions (RoPE), with the mask (and soft-capping) → the model's map.
+
+    The pass over the head's layer (its input recorded) and the report built from it: shareable in ``analyze``."""
+    return plan_reconstruction(inspector, args).then(lambda reconstruction: reconstruction.report)
 
 
 def plan_reconstruction(inspector: Inspector, args: ReconstructAttentionInput) -> PassPlan[Reconstruction]:
@@ -79,8 +67,7 @@ def plan_reconstruction(inspector: Inspector, args: ReconstructAttentionInput) -
     target = head_on_text(inspector, args, CROSS_REFUSAL)
     capture = plan_head_inputs(inspector, target.loaded, target.encoded, target.layer, [target.head])
 
-    def finish(output: object) -> Reconstruction:
-        inputs = capture.finish(output)
+    def finish(inputs: HeadInputs) -> Reconstruction:
         stages = reconstruct(inputs, mask_every_stage=args.mask_every_stage)
         recipe = _recipe(target, inputs, describe_mask(inputs.allowed()), mask_every_stage=args.mask_every_stage)
         digest = text_digest(args.text)
@@ -98,7 +85,7 @@ def plan_reconstruction(inspector: Inspector, args: ReconstructAttentionInput) -
         ]
         return Reconstruction(_report(target, inputs, recipe, reports), stages, inputs)
 
-    return PassPlan(target.loaded, target.encoded, capture.consumers, finish, layers=capture.layers, record_inputs=True)
+    return capture.then(finish)
 
 
 def _recipe(target: HeadOnText, inputs: HeadInputs, mask_text: str, *, mask_every_stage: bool) -> Recipe:

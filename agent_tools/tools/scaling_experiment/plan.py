@@ -12,7 +12,8 @@ from dataclasses import asdict
 
 from agent_tools.analysis.scaling import ExperimentRun, train_retrieval
 from agent_tools.errors import InvalidInputError
-from agent_tools.inspector import Inspector, current_call
+from agent_tools.inspector import Inspector
+from agent_tools.session import call_checkpoint
 from agent_tools.tools.scaling_experiment import narrative
 from agent_tools.tools.scaling_experiment.models import (
     CURVE_POINTS,
@@ -52,8 +53,7 @@ def _train_runs(args: ScalingExperimentInput) -> list[ExperimentRun]:
     one call is minutes of CPU, which a deadline that only answered would leave running).
     """
     log_every = args.log_every or max(1, args.steps // CURVE_POINTS)
-    call = current_call()
-    checkpoint = None if call is None else call.check
+    checkpoint = call_checkpoint()
     return [
         train_retrieval(
             head_dim,
