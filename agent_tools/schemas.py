@@ -263,12 +263,6 @@ def register_notebook_renderer(fmt: NotebookFormat, render: Callable[[Report], s
     NOTEBOOK_RENDERERS[fmt] = render
 
 
-MODEL_FIELD_DESCRIPTION = (
-    "model to inspect: a bundled alias (smollm2-135m-instruct, minilm-l6), a local folder or .gguf file, "
-    "or a hub id; omitted = the session's default"
-)
-
-
 Detail = Literal["summary", "full"]
 DETAILS: tuple[str, ...] = get_args(Detail)
 
@@ -289,7 +283,12 @@ class DetailInput(ToolInput):
 
 
 class ModelInput(DetailInput):
-    model: str | None = Field(default=None, description=MODEL_FIELD_DESCRIPTION, max_length=500)
+    model: str | None = Field(
+        default=None,
+        description="model to inspect: a bundled alias (smollm2-135m-instruct, minilm-l6), a local folder or .gguf "
+        "file, or a hub id; omitted = the session's default",
+        max_length=500,
+    )
 
 
 class TextInput(ModelInput):
