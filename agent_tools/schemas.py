@@ -300,6 +300,13 @@ def text_follow_up(args: TextInput, tool: str, arguments: dict[str, Any], why: s
     return follow_up(tool, {"text": args.text} | arguments, why, model=args.model)
 
 
+class HeadRow(BaseModel):
+    """Base of a report row about one head: its layer and head, the row's first fields."""
+
+    layer: int
+    head: int
+
+
 class KeyWeight(BaseModel):
     position: int
     token: str
