@@ -307,7 +307,12 @@ class HeadRow(BaseModel):
     head: int
 
 
-class KeyWeight(BaseModel):
+class TokenRow(BaseModel):
+    """Base of a report row about one token: its position and text, the row's first fields."""
+
     position: int
     token: str
+
+
+class KeyWeight(TokenRow):
     weight: Rounded
