@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 from agent_tools.policy import ModelPolicy
 from agent_tools.prompts import INSTRUCTIONS_FILE, read_prompt_file, render_tool_mentions
@@ -67,6 +67,17 @@ _ABSENT = object()
 _MAX_EXACT_INT = 2**53  # ids beyond it are left to the SDK
 # JSON-RPC's error codes (as the SDK's ``types`` names them; here without importing it)
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
+
+
+def exit_flushed(code: int, streams: Iterable[Any]) -> NoReturn:
+    """Flush ``streams`` (passing over those that are gone or closed) and end the process now with ``code``."""
+    for stream in streams:
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def server_instructions(tools: list[str], policy: ModelPolicy) -> str:

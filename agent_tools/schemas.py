@@ -263,12 +263,6 @@ def register_notebook_renderer(fmt: NotebookFormat, render: Callable[[Report], s
     NOTEBOOK_RENDERERS[fmt] = render
 
 
-MODEL_FIELD_DESCRIPTION = (
-    "model to inspect: a bundled alias (smollm2-135m-instruct, minilm-l6), a local folder or .gguf file, "
-    "or a hub id; omitted = the session's default"
-)
-
-
 Detail = Literal["summary", "full"]
 DETAILS: tuple[str, ...] = get_args(Detail)
 
@@ -289,7 +283,12 @@ class DetailInput(ToolInput):
 
 
 class ModelInput(DetailInput):
-    model: str | None = Field(default=None, description=MODEL_FIELD_DESCRIPTION, max_length=500)
+    model: str | None = Field(
+        default=None,
+        description="model to inspect: a bundled alias (smollm2-135m-instruct, minilm-l6), a local folder or .gguf "
+        "file, or a hub id; omitted = the session's default",
+        max_length=500,
+    )
 
 
 class TextInput(ModelInput):
@@ -301,7 +300,19 @@ def text_follow_up(args: TextInput, tool: str, arguments: dict[str, Any], why: s
     return follow_up(tool, {"text": args.text} | arguments, why, model=args.model)
 
 
-class KeyWeight(BaseModel):
+class HeadRow(BaseModel):
+    """Base of a report row about one head: its layer and head, the row's first fields."""
+
+    layer: int
+    head: int
+
+
+class TokenRow(BaseModel):
+    """Base of a report row about one token: its position and text, the row's first fields."""
+
     position: int
     token: str
+
+
+class KeyWeight(TokenRow):
     weight: Rounded

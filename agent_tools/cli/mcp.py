@@ -170,13 +170,9 @@ def _ended(code: int, why: str = "") -> None:
         stop_running_calls("the server was interrupted" if code else "the server ended")
     if why:
         print(f"attention-explainer MCP server: {why}", file=sys.stderr)
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    from agent_tools.mcp_front import exit_flushed
+
+    exit_flushed(code, (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__))
 
 
 def server_policy(args: argparse.Namespace) -> ModelPolicy:

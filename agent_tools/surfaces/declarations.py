@@ -57,21 +57,19 @@ def output_schema(spec: ToolSpec, *, budget: int = OUTPUT_SCHEMA_BUDGET) -> dict
         shaped[largest] = coarse[largest]
     # Still over: the largest fields an agent reads least leave ``properties`` (still listed in ``required``, and
     # allowed because the schema then drops ``additionalProperties: false``): a looser schema, never a wrong one.
+    # Then (a report of many numbers) its last scalars leave too, those that may be null first; the core fields
+    # (model, summary, findings, next calls) always stay.
     while _json_size(schema) > budget:
-        droppable = [name for name in shaped if name not in CORE_REPORT_FIELDS and not _is_scalar(shaped[name])]
-        if not droppable:
+        rest = [name for name in shaped if name not in CORE_REPORT_FIELDS]
+        droppable = [name for name in rest if not _is_scalar(shaped[name])]
+        if droppable:
+            leaving = max(droppable, key=lambda name: (_json_size(shaped[name]), name))
+        elif rest:
+            leaving = max(rest, key=lambda name: ("null" in json.dumps(shaped[name]), rest.index(name)))
+        else:
             break
         schema.pop("additionalProperties", None)
-        del shaped[max(droppable, key=lambda name: (_json_size(shaped[name]), name))]
-    # Still over (a report of many numbers): its last scalars leave too, those that may be null first; the core
-    # fields (model, summary, findings, next calls) always stay.
-    while _json_size(schema) > budget:
-        scalars = [name for name in shaped if name not in CORE_REPORT_FIELDS]
-        if not scalars:
-            break
-        schema.pop("additionalProperties", None)
-        order = {name: index for index, name in enumerate(scalars)}
-        del shaped[max(scalars, key=lambda name: ("null" in json.dumps(shaped[name]), order[name]))]
+        del shaped[leaving]
     return schema
 
 

@@ -37,7 +37,6 @@ import ipaddress
 import itertools
 import json
 import logging
-import os
 import re
 import sys
 import threading
@@ -66,6 +65,7 @@ from agent_tools.mcp_front import (
     MAX_LINE_BYTES,
     SERVER_NAME,
     RpcProblem,
+    exit_flushed,
     read_message,
     server_instructions,
     tool_listing,
@@ -611,13 +611,7 @@ def _stdin_closed(exit_after: float | None) -> None:
     def exit_later() -> None:
         time.sleep(STOP_GRACE_SECONDS + exit_after)
         logger.warning("a call did not stop within %.1f s of stdin closing; exiting", STOP_GRACE_SECONDS + exit_after)
-        for stream in (sys.stderr, sys.__stderr__):
-            try:
-                if stream is not None:
-                    stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(0)
+        exit_flushed(0, (sys.stderr, sys.__stderr__))
 
     threading.Thread(target=exit_later, name="stdin-closed exit", daemon=True).start()
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, BeforeValidator, Field
 
 from agent_tools.inspector import MAX_NEW_TOKENS
-from agent_tools.schemas import ChatMessage, KeyWeight, Rounded, Rounded6
+from agent_tools.schemas import ChatMessage, KeyWeight, Rounded, Rounded6, TokenRow
 from agent_tools.segment_attribution import CausalAttribution
 
 Target = Literal["last", "generate"]
@@ -100,9 +100,7 @@ MaxNewTokens = Annotated[
 message)."""
 
 
-class TokenShare(BaseModel):
-    position: int
-    token: str
+class TokenShare(TokenRow):
     share: Rounded = Field(description="share of the answer's attention on this token (mean over layers and heads)")
     value_share: Rounded | None = Field(default=None, description="its share of ‖α·v·W_O‖ (what it writes)")
     filler: bool = Field(default=False, description="a filler / secondary-sink token (read like a sink, writes little)")
@@ -137,9 +135,7 @@ class GradientAttribution(BaseModel):
     gradient_x_input: Rounded = Field(description="Σ over the segment's tokens of gradient · embedding")
 
 
-class FillerToken(BaseModel):
-    position: int
-    token: str
+class FillerToken(TokenRow):
     segment: str
     received_ratio: Rounded = Field(description="what later queries give it (mean) / what uniform attention would")
     relative_value_norm: Rounded = Field(description="its ‖v·W_O‖ / the text's median token's (mean over layers)")

@@ -13,7 +13,7 @@ from agent_tools.analysis.ablation import BASELINE_DRAWS, TIE_MARGIN
 from agent_tools.errors import InvalidInputError
 from agent_tools.inspector import check_index
 from agent_tools.intervene import AblationMethod
-from agent_tools.schemas import Report, Rounded, Rounded6, TextInput, head_label
+from agent_tools.schemas import HeadRow, Report, Rounded, Rounded6, TextInput, head_label
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -24,13 +24,10 @@ DESCRIPTION = (
 _HEAD_STRING = re.compile(r"^\s*[Ll]?\s*(-?\d+)\s*(?:\.|:|[Hh]|\.[Hh])\s*(-?\d+|\*)\s*$")
 
 
-class HeadRef(BaseModel):
+class HeadRef(HeadRow):
     """One attention head: layer and query head, both 0-based."""
 
     model_config = ConfigDict(extra="forbid")
-
-    layer: int
-    head: int
 
 
 HEAD_FORMS = (
@@ -99,9 +96,7 @@ class PositionEffect(BaseModel):
     value: Rounded6 = Field(description="KL(clean ‖ ablated) of the next-token distribution (nats), or 1 − cos")
 
 
-class HeadLogit(BaseModel):
-    layer: int
-    head: int
+class HeadLogit(HeadRow):
     logit: Rounded = Field(description="what the head writes into the target's logit at the last position")
 
 

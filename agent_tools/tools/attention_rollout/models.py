@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from agent_tools.schemas import Report, Rounded6, TextInput
+from agent_tools.schemas import Report, Rounded6, TextInput, TokenRow
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -28,9 +28,7 @@ class AttentionRolloutInput(TextInput, StackInput):
     top_k: int = Field(default=5, ge=1, le=50, description="source tokens named in the summary and findings")
 
 
-class SourceShare(BaseModel):
-    position: int
-    token: str
+class SourceShare(TokenRow):
     share: Rounded6 = Field(description="rollout: share of the target's representation that flows from this token")
     last_layer_attention: Rounded6 = Field(
         description="the target's head-averaged attention to it in the last layer used"

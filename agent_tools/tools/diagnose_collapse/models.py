@@ -15,7 +15,7 @@ from agent_tools.analysis.collapse import (
     Verdict,
 )
 from agent_tools.analysis.metrics import BASELINE_SIGMAS, SATURATION
-from agent_tools.schemas import Report, Rounded, Rounded6, TextInput
+from agent_tools.schemas import HeadRow, Report, Rounded, Rounded6, TextInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -43,9 +43,7 @@ class DiagnoseCollapseInput(TextInput, StackInput):
     seed: int = Field(default=0, ge=0, description="seeds the baseline's draws and the resample shuffle")
 
 
-class HeadCollapseRow(BaseModel):
-    layer: int
-    head: int
+class HeadCollapseRow(HeadRow):
     kv_head: int = Field(description="the KV head this query head reads (grouped-query attention)")
     verdict: Verdict = Field(
         description=(
@@ -108,9 +106,7 @@ class AblationEffectRow(BaseModel):
     direction: Direction = Field(description="raises / lowers the loss beyond the baseline's spread, or within it")
 
 
-class CollapseCheckRow(BaseModel):
-    layer: int
-    head: int
+class CollapseCheckRow(HeadRow):
     verdict: Verdict = Field(description="value side (see heads)")
     kind: CollapseKind = Field(
         description=(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from agent_tools.long_context import DEFAULT_ANSWER, DEFAULT_NEEDLE, DEFAULT_QUESTION
-from agent_tools.schemas import ModelInput, Report, Rounded
+from agent_tools.schemas import HeadRow, ModelInput, Report, Rounded
 
 DESCRIPTION = (
     "Heads that fetch from far back: needle-in-a-haystack at several depths and lengths, a retrieval score per "
@@ -27,9 +27,7 @@ class FindRetrievalHeadsInput(ModelInput):
     seed: int = Field(default=0, description="seed of the random head draws")
 
 
-class RetrievalHead(BaseModel):
-    layer: int
-    head: int
+class RetrievalHead(HeadRow):
     score: Rounded = Field(description="mean retrieval score over every depth and length, 0..1")
     score_sd: Rounded = Field(description="standard deviation of the score over depths and lengths")
     score_min: Rounded

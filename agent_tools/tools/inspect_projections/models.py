@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from agent_tools.schemas import Report, Rounded, Rounded2, Rounded6, TextInput, Token
+from agent_tools.schemas import Report, Rounded, Rounded2, Rounded6, TextInput, Token, TokenRow
 from agent_tools.stack_input import StackInput, StackReport
 
 EFFECTIVE_RANK_DEFINITION = (
@@ -56,9 +56,7 @@ class SharedKVHead(BaseModel):
     mean_entropy: Rounded = Field(description="that head's mean entropy on this text, nats")
 
 
-class CounterfactualRow(BaseModel):
-    position: int
-    token: str
+class CounterfactualRow(TokenRow):
     js_divergence: Rounded = Field(
         description="Jensen–Shannon divergence between the model's row and the counterfactual"
     )

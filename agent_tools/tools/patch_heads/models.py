@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
-from agent_tools.schemas import ModelInput, Report, Rounded
+from agent_tools.schemas import HeadRow, ModelInput, Report, Rounded
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -55,9 +55,7 @@ class PatchHeadsInput(ModelInput, StackInput):
     )
 
 
-class HeadPatchResult(BaseModel):
-    layer: int
-    head: int
+class HeadPatchResult(HeadRow):
     restored: Rounded = Field(
         description="(LD_patched − LD_corrupted) / (LD_clean − LD_corrupted): the fraction of the logit difference "
         "this head's clean output restores in the corrupted run (1 all, 0 none, < 0 pushes the other way)"
@@ -112,9 +110,7 @@ class PositionPatch(BaseModel):
     estimate: Rounded | None = Field(default=None, description="attribution's estimate there, beside the exact value")
 
 
-class HeadPositions(BaseModel):
-    layer: int
-    head: int
+class HeadPositions(HeadRow):
     positions: list[PositionPatch] = Field(
         description="the head patched at one position at a time; positions before the first difference between the "
         "prompts restore exactly 0 (the head's output there is the same in both runs) and are listed without a run"

@@ -19,7 +19,7 @@ from agent_tools.analysis.heads import (
     RoleVerdict,
 )
 from agent_tools.probes import DEFAULT_PROBE_LENGTH
-from agent_tools.schemas import ModelInput, Report, Rounded, Rounded6, ToolInput
+from agent_tools.schemas import HeadRow, ModelInput, Report, Rounded, Rounded6, ToolInput
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -133,9 +133,7 @@ class ProfileHeadsInput(ModelInput, StackInput):
     )
 
 
-class HeadProfile(BaseModel):
-    layer: int
-    head: int
+class HeadProfile(HeadRow):
     kv_head: int
     scores: dict[HeadRole, Rounded] = Field(description="every measurable role's score in [0, 1]")
     primary_role: HeadRole | None = Field(
@@ -166,9 +164,7 @@ class AblationEvidence(BaseModel):
     )
 
 
-class TopHead(BaseModel):
-    layer: int
-    head: int
+class TopHead(HeadRow):
     score: Rounded = Field(description="mean over the role's inputs (texts or probe seeds; see the role's inputs)")
     spread: Rounded | None = Field(default=None, description="population standard deviation over those inputs")
     score_on_text: Rounded | None = Field(default=None, description="text roles: the score on the text alone")
@@ -201,9 +197,7 @@ class RoleReport(BaseModel):
     top: list[TopHead]
 
 
-class PatternTop(BaseModel):
-    layer: int
-    head: int
+class PatternTop(HeadRow):
     score: Rounded = Field(description="mean over the texts")
     spread: Rounded | None = Field(default=None, description="population standard deviation over the texts")
     score_on_text: Rounded | None = Field(default=None, description="the score on the text alone")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from agent_tools.schemas import KeyWeight, Report, Rounded, Rounded6, TextInput, Token
+from agent_tools.schemas import KeyWeight, Report, Rounded, Rounded6, TextInput, Token, TokenRow
 from agent_tools.stack_input import StackInput, StackReport
 
 DESCRIPTION = (
@@ -21,9 +21,7 @@ class ShowAttentionInput(TextInput, StackInput):
     png: bool = Field(default=False, description="write a PNG heatmap (artifact)")
 
 
-class QueryRow(BaseModel):
-    position: int
-    token: str
+class QueryRow(TokenRow):
     entropy: Rounded = Field(description="entropy of this query's weights, nats")
     top_keys: list[KeyWeight]
 
