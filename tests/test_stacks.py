@@ -29,11 +29,11 @@ def _peaked(model: torch.nn.Module, names: tuple[str, ...], factor: float) -> to
     return model.eval()
 
 
-def _bart() -> torch.nn.Module:
+def _bart(decoder_heads: int = 4) -> torch.nn.Module:
     torch.manual_seed(0)
     config = tf.BartConfig(
         vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        decoder_attention_heads=decoder_heads, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
         bos_token_id=0, eos_token_id=1, pad_token_id=3, decoder_start_token_id=0, forced_bos_token_id=None,
         forced_eos_token_id=None,
     )  # fmt: skip
@@ -266,16 +266,7 @@ def test_a_stack_with_its_own_head_count_is_sliced_by_its_own_widths(inspector):
     feature 8, inside head 0), so the weights rebuild the model's own decoder map."""
     from agent_tools.layout import head_projections, qkv_reads
 
-    torch.manual_seed(0)
-    config = tf.BartConfig(
-        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        bos_token_id=0, eos_token_id=1, pad_token_id=3, decoder_start_token_id=0, forced_bos_token_id=None,
-        forced_eos_token_id=None,
-    )  # fmt: skip
-    model = _peaked(
-        tf.BartForConditionalGeneration._from_config(config, attn_implementation="eager"), ("q_proj", "k_proj"), 30.0
-    )
+    model = _bart(decoder_heads=2)
     loaded = register_model("tiny-stack-bart-2-heads", model, tiny_tokenizer())
     assert (loaded.facts.stack("encoder").head_dim, loaded.facts.stack("decoder").head_dim) == (8, 16)
     attention = model.model.decoder.layers[1].self_attn
