@@ -35,7 +35,14 @@ from transformers.modeling_utils import AttentionInterface
 
 from agent_tools.adapters import adapter_for, float_mask
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
-from agent_tools.families import RELATIVE_POSITION_BIAS, SELF, SINK_LOGIT, attention_stacks, default_stack_name
+from agent_tools.families import (
+    RELATIVE_POSITION_BIAS,
+    SELF,
+    SINK_LOGIT,
+    attention_stacks,
+    default_stack_name,
+    output_head,
+)
 
 CAPTURE_IMPLEMENTATION = "attention_explainer_capture"
 
@@ -653,11 +660,13 @@ def hooks_registered(registrations: Iterable[RemovableHandle]) -> Iterator[None]
 
 @contextmanager
 def layer_checkpoints(model: nn.Module, checkpoint: Callable[[], None] | None) -> Iterator[None]:
-    """Call ``checkpoint`` before every attention module's forward, for passes that run without capture.
+    """Call ``checkpoint`` before every attention module's forward and before the output head's, for passes that
+    run without capture.
 
     Ablated passes use the model's own attention implementation, so :func:`capture_attention` never sees their
-    layers; a forward pre-hook on each attention module gives them the same between-layer stop. The hooks are
-    removed in ``finally``; with ``checkpoint=None`` nothing is registered.
+    layers; a forward pre-hook on each attention module gives them the same between-layer stop. The output head
+    (a batch of rows × a long text × the vocabulary: seconds on a CPU) gets one too, so a call cancelled during the
+    last layer stops before it. The hooks are removed in ``finally``; with ``checkpoint=None`` nothing is registered.
     """
     if checkpoint is None:
         yield
@@ -668,6 +677,8 @@ def layer_checkpoints(model: nn.Module, checkpoint: Callable[[], None] | None) -
         check()
 
     modules = [module for members in attention_stacks(model).values() for module in members]
+    head = output_head(model)
+    modules += [head] if head is not None else []
     with hooks_registered(module.register_forward_pre_hook(hook) for module in modules):
         yield
 

@@ -224,6 +224,13 @@ def _layer_order(model: nn.Module, stack: str, named: list[tuple[str, nn.Module]
     return [module for _, module in sorted(zip(known, (m for _, m in named), strict=True), key=lambda p: p[0])]
 
 
+def output_head(model: nn.Module) -> nn.Module | None:
+    """The unembedding module (None for a model without one)."""
+    lookup = getattr(model, "get_output_embeddings", None)
+    head = lookup() if callable(lookup) else None
+    return head if isinstance(head, nn.Module) else None
+
+
 def attention_stacks(model: nn.Module) -> dict[str, list[nn.Module]]:
     """Every attention stack of the model, each ordered by layer within the stack.
 

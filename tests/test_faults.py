@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -238,6 +239,7 @@ def test_a_conversion_killed_with_sigkill_leaves_a_folder_the_next_start_removes
 LONG_TEXT = "the cat sat on the mat . " * 600  # about 4,200 tokens: diagnose_collapse runs many seconds on it
 SHOW = {"name": "show_attention", "arguments": {"text": "The cat sat on the mat.", "layer": 3, "head": 0}}
 CALL_TIMEOUT = 4
+HTTP_CALL_TIMEOUT = 120
 
 
 class RawClient:
@@ -438,10 +440,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def http_server(tmp_path_factory) -> Iterator[str]:
+def http_server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
     folder = tmp_path_factory.mktemp("http-faults")
     port = _free_port()
-    options = ["--transport", "streamable-http", "--port", str(port), "--call-timeout", str(CALL_TIMEOUT)]
+    # a generous time limit: the cancelled call must free the model by being cancelled, not by running out of time
+    options = ["--transport", "streamable-http", "--port", str(port), "--call-timeout", str(HTTP_CALL_TIMEOUT)]
     options += ["--max-sessions", "2", "--session-idle", "2"]
     log = (folder / "server.log").open("w")
     process = subprocess.Popen(
@@ -455,7 +458,7 @@ def http_server(tmp_path_factory) -> Iterator[str]:
         except OSError:
             assert process.poll() is None and time.monotonic() < deadline, (folder / "server.log").read_text()
             time.sleep(0.3)
-    yield f"http://127.0.0.1:{port}/mcp"
+    yield f"http://127.0.0.1:{port}/mcp", folder / "server.log"
     assert process.poll() is None, "the HTTP server died"
     process.terminate()
     process.wait(timeout=30)
@@ -464,17 +467,20 @@ def http_server(tmp_path_factory) -> Iterator[str]:
 
 
 @pytest.mark.real_model
-def test_a_cancelled_call_over_http_keeps_the_session(http_server: str) -> None:
+def test_a_cancelled_call_over_http_keeps_the_session(http_server: tuple[str, Path]) -> None:
     import anyio
     from mcp import Client, types
 
+    url, log = http_server
+
     async def session() -> tuple[str, types.CallToolResult]:
-        async with Client(http_server, mode="legacy") as client:
+        async with Client(url, mode="legacy") as client:
             started = anyio.Event()
             cancelled = "not started"
 
             async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-                started.set()
+                if total == HTTP_CALL_TIMEOUT:  # the call runs (before: "loading the tools and the model", no total)
+                    started.set()
 
             async def long_call() -> None:
                 nonlocal cancelled
@@ -492,6 +498,12 @@ def test_a_cancelled_call_over_http_keeps_the_session(http_server: str) -> None:
     cancelled, after = anyio.run(session)
     assert cancelled == "cancelled"
     assert not after.is_error and after.structured_content is not None and after.structured_content["layer"] == 3
+    # the worker stopped because the client cancelled (not at its time limit), and freed the model for the next call
+    stopped = re.compile(r"diagnose_collapse stopped after [\d.]+ s \(cancelled\)")
+    deadline = time.monotonic() + 30  # the worker logs it just after it let go of the model
+    while not stopped.search(log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert stopped.search(log.read_text()), log.read_text()
 
 
 def _open_session(url: str) -> httpx.Response:
@@ -506,16 +518,17 @@ def _open_session(url: str) -> httpx.Response:
 
 
 @pytest.mark.real_model
-def test_http_sessions_are_capped_and_idle_ones_closed(http_server: str) -> None:
-    opened = [_open_session(http_server) for _ in range(2)]  # never closed by their clients
+def test_http_sessions_are_capped_and_idle_ones_closed(http_server: tuple[str, Path]) -> None:
+    url, _ = http_server
+    opened = [_open_session(url) for _ in range(2)]  # never closed by their clients
     assert [r.status_code for r in opened] == [200, 200]
-    assert _open_session(http_server).status_code == 503  # --max-sessions 2
+    assert _open_session(url).status_code == 503  # --max-sessions 2
     time.sleep(3.5)  # --session-idle 2: both are closed
-    assert _open_session(http_server).status_code == 200
+    assert _open_session(url).status_code == 200
     stale = opened[0].headers["mcp-session-id"]
     ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
     headers = {"Accept": "application/json, text/event-stream", "mcp-session-id": stale}
-    assert httpx.post(http_server, json=ping, headers=headers, timeout=60).status_code == 404
+    assert httpx.post(url, json=ping, headers=headers, timeout=60).status_code == 404
 
 
 # --- the command line -----------------------------------------------------------------------------------------

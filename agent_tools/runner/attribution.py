@@ -26,10 +26,11 @@ from torch import Tensor, nn
 from agent_tools.analysis.attribution import answer_logprobs, frozen_norm_map, norm_scale
 from agent_tools.capture import AttentionConsumer, capture_attention
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
+from agent_tools.families import output_head
 from agent_tools.intervene import appended_rows, positions_gathered
 from agent_tools.layout import output_projection
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import float_embeddings, locked, on_device, output_head
+from agent_tools.runner.forward import float_embeddings, locked, on_device
 from agent_tools.runner.generation import _cache_argument, cache_layers, cache_of
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm")  # Llama-likes, GPT-2, OPT/NeoX, Phi

@@ -19,13 +19,6 @@ def on_device(loaded: LoadedModel, tensor: Tensor) -> Tensor:
     return tensor if tensor.device == loaded.device else tensor.to(loaded.device)
 
 
-def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The unembedding module (None for a model without one)."""
-    lookup = getattr(model, "get_output_embeddings", None)
-    head = lookup() if callable(lookup) else None
-    return head if isinstance(head, torch.nn.Module) else None
-
-
 def float_embeddings(loaded: LoadedModel, refusal: str, field: str) -> torch.nn.Module:
     """The input embedding module when gradients can start there (a floating-point table); a quantized or missing
     one is refused with ``refusal`` (naming ``field``)."""

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agent_tools.families import output_head
 from agent_tools.intervene import contiguous_input, group_heads, heads_patched_joining, recorded_head_inputs
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import encoder_of, model_output, on_device, output_head
+from agent_tools.runner.forward import encoder_of, model_output, on_device
 from agent_tools.runner.generation import _cache_argument, cache_layers, cache_of
 from agent_tools.runner.paths import default_implementation
 from agent_tools.runner.readout import Readout, stacked

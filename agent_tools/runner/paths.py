@@ -24,8 +24,9 @@ from torch import Tensor
 
 from agent_tools.analysis.metrics import kl_divergence
 from agent_tools.capture import capture_attention
+from agent_tools.families import output_head
 from agent_tools.loading import LoadedModel
-from agent_tools.runner.forward import _mask_on_device, locked, model_output, on_device, output_head, stack_runner
+from agent_tools.runner.forward import _mask_on_device, locked, model_output, on_device, stack_runner
 
 EXPLAINED_PATH = "eager"  # what capture computes: the families' eager attention
 _POSITIONS_PER_BLOCK = 256  # float64 (positions, vocabulary) blocks on the CPU

@@ -26,10 +26,11 @@ import torch
 from torch import Tensor, nn
 
 from agent_tools.capture import hooks_registered, soft_capped
+from agent_tools.families import output_head
 from agent_tools.intervene import row_zero_leaving, rows_joining
 from agent_tools.loading import LoadedModel
 from agent_tools.restricted_attention import heads_restricted
-from agent_tools.runner.forward import on_device, output_head
+from agent_tools.runner.forward import on_device
 
 LOGIT_CHUNK_FLOATS = 1 << 24  # logits computed at once when turning kept hidden states into losses
 
