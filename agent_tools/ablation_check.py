@@ -9,7 +9,7 @@ next-token loss and KL against the clean run (a causal LM) or the pooled embeddi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -122,7 +122,10 @@ def measure_head_sets(
 
     def reduce(output: Tensor) -> tuple[Tensor, ...]:
         if logits:
-            return _loss_and_kl(output, ids.to(output.device))
+            batch = output.shape[0]
+            losses = stepped_losses(output, ids).mean(-1) if ids.shape[-1] > 1 else output.new_zeros(batch)
+            kl = stepped_kl(output[:1], output).mean(-1)  # (B,)
+            return losses.double().cpu(), kl.double().cpu()
         pooled = output.double().mean(1)  # (B, C)
         return (cosine_change(pooled[:1], pooled).cpu(),)
 
@@ -147,27 +150,32 @@ def measure_head_sets(
 POSITIONS_PER_STEP = 256  # logits rows reduced at a time: bounds float64 memory and the time between checkpoints
 
 
-def _loss_and_kl(output: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
-    """(B, T, V) logits (row 0 clean), (1, T) ids -> (B,) mean next-token loss (zeros for T = 1) and (B,) mean KL
-    against row 0, both float64 on the CPU.
+def in_steps(part: Callable[[int, int], Tensor], length: int) -> Tensor:
+    """``part(start, end)`` over consecutive ranges of at most :data:`POSITIONS_PER_STEP` of ``length`` positions,
+    concatenated on the last dimension, with the call's checkpoint before each range.
 
-    Reduced :data:`POSITIONS_PER_STEP` positions at a time with the call's checkpoint between steps: a long text's
-    (B, T, V) block in float64 is gigabytes and tens of seconds of work, and a cancelled call must stop within one
-    step, not after the whole block (measured at 4,200 tokens: 31-38 s without a checkpoint before this).
+    A long text's (B, T, V) logits in float64 are gigabytes and tens of seconds of work: reduced in one piece, a
+    cancelled call would hold the model until the end (measured at 4,200 tokens: 31-38 s with no checkpoint).
     """
-    batch, length = output.shape[:2]
-    labels = ids.expand(batch, -1)
-    losses = output.new_zeros(batch, dtype=torch.float64)
-    kl = output.new_zeros(batch, dtype=torch.float64)
     checkpoint = call_checkpoint()
+    parts = []
     for start in range(0, length, POSITIONS_PER_STEP):
         if checkpoint is not None:
             checkpoint()
-        end = min(start + POSITIONS_PER_STEP, length)
-        kl += kl_divergence(output[:1, start:end], output[:, start:end]).sum(-1)
-        # positions start..end-1 predict tokens start+1..end (the last position predicts nothing)
-        losses += next_token_losses(output[:, start : end + 1], labels[:, start : end + 1]).sum(-1)
-    return (losses / (length - 1) if length > 1 else losses).cpu(), (kl / length).cpu()
+        parts.append(part(start, min(start + POSITIONS_PER_STEP, length)))
+    return torch.cat(parts, dim=-1)
+
+
+def stepped_losses(logits: Tensor, ids: Tensor) -> Tensor:
+    """(B, T, V) logits, (B or 1, T) ids, T > 1 -> (B, T−1) :func:`next_token_losses`, computed :func:`in_steps`."""
+    labels = ids.to(logits.device).expand(logits.shape[0], -1)
+    # positions start..end-1 predict tokens start+1..end
+    return in_steps(lambda s, e: next_token_losses(logits[:, s : e + 1], labels[:, s : e + 1]), logits.shape[1] - 1)
+
+
+def stepped_kl(clean: Tensor, other: Tensor) -> Tensor:
+    """(..., T, V) logits of P and Q -> (..., T) :func:`kl_divergence` ``KL(P ‖ Q)`` per position, :func:`in_steps`."""
+    return in_steps(lambda s, e: kl_divergence(clean[..., s:e, :], other[..., s:e, :]), clean.shape[-2])
 
 
 def random_sets(

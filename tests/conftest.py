@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# two xdist workers share 2 cores: OpenMP threads that spin while they wait make each other's small forwards up to
+# 20x slower. Set before torch loads (in each worker and in the CLI and MCP subprocesses the tests start).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # auto stays float32 on CPUs with bfloat16 hardware (AMX, AVX-512 BF16), here and in the CLI and MCP subprocesses
 # the tests start: the parity checks (1e-5) and the numbers the tests pin are float32's, on every machine.
 # tests/test_placement.py covers the bfloat16 choice itself with this unset.

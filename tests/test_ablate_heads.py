@@ -379,3 +379,30 @@ def test_batched_rows_equal_one_ablation_at_a_time(tiny_models, inspector: Inspe
     assert torch.equal(before, _output(loaded.model, _ids()))
     for layer in range(2):
         assert not output_projection(loaded.model, layer)._forward_pre_hooks
+
+
+def test_stepped_readouts_equal_the_whole_block_and_stop_between_steps() -> None:
+    """The ablation readouts run 256 positions at a time: the same numbers as the whole (B, T, V) block, and a
+    cancelled call stops at the next step (a long text's block is tens of seconds of work)."""
+    from agent_tools.ablation_check import POSITIONS_PER_STEP, stepped_kl, stepped_losses
+    from agent_tools.errors import CallCancelledError
+    from agent_tools.session import CallContext, call_scope
+
+    generator = torch.Generator().manual_seed(0)
+    length = 2 * POSITIONS_PER_STEP + 3  # three steps, the last of 3 positions
+    logits = torch.randn(3, length, 11, generator=generator) * 4
+    ids = torch.randint(0, 11, (1, length), generator=generator)
+    whole = token_losses(logits, ids.expand(3, -1))  # (3, T-1)
+    assert torch.allclose(stepped_losses(logits, ids), whole, rtol=0, atol=1e-12)
+    assert torch.allclose(stepped_kl(logits[:1], logits), next_token_kl(logits[:1], logits), rtol=0, atol=1e-12)
+    assert stepped_kl(logits[0], logits[1]).shape == (length,)
+
+    context = CallContext()
+    seen = []
+    context.progress, context.progress_every = seen.append, 0.0  # one call per checkpoint
+    with call_scope(context):
+        stepped_kl(logits[:1], logits)
+    assert len(seen) == 3  # a checkpoint before each step
+    context.cancel("the test cancelled it")
+    with call_scope(context), pytest.raises(CallCancelledError, match="the test cancelled it"):
+        stepped_losses(logits, ids)

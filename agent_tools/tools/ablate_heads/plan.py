@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from agent_tools.ablation_check import ResampleSource, baseline_of, measure_head_sets, random_sets, resample_source
+from agent_tools.ablation_check import (
+    ResampleSource,
+    baseline_of,
+    measure_head_sets,
+    random_sets,
+    resample_source,
+    stepped_kl,
+    stepped_losses,
+)
 from agent_tools.analysis.ablation import compare_with_baseline, cosine_change, size_against
 from agent_tools.analysis.attribution_patching import top_token_change
-from agent_tools.analysis.metrics import Baseline, kl_divergence, next_token_losses
+from agent_tools.analysis.metrics import Baseline
 from agent_tools.clean_corrupted import single_token
 from agent_tools.encoding import decode
 from agent_tools.errors import InvalidInputError, UnsupportedModelError
@@ -227,8 +235,8 @@ def _next_token_effect(
     change = top_token_change(effect.clean[0, -1], effect.ablated[0, -1])
     measured: dict[str, object] = {}
     if encoded.length > 1:
-        loss_clean = float(next_token_losses(effect.clean, encoded.input_ids).mean())
-        loss_ablated = float(next_token_losses(effect.ablated, encoded.input_ids).mean())
+        loss_clean = float(stepped_losses(effect.clean, encoded.input_ids).mean())
+        loss_ablated = float(stepped_losses(effect.ablated, encoded.input_ids).mean())
         measured = {"loss_clean": loss_clean, "loss_ablated": loss_ablated, "loss_change": loss_ablated - loss_clean}
     return measured | {
         "kl_last_position": kl_values[-1],
@@ -248,7 +256,7 @@ def _next_token_report(
 ) -> AblationReport:
     """A causal LM's report: KL of the next-token distribution, loss on the text, top next token (its summary is
     written from these numbers once the baseline is known)."""
-    kl_values, largest = _largest(kl_divergence(effect.clean[0], effect.ablated[0]), encoded, args.top_k)  # (T,)
+    kl_values, largest = _largest(stepped_kl(effect.clean[0], effect.ablated[0]), encoded, args.top_k)  # (T,)
     return AblationReport.model_validate(
         {
             "model": loaded.name,
