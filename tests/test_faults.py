@@ -622,7 +622,7 @@ def test_a_deadline_stops_the_work_and_a_closed_stdin_ends_the_server(tmp_path: 
     time.sleep(1.0)  # mid-call
     assert client.process.stdin is not None
     client.process.stdin.close()
-    assert client.process.wait(timeout=10) == 0
+    assert client.process.wait(timeout=60) == 0  # a liveness bound (a hung server never ends), not a speed claim
     log = client.log.read_text()
     assert "stdin closed: stopping 1 running call(s)" in log and "Traceback" not in log
 
@@ -635,7 +635,7 @@ def test_ctrl_c_ends_a_stdio_server_mid_call_with_130(tmp_path: Path) -> None:
     client.send(_call("scaling_experiment", SCALING_AT_LIMITS, 2))
     time.sleep(1.0)
     client.process.send_signal(signal.SIGINT)
-    assert client.process.wait(timeout=10) == 130  # a liveness bound, not a speed claim
+    assert client.process.wait(timeout=60) == 130  # a liveness bound (a hung server never ends), not a speed claim
     log = client.log.read_text()
     assert "Fatal Python error" not in log and "Traceback" not in log and "interrupted" in log
 
