@@ -11,7 +11,6 @@ from agent_tools.inspector import Inspector
 from agent_tools.loading import BUNDLED_MODELS, ModelPolicy
 from agent_tools.prompts import system_prompt
 from agent_tools.surfaces.openai import ToolDispatcher, openai_tools, parse_arguments
-from agent_tools.surfaces.portable import inline_refs
 from agent_tools.tools import TOOLS, get_tool
 
 SHOW = get_tool("show_attention")
@@ -71,21 +70,6 @@ def test_selection_and_policy() -> None:
         openai_tools(tools=["nope"])
     dispatcher = ToolDispatcher(tools=["show_attention"], strict=True)
     assert dispatcher.tools() == openai_tools(tools=["show_attention"], strict=True)
-
-
-def test_inline_refs_keeps_a_property_called_title() -> None:
-    schema = {
-        "$defs": {"Item": {"title": "Item", "type": "object", "properties": {"title": {"type": "string"}}}},
-        "title": "Root",
-        "type": "object",
-        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}, "title": "Items"}},
-    }
-    assert inline_refs(schema) == {
-        "type": "object",
-        "properties": {
-            "items": {"type": "array", "items": {"type": "object", "properties": {"title": {"type": "string"}}}}
-        },
-    }
 
 
 @pytest.mark.real_model

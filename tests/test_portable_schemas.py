@@ -325,8 +325,18 @@ def test_a_recursive_model_is_refused_by_name() -> None:
 
 
 def test_inline_refs_keeps_a_property_called_title() -> None:
-    schema = {"$defs": {"A": {"title": "A", "properties": {"title": {"type": "string"}}}}, "$ref": "#/$defs/A"}
-    assert inline_refs(schema) == {"properties": {"title": {"type": "string"}}}
+    schema = {
+        "$defs": {"Item": {"title": "Item", "type": "object", "properties": {"title": {"type": "string"}}}},
+        "title": "Root",
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}, "title": "Items"}},
+    }
+    assert inline_refs(schema) == {
+        "type": "object",
+        "properties": {
+            "items": {"type": "array", "items": {"type": "object", "properties": {"title": {"type": "string"}}}}
+        },
+    }
 
 
 # --- profile_heads' thresholds: an object with one optional property per role ---------------------------------
