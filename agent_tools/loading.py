@@ -826,6 +826,35 @@ def _cached(name: str, key: str) -> LoadedModel | None:
     return _CACHE.get((name, None)) or _CACHE.get((name, key))
 
 
+def cached_model(name: str, key: str) -> LoadedModel | None:
+    """The model already loaded under ``name`` and placement cache ``key`` (or registered in memory); None if not."""
+    with _CACHE_LOCK:
+        return _cached(name, key)
+
+
+def source_config(source: ModelSource) -> Any:
+    """A source's config, read without any weight: a GGUF file's metadata, a folder's config.json (its remote
+    code refused), or the hub cache's (never the network), with the loader's own refusals."""
+    from transformers import AutoConfig
+
+    if source.kind == "gguf":
+        assert source.path is not None
+        _check_gguf_header(source.path)
+        return _read_gguf_config(source.path)
+    if source.kind == "folder":
+        assert source.path is not None
+        _refuse_remote_code(source.path)
+    location = str(source.path) if source.path is not None else source.reference
+    try:
+        return AutoConfig.from_pretrained(location, trust_remote_code=False, local_files_only=True)
+    except OSError as exc:  # a folder that cannot be read is the folder's problem; a hub name is not cached here
+        if source.kind == "folder":
+            raise unreadable_folder(source, exc) from exc
+        raise hub_not_cached(source.reference) from exc
+    except (ValueError, KeyError) as exc:
+        raise unreadable_folder(source, exc) from exc
+
+
 def _release_failed_load(exc: BaseException) -> None:
     """Drop what a failed load allocated: the tracebacks' frames still hold the half-built model otherwise."""
     seen: set[int] = set()

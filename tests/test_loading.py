@@ -176,3 +176,26 @@ def test_a_pickle_that_would_run_code_is_refused_in_one_line(tmp_path: Path, cap
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("error: refused to load") and "Traceback" not in err
     assert not marker.exists()
+
+
+def test_source_config_names_the_folder_not_the_hub_when_a_folder_cannot_be_read(tmp_path, monkeypatch) -> None:
+    """describe_model reads a source's config without weights: a folder that cannot be read is the folder's problem,
+    never "not in the local cache and the hub is offline" (which only a hub name gets)."""
+    import transformers
+
+    from agent_tools.loading import ModelSource, source_config
+
+    folder = ModelSource(reference=str(tmp_path), kind="folder", path=tmp_path)
+    with pytest.raises(ModelNotFoundError, match=r"has an unreadable config\.json") as missing:
+        source_config(folder)  # no config.json at all
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+
+    def unreadable(*args, **kwargs):
+        raise OSError("a file the config names is missing")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", unreadable)
+    with pytest.raises(ModelNotFoundError, match=r"could not load model folder .*a file the config names") as refused:
+        source_config(folder)
+    assert "hub" not in missing.value.message and "hub" not in refused.value.message
+    with pytest.raises(ModelNotFoundError, match="is not in the local cache and the hub is offline"):
+        source_config(ModelSource(reference="nobody/no-such-model", kind="hub", path=None))

@@ -11,17 +11,7 @@ from torch import nn
 
 from agent_tools.families import ModelFacts, StackFacts, read_facts
 from agent_tools.inspector import Inspector
-from agent_tools.loading import (  # the loader's own checks, so a bad source reads as it does when loading
-    _CACHE_LOCK,
-    ModelSource,
-    _cached,
-    _check_gguf_header,
-    _read_gguf_config,
-    _refuse_remote_code,
-    hub_not_cached,
-    resolve_reference,
-    unreadable_folder,
-)
+from agent_tools.loading import cached_model, resolve_reference, source_config, unreadable_folder
 from agent_tools.placement import (
     cache_key,
     dtype_name,
@@ -55,26 +45,6 @@ def stack_description(stack: StackFacts) -> StackDescription:
     return StackDescription.model_validate(asdict(stack) | {"scaling_ratio": ratio, "causal": stack.is_causal})
 
 
-def source_config(source: ModelSource) -> object:
-    """A source's config, read without any weight: config.json, a GGUF file's metadata, or the hub cache's."""
-    from transformers import AutoConfig
-
-    if source.kind == "gguf":
-        assert source.path is not None
-        _check_gguf_header(source.path)
-        return _read_gguf_config(source.path)
-    location = str(source.path) if source.path is not None else source.reference
-    if source.kind == "folder":
-        assert source.path is not None
-        _refuse_remote_code(source.path)
-    try:
-        return AutoConfig.from_pretrained(location, trust_remote_code=False, local_files_only=True)
-    except OSError as exc:
-        raise hub_not_cached(source.reference) from exc
-    except (ValueError, KeyError) as exc:
-        raise unreadable_folder(source, exc) from exc
-
-
 @dataclass(frozen=True)
 class _Described:
     """What describe_model reads: a loaded model, or a config's model built on the meta device (no weights)."""
@@ -95,8 +65,7 @@ def _described(inspector: Inspector, reference: str | None) -> _Described:
     placement = inspector.placement
     in_memory = inspector.served(name)
     if in_memory is None:
-        with _CACHE_LOCK:  # the model already loaded under this name and placement (or registered in memory)
-            in_memory = _cached(name, cache_key(placement))
+        in_memory = cached_model(name, cache_key(placement))
     if in_memory is not None:
         loaded = inspector.model(name)  # a cache hit: marks it served, reads nothing
         return _Described(
