@@ -132,6 +132,11 @@ class LayerAttention:
         return torch.zeros(batch, heads, rows, dtype=torch.float32, device=self.weights.device)
 
     @property
+    def last_chunk(self) -> bool:
+        """Whether this chunk holds the layer call's last query rows (a consumer flushes a layer's sums here)."""
+        return self.query_start + self.weights.shape[2] == self.query_length
+
+    @property
     def key_length(self) -> int:
         """Every key of the layer call (``Tk``)."""
         return self.key.shape[-2]

@@ -312,7 +312,7 @@ class CollapseConsumer:
             peak=(pick(top[0]), pick(argmax[0])),
             radius=radius,
         )
-        if captured.query_start + captured.weights.shape[2] == captured.query_length:
+        if captured.last_chunk:
             accumulator.flush()  # the layer's last chunk: its sums cross to the CPU in one copy
 
     def _value_norms(self, captured: LayerAttention, pick: _Picker) -> tuple[Tensor | None, Tensor | None]:

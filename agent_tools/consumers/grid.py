@@ -63,5 +63,5 @@ class QuantisedMaps:
             ]
         )  # (4, H) on the layer's device
         self._pending.add("means", means * share)  # this chunk's share, summed on the device
-        if layer.query_start + weights.shape[1] == layer.query_length:  # the layer's last chunk: one copy
+        if layer.last_chunk:  # the layer's last chunk: one copy
             self.means[:, layer.layer] += self._pending.take()["means"].float()

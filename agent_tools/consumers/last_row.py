@@ -30,7 +30,7 @@ class LastRowConsumer:
         self._rows: dict[int, Tensor] = {}
 
     def on_layer(self, layer: LayerAttention) -> None:
-        if layer.query_start + layer.weights.shape[2] != layer.query_length:
+        if not layer.last_chunk:
             return  # this chunk does not hold the call's last query row
         self._rows[layer.layer] = to_host(layer.weights[0, :, -1, :].float()).clone()  # (H, Tk)
 

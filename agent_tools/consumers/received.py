@@ -34,7 +34,7 @@ class ReceivedShareConsumer:
         parts = (received.total, received.count, received.uniform, received.readers)
         self._pending.add("received", torch.stack([part.to(dtype) for part in parts]))  # (4, Tk)
         self.layers.add(layer.layer)
-        if layer.query_start + layer.weights.shape[2] == layer.query_length:
+        if layer.last_chunk:
             total, count, uniform, readers = self._pending.take()["received"]  # (4, Tk): one copy per layer
             moved = Received(total.float(), count.round().long(), uniform.float(), readers.round().long())
             self.sums = moved if self.sums is None else self.sums + moved

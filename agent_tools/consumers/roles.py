@@ -182,7 +182,7 @@ class ShareScoreConsumer(Generic[Name]):
         rows = torch.arange(q, device=layer.weights.device) + layer.key_index_offset
         entropy = layer.row_entropy() if accumulator.entropy_name is not None else None
         accumulator.add(layer.weights, rows, layer.allowed(), entropy=entropy)
-        if layer.query_start + q == layer.query_length:
+        if layer.last_chunk:
             accumulator.flush()  # the layer's last chunk: its sums cross to the CPU in one copy
 
     def scores(self) -> dict[int, dict[Name, Tensor]]:

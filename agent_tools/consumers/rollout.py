@@ -36,7 +36,7 @@ class RolloutConsumer:
             self._flush()
         self._layer = layer.layer
         self._rows.append(layer.weights[0].float().mean(0))  # (q, T) averaged over heads
-        if layer.query_start + layer.weights.shape[2] == layer.query_length:
+        if layer.last_chunk:
             self._flush()
 
     def _flush(self) -> None:

@@ -145,7 +145,7 @@ class ScalingConsumer:
             scores = soft_capped(raw * self.model_scale, self.softcap)
         # The sweep runs in float32 (the capture's precision; sums are taken in float64): half the memory traffic.
         self._sweep(raw, upcast(scores), allowed, keep)
-        if captured.query_start + captured.weights.shape[2] == captured.query_length:
+        if captured.last_chunk:
             self._flush()  # the layer's last chunk: its sums cross to the CPU in one copy
 
     def _add_moments(self, query: Tensor, key: Tensor) -> None:

@@ -35,7 +35,7 @@ class ValueRowConsumer(LastRowConsumer):
         self.key_norms: dict[int, Tensor] = {}  # layer -> (T,) mean over heads, from the first forward
 
     def on_layer(self, layer: LayerAttention) -> None:
-        if layer.query_start + layer.weights.shape[2] != layer.query_length:
+        if not layer.last_chunk:
             return
         grams = self.grams[layer.layer].to(layer.value.device)
         norms = transformed_value_norms(layer.value[:1], grams, kv_groups=layer.kv_groups)[0]  # (H, Tk)
