@@ -22,6 +22,7 @@ from agent_tools.inspector import Encoded, Inspector
 from agent_tools.intervene import AblationMethod
 from agent_tools.loading import LoadedModel
 from agent_tools.runner import HeadSetAblation, head_outputs, mean_head_outputs
+from agent_tools.runner.readout import POSITIONS_PER_BLOCK
 from agent_tools.session import call_checkpoint, guarded
 
 HeadSet = tuple[tuple[int, int], ...]
@@ -147,11 +148,8 @@ def measure_head_sets(
     )
 
 
-POSITIONS_PER_STEP = 256  # logits rows reduced at a time: bounds float64 memory and the time between checkpoints
-
-
 def in_steps(part: Callable[[int, int], Tensor], length: int) -> Tensor:
-    """``part(start, end)`` over consecutive ranges of at most :data:`POSITIONS_PER_STEP` of ``length`` positions,
+    """``part(start, end)`` over consecutive ranges of at most :data:`POSITIONS_PER_BLOCK` of ``length`` positions,
     concatenated on the last dimension, with the call's checkpoint before each range.
 
     A long text's (B, T, V) logits in float64 are gigabytes and tens of seconds of work: reduced in one piece, a
@@ -159,10 +157,10 @@ def in_steps(part: Callable[[int, int], Tensor], length: int) -> Tensor:
     """
     checkpoint = call_checkpoint()
     parts = []
-    for start in range(0, length, POSITIONS_PER_STEP):
+    for start in range(0, length, POSITIONS_PER_BLOCK):
         if checkpoint is not None:
             checkpoint()
-        parts.append(part(start, min(start + POSITIONS_PER_STEP, length)))
+        parts.append(part(start, min(start + POSITIONS_PER_BLOCK, length)))
     return torch.cat(parts, dim=-1)
 
 

@@ -384,12 +384,13 @@ def test_batched_rows_equal_one_ablation_at_a_time(tiny_models, inspector: Inspe
 def test_stepped_readouts_equal_the_whole_block_and_stop_between_steps() -> None:
     """The ablation readouts run 256 positions at a time: the same numbers as the whole (B, T, V) block, and a
     cancelled call stops at the next step (a long text's block is tens of seconds of work)."""
-    from agent_tools.ablation_check import POSITIONS_PER_STEP, stepped_kl, stepped_losses
+    from agent_tools.ablation_check import stepped_kl, stepped_losses
     from agent_tools.errors import CallCancelledError
+    from agent_tools.runner.readout import POSITIONS_PER_BLOCK
     from agent_tools.session import CallContext, call_scope
 
     generator = torch.Generator().manual_seed(0)
-    length = 2 * POSITIONS_PER_STEP + 3  # three steps, the last of 3 positions
+    length = 2 * POSITIONS_PER_BLOCK + 3  # three steps, the last of 3 positions
     logits = torch.randn(3, length, 11, generator=generator) * 4
     ids = torch.randint(0, 11, (1, length), generator=generator)
     whole = token_losses(logits, ids.expand(3, -1))  # (3, T-1)

@@ -27,9 +27,9 @@ from agent_tools.capture import capture_attention
 from agent_tools.families import output_head
 from agent_tools.loading import LoadedModel
 from agent_tools.runner.forward import _mask_on_device, locked, model_output, on_device, stack_runner
+from agent_tools.runner.readout import POSITIONS_PER_BLOCK
 
 EXPLAINED_PATH = "eager"  # what capture computes: the families' eager attention
-_POSITIONS_PER_BLOCK = 256  # float64 (positions, vocabulary) blocks on the CPU
 # A language model's gap is compared over at most the last GAP_POSITIONS positions (``PathGap.tokens`` says how
 # many): both passes still run the whole text, but each keeps (GAP_POSITIONS, vocabulary) logits, not (T, vocabulary)
 # — 1.6 GB a pass at 8,192 tokens on the default model.
@@ -114,9 +114,9 @@ def compare_outputs(
     kl_sum = torch.zeros((), dtype=torch.float64)
     kl_max = torch.zeros((), dtype=torch.float64)
     agree = torch.zeros((), dtype=torch.int64)
-    for start in range(0, positions, _POSITIONS_PER_BLOCK):
-        a = flat_eager[start : start + _POSITIONS_PER_BLOCK].cpu()  # float64 only on the CPU
-        b = flat_own[start : start + _POSITIONS_PER_BLOCK].cpu()
+    for start in range(0, positions, POSITIONS_PER_BLOCK):
+        a = flat_eager[start : start + POSITIONS_PER_BLOCK].cpu()  # float64 only on the CPU
+        b = flat_own[start : start + POSITIONS_PER_BLOCK].cpu()
         largest = torch.maximum(largest, (a.double() - b.double()).abs().amax())
         if logits:
             kl = kl_divergence(a, b)  # (positions,) KL(eager ‖ default)

@@ -18,6 +18,10 @@ from torch import Tensor
 
 from agent_tools.analysis.metrics import next_token_losses
 
+# A long text's (positions, vocabulary) logits are read this many positions at a time wherever they go to float64
+# (the attention-path gap, the ablation checks' losses and KL): a block's memory, and the time between checkpoints.
+POSITIONS_PER_BLOCK = 256
+
 Readout = Callable[[Tensor], tuple[Tensor, ...]]  # a batch's (B, K, V) output -> tensors with B rows each
 
 
